@@ -1,0 +1,39 @@
+# featdump developer tasks. `make help` lists them.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+IMAGES ?= examples/images
+
+.DEFAULT_GOAL := help
+.PHONY: help install demo test test-all lint bench clean
+
+help: ## List the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  make %-9s %s\n", $$1, $$2}'
+
+$(BIN)/featdump: pyproject.toml constraints.txt
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[dev]'
+	touch $@
+
+install: $(BIN)/featdump ## Create .venv and install featdump with torch/torchvision pinned by constraints.txt
+
+demo: install ## Extract two layers of a random resnet18 over the sample images into demo.h5
+	$(BIN)/featdump extract --model resnet18 --weights none --layers layer3.0.downsample.1,avgpool \
+		--overwrite $(IMAGES) demo.h5
+	$(BIN)/featdump info demo.h5
+
+test: install ## Run the test suite
+	$(BIN)/python -m pytest -q
+
+test-all: install ## Run the test suite with the long fault-injection soak (FEATDUMP_FAULT_TRIALS=200)
+	FEATDUMP_FAULT_TRIALS=200 $(BIN)/python -m pytest -q
+
+lint: install ## Check style with ruff
+	$(BIN)/ruff check .
+
+bench: install ## Run the benchmarks and print their table (see benchmarks/README.md)
+	$(BIN)/python benchmarks/run.py
+
+clean: ## Remove caches and demo output (keeps .venv)
+	rm -rf .pytest_cache .ruff_cache demo.h5 demo.h5.partial benchmarks/data
+	find . -name __pycache__ -not -path './$(VENV)/*' -prune -exec rm -rf {} +

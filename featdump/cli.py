@@ -1,0 +1,243 @@
+"""CLI: Click commands that parse options, call the library, and turn its errors into messages."""
+
+from __future__ import annotations
+
+import json
+import logging
+import shlex
+import sys
+import time
+from pathlib import Path
+
+import click
+
+from featdump import __version__
+from featdump.errors import FeatdumpError
+from featdump.settings import COMPRESSIONS, DECODERS, DTYPES, ON_ERROR, PRECISIONS, REDUCTIONS
+
+log = logging.getLogger("featdump")
+
+
+class _Group(click.Group):
+    """Turns featdump's errors into one-line messages with their exit codes, never a traceback."""
+
+    def invoke(self, ctx: click.Context):
+        try:
+            return super().invoke(ctx)
+        except FeatdumpError as error:
+            _fail(str(error), error.exit_code)
+        except KeyboardInterrupt:
+            _fail("Interrupted before any batch was written.", 130)
+        except BrokenPipeError:  # `featdump list-layers resnet50 | head`
+            sys.stderr.close()
+            ctx.exit(0)
+        except (click.exceptions.Exit, click.ClickException, click.Abort):
+            raise
+        except Exception as error:
+            if ctx.find_root().params.get("verbose", 0) >= 2:
+                raise
+            _fail(f"Internal error: {type(error).__name__}: {error} (rerun with -vv for the traceback).", 1)
+
+
+def _fail(message: str, exit_code: int):
+    exception = click.ClickException(message)
+    exception.exit_code = exit_code
+    raise exception
+
+
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"], "auto_envvar_prefix": "FEATDUMP"})
+@click.version_option(__version__, prog_name="featdump")
+@click.option("-v", "--verbose", count=True, help="More detail: -v stage timings and skipped images, -vv tracebacks.")
+@click.option("-q", "--quiet", is_flag=True, help="Only errors and the final summary.")
+def main(verbose: int, quiet: bool) -> None:
+    """Dump intermediate activations of torchvision models over image folders into HDF5.
+
+    \b
+    featdump list-layers resnet18
+    featdump extract --model resnet18 --layers layer3.0.downsample.1,avgpool ./images out.h5
+    featdump info out.h5
+    """
+    _setup_logging(logging.DEBUG if verbose else logging.WARNING if quiet else logging.INFO)
+
+
+@main.command("list-layers")
+@click.argument("model")
+@click.option("--depth", type=click.IntRange(min=1), help="Show modules down to this depth only.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object per module instead of a tree.")
+def list_layers(model: str, depth: int | None, as_json: bool) -> None:
+    """List every module path of MODEL with its type, output shape and calls per forward.
+
+    Shapes come from one dry forward of a randomly initialised MODEL on a dummy batch of its
+    preprocessing's size; they exclude the batch dimension. A module that runs several times per
+    forward is selected with PATH:K.
+    """
+    from featdump.data import Preprocess
+    from featdump.layers import probe
+    from featdump.models import load_model
+
+    loaded = load_model(model, weights="none")
+    size = Preprocess(loaded.preprocessing).size
+    infos = [info for info in probe(loaded.module, (3, *size)) if depth is None or info.depth <= depth]
+    if as_json:
+        for info in infos:
+            click.echo(json.dumps({"path": info.path, "type": info.type_name, "depth": info.depth,
+                                   "calls": info.calls, "shapes": [list(s) if s else None for s in info.shapes],
+                                   "tuple_output": info.tuple_output}))
+        return
+    click.echo(f"{model}: {len(infos)} modules; PATH, type, calls per forward, output shape of one "
+               f"(3, {size[0]}, {size[1]}) image (no batch dimension)")
+    width = max(len("  " * (info.depth - 1) + info.path) for info in infos)
+    for info in infos:
+        click.echo(_layer_line(info, width))
+
+
+def _layer_line(info, width: int) -> str:
+    name = ("  " * (info.depth - 1) + info.path).ljust(width)
+    shapes = " | ".join(sorted({str(shape) for shape in info.shapes})) or "(never runs)"
+    line = f"{name}  {info.type_name:<22} {info.calls}x  {shapes}"
+    if info.calls > 1:
+        line += f"  -> select {info.path}:1 ... {info.path}:{info.calls}"
+    if info.tuple_output:
+        line += "  (tuple output: its first tensor is stored)"
+    return line
+
+
+def _split_layers(ctx, param, values: tuple[str, ...]) -> tuple[str, ...]:
+    layers = tuple(part.strip() for value in values for part in value.split(",") if part.strip())
+    if not layers:
+        raise click.BadParameter("give at least one layer path (see `featdump list-layers MODEL`).")
+    return layers
+
+
+@main.command()
+@click.argument("images", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.argument("output", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("-m", "--model", required=True, help="torchvision model name, e.g. resnet50.")
+@click.option("-l", "--layers", required=True, multiple=True, callback=_split_layers,
+              help="Comma-separated layer paths (PATH or PATH:K for the K-th call); repeatable.")
+@click.option("-w", "--weights", default="DEFAULT", show_default=True,
+              help="DEFAULT, a weights name (e.g. IMAGENET1K_V2), none, or a checkpoint file.")
+@click.option("--seed", default=0, show_default=True, type=int, help="Seed of the random network for --weights none.")
+@click.option("-b", "--batch-size", default=64, show_default=True, type=click.IntRange(min=1))
+@click.option("-j", "--num-workers", default=2, show_default=True, type=click.IntRange(min=0),
+              help="DataLoader worker processes decoding images.")
+@click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda or cuda:N.")
+@click.option("--dtype", type=click.Choice(DTYPES), default="float32", show_default=True, help="Storage dtype.")
+@click.option("--reduce", type=click.Choice(REDUCTIONS), default="none", show_default=True,
+              help="Keep the whole output, flatten it, pool it over space (tokens), or keep the first token.")
+@click.option("--compression", type=click.Choice(COMPRESSIONS), default="none", show_default=True)
+@click.option("--precision", type=click.Choice(PRECISIONS), default="fp32", show_default=True,
+              help="Autocast precision of the forward pass.")
+@click.option("--decode", type=click.Choice(DECODERS), default="auto", show_default=True,
+              help="Decode JPEGs on the cpu (workers) or the gpu (nvjpeg); auto picks gpu on CUDA.")
+@click.option("--on-error", type=click.Choice(ON_ERROR), default="skip", show_default=True,
+              help="A bad image is skipped and recorded, or stops the run.")
+@click.option("--overwrite", is_flag=True, help="Replace an existing output (or partial output).")
+@click.option("--no-space-check", is_flag=True, help="Start even if the disk looks too small for the output.")
+def extract(images: Path, output: Path, **options) -> None:
+    """Extract the activations of --layers for every image under IMAGES into the HDF5 file OUTPUT.
+
+    IMAGES is walked recursively in sorted order; images in first-level class folders get integer
+    labels. OUTPUT is written as OUTPUT.partial and renamed when every image is done; running the
+    same command again after an interruption resumes where it stopped.
+    """
+    from featdump.extraction import extract as run_extraction
+    from featdump.settings import Settings
+
+    settings = Settings(
+        model=options["model"], layers=options["layers"], images=images, output=output,
+        weights=options["weights"], seed=options["seed"], batch_size=options["batch_size"],
+        num_workers=options["num_workers"], device=options["device"], overwrite=options["overwrite"],
+        on_error=options["on_error"], dtype=options["dtype"], reduce=options["reduce"],
+        compression=options["compression"], precision=options["precision"], decode=options["decode"],
+        space_check=not options["no_space_check"], command=shlex.join(["featdump", *sys.argv[1:]]),
+    )
+    summary = run_extraction(settings, _progress())
+    click.echo(summary.line(), err=True)
+
+
+@main.command()
+@click.argument("output", type=click.Path(path_type=Path))
+def info(output: Path) -> None:
+    """Describe an output file (or OUTPUT.partial of an unfinished run): model, layers, rows, skips."""
+    from featdump.info import describe
+
+    for line in describe(output):
+        click.echo(line)
+
+
+# -- progress and logging ------------------------------------------------------------------------
+
+
+def _progress():
+    return _BarProgress() if sys.stderr.isatty() else _LogProgress()
+
+
+class _BarProgress:
+    """A tqdm bar on a terminal."""
+
+    def __init__(self):
+        self._bar = None
+
+    def start(self, total: int, done: int) -> None:
+        from tqdm import tqdm
+
+        self._bar = tqdm(total=total, initial=done, unit="img", dynamic_ncols=True, smoothing=0.1)
+
+    def advance(self, images: int) -> None:
+        self._bar.update(images)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None
+
+
+class _LogProgress:
+    """Plain log lines (about every 30 s and at 10% steps) when stderr is not a terminal."""
+
+    def __init__(self, every_seconds: float = 30.0):
+        self._every = every_seconds
+
+    def start(self, total: int, done: int) -> None:
+        self._total, self._done, self._first = total, done, done
+        self._started = self._last = time.monotonic()
+        self._next_step = done + max(1, total // 10)
+
+    def advance(self, images: int) -> None:
+        self._done += images
+        now = time.monotonic()
+        if now - self._last >= self._every or self._done >= self._next_step:
+            rate = (self._done - self._first) / max(now - self._started, 1e-9)
+            log.info("%d/%d images (%.0f%%), %.1f img/s", self._done, self._total,
+                     100.0 * self._done / max(self._total, 1), rate)
+            self._last = now
+            while self._next_step <= self._done:
+                self._next_step += max(1, self._total // 10)
+
+    def close(self) -> None:
+        pass
+
+
+class _TqdmHandler(logging.Handler):
+    """Log lines that do not tear a tqdm bar."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        from tqdm import tqdm
+
+        tqdm.write(self.format(record), file=sys.stderr)
+
+
+def _setup_logging(level: int) -> None:
+    logger = logging.getLogger("featdump")
+    logger.handlers.clear()
+    if sys.stderr.isatty():
+        handler = _TqdmHandler()
+        handler.setFormatter(logging.Formatter("%(message)s"))
+    else:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(asctime)s featdump %(levelname)s: %(message)s",
+                                               "%Y-%m-%d %H:%M:%S"))
+    logger.addHandler(handler)
+    logger.setLevel(level)
+    logger.propagate = False

@@ -1,0 +1,229 @@
+"""Data: the sorted image list with labels, robust decoding with recorded failures, and batching."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import signal
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image, ImageOps
+from torch import nn
+from torch.utils.data import DataLoader, Dataset
+from torchvision.transforms import functional as F
+from torchvision.transforms._presets import ImageClassification
+
+from featdump.errors import NoImages
+
+IMAGE_EXTENSIONS = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff"})
+JPEG_EXTENSIONS = frozenset({".jpg", ".jpeg"})
+
+
+@dataclass(frozen=True)
+class ImageList:
+    """Every image under ROOT in sorted order of relative path, with ImageFolder-style labels."""
+
+    root: Path
+    paths: tuple[str, ...]  # POSIX paths relative to root, sorted
+    labels: tuple[int, ...]  # index into classes, or -1 when images do not sit in class folders
+    classes: tuple[str, ...]  # first-level folder names, sorted
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def digest(self) -> str:
+        """A hash of the paths and file sizes: changes when an image is added, removed or replaced."""
+        digest = hashlib.sha256()
+        for relative in self.paths:
+            try:
+                size = os.stat(self.root / relative).st_size
+            except OSError:
+                size = -1
+            digest.update(f"{relative}\0{size}\n".encode("utf-8", "surrogateescape"))
+        return digest.hexdigest()
+
+
+def find_images(root: Path) -> ImageList:
+    """Walk ROOT recursively (following symlinks once) for images; NoImages if there are none."""
+    root = Path(root)
+    if not root.is_dir():
+        raise NoImages(f"Image folder {str(root)!r} does not exist or is not a folder.")
+    paths = sorted(_walk(root))
+    if not paths:
+        extensions = ", ".join(sorted(ext.lstrip(".") for ext in IMAGE_EXTENSIONS))
+        raise NoImages(f"No images in {str(root)!r} (looked for {extensions}, in any case, in all subfolders).")
+    in_class_folders = all("/" in path for path in paths)
+    classes = sorted({path.split("/", 1)[0] for path in paths}) if in_class_folders else []
+    index = {name: i for i, name in enumerate(classes)}
+    labels = [index[path.split("/", 1)[0]] if in_class_folders else -1 for path in paths]
+    return ImageList(root, tuple(paths), tuple(labels), tuple(classes))
+
+
+def _walk(root: Path):
+    seen_folders = set()
+    for folder, subfolders, files in os.walk(root, followlinks=True):
+        real = os.path.realpath(folder)
+        if real in seen_folders:  # a symlink loop or a folder linked twice
+            subfolders.clear()
+            continue
+        seen_folders.add(real)
+        subfolders.sort()
+        relative_folder = Path(folder).relative_to(root)
+        for name in files:
+            if Path(name).suffix.lower() in IMAGE_EXTENSIONS:
+                yield (relative_folder / name).as_posix()
+
+
+def open_rgb(path: Path) -> Image.Image:
+    """Decode PATH as 8-bit RGB, with EXIF orientation applied; raises on anything undecodable.
+
+    Grayscale, palette, RGBA (alpha dropped, as torchvision's ImageFolder loader does), CMYK and
+    16-bit images are converted; images over Pillow's pixel limit are refused as decompression bombs.
+    """
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", Image.DecompressionBombWarning)
+        with Image.open(path) as image:
+            image.load()
+            image = ImageOps.exif_transpose(image)
+            return _to_rgb(image)
+
+
+def _to_rgb(image: Image.Image) -> Image.Image:
+    if image.mode.startswith("I") or image.mode == "F":
+        gray = _scale_to_8_bits(image)
+        return Image.fromarray(gray, mode="L").convert("RGB")
+    if image.mode == "P" and "transparency" in image.info:
+        image = image.convert("RGBA")
+    return image.convert("RGB")
+
+
+def _scale_to_8_bits(image: Image.Image) -> np.ndarray:
+    """16-bit (and 32-bit) grayscale scaled to 0-255 by value, not clipped."""
+    values = np.asarray(image).astype(np.float64)
+    if image.mode.startswith("I;16") or values.max(initial=0) > 255:
+        full_scale = 65535.0
+    elif image.mode == "F" and values.max(initial=0) <= 1.0:
+        full_scale = 1.0
+    else:
+        full_scale = 255.0
+    return np.clip(np.rint(values * (255.0 / full_scale)), 0, 255).astype(np.uint8)
+
+
+def describe_failure(error: BaseException) -> str:
+    """One line saying why an image could not be used."""
+    if isinstance(error, (Image.DecompressionBombError, Image.DecompressionBombWarning)):
+        return f"decompression bomb: {error}"
+    if isinstance(error, FileNotFoundError):
+        return "file not found (a broken symlink?)"
+    text = str(error).splitlines()[0] if str(error) else ""
+    return f"{type(error).__name__}: {text}" if text else type(error).__name__
+
+
+class Preprocess:
+    """The model's preprocessing split in two: pixels() runs in the workers, normalize() on the device.
+
+    For torchvision's ImageClassification transforms, pixels() resizes and crops the PIL image to a
+    uint8 (C, H, W) array and normalize() scales and normalises a batch of them, which gives exactly
+    what `transforms(pil_image)` gives. Other transforms run whole in the workers.
+    """
+
+    def __init__(self, transforms: nn.Module):
+        self.transforms = transforms
+        self.split = isinstance(transforms, ImageClassification)
+        crop = getattr(transforms, "crop_size", [224])
+        self.size = (crop[0], crop[-1])
+
+    def pixels(self, image: Image.Image) -> np.ndarray:
+        if not self.split:
+            return self.transforms(image).numpy()
+        t = self.transforms
+        image = F.resize(image, t.resize_size, interpolation=t.interpolation, antialias=t.antialias)
+        image = F.center_crop(image, t.crop_size)
+        return np.asarray(image, dtype=np.uint8).transpose(2, 0, 1)
+
+    def normalize(self, batch: torch.Tensor) -> torch.Tensor:
+        if not self.split:
+            return batch.float()
+        batch = F.convert_image_dtype(batch, torch.float)
+        return F.normalize(batch, mean=self.transforms.mean, std=self.transforms.std)
+
+
+@dataclass
+class Batch:
+    """Decoded images of consecutive source positions, and those that failed."""
+
+    positions: list[int]  # source positions of the decoded images, rows of `pixels`
+    pixels: torch.Tensor | None  # (n, C, H, W), uint8 when the preprocessing is split
+    failures: list[tuple[int, str]]  # (source position, reason) of images that could not be used
+    end: int  # one past the last source position of this batch
+
+    def pin_memory(self) -> Batch:
+        """Called by the DataLoader's pinning thread, so the copy to the GPU can be asynchronous."""
+        if self.pixels is not None:
+            self.pixels = self.pixels.pin_memory()
+        return self
+
+
+class ImageDataset(Dataset):
+    """Item i: (i, pixels, None) for a good image, (i, None, reason) for a bad one."""
+
+    def __init__(self, images: ImageList, preprocess: Preprocess):
+        self.images = images
+        self.preprocess = preprocess
+
+    def __len__(self) -> int:
+        return len(self.images)
+
+    def __getitem__(self, position: int):
+        try:
+            image = open_rgb(self.images.root / self.images.paths[position])
+            return position, self.preprocess.pixels(image), None
+        except Exception as error:  # any decoding failure is recorded, not raised
+            return position, None, describe_failure(error)
+
+
+def collate(items) -> Batch:
+    """Stack the good images into one tensor (one shared-memory handle per batch, not per image)."""
+    good = [(position, pixels) for position, pixels, _ in items if pixels is not None]
+    failures = [(position, reason) for position, pixels, reason in items if pixels is None]
+    pixels = torch.from_numpy(np.stack([p for _, p in good])) if good else None
+    return Batch([position for position, _ in good], pixels, failures, items[-1][0] + 1)
+
+
+class _Batches:
+    """Consecutive batches of source positions from START to N."""
+
+    def __init__(self, start: int, count: int, batch_size: int):
+        self.start, self.count, self.batch_size = start, count, batch_size
+
+    def __iter__(self):
+        for first in range(self.start, self.count, self.batch_size):
+            yield list(range(first, min(first + self.batch_size, self.count)))
+
+    def __len__(self) -> int:
+        return max(0, -(-(self.count - self.start) // self.batch_size))
+
+
+def _ignore_signals(worker_id: int) -> None:
+    """Workers leave SIGINT/SIGTERM to the main process, which stops them after committing."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+
+def make_loader(
+    dataset: Dataset, start: int, batch_size: int, num_workers: int, pin_memory: bool = False
+) -> DataLoader:
+    """A DataLoader yielding Batches in source order from position START."""
+    return DataLoader(
+        dataset,
+        batch_sampler=_Batches(start, len(dataset), batch_size),
+        num_workers=num_workers,
+        collate_fn=collate,
+        pin_memory=pin_memory,
+        worker_init_fn=_ignore_signals if num_workers > 0 else None,
+        prefetch_factor=4 if num_workers > 0 else None,
+    )

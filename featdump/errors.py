@@ -1,0 +1,69 @@
+"""The exceptions featdump raises; only the CLI turns them into messages and exit codes."""
+
+
+class FeatdumpError(Exception):
+    """Base class of every error featdump reports to its user."""
+
+    exit_code = 1
+
+
+class UsageProblem(FeatdumpError):
+    """The user asked for something that cannot be done as asked (exit code 2)."""
+
+    exit_code = 2
+
+
+class UnknownModel(UsageProblem):
+    """No torchvision classification model has this name."""
+
+
+class InvalidWeights(UsageProblem):
+    """The --weights value is neither DEFAULT, none, a weights name nor a readable checkpoint."""
+
+
+class WeightsUnavailable(FeatdumpError):
+    """Pretrained weights could not be downloaded or read."""
+
+
+class UnknownLayer(UsageProblem):
+    """A layer selector names no module of the model, or a call that never happens."""
+
+
+class AmbiguousLayer(UsageProblem):
+    """A module runs several times per forward and the selector did not say which call."""
+
+
+class NoImages(UsageProblem):
+    """The image folder is missing or holds no image."""
+
+
+class OutputExists(UsageProblem):
+    """The output file exists and --overwrite was not given."""
+
+
+class ResumeMismatch(UsageProblem):
+    """A partial output was made with a different configuration or image set."""
+
+
+class OutputLocked(FeatdumpError):
+    """Another featdump process is writing the same output."""
+
+
+class OutputWriteError(FeatdumpError):
+    """The output could not be written (disk full, no permission, ...)."""
+
+
+class NotEnoughSpace(FeatdumpError):
+    """The expected output is larger than the free disk space."""
+
+
+class BadImage(FeatdumpError):
+    """An image could not be decoded and --on-error fail was given."""
+
+
+class Interrupted(FeatdumpError):
+    """The run stopped on SIGINT or SIGTERM after committing what was done."""
+
+    def __init__(self, message: str, signal_number: int):
+        super().__init__(message)
+        self.exit_code = 128 + signal_number

@@ -1,0 +1,314 @@
+"""Extraction: the loop that connects model, hooks, data and writer, batch by batch."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import queue
+import shutil
+import signal
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+import torch
+import torchvision
+
+from featdump import __version__
+from featdump.data import Batch, ImageDataset, ImageList, Preprocess, find_images, make_loader
+from featdump.errors import BadImage, Interrupted, NotEnoughSpace, OutputExists, UsageProblem
+from featdump.hooks import Capture
+from featdump.layers import Layer, probe, resolve
+from featdump.models import check_model_name, load_model
+from featdump.reductions import reduced_shape, snapshot
+from featdump.settings import Settings
+from featdump.writer import DatasetSpec, FeatureWriter
+
+log = logging.getLogger("featdump")
+
+
+class Progress(Protocol):
+    """What the loop reports to: the CLI's tqdm bar or log lines."""
+
+    def start(self, total: int, done: int) -> None: ...
+
+    def advance(self, images: int) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class _NoProgress:
+    def start(self, total: int, done: int) -> None:
+        pass
+
+    def advance(self, images: int) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+@dataclass
+class Summary:
+    """What a finished run wrote."""
+
+    output: Path
+    rows: int  # images written (all runs of this output)
+    skipped: int  # images skipped (all runs of this output)
+    processed: int  # images this run went through
+    resumed_from: int  # source position this run started at
+    seconds: float
+    size_bytes: int
+
+    def line(self) -> str:
+        rate = self.processed / self.seconds if self.seconds > 0 else 0.0
+        resumed = f", resumed at image {self.resumed_from}" if self.resumed_from else ""
+        return (
+            f"Wrote {self.rows} images ({self.skipped} skipped) to {self.output} in {self.seconds:.1f} s "
+            f"({rate:.1f} img/s{resumed}), {_human_bytes(self.size_bytes)}."
+        )
+
+
+def extract(settings: Settings, progress: Progress | None = None) -> Summary:
+    """Run SETTINGS: every image through the model, the selected layers into the HDF5 output."""
+    progress = progress or _NoProgress()
+    started = time.perf_counter()
+    _check_output(settings)
+    check_model_name(settings.model)
+    images = find_images(settings.images)
+    device = resolve_device(settings.device)
+    loaded = load_model(settings.model, settings.weights, settings.seed)
+    model = loaded.module.to(device)
+    preprocess = Preprocess(loaded.preprocessing)
+    layers = resolve(list(settings.layers), probe(model, (3, *preprocess.size)), settings.model)
+    specs = {layer.name: DatasetSpec(reduced_shape(settings.reduce, layer.shape, layer.name), settings.dtype)
+             for layer in layers}
+    _report_size(settings, specs, len(images))
+    writer = FeatureWriter.open(
+        settings.output, specs, _fingerprint(settings, images, loaded.preprocessing),
+        _attributes(settings, images, loaded, layers), list(images.classes), settings.batch_size,
+        settings.compression, settings.overwrite,
+    )
+    start = writer.committed_images
+    if start:
+        log.info("Resuming at image %d of %d (%d rows committed).", start, len(images), writer.committed_rows)
+    try:
+        with _StopSignals() as stop, Capture(model, layers, snapshot(settings.reduce, settings.dtype)) as capture:
+            progress.start(len(images), start)
+            _run_batches(settings, images, preprocess, capture, device, writer, progress, stop, start)
+        progress.close()
+        if stop.signal_number is not None:
+            raise Interrupted(
+                f"Stopped by {signal.Signals(stop.signal_number).name} after {writer.committed_images} of "
+                f"{len(images)} images; run the same command again to resume.",
+                stop.signal_number,
+            )
+        rows, skipped = writer.committed_rows, writer.committed_skipped
+        output = writer.finish()
+    finally:
+        progress.close()
+        writer.close()
+    return Summary(output, rows, skipped, len(images) - start, start, time.perf_counter() - started,
+                   output.stat().st_size)
+
+
+def _run_batches(settings, images, preprocess, capture, device, writer, progress, stop, start) -> None:
+    loader = make_loader(ImageDataset(images, preprocess), start, settings.batch_size, settings.num_workers,
+                         pin_memory=device.type == "cuda")
+    autocast = _autocast(settings.precision, device)
+    with WriteBehind(writer) as sink:
+        for batch in loader:
+            _check_failures(batch, images, settings.on_error)
+            features = {}
+            if batch.pixels is not None:
+                inputs = preprocess.normalize(batch.pixels.to(device, non_blocking=True))
+                if device.type == "cuda":
+                    inputs = inputs.contiguous(memory_format=torch.channels_last)
+                with autocast:
+                    features = capture.run(inputs)
+            sink.put(features, batch, images, device)
+            progress.advance(len(batch.positions) + len(batch.failures))
+            if stop.signal_number is not None:
+                break
+
+
+def _check_failures(batch: Batch, images: ImageList, on_error: str) -> None:
+    for position, reason in batch.failures:
+        if on_error == "fail":
+            raise BadImage(
+                f"Cannot use image {images.paths[position]!r}: {reason}. Fix or remove it, "
+                "or pass --on-error skip to record it and go on."
+            )
+        log.debug("Skipping %s: %s", images.paths[position], reason)
+
+
+class WriteBehind:
+    """Writes batches on a background thread behind a bounded queue; its errors surface in the loop."""
+
+    def __init__(self, writer: FeatureWriter, depth: int = 3):
+        self._writer = writer
+        self._queue: queue.Queue = queue.Queue(maxsize=depth)
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._work, name="featdump-writer", daemon=True)
+
+    def __enter__(self) -> WriteBehind:
+        self._thread.start()
+        return self
+
+    def put(self, features: dict, batch: Batch, images: ImageList, device: torch.device) -> None:
+        """Queue one batch: its outputs start copying to host memory now, without waiting."""
+        host = {name: tensor.to("cpu", non_blocking=True) for name, tensor in features.items()}
+        copied = None
+        if device.type == "cuda":
+            copied = torch.cuda.Event()
+            copied.record()
+        item = (host, copied, [images.paths[p] for p in batch.positions],
+                [images.labels[p] for p in batch.positions],
+                [(images.paths[p], reason) for p, reason in batch.failures], batch.end)
+        while True:
+            self._raise_if_failed()
+            try:
+                self._queue.put(item, timeout=0.1)
+                return
+            except queue.Full:
+                continue
+
+    def __exit__(self, exc_type, exc, traceback) -> None:
+        while self._thread.is_alive():
+            try:
+                self._queue.put(None, timeout=0.1)
+                break
+            except queue.Full:
+                continue
+        self._thread.join()
+        if exc_type is None:
+            self._raise_if_failed()
+
+    def _raise_if_failed(self) -> None:
+        if self._error is not None:
+            raise self._error
+
+    def _work(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is None or self._error is not None:
+                if item is None:
+                    return
+                continue
+            host, copied, paths, labels, skipped, images_done = item
+            try:
+                if copied is not None:
+                    copied.synchronize()
+                arrays = {name: tensor.numpy() for name, tensor in host.items()}
+                self._writer.append(arrays, paths, labels, skipped, images_done)
+            except BaseException as error:  # handed to the main thread, which raises it
+                self._error = error
+
+
+class _StopSignals:
+    """SIGINT/SIGTERM ask the loop to stop after the batch in flight; a second SIGINT exits at once."""
+
+    def __init__(self):
+        self.signal_number: int | None = None
+        self._previous: dict = {}
+
+    def __enter__(self) -> _StopSignals:
+        if threading.current_thread() is threading.main_thread():
+            for number in (signal.SIGINT, signal.SIGTERM):
+                self._previous[number] = signal.signal(number, self._handle)
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        for number, handler in self._previous.items():
+            signal.signal(number, handler)
+
+    def _handle(self, number, frame) -> None:
+        if self.signal_number is not None:
+            if number == signal.SIGINT:
+                sys.stderr.write("featdump: second interrupt, exiting now; committed rows are kept.\n")
+                os._exit(130)
+            return
+        self.signal_number = number
+        log.warning("%s received: committing the batch in flight, then stopping (Ctrl-C again to stop now).",
+                    signal.Signals(number).name)
+
+
+def resolve_device(name: str) -> torch.device:
+    """auto → cuda when available, else cpu; a clear error for a CUDA device that is not there."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError as error:
+        raise UsageProblem(f"Unknown device {name!r}: use auto, cpu, cuda or cuda:N.") from error
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise UsageProblem(f"Device {name!r} asked for, but CUDA is not available here; use --device cpu.")
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise UsageProblem(f"Device {name!r} does not exist: this machine has {torch.cuda.device_count()} GPU(s).")
+        torch.backends.cudnn.benchmark = True
+    elif device.type != "cpu":
+        raise UsageProblem(f"Unsupported device {name!r}: use auto, cpu, cuda or cuda:N.")
+    return device
+
+
+def _autocast(precision: str, device: torch.device):
+    if precision == "fp32":
+        return contextlib.nullcontext()
+    return torch.autocast(device.type, dtype=torch.bfloat16 if precision == "bf16" else torch.float16)
+
+
+def _check_output(settings: Settings) -> None:
+    if settings.output.exists() and not settings.overwrite:
+        raise OutputExists(f"Output {str(settings.output)!r} already exists; pass --overwrite to replace it.")
+
+
+def _fingerprint(settings: Settings, images: ImageList, preprocessing) -> dict:
+    return {**settings.fingerprint(), "preprocessing": repr(preprocessing),
+            "images": images.digest(), "image_count": len(images)}
+
+
+def _attributes(settings: Settings, images: ImageList, loaded, layers: list[Layer]) -> dict:
+    return {
+        "model": settings.model,
+        "weights": loaded.weights,
+        "seed": settings.seed,
+        "layers": [layer.name for layer in layers],
+        "preprocessing": repr(loaded.preprocessing),
+        "image_root": str(Path(settings.images).resolve()),
+        "dtype": settings.dtype,
+        "reduce": settings.reduce,
+        "precision": settings.precision,
+        "featdump_version": __version__,
+        "torch_version": str(torch.__version__),
+        "torchvision_version": str(torchvision.__version__),
+        "command": settings.command,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+
+
+def _report_size(settings: Settings, specs: dict[str, DatasetSpec], image_count: int) -> None:
+    """Log bytes per image per layer and the total; refuse when the disk is too small."""
+    for name, spec in specs.items():
+        log.info("Layer %s: %s per image, shape %s, %s.", name, _human_bytes(spec.row_bytes), spec.shape, spec.dtype)
+    total = image_count * sum(spec.row_bytes for spec in specs.values())
+    free = shutil.disk_usage(settings.output.resolve().parent).free
+    log.info("Expected output: %s for %d images (%s free).", _human_bytes(total), image_count, _human_bytes(free))
+    if settings.space_check and total > free:
+        raise NotEnoughSpace(
+            f"The output needs about {_human_bytes(total)} but only {_human_bytes(free)} is free on "
+            f"{settings.output.resolve().parent}; free space, use --dtype float16 or --reduce, "
+            "or pass --no-space-check."
+        )
+
+
+def _human_bytes(count: float) -> str:
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if abs(count) < 1000 or unit == "TB":
+            return f"{count:.0f} {unit}" if unit == "B" else f"{count:.1f} {unit}"
+        count /= 1000
+    return f"{count:.1f} TB"

@@ -1,0 +1,86 @@
+"""Hooks: a context manager that captures copies of selected layer outputs and stops the forward early."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import torch
+from torch import nn
+
+from featdump.errors import FeatdumpError
+from featdump.layers import Layer, first_tensor
+from featdump.reductions import Snapshot
+
+
+class _StopForward(Exception):
+    """Raised inside a hook once every requested output is captured, to skip the rest of the model."""
+
+
+class Capture:
+    """Forward hooks on the modules of LAYERS; `run(inputs)` returns {layer name: captured tensor}.
+
+    Each capture is a new tensor made at hook time by SNAPSHOT (a copy, maybe reduced/cast), so in-place
+    operations later in the forward cannot change it. Calls of a module are counted per forward, so
+    `NAME:K` picks its K-th call. With STOP_EARLY, the forward ends as soon as the last capture is taken.
+    The model runs in eval mode under torch.inference_mode(); hooks are removed and the model's
+    training flag restored on exit, also on error.
+    """
+
+    def __init__(self, model: nn.Module, layers: list[Layer], snapshot: Snapshot, stop_early: bool = True):
+        self._model = model
+        self._snapshot = snapshot
+        self._stop_early = stop_early
+        self._names_by_call: dict[str, dict[int, str]] = defaultdict(dict)
+        for layer in layers:
+            self._names_by_call[layer.path][layer.call] = layer.name
+        self._expected = len(layers)
+        self._handles: list = []
+        self._calls: dict[str, int] = defaultdict(int)
+        self._captured: dict[str, torch.Tensor] = {}
+
+    def __enter__(self) -> Capture:
+        self._was_training = self._model.training
+        self._model.eval()
+        for path in self._names_by_call:
+            module = self._model.get_submodule(path)
+            self._handles.append(module.register_forward_hook(self._hook_for(path)))
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+        self._model.train(self._was_training)
+
+    def run(self, inputs: torch.Tensor) -> dict[str, torch.Tensor]:
+        """One forward pass of INPUTS in inference mode; the captured outputs by layer name."""
+        self._calls.clear()
+        self._captured = {}
+        try:
+            with torch.inference_mode():
+                self._model(inputs)
+        except _StopForward:
+            pass
+        captured, self._captured = self._captured, {}
+        if len(captured) != self._expected:
+            missing = sorted(set(self._all_names()) - set(captured))
+            raise FeatdumpError(f"Layer(s) {', '.join(missing)} did not run in this forward pass.")
+        return captured
+
+    def _all_names(self):
+        for names in self._names_by_call.values():
+            yield from names.values()
+
+    def _hook_for(self, path: str):
+        wanted = self._names_by_call[path]
+
+        def hook(module, args, output):
+            self._calls[path] += 1
+            name = wanted.get(self._calls[path])
+            if name is None:
+                return
+            self._captured[name] = self._snapshot(first_tensor(output))
+            if self._stop_early and len(self._captured) == self._expected:
+                raise _StopForward
+
+        return hook

@@ -1,0 +1,119 @@
+"""Layers: parse selectors (PATH, PATH:K), probe a model's modules with one dry forward, resolve and validate."""
+
+from __future__ import annotations
+
+import difflib
+import re
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from featdump.errors import AmbiguousLayer, UnknownLayer
+
+_SELECTOR = re.compile(r"^(?P<path>[^:\s]+)(?::(?P<call>\d+))?$")
+
+
+@dataclass(frozen=True)
+class LayerInfo:
+    """One module as seen in a dry forward: where it is, what it is, what it outputs, how often it runs."""
+
+    path: str  # dotted module path, e.g. "layer1.0.relu"
+    type_name: str  # class name, e.g. "ReLU"
+    calls: int  # times the module ran in one forward
+    shapes: tuple  # output shape of each call, without the batch dimension (None: not a tensor)
+    tuple_output: bool  # the output is a tuple/list; its first tensor is what gets stored
+
+    @property
+    def depth(self) -> int:
+        return self.path.count(".") + 1
+
+
+@dataclass(frozen=True)
+class Layer:
+    """A validated selector: the dataset name, the module path, which call (1-based), its output shape."""
+
+    name: str  # the selector as the dataset name: "avgpool" or "layer1.0.relu:2"
+    path: str
+    call: int
+    shape: tuple[int, ...]
+
+
+def first_tensor(output):
+    """The tensor a module's output stands for: itself, or the first tensor of a tuple/list."""
+    if isinstance(output, torch.Tensor):
+        return output
+    if isinstance(output, (tuple, list)):
+        return next((item for item in output if isinstance(item, torch.Tensor)), None)
+    return None
+
+
+def probe(model: nn.Module, input_shape: tuple[int, ...]) -> list[LayerInfo]:
+    """Run one forward on zeros of INPUT_SHAPE (C, H, W) and record every module's calls and outputs."""
+    records: dict[str, list] = {path: [] for path, _ in model.named_modules() if path}
+    tuple_outputs: set[str] = set()
+
+    def recorder(path):
+        def hook(module, args, output):
+            tensor = first_tensor(output)
+            records[path].append(tuple(tensor.shape[1:]) if tensor is not None else None)
+            if not isinstance(output, torch.Tensor):
+                tuple_outputs.add(path)
+
+        return hook
+
+    handles = [module.register_forward_hook(recorder(path)) for path, module in model.named_modules() if path]
+    try:
+        parameter = next(model.parameters(), None)
+        device = parameter.device if parameter is not None else torch.device("cpu")
+        with torch.inference_mode():
+            model(torch.zeros((1, *input_shape), device=device))
+    finally:
+        for handle in handles:
+            handle.remove()
+    modules = dict(model.named_modules())
+    return [
+        LayerInfo(path, type(modules[path]).__name__, len(shapes), tuple(shapes), path in tuple_outputs)
+        for path, shapes in records.items()
+    ]
+
+
+def resolve(selectors: list[str], infos: list[LayerInfo], model_name: str) -> list[Layer]:
+    """Turn selector strings into Layers, or raise with the closest valid names and a list-layers hint."""
+    if not selectors:
+        raise UnknownLayer(f"No layer selected. Run `featdump list-layers {model_name}` to see the layers.")
+    by_path = {info.path: info for info in infos}
+    layers: dict[str, Layer] = {}
+    for text in selectors:
+        layer = _resolve_one(text.strip(), by_path, model_name)
+        layers.setdefault(layer.name, layer)
+    return list(layers.values())
+
+
+def _resolve_one(text: str, by_path: dict[str, LayerInfo], model_name: str) -> Layer:
+    match = _SELECTOR.match(text)
+    hint = f"Run `featdump list-layers {model_name}` to see every layer."
+    if not match:
+        raise UnknownLayer(f"Bad layer selector {text!r}: use a module path like layer1.0.conv1, or PATH:K. {hint}")
+    path, call = match["path"], match["call"]
+    info = by_path.get(path)
+    if info is None:
+        close = difflib.get_close_matches(path, list(by_path), n=5, cutoff=0.6)
+        maybe = f" Close matches: {', '.join(close)}." if close else ""
+        raise UnknownLayer(f"Unknown layer {path!r} in {model_name}.{maybe} {hint}")
+    if info.calls == 0:
+        raise UnknownLayer(f"Layer {path!r} of {model_name} never runs in a forward pass. {hint}")
+    if call is None and info.calls > 1:
+        options = " ".join(f"{path}:{k}" for k in range(1, info.calls + 1))
+        raise AmbiguousLayer(
+            f"Layer {path!r} runs {info.calls} times per forward pass; select one call: {options}."
+        )
+    index = int(call) if call is not None else 1
+    if not 1 <= index <= info.calls:
+        raise UnknownLayer(
+            f"Layer {path!r} runs {info.calls} time(s) per forward pass, so {text!r} does not exist. {hint}"
+        )
+    shape = info.shapes[index - 1]
+    if shape is None:
+        raise UnknownLayer(f"Layer {path!r} does not output a tensor, so it cannot be stored. {hint}")
+    return Layer(name=text, path=path, call=index, shape=shape)

@@ -1,0 +1,49 @@
+"""Reductions: what is kept of a captured output (all of it, flattened, pooled, or the CLS token)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from featdump.errors import UsageProblem
+
+Snapshot = Callable[[torch.Tensor], torch.Tensor]
+
+
+def snapshot(reduce: str, dtype: str) -> Snapshot:
+    """A function turning a layer output (N, ...) into a new tensor to store: reduced, cast, never a view."""
+    storage = getattr(torch, dtype)
+
+    def take(output: torch.Tensor) -> torch.Tensor:
+        return _REDUCERS[reduce](output).to(storage, copy=True)
+
+    return take
+
+
+def reduced_shape(reduce: str, shape: tuple[int, ...], layer_name: str) -> tuple[int, ...]:
+    """The per-image shape stored for a layer of SHAPE, or UsageProblem if REDUCE does not apply."""
+    if reduce == "cls" and len(shape) != 2:
+        raise UsageProblem(
+            f"--reduce cls takes the first token of a (tokens, dim) output, but layer {layer_name!r} "
+            f"has shape {shape}; use avgpool, maxpool, flatten or none."
+        )
+    return tuple(_REDUCERS[reduce](torch.zeros((1, *shape), device="meta")).shape[1:])
+
+
+def _pool(output: torch.Tensor, pool) -> torch.Tensor:
+    """Pool conv maps (N, C, H, W) over H×W and token sequences (N, T, D) over T; leave (N, D) alone."""
+    if output.dim() >= 4:
+        return pool(output.flatten(2), dim=2)
+    if output.dim() == 3:
+        return pool(output, dim=1)
+    return output
+
+
+_REDUCERS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "none": lambda output: output,
+    "flatten": lambda output: output.flatten(1),
+    "avgpool": lambda output: _pool(output, torch.mean),
+    "maxpool": lambda output: _pool(output, torch.amax),
+    "cls": lambda output: output[:, 0],
+}

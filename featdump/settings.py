@@ -1,0 +1,49 @@
+"""Settings: one dataclass holding everything a run needs, from the CLI or the Python API."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+DTYPES = ("float32", "float16")
+REDUCTIONS = ("none", "flatten", "avgpool", "maxpool", "cls")
+PRECISIONS = ("fp32", "bf16", "fp16")
+DECODERS = ("auto", "cpu", "gpu")
+COMPRESSIONS = ("none", "lzf", "gzip")
+ON_ERROR = ("skip", "fail")
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What to extract, from what, into where, and how."""
+
+    model: str  # torchvision model name, e.g. "resnet18"
+    layers: tuple[str, ...]  # layer selectors, "PATH" or "PATH:K"
+    images: Path  # root of the image folder
+    output: Path  # the finished HDF5 file (written as OUTPUT.partial first)
+    weights: str = "DEFAULT"  # DEFAULT, a weights enum name, "none", or a checkpoint path
+    seed: int = 0  # torch.manual_seed before building a model with weights "none"
+    batch_size: int = 64
+    num_workers: int = 2  # DataLoader worker processes decoding images
+    device: str = "auto"  # auto, cpu, cuda, cuda:N
+    overwrite: bool = False  # start over even if OUTPUT or OUTPUT.partial exists
+    on_error: str = "skip"  # what a bad image does: skip (recorded) or fail
+    dtype: str = "float32"  # storage dtype of the features
+    reduce: str = "none"  # reduction applied on the device before the copy
+    compression: str = "none"  # HDF5 filter of the feature datasets
+    precision: str = "fp32"  # autocast precision of the forward pass
+    decode: str = "auto"  # where JPEGs are decoded: cpu, gpu, or auto (gpu when on CUDA)
+    space_check: bool = True  # refuse to start when the disk cannot hold the output
+    command: str = ""  # the command line, recorded in the output
+
+    def fingerprint(self) -> dict:
+        """The options that determine the rows and values written (resume compares these)."""
+        return {
+            "model": self.model,
+            "weights": self.weights,
+            "seed": self.seed,
+            "layers": list(self.layers),
+            "dtype": self.dtype,
+            "reduce": self.reduce,
+            "precision": self.precision,
+        }

@@ -1,0 +1,348 @@
+"""Writer: the HDF5 output file, written as OUT.partial, committed batch by batch, renamed when complete.
+
+Layout (plain h5py reads it):
+    /features/<layer>   (rows, *shape), chunked along rows
+    /paths              (rows,) UTF-8 paths relative to the image root, row-aligned with the features
+    /labels             (rows,) int64, attribute `classes`
+    /skipped/paths, /skipped/reasons   images that could not be used, and why
+    attributes          model, weights, ..., `complete`, and the commit counters below
+
+After each batch the data is flushed first and the counters (`committed_rows`, `committed_images`,
+`committed_skipped`) are written last and flushed, so a file killed at any instant holds exact data up
+to its counters; resuming discards anything beyond them.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import json
+import logging
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import h5py
+import numpy as np
+
+from featdump.errors import OutputExists, OutputLocked, OutputWriteError, ResumeMismatch
+
+FORMAT = "featdump/1"
+MIN_CHUNK_BYTES = 64 * 1024
+MAX_CHUNK_BYTES = 4 * 1024 * 1024
+_STRING = h5py.string_dtype("utf-8")
+log = logging.getLogger("featdump")
+
+
+@dataclass(frozen=True)
+class DatasetSpec:
+    """One feature dataset: per-row shape and storage dtype."""
+
+    shape: tuple[int, ...]
+    dtype: str
+
+    @property
+    def row_bytes(self) -> int:
+        return math.prod(self.shape) * np.dtype(self.dtype).itemsize
+
+
+def partial_path(output: Path) -> Path:
+    return output.with_name(output.name + ".partial")
+
+
+def chunk_shape(spec: DatasetSpec, batch_size: int) -> tuple[int, ...]:
+    """Chunks holding whole batches of rows, between 64 KiB and 4 MiB; big rows are split along dim 1."""
+    row_bytes = max(spec.row_bytes, 1)
+    if row_bytes <= MAX_CHUNK_BYTES:
+        target = min(MAX_CHUNK_BYTES, max(MIN_CHUNK_BYTES, batch_size * row_bytes))
+        return (max(1, target // row_bytes), *spec.shape)
+    dims = list(spec.shape)
+    itemsize = np.dtype(spec.dtype).itemsize
+    for axis in range(len(dims)):
+        while dims[axis] > 1 and math.prod(dims) * itemsize > MAX_CHUNK_BYTES:
+            dims[axis] = -(-dims[axis] // 2)
+    return (1, *dims)
+
+
+class FeatureWriter:
+    """Owns OUT.partial (and its lock) from open to finish; `append` writes and commits one batch."""
+
+    def __init__(self, output: Path, h5file: h5py.File, lock: _Lock):
+        self.output = output
+        self._file = h5file
+        self._lock = lock
+
+    # -- opening ---------------------------------------------------------------------------------
+
+    @classmethod
+    def open(
+        cls,
+        output: Path,
+        specs: dict[str, DatasetSpec],
+        fingerprint: dict,
+        attributes: dict,
+        classes: list[str],
+        batch_size: int,
+        compression: str = "none",
+        overwrite: bool = False,
+    ) -> FeatureWriter:
+        """Create OUT.partial, or reopen it to resume when its fingerprint matches; lock it either way."""
+        output = Path(output)
+        if output.exists() and not overwrite:
+            raise OutputExists(f"Output {str(output)!r} already exists; pass --overwrite to replace it.")
+        if not output.parent.is_dir():
+            raise OutputWriteError(f"Output folder {str(output.parent)!r} does not exist.")
+        lock = _Lock.acquire(output)
+        try:
+            partial = partial_path(output)
+            if partial.exists() and not overwrite:
+                h5file = _reopen(partial, fingerprint, lock.hdf5_locking)
+            else:
+                h5file = _create(partial, specs, fingerprint, attributes, classes, batch_size, compression,
+                                 lock.hdf5_locking)
+        except BaseException:
+            lock.release()
+            raise
+        return cls(output, h5file, lock)
+
+    # -- state -----------------------------------------------------------------------------------
+
+    @property
+    def committed_rows(self) -> int:
+        return int(self._file.attrs["committed_rows"])
+
+    @property
+    def committed_images(self) -> int:
+        """How many source images (written or skipped) are done: where a resumed run starts."""
+        return int(self._file.attrs["committed_images"])
+
+    @property
+    def committed_skipped(self) -> int:
+        return int(self._file.attrs["committed_skipped"])
+
+    # -- writing ---------------------------------------------------------------------------------
+
+    def append(
+        self,
+        features: dict[str, np.ndarray],
+        paths: list[str],
+        labels: list[int],
+        skipped: list[tuple[str, str]],
+        images_done: int,
+    ) -> None:
+        """Write one batch's rows and skipped images, then commit: counters last, flushed."""
+        try:
+            rows = self.committed_rows
+            new_rows = rows + len(paths)
+            if paths:
+                for name, values in features.items():
+                    _write_rows(self._file["features"][name], rows, new_rows, values)
+                _write_rows(self._file["paths"], rows, new_rows, np.array(paths, dtype=object))
+                _write_rows(self._file["labels"], rows, new_rows, np.asarray(labels, dtype=np.int64))
+            done_skipped = self.committed_skipped + len(skipped)
+            if skipped:
+                _write_rows(self._file["skipped/paths"], self.committed_skipped, done_skipped,
+                            np.array([path for path, _ in skipped], dtype=object))
+                _write_rows(self._file["skipped/reasons"], self.committed_skipped, done_skipped,
+                            np.array([reason for _, reason in skipped], dtype=object))
+            self._file.flush()
+            self._file.attrs["committed_rows"] = new_rows
+            self._file.attrs["committed_skipped"] = done_skipped
+            self._file.attrs["committed_images"] = images_done
+            self._file.flush()
+        except OSError as error:
+            raise _write_error(partial_path(self.output), error, self) from error
+
+    def finish(self) -> Path:
+        """Mark complete, make it durable, and atomically rename OUT.partial to OUT."""
+        partial = partial_path(self.output)
+        try:
+            self._file.attrs["complete"] = True
+            self._file.close()
+            _fsync(partial)
+            os.replace(partial, self.output)
+            _fsync(self.output.parent)
+        except OSError as error:
+            raise _write_error(partial, error, None) from error
+        finally:
+            self._lock.release()
+        return self.output
+
+    def close(self) -> None:
+        """Close without finishing: the partial file stays, resumable from its committed rows."""
+        try:
+            if self._file.id.valid:
+                self._file.close()
+        except OSError as error:
+            log.warning("Closing %s failed (%s); it stays resumable from its last commit.",
+                        partial_path(self.output), error)
+        finally:
+            self._lock.release()
+
+
+def _write_rows(dataset: h5py.Dataset, start: int, stop: int, values: np.ndarray) -> None:
+    if dataset.shape[0] != stop:
+        dataset.resize(stop, axis=0)
+    dataset[start:stop] = values
+
+
+def _write_error(partial: Path, error: OSError, writer: FeatureWriter | None) -> OutputWriteError:
+    done = f"; {writer.committed_rows} rows are committed" if writer is not None else ""
+    if error.errno in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT) or "space" in str(error).lower():
+        return OutputWriteError(
+            f"No space left while writing {str(partial)!r}{done}. Free some space and run the same command "
+            "again to resume."
+        )
+    return OutputWriteError(f"Could not write {str(partial)!r}: {error}{done}.")
+
+
+# -- file creation and resume --------------------------------------------------------------------
+
+
+def _create(partial, specs, fingerprint, attributes, classes, batch_size, compression, locking) -> h5py.File:
+    try:
+        h5file = h5py.File(partial, "w", locking=locking)
+    except OSError as error:
+        raise _write_error(partial, error, None) from error
+    try:
+        for key, value in attributes.items():
+            h5file.attrs[key] = np.array(value, dtype=_STRING) if isinstance(value, list) else value
+        h5file.attrs["format"] = FORMAT
+        h5file.attrs["fingerprint"] = json.dumps(fingerprint, sort_keys=True)
+        h5file.attrs["complete"] = False
+        features = h5file.create_group("features")
+        filters = {} if compression == "none" else {"compression": compression}
+        for name, spec in specs.items():
+            features.create_dataset(name, shape=(0, *spec.shape), maxshape=(None, *spec.shape),
+                                    dtype=spec.dtype, chunks=chunk_shape(spec, batch_size), **filters)
+        h5file.create_dataset("paths", shape=(0,), maxshape=(None,), dtype=_STRING, chunks=(4096,))
+        labels = h5file.create_dataset("labels", shape=(0,), maxshape=(None,), dtype=np.int64, chunks=(4096,))
+        labels.attrs["classes"] = np.array(classes, dtype=_STRING)
+        skipped = h5file.create_group("skipped")
+        for name in ("paths", "reasons"):
+            skipped.create_dataset(name, shape=(0,), maxshape=(None,), dtype=_STRING, chunks=(256,))
+        for counter in ("committed_rows", "committed_images", "committed_skipped"):
+            h5file.attrs[counter] = np.int64(0)
+        h5file.flush()
+    except BaseException:
+        h5file.close()
+        partial.unlink(missing_ok=True)  # nothing was committed to it
+        raise
+    return h5file
+
+
+def _reopen(partial: Path, fingerprint: dict, locking: bool) -> h5py.File:
+    try:
+        h5file = h5py.File(partial, "r+", locking=locking)
+    except OSError as error:
+        raise OutputWriteError(
+            f"The partial output {str(partial)!r} cannot be opened ({error}); pass --overwrite to start over."
+        ) from error
+    try:
+        stored = json.loads(h5file.attrs.get("fingerprint", "{}"))
+        differences = describe_differences(stored, fingerprint)
+        if h5file.attrs.get("format") != FORMAT or differences:
+            raise ResumeMismatch(
+                f"{str(partial)!r} was started with a different configuration ({'; '.join(differences)}). "
+                "Run the original command to resume it, or pass --overwrite to start over."
+            )
+        _discard_uncommitted(h5file)
+    except BaseException:
+        h5file.close()
+        raise
+    return h5file
+
+
+def describe_differences(stored: dict, current: dict) -> list[str]:
+    """Human-readable differences between two fingerprints."""
+    differences = []
+    for key in sorted(set(stored) | set(current)):
+        before, now = stored.get(key), current.get(key)
+        if before == now:
+            continue
+        if key == "images":
+            differences.append(
+                f"the image set changed: {stored.get('image_count')} images when started, "
+                f"{current.get('image_count')} now, or files were replaced"
+            )
+        elif key != "image_count":
+            differences.append(f"{key}: {_short(before)} when started, {_short(now)} now")
+    return differences
+
+
+def _short(value) -> str:
+    text = json.dumps(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _discard_uncommitted(h5file: h5py.File) -> None:
+    """Cut every row dataset back to its committed length (a kill may have left more)."""
+    rows = int(h5file.attrs["committed_rows"])
+    skipped = int(h5file.attrs["committed_skipped"])
+    for dataset in [*h5file["features"].values(), h5file["paths"], h5file["labels"]]:
+        dataset.resize(rows, axis=0)
+    for dataset in h5file["skipped"].values():
+        dataset.resize(skipped, axis=0)
+    h5file.flush()
+
+
+def _fsync(path: Path) -> None:
+    descriptor = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
+
+
+# -- locking -------------------------------------------------------------------------------------
+
+
+class _Lock:
+    """An exclusive flock on OUT.lock held for the whole run, so two featdumps never write one output."""
+
+    def __init__(self, path: Path | None, descriptor: int | None, hdf5_locking: bool):
+        self.path, self._descriptor, self.hdf5_locking = path, descriptor, hdf5_locking
+
+    @classmethod
+    def acquire(cls, output: Path) -> _Lock:
+        if os.environ.get("HDF5_USE_FILE_LOCKING", "").upper() == "FALSE":
+            log.info("HDF5_USE_FILE_LOCKING=FALSE: %s is not locked against a second writer.", output)
+            return cls(None, None, False)
+        path = output.with_name(output.name + ".lock")
+        while True:
+            try:
+                descriptor = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            except OSError as error:
+                raise _write_error(path, error, None) from error
+            try:
+                fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError as error:
+                os.close(descriptor)
+                if error.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+                    raise OutputLocked(
+                        f"Another featdump is writing {str(output)!r} (it holds {str(path)!r}); "
+                        "wait for it to finish or stop it first."
+                    ) from error
+                log.warning("This filesystem does not support file locking (%s); continuing without a lock.",
+                            error.strerror)
+                return cls(None, None, False)
+            if _same_file(descriptor, path):
+                return cls(path, descriptor, True)
+            os.close(descriptor)  # the lock file was removed by a finishing run: lock the new one
+
+    def release(self) -> None:
+        if self._descriptor is None:
+            return
+        try:
+            self.path.unlink(missing_ok=True)
+        finally:
+            os.close(self._descriptor)
+            self._descriptor = None
+
+
+def _same_file(descriptor: int, path: Path) -> bool:
+    try:
+        return os.path.samestat(os.fstat(descriptor), os.stat(path))
+    except FileNotFoundError:
+        return False
