@@ -1,0 +1,63 @@
+"""Shared fixtures: small real image folders made on disk, and ways to run featdump."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from featdump.settings import Settings
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def write_images(root: Path, layout: dict[str, int], seed: int = 0, size=(64, 48)) -> list[str]:
+    """Write random-but-smooth RGB JPEG/PNG images: {class folder: count}; '' puts them at the root."""
+    rng = np.random.default_rng(seed)
+    written = []
+    for folder, count in layout.items():
+        (root / folder).mkdir(parents=True, exist_ok=True)
+        for index in range(count):
+            width, height = size[0] + 8 * index, size[1] + 4 * index
+            base = rng.integers(0, 256, size=(4, 4, 3), dtype=np.uint8)
+            image = Image.fromarray(base).resize((width, height), Image.BILINEAR)
+            noise = rng.integers(-20, 20, size=(height, width, 3))
+            pixels = np.clip(np.asarray(image).astype(int) + noise, 0, 255).astype(np.uint8)
+            suffix = ".png" if index % 3 == 2 else ".jpg"
+            path = root / folder / f"img_{index:03d}{suffix}"
+            Image.fromarray(pixels).save(path)
+            written.append(path.relative_to(root).as_posix())
+    return sorted(written)
+
+
+@pytest.fixture
+def image_folder(tmp_path) -> Path:
+    """Two class folders, 7 images in all."""
+    root = tmp_path / "images"
+    write_images(root, {"cats": 4, "dogs": 3})
+    return root
+
+
+def settings_for(images: Path, output: Path, **overrides) -> Settings:
+    options = dict(model="resnet18", layers=("avgpool",), images=images, output=output, weights="none",
+                   batch_size=4, num_workers=0, device="cpu")
+    options.update(overrides)
+    return Settings(**options)
+
+
+def featdump_env(**extra) -> dict:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+    env.update(extra)
+    return env
+
+
+def run_featdump(*args, env=None, timeout=300, **kwargs) -> subprocess.CompletedProcess:
+    """Run `python -m featdump ARGS` as a real process."""
+    return subprocess.run([sys.executable, "-m", "featdump", *map(str, args)], capture_output=True, text=True,
+                          env=env or featdump_env(), timeout=timeout, **kwargs)

@@ -1,0 +1,144 @@
+"""The command line: help everywhere, exact messages and exit codes for bad input, real processes."""
+
+from __future__ import annotations
+
+import json
+
+import h5py
+import pytest
+from click.testing import CliRunner
+
+from featdump.cli import main
+
+from .conftest import featdump_env, run_featdump
+
+
+def invoke(*args):
+    return CliRunner().invoke(main, [str(arg) for arg in args])
+
+
+@pytest.mark.parametrize("command", [[], ["extract"], ["list-layers"], ["info"]])
+def test_help_on_every_command(command):
+    result = invoke(*command, "--help")
+    assert result.exit_code == 0
+    assert "Usage: " in result.output
+
+
+def test_help_and_version_as_a_process():
+    result = run_featdump("--help")
+    assert result.returncode == 0 and "list-layers" in result.stdout
+    assert run_featdump("--version").stdout.startswith("featdump, version ")
+    assert run_featdump("extract", "--help").returncode == 0
+
+
+def test_list_layers_tree_shows_shapes_and_calls():
+    result = invoke("list-layers", "resnet18")
+    assert result.exit_code == 0
+    line = next(line for line in result.output.splitlines() if line.strip().startswith("layer3.0.downsample.1 "))
+    assert "BatchNorm2d" in line and "1x" in line and "(256, 14, 14)" in line
+    assert line.startswith("      layer3.0.downsample.1")  # depth 4: three levels of indentation
+    relu = next(line for line in result.output.splitlines() if line.strip().startswith("layer1.0.relu "))
+    assert "2x" in relu and "layer1.0.relu:1 ... layer1.0.relu:2" in relu
+
+
+def test_list_layers_json_and_depth():
+    result = invoke("list-layers", "resnet18", "--json", "--depth", "2")
+    rows = [json.loads(line) for line in result.output.splitlines()]
+    assert {row["depth"] for row in rows} == {1, 2}
+    assert {"path": "layer1.0", "type": "BasicBlock", "depth": 2, "calls": 1, "shapes": [[64, 56, 56]],
+            "tuple_output": False} in rows
+
+
+def test_unknown_model_names_close_models():
+    result = invoke("list-layers", "resnet19")
+    assert result.exit_code == 2
+    assert result.output.startswith("Error: Unknown model 'resnet19'. Did you mean: resnet18")
+    assert "Traceback" not in result.output
+
+
+def test_unknown_layer_names_close_matches(image_folder, tmp_path):
+    result = invoke("extract", "-m", "resnet18", "-w", "none", "-l", "layer3.0.downsampl.1", image_folder,
+                    tmp_path / "o.h5")
+    assert result.exit_code == 2
+    assert result.output.strip() == (
+        "Error: Unknown layer 'layer3.0.downsampl.1' in resnet18. Close matches: layer3.0.downsample.1, "
+        "layer4.0.downsample.1, layer3.0.downsample.0, layer2.0.downsample.1, layer3.0.downsample. "
+        "Run `featdump list-layers resnet18` to see every layer.")
+    assert not list(tmp_path.glob("o.h5*"))
+
+
+def test_reused_module_without_call(image_folder, tmp_path):
+    result = invoke("extract", "-m", "resnet18", "-w", "none", "-l", "layer1.0.relu", image_folder, tmp_path / "o.h5")
+    assert result.exit_code == 2
+    assert result.output.strip() == ("Error: Layer 'layer1.0.relu' runs 2 times per forward pass; select one call: "
+                                     "layer1.0.relu:1 layer1.0.relu:2.")
+
+
+def test_missing_image_folder(tmp_path):
+    result = invoke("extract", "-m", "resnet18", "-l", "fc", tmp_path / "nope", tmp_path / "o.h5")
+    assert result.exit_code == 2
+    assert "Directory" in result.output and "does not exist" in result.output
+
+
+def test_empty_image_folder(tmp_path):
+    (tmp_path / "empty" / "sub").mkdir(parents=True)
+    (tmp_path / "empty" / "notes.txt").write_text("not an image")
+    result = invoke("extract", "-m", "resnet18", "-w", "none", "-l", "fc", tmp_path / "empty", tmp_path / "o.h5")
+    assert result.exit_code == 2
+    assert result.output.startswith(f"Error: No images in '{tmp_path / 'empty'}' (looked for bmp, jpeg, jpg, png")
+
+
+def test_existing_output_needs_overwrite(image_folder, tmp_path):
+    output = tmp_path / "o.h5"
+    output.write_bytes(b"precious")
+    result = invoke("extract", "-m", "resnet18", "-w", "none", "-l", "fc", image_folder, output)
+    assert result.exit_code == 2
+    assert result.output.strip() == f"Error: Output '{output}' already exists; pass --overwrite to replace it."
+    assert output.read_bytes() == b"precious"
+    result = invoke("extract", "-m", "resnet18", "-w", "none", "-l", "fc", "--overwrite", "-j", "0",
+                    image_folder, output)
+    assert result.exit_code == 0, result.output
+    with h5py.File(output, "r") as h5file:
+        assert h5file["features/fc"].shape == (7, 1000)
+
+
+def test_offline_pretrained_weights_fail_with_one_clear_sentence(image_folder, tmp_path):
+    # An unreachable proxy makes the download fail at once, online or not; an empty TORCH_HOME has no cache.
+    env = featdump_env(TORCH_HOME=str(tmp_path / "torch"), https_proxy="http://127.0.0.1:9",
+                       HTTPS_PROXY="http://127.0.0.1:9")
+    result = run_featdump("extract", "-m", "resnet18", "-l", "fc", image_folder, tmp_path / "o.h5", env=env)
+    assert result.returncode == 1
+    assert "Traceback" not in result.stderr
+    error_lines = [line for line in result.stderr.splitlines() if line.startswith("Error: ")]
+    assert len(error_lines) == 1
+    assert error_lines[0].startswith("Error: Could not download the pretrained weights ResNet18_Weights.IMAGENET1K_V1")
+    assert error_lines[0].endswith("Pass --weights none for a randomly initialised network, "
+                                   "or --weights PATH for a local checkpoint.")
+
+
+def test_unknown_weights_name(image_folder, tmp_path):
+    result = invoke("extract", "-m", "resnet50", "-w", "IMAGENET1K_V9", "-l", "fc", image_folder, tmp_path / "o.h5")
+    assert result.exit_code == 2
+    assert "Unknown weights 'IMAGENET1K_V9' for resnet50" in result.output and "IMAGENET1K_V2" in result.output
+
+
+def test_extract_as_a_process_writes_a_complete_file(image_folder, tmp_path):
+    output = tmp_path / "o.h5"
+    result = run_featdump("extract", "-m", "resnet18", "-w", "none", "-l", "layer1.0.relu:2,avgpool",
+                          "-l", "fc", "-b", "3", "-j", "2", image_folder, output)
+    assert result.returncode == 0, result.stderr
+    assert "Wrote 7 images (0 skipped)" in result.stderr
+    assert " featdump INFO: " in result.stderr  # plain log lines when stderr is not a terminal
+    with h5py.File(output, "r") as h5file:
+        assert set(h5file["features"]) == {"layer1.0.relu:2", "avgpool", "fc"}
+        assert h5file["features/layer1.0.relu:2"].shape == (7, 64, 56, 56)
+        assert h5file.attrs["complete"] and h5file.attrs["model"] == "resnet18"
+        assert "resnet18" in h5file.attrs["command"]
+    info = run_featdump("info", output)
+    assert info.returncode == 0 and "complete:   yes" in info.stdout and "rows:       7" in info.stdout
+
+
+def test_bad_device(image_folder, tmp_path):
+    result = invoke("extract", "-m", "resnet18", "-w", "none", "-l", "fc", "--device", "tpu", image_folder,
+                    tmp_path / "o.h5")
+    assert result.exit_code == 2 and "device" in result.output.lower()

@@ -1,0 +1,110 @@
+"""The capture object: copies at hook time, counts calls, stops early, always removes its hooks."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from featdump.hooks import Capture
+from featdump.layers import probe, resolve
+from featdump.reductions import reduced_shape, snapshot
+
+
+class InPlaceNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = nn.Linear(4, 4)
+        self.act = nn.ReLU(inplace=True)
+        self.head = CountingLinear()
+
+    def forward(self, x):
+        y = self.linear(x)
+        y = self.act(y)
+        y += 1.0  # in-place on the ReLU output
+        y = self.act(y - 3.0)
+        return self.head(y)
+
+
+class CountingLinear(nn.Linear):
+    def __init__(self):
+        super().__init__(4, 2)
+        self.runs = 0
+
+    def forward(self, x):
+        self.runs += 1
+        return super().forward(x)
+
+
+def capture_for(model, selectors, reduce="none", dtype="float32", stop_early=True):
+    layers = resolve(selectors, probe(model, (4,)), "net")
+    return Capture(model, layers, snapshot(reduce, dtype), stop_early=stop_early)
+
+
+def test_captures_are_copies_untouched_by_later_inplace_ops():
+    torch.manual_seed(0)
+    model = InPlaceNet().eval()
+    x = torch.randn(5, 4)
+    with capture_for(model, ["linear", "act:1", "act:2"]) as capture:
+        captured = capture.run(x)
+    with torch.no_grad():
+        linear = model.linear(x)
+        first = torch.relu(linear)
+        second = torch.relu(first + 1.0 - 3.0)
+    assert (linear < 0).any()
+    torch.testing.assert_close(captured["linear"], linear)
+    torch.testing.assert_close(captured["act:1"], first)
+    torch.testing.assert_close(captured["act:2"], second)
+
+
+def test_forward_stops_after_last_requested_layer():
+    model = InPlaceNet().eval()
+    stopping, running_on = capture_for(model, ["act:2"]), capture_for(model, ["act:2"], stop_early=False)
+    model.head.runs = 0  # forget the probes' dry runs
+    with stopping as capture:
+        capture.run(torch.randn(2, 4))
+    assert model.head.runs == 0
+    with running_on as capture:
+        capture.run(torch.randn(2, 4))
+    assert model.head.runs == 1
+
+
+def test_hooks_removed_on_exit_even_on_error_and_training_flag_restored():
+    model = InPlaceNet().train()
+    with pytest.raises(RuntimeError):
+        with capture_for(model, ["linear"]) as capture:
+            assert model.linear._forward_hooks
+            assert not model.training
+            capture.run(torch.randn(2, 3))  # wrong width: the forward fails
+    assert not model.linear._forward_hooks and not model.act._forward_hooks
+    assert model.training
+
+
+def test_outputs_are_inference_tensors_without_grad():
+    model = InPlaceNet()
+    with capture_for(model, ["linear"]) as capture:
+        out = capture.run(torch.randn(2, 4))["linear"]
+    assert not out.requires_grad
+
+
+@pytest.mark.parametrize("reduce, shape, expected", [
+    ("none", (8, 5, 5), (8, 5, 5)), ("flatten", (8, 5, 5), (200,)), ("avgpool", (8, 5, 5), (8,)),
+    ("maxpool", (8, 5, 5), (8,)), ("avgpool", (197, 768), (768,)), ("cls", (197, 768), (768,)),
+    ("avgpool", (10,), (10,)),
+])
+def test_reductions(reduce, shape, expected):
+    assert reduced_shape(reduce, shape, "x") == expected
+    x = torch.randn(2, *shape)
+    out = snapshot(reduce, "float16")(x)
+    assert out.shape == (2, *expected) and out.dtype == torch.float16
+    if reduce == "avgpool" and len(shape) == 3:
+        torch.testing.assert_close(out.float(), x.mean(dim=(2, 3)), rtol=1e-3, atol=1e-3)
+    if reduce == "cls":
+        torch.testing.assert_close(out.float(), x[:, 0], rtol=1e-3, atol=1e-3)
+
+
+def test_snapshot_never_returns_a_view():
+    x = torch.randn(2, 3)
+    out = snapshot("none", "float32")(x)
+    x.zero_()
+    assert out.abs().sum() > 0

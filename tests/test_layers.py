@@ -1,0 +1,72 @@
+"""Selectors, the dry-forward probe, and resolution with helpful errors."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+from torchvision.models import get_model
+
+from featdump.errors import AmbiguousLayer, UnknownLayer
+from featdump.layers import probe, resolve
+
+
+class TupleAndReuse(nn.Module):
+    """A tiny model with a reused activation and a module returning a tuple."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3, padding=1)
+        self.act = nn.ReLU()
+        self.split = SplitHalves()
+        self.unused = nn.Linear(2, 2)
+
+    def forward(self, x):
+        x = self.act(self.conv(x))
+        first, _ = self.split(x)
+        return self.act(first)
+
+
+class SplitHalves(nn.Module):
+    def forward(self, x):
+        return x[:, :2], x[:, 2:]
+
+
+def test_probe_counts_calls_shapes_and_tuples():
+    infos = {info.path: info for info in probe(TupleAndReuse(), (3, 8, 8))}
+    assert infos["act"].calls == 2 and infos["act"].shapes == ((4, 8, 8), (2, 8, 8))
+    assert infos["split"].tuple_output and infos["split"].shapes == ((2, 8, 8),)
+    assert infos["unused"].calls == 0
+    assert infos["conv"].depth == 1
+
+
+def test_resolve_selectors():
+    infos = probe(TupleAndReuse(), (3, 8, 8))
+    layers = resolve(["conv", "act:2", "split", "conv"], infos, "tiny")
+    assert [(layer.name, layer.path, layer.call, layer.shape) for layer in layers] == [
+        ("conv", "conv", 1, (4, 8, 8)), ("act:2", "act", 2, (2, 8, 8)), ("split", "split", 1, (2, 8, 8))]
+
+
+def test_reused_module_without_call_is_rejected_with_the_options():
+    with pytest.raises(AmbiguousLayer, match=r"runs 2 times per forward pass; select one call: act:1 act:2\."):
+        resolve(["act"], probe(TupleAndReuse(), (3, 8, 8)), "tiny")
+
+
+@pytest.mark.parametrize("selector, message", [
+    ("convv", r"Unknown layer 'convv' in tiny\. Close matches: conv\. Run `featdump list-layers tiny`"),
+    ("act:3", r"runs 2 time\(s\) per forward pass, so 'act:3' does not exist"),
+    ("unused", r"never runs in a forward pass"),
+    ("conv:x", r"Bad layer selector 'conv:x'"),
+])
+def test_bad_selectors(selector, message):
+    with pytest.raises(UnknownLayer, match=message):
+        resolve([selector], probe(TupleAndReuse(), (3, 8, 8)), "tiny")
+
+
+def test_resnet18_probe_facts():
+    torch.manual_seed(0)
+    infos = {info.path: info for info in probe(get_model("resnet18", weights=None).eval(), (3, 224, 224))}
+    assert infos["layer3.0.downsample.1"].shapes == ((256, 14, 14),)
+    assert infos["layer1.0.relu"].calls == 2
+    assert infos["layer4.1.relu"].calls == 2
+    assert infos["fc"].shapes == ((1000,),)
