@@ -20,13 +20,13 @@ import torchvision
 
 from featdump import __version__
 from featdump.data import Batch, ImageDataset, ImageList, Preprocess, find_images, make_loader
-from featdump.errors import BadImage, Interrupted, NotEnoughSpace, OutputExists, UsageProblem
+from featdump.errors import BadImage, Interrupted, NotEnoughSpace, UsageProblem
 from featdump.hooks import Capture
 from featdump.layers import Layer, probe, resolve
 from featdump.models import check_model_name, load_model
 from featdump.reductions import reduced_shape, snapshot
 from featdump.settings import Settings
-from featdump.writer import DatasetSpec, FeatureWriter
+from featdump.writer import DatasetSpec, FeatureWriter, OutputLock
 
 log = logging.getLogger("featdump")
 
@@ -77,9 +77,16 @@ def extract(settings: Settings, progress: Progress | None = None) -> Summary:
     """Run SETTINGS: every image through the model, the selected layers into the HDF5 output."""
     progress = progress or _NoProgress()
     started = time.perf_counter()
-    _check_output(settings)
     check_model_name(settings.model)
     images = find_images(settings.images)
+    lock = OutputLock.acquire(settings.output, settings.overwrite)
+    try:
+        return _extract_locked(settings, images, lock, progress, started)
+    finally:
+        lock.release()
+
+
+def _extract_locked(settings, images, lock, progress, started) -> Summary:
     device = resolve_device(settings.device)
     loaded = load_model(settings.model, settings.weights, settings.seed)
     model = loaded.module.to(device)
@@ -91,7 +98,7 @@ def extract(settings: Settings, progress: Progress | None = None) -> Summary:
     writer = FeatureWriter.open(
         settings.output, specs, _fingerprint(settings, images, loaded.preprocessing),
         _attributes(settings, images, loaded, layers), list(images.classes), settings.batch_size,
-        settings.compression, settings.overwrite,
+        settings.compression, settings.overwrite, lock,
     )
     start = writer.committed_images
     if start:
@@ -260,11 +267,6 @@ def _autocast(precision: str, device: torch.device):
     if precision == "fp32":
         return contextlib.nullcontext()
     return torch.autocast(device.type, dtype=torch.bfloat16 if precision == "bf16" else torch.float16)
-
-
-def _check_output(settings: Settings) -> None:
-    if settings.output.exists() and not settings.overwrite:
-        raise OutputExists(f"Output {str(settings.output)!r} already exists; pass --overwrite to replace it.")
 
 
 def _fingerprint(settings: Settings, images: ImageList, preprocessing) -> dict:

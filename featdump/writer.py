@@ -20,6 +20,7 @@ import json
 import logging
 import math
 import os
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -68,7 +69,7 @@ def chunk_shape(spec: DatasetSpec, batch_size: int) -> tuple[int, ...]:
 class FeatureWriter:
     """Owns OUT.partial (and its lock) from open to finish; `append` writes and commits one batch."""
 
-    def __init__(self, output: Path, h5file: h5py.File, lock: _Lock):
+    def __init__(self, output: Path, h5file: h5py.File, lock: OutputLock):
         self.output = output
         self._file = h5file
         self._lock = lock
@@ -86,14 +87,11 @@ class FeatureWriter:
         batch_size: int,
         compression: str = "none",
         overwrite: bool = False,
+        lock: OutputLock | None = None,
     ) -> FeatureWriter:
-        """Create OUT.partial, or reopen it to resume when its fingerprint matches; lock it either way."""
+        """Create OUT.partial, or reopen it to resume when its fingerprint matches, under LOCK (taken if None)."""
         output = Path(output)
-        if output.exists() and not overwrite:
-            raise OutputExists(f"Output {str(output)!r} already exists; pass --overwrite to replace it.")
-        if not output.parent.is_dir():
-            raise OutputWriteError(f"Output folder {str(output.parent)!r} does not exist.")
-        lock = _Lock.acquire(output)
+        lock = lock or OutputLock.acquire(output, overwrite)
         try:
             partial = partial_path(output)
             if partial.exists() and not overwrite:
@@ -132,6 +130,7 @@ class FeatureWriter:
         images_done: int,
     ) -> None:
         """Write one batch's rows and skipped images, then commit: counters last, flushed."""
+        self._check_space(features)
         try:
             rows = self.committed_rows
             new_rows = rows + len(paths)
@@ -154,6 +153,15 @@ class FeatureWriter:
         except OSError as error:
             raise _write_error(partial_path(self.output), error, self) from error
 
+    def _check_space(self, features: dict[str, np.ndarray]) -> None:
+        """Refuse a batch the disk cannot hold before touching the file, which then stays consistent."""
+        datasets = self._file["features"]
+        needed = sum(values.nbytes for values in features.values()) + 1024 * 1024
+        needed += sum(math.prod(datasets[name].chunks) * datasets[name].dtype.itemsize for name in features)
+        free = shutil.disk_usage(self.output.parent).free
+        if free < needed:
+            raise _write_error(partial_path(self.output), OSError(errno.ENOSPC, "No space left on device"), self)
+
     def finish(self) -> Path:
         """Mark complete, make it durable, and atomically rename OUT.partial to OUT."""
         partial = partial_path(self.output)
@@ -174,7 +182,7 @@ class FeatureWriter:
         try:
             if self._file.id.valid:
                 self._file.close()
-        except OSError as error:
+        except Exception as error:  # after a failed write HDF5 may raise anything while flushing
             log.warning("Closing %s failed (%s); it stays resumable from its last commit.",
                         partial_path(self.output), error)
         finally:
@@ -298,14 +306,20 @@ def _fsync(path: Path) -> None:
 # -- locking -------------------------------------------------------------------------------------
 
 
-class _Lock:
+class OutputLock:
     """An exclusive flock on OUT.lock held for the whole run, so two featdumps never write one output."""
 
     def __init__(self, path: Path | None, descriptor: int | None, hdf5_locking: bool):
         self.path, self._descriptor, self.hdf5_locking = path, descriptor, hdf5_locking
 
     @classmethod
-    def acquire(cls, output: Path) -> _Lock:
+    def acquire(cls, output: Path, overwrite: bool = False) -> OutputLock:
+        """Check OUTPUT can be written and lock it; OutputLocked at once if another run holds it."""
+        output = Path(output)
+        if output.exists() and not overwrite:
+            raise OutputExists(f"Output {str(output)!r} already exists; pass --overwrite to replace it.")
+        if not output.parent.is_dir():
+            raise OutputWriteError(f"Output folder {str(output.parent)!r} does not exist.")
         if os.environ.get("HDF5_USE_FILE_LOCKING", "").upper() == "FALSE":
             log.info("HDF5_USE_FILE_LOCKING=FALSE: %s is not locked against a second writer.", output)
             return cls(None, None, False)
@@ -328,6 +342,9 @@ class _Lock:
                             error.strerror)
                 return cls(None, None, False)
             if _same_file(descriptor, path):
+                if output.exists() and not overwrite:  # finished while we waited for the lock
+                    os.close(descriptor)
+                    raise OutputExists(f"Output {str(output)!r} already exists; pass --overwrite to replace it.")
                 return cls(path, descriptor, True)
             os.close(descriptor)  # the lock file was removed by a finishing run: lock the new one
 

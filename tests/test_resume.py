@@ -1,0 +1,262 @@
+"""Never lose work: SIGKILL at random moments, SIGTERM/SIGINT, resume, refused resumes, locks, disk full."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+
+import h5py
+import numpy as np
+import pytest
+
+from featdump.errors import ResumeMismatch
+from featdump.extraction import extract
+
+from .conftest import featdump_env, run_featdump, settings_for, write_images
+
+TRIALS = int(os.environ.get("FEATDUMP_FAULT_TRIALS", "20"))
+LAYERS = "conv1,layer1.0.relu:2"
+
+
+def extract_args(images, output, *extra):
+    return ["extract", "-m", "resnet18", "-w", "none", "-l", LAYERS, "-b", "4", "-j", "0", *extra, images, output]
+
+
+def start_featdump(*args) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "featdump", *map(str, args)], env=featdump_env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def read_output(path, rows=None) -> dict:
+    """Everything a file holds, cut to ROWS rows (a partial file's committed rows)."""
+    with h5py.File(path, "r", locking=False) as h5file:
+        rows = h5file["paths"].shape[0] if rows is None else rows
+        content = {"paths": list(h5file["paths"].asstr()[:rows]), "labels": h5file["labels"][:rows]}
+        for name, dataset in h5file["features"].items():
+            content[name] = dataset[:rows]
+        content["skipped"] = list(h5file["skipped/paths"].asstr()[:])
+        content["complete"] = bool(h5file.attrs["complete"])
+    return content
+
+
+def assert_same_rows(actual: dict, expected: dict, rows=None):
+    for key, values in expected.items():
+        if key in ("complete", "skipped"):
+            continue
+        wanted = values[:rows] if rows is not None else values
+        if isinstance(values, list):
+            assert actual[key] == wanted, key
+        else:
+            np.testing.assert_array_equal(actual[key], wanted, err_msg=key)  # bitwise on CPU
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    root = tmp_path_factory.mktemp("resume") / "images"
+    write_images(root, {"a": 20, "b": 19}, size=(48, 40))
+    (root / "a" / "broken.jpg").write_bytes(b"not a jpeg")
+    return root
+
+
+@pytest.fixture(scope="module")
+def clean(folder, tmp_path_factory):
+    output = tmp_path_factory.mktemp("clean") / "clean.h5"
+    started = time.monotonic()
+    result = run_featdump(*extract_args(folder, output))
+    assert result.returncode == 0, result.stderr
+    return read_output(output), time.monotonic() - started
+
+
+def committed_rows(partial) -> int:
+    with h5py.File(partial, "r", locking=False) as h5file:
+        return int(h5file.attrs["committed_rows"])
+
+
+def test_sigkill_at_random_moments_then_resume_equals_a_clean_run(folder, clean, tmp_path):
+    expected, seconds = clean
+    output, partial = tmp_path / "out.h5", tmp_path / "out.h5.partial"
+    rng = random.Random(1234)
+    kills = kills_with_rows = 0
+    while kills < TRIALS:
+        process = start_featdump(*extract_args(folder, output))
+        try:
+            process.wait(timeout=rng.uniform(0.3, 1.0) * seconds)
+        except subprocess.TimeoutExpired:
+            process.send_signal(signal.SIGKILL)
+            process.wait()
+            kills += 1
+            if output.exists():  # killed after the atomic rename: the file is complete
+                assert_same_rows(read_output(output), expected)
+                output.unlink()
+            elif partial.exists():  # every kill leaves a file that opens, exact up to its committed rows
+                rows = committed_rows(partial)
+                kills_with_rows += rows > 0
+                assert_same_rows(read_output(partial, rows), expected, rows)
+            continue
+        assert process.returncode == 0, process.stderr.read()
+        assert_same_rows(read_output(output), expected)
+        output.unlink()  # finished before the kill: start over for the next trial
+    result = run_featdump(*extract_args(folder, output))
+    assert result.returncode == 0, result.stderr
+    final = read_output(output)
+    assert_same_rows(final, expected)
+    assert final["complete"] and final["skipped"] == ["a/broken.jpg"]
+    assert not partial.exists() and not (tmp_path / "out.h5.lock").exists()
+    print(f"\nfault injection: {kills} SIGKILLs, {kills_with_rows} with committed rows, 0 failures")
+    assert kills_with_rows >= TRIALS // 4, "too few kills landed after the first commit to test anything"
+
+
+def wait_for_progress(process: subprocess.Popen) -> list[str]:
+    lines = []
+    for line in process.stderr:
+        lines.append(line)
+        if " images (" in line and "img/s" in line:
+            return lines
+    raise AssertionError("no progress line: " + "".join(lines))
+
+
+@pytest.mark.parametrize("signal_number, exit_code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_sigterm_and_sigint_commit_and_resume(folder, clean, tmp_path, signal_number, exit_code):
+    output = tmp_path / "out.h5"
+    process = start_featdump(*extract_args(folder, output, "-b", "2"))
+    wait_for_progress(process)
+    process.send_signal(signal_number)
+    stderr = process.stderr.read()
+    assert process.wait(timeout=60) == exit_code, stderr
+    name = signal.Signals(signal_number).name
+    message = [line for line in stderr.splitlines() if line.startswith("Error: ")]
+    assert len(message) == 1 and message[0].startswith(f"Error: Stopped by {name} after ")
+    assert message[0].endswith("images; run the same command again to resume.")
+    assert (tmp_path / "out.h5.partial").exists() and not output.exists()
+    result = run_featdump(*extract_args(folder, output, "-b", "2"))
+    assert result.returncode == 0, result.stderr
+    assert "Resuming at image " in result.stderr
+    final = read_output(output)
+    assert final["complete"]
+    for key in ("paths", "labels"):
+        assert list(final[key]) == list(clean[0][key])
+    np.testing.assert_allclose(final["conv1"], clean[0]["conv1"], rtol=1e-5, atol=1e-5)  # other batch size
+
+
+def test_second_ctrl_c_exits_at_once_leaving_a_valid_file(folder, clean, tmp_path):
+    output = tmp_path / "out.h5"
+    process = start_featdump(*extract_args(folder, output, "-b", "1"))
+    wait_for_progress(process)
+    process.send_signal(signal.SIGINT)
+    process.send_signal(signal.SIGINT)
+    assert process.wait(timeout=60) == 130
+    partial = tmp_path / "out.h5.partial"
+    rows = committed_rows(partial)
+    content = read_output(partial, rows)
+    assert content["paths"] == clean[0]["paths"][:rows]
+    np.testing.assert_allclose(content["conv1"], clean[0]["conv1"][:rows], rtol=1e-5, atol=1e-5)
+
+
+class _CrashAfterFirstBatch:
+    def start(self, total, done):
+        pass
+
+    def advance(self, images):
+        raise RuntimeError("simulated crash")
+
+    def close(self):
+        pass
+
+
+def make_partial(images, output, **overrides):
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        extract(settings_for(images, output, **overrides), _CrashAfterFirstBatch())
+    assert output.with_name(output.name + ".partial").exists()
+
+
+def test_resume_refused_when_configuration_or_images_change(tmp_path):
+    images = tmp_path / "images"
+    write_images(images, {"a": 5, "b": 4})
+    output = tmp_path / "out.h5"
+    make_partial(images, output, layers=("avgpool",))
+    with pytest.raises(ResumeMismatch, match=r'layers: \["avgpool"\] when started, \["fc"\] now'):
+        extract(settings_for(images, output, layers=("fc",)))
+    write_images(images, {"c": 1}, seed=5)
+    result = run_featdump("extract", "-m", "resnet18", "-w", "none", "-l", "avgpool", "-b", "4", images, output)
+    assert result.returncode == 2
+    assert "the image set changed: 9 images when started, 10 now" in result.stderr
+    assert "pass --overwrite to start over" in result.stderr
+    result = run_featdump("extract", "-m", "resnet18", "-w", "none", "-l", "avgpool", "--overwrite", images, output)
+    assert result.returncode == 0 and read_output(output)["avgpool"].shape[0] == 10
+
+
+def test_finished_output_is_never_touched(tmp_path):
+    images = tmp_path / "images"
+    write_images(images, {"a": 3})
+    output = tmp_path / "out.h5"
+    extract(settings_for(images, output))
+    before = (output.read_bytes(), output.stat().st_mtime_ns)
+    result = run_featdump("extract", "-m", "resnet18", "-w", "none", "-l", "avgpool", images, output)
+    assert result.returncode == 2 and "already exists" in result.stderr
+    assert (output.read_bytes(), output.stat().st_mtime_ns) == before
+
+
+def test_info_on_a_partial_file(tmp_path):
+    images = tmp_path / "images"
+    write_images(images, {"a": 6})
+    output = tmp_path / "out.h5"
+    make_partial(images, output, batch_size=2)
+    result = run_featdump("info", output)
+    assert result.returncode == 0
+    assert "complete:   no" in result.stdout
+    assert "progress:   2 of 6 images done" in result.stdout
+
+
+def test_second_writer_is_refused_and_first_completes(folder, clean, tmp_path):
+    output = tmp_path / "out.h5"
+    slow = ["extract", "-m", "resnet50", "-w", "none", "-l", "layer4", "-b", "1", "-j", "0", folder, output]
+    first = start_featdump(*slow)
+    wait_for_progress(first)
+    second = run_featdump(*extract_args(folder, output))
+    assert second.returncode == 1
+    assert second.stderr.strip().endswith(
+        f"Error: Another featdump is writing '{output}' (it holds '{output}.lock'); "
+        "wait for it to finish or stop it first.")
+    first.stderr.read()
+    assert first.wait(timeout=300) == 0
+    final = read_output(output)
+    assert final["complete"] and final["paths"] == clean[0]["paths"]
+    assert final["layer4"].shape == (39, 2048, 7, 7)
+
+
+@pytest.fixture
+def small_filesystem(tmp_path):
+    mount_point = tmp_path / "small"
+    mount_point.mkdir()
+    made = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=40m", "tmpfs", str(mount_point)],
+                          capture_output=True, text=True)
+    if made.returncode != 0:
+        pytest.skip(f"cannot mount a size-limited tmpfs here ({made.stderr.strip() or 'not permitted'})")
+    yield mount_point
+    subprocess.run(["umount", "-l", str(mount_point)], check=False)
+
+
+def test_disk_full_gives_one_line_and_resumes_once_space_is_freed(folder, clean, tmp_path, small_filesystem):
+    output = small_filesystem / "out.h5"
+    result = run_featdump(*extract_args(folder, output, "--no-space-check"))
+    assert result.returncode == 1
+    errors = [line for line in result.stderr.splitlines() if line.startswith("Error: ")]
+    assert len(errors) == 1 and errors[0].startswith(f"Error: No space left while writing '{output}.partial'")
+    assert errors[0].endswith("Free some space and run the same command again to resume.")
+    assert "Traceback" not in result.stderr
+    assert committed_rows(output.with_name("out.h5.partial")) > 0
+    subprocess.run(["mount", "-o", "remount,size=400m", str(small_filesystem)], check=True)
+    result = run_featdump(*extract_args(folder, output, "--no-space-check"))
+    assert result.returncode == 0, result.stderr
+    assert_same_rows(read_output(output), clean[0])
+
+
+def test_space_check_refuses_up_front(folder, small_filesystem):
+    result = run_featdump(*extract_args(folder, small_filesystem / "out.h5"))
+    assert result.returncode == 1
+    assert "Error: The output needs about " in result.stderr and "--no-space-check" in result.stderr
+    assert not list(small_filesystem.iterdir())
