@@ -6,7 +6,7 @@ import hashlib
 import os
 import signal
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -154,12 +154,18 @@ class Preprocess:
 
 @dataclass
 class Batch:
-    """Decoded images of consecutive source positions, and those that failed."""
+    """Images of consecutive source positions: decoded, still encoded (for the GPU), or failed."""
 
     positions: list[int]  # source positions of the decoded images, rows of `pixels`
     pixels: torch.Tensor | None  # (n, C, H, W), uint8 when the preprocessing is split
     failures: list[tuple[int, str]]  # (source position, reason) of images that could not be used
     end: int  # one past the last source position of this batch
+    encoded: list[tuple[int, np.ndarray]] = field(default_factory=list)  # JPEG bytes left to the GPU
+
+    @property
+    def size(self) -> int:
+        """How many source images this batch covers."""
+        return len(self.positions) + len(self.failures) + len(self.encoded)
 
     def pin_memory(self) -> Batch:
         """Called by the DataLoader's pinning thread, so the copy to the GPU can be asynchronous."""
@@ -169,29 +175,103 @@ class Batch:
 
 
 class ImageDataset(Dataset):
-    """Item i: (i, pixels, None) for a good image, (i, None, reason) for a bad one."""
+    """Item i: (i, "pixels", array) for a decoded image, (i, "jpeg", bytes) for one left to the GPU,
+    (i, "failed", reason) for a bad one. Workers return numpy arrays, never many small tensors."""
 
-    def __init__(self, images: ImageList, preprocess: Preprocess):
+    def __init__(self, images: ImageList, preprocess: Preprocess, gpu_jpegs: bool = False):
         self.images = images
         self.preprocess = preprocess
+        self.gpu_jpegs = gpu_jpegs and preprocess.split
 
     def __len__(self) -> int:
         return len(self.images)
 
     def __getitem__(self, position: int):
+        path = self.images.root / self.images.paths[position]
         try:
-            image = open_rgb(self.images.root / self.images.paths[position])
-            return position, self.preprocess.pixels(image), None
+            if self.gpu_jpegs and path.suffix.lower() in JPEG_EXTENSIONS and _plain_jpeg(path):
+                return position, "jpeg", np.fromfile(path, dtype=np.uint8)
+            return position, "pixels", self.preprocess.pixels(open_rgb(path))
         except Exception as error:  # any decoding failure is recorded, not raised
-            return position, None, describe_failure(error)
+            return position, "failed", describe_failure(error)
+
+
+def _plain_jpeg(path: Path) -> bool:
+    """An RGB/gray JPEG without EXIF rotation, within Pillow's pixel limit (reads the header only)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", Image.DecompressionBombWarning)
+        with Image.open(path) as image:
+            orientation = image.getexif().get(0x0112, 1)
+            return image.format == "JPEG" and image.mode in ("RGB", "L") and orientation == 1
 
 
 def collate(items) -> Batch:
-    """Stack the good images into one tensor (one shared-memory handle per batch, not per image)."""
-    good = [(position, pixels) for position, pixels, _ in items if pixels is not None]
-    failures = [(position, reason) for position, pixels, reason in items if pixels is None]
-    pixels = torch.from_numpy(np.stack([p for _, p in good])) if good else None
-    return Batch([position for position, _ in good], pixels, failures, items[-1][0] + 1)
+    """Stack the decoded images into one tensor (one shared-memory handle per batch, not per image)."""
+    decoded = [(position, payload) for position, kind, payload in items if kind == "pixels"]
+    pixels = torch.from_numpy(np.stack([payload for _, payload in decoded])) if decoded else None
+    return Batch(
+        positions=[position for position, _ in decoded],
+        pixels=pixels,
+        failures=[(position, payload) for position, kind, payload in items if kind == "failed"],
+        end=items[-1][0] + 1,
+        encoded=[(position, payload) for position, kind, payload in items if kind == "jpeg"],
+    )
+
+
+def to_device_inputs(batch: Batch, preprocess: Preprocess, images: ImageList, device: torch.device):
+    """The batch's normalised model inputs on DEVICE, in source order (None if no image is usable).
+
+    JPEGs left encoded are decoded in one nvjpeg call on the GPU and resized and cropped there; one
+    that nvjpeg cannot decode is decoded on the CPU alone, and recorded as failed if that fails too.
+    Afterwards `batch.positions` are the rows of the inputs and nothing is left encoded.
+    """
+    if not batch.encoded:
+        return None if batch.pixels is None else preprocess.normalize(batch.pixels.to(device, non_blocking=True))
+    crops = {}
+    if batch.pixels is not None:
+        on_device = batch.pixels.to(device, non_blocking=True)
+        crops.update(zip(batch.positions, on_device.unbind(0)))
+    for position, decoded in _decode_on_gpu(batch.encoded, device):
+        if decoded is not None:
+            crops[position] = _resize_and_crop(decoded, preprocess)
+            continue
+        try:
+            pixels = preprocess.pixels(open_rgb(images.root / images.paths[position]))
+            crops[position] = torch.from_numpy(pixels).to(device)
+        except Exception as error:  # recorded like a worker's failure
+            batch.failures.append((position, describe_failure(error)))
+    batch.encoded = []
+    batch.positions = sorted(crops)
+    if not crops:
+        return None
+    return preprocess.normalize(torch.stack([crops[p] for p in batch.positions]))
+
+
+def _decode_on_gpu(encoded: list[tuple[int, np.ndarray]], device: torch.device):
+    """Yield (position, uint8 CHW tensor on DEVICE or None when nvjpeg failed on it)."""
+    if not encoded:
+        return
+    from torchvision.io import ImageReadMode, decode_jpeg
+
+    tensors = [torch.from_numpy(data) for _, data in encoded]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        try:
+            decoded = decode_jpeg(tensors, mode=ImageReadMode.RGB, device=device)
+        except RuntimeError:  # one bad JPEG fails the batched call: decode one by one
+            decoded = []
+            for tensor in tensors:
+                try:
+                    decoded.append(decode_jpeg(tensor, mode=ImageReadMode.RGB, device=device))
+                except RuntimeError:
+                    decoded.append(None)
+    yield from zip([position for position, _ in encoded], decoded)
+
+
+def _resize_and_crop(image: torch.Tensor, preprocess: Preprocess) -> torch.Tensor:
+    t = preprocess.transforms
+    image = F.resize(image, t.resize_size, interpolation=t.interpolation, antialias=t.antialias)
+    return F.center_crop(image, t.crop_size)
 
 
 class _Batches:

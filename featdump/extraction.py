@@ -19,7 +19,7 @@ import torch
 import torchvision
 
 from featdump import __version__
-from featdump.data import Batch, ImageDataset, ImageList, Preprocess, find_images, make_loader
+from featdump.data import Batch, ImageDataset, ImageList, Preprocess, find_images, make_loader, to_device_inputs
 from featdump.errors import BadImage, Interrupted, NotEnoughSpace, UsageProblem
 from featdump.hooks import Capture
 from featdump.layers import Layer, probe, resolve
@@ -90,13 +90,17 @@ def _extract_locked(settings, images, lock, progress, started) -> Summary:
     device = resolve_device(settings.device)
     loaded = load_model(settings.model, settings.weights, settings.seed)
     model = loaded.module.to(device)
+    if device.type == "cuda":
+        model = model.to(memory_format=torch.channels_last)
+        # fp32 means fp32: TF32 convolutions/matmuls would drift from the CPU reference.
+        torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = settings.precision != "fp32"
     preprocess = Preprocess(loaded.preprocessing)
     layers = resolve(list(settings.layers), probe(model, (3, *preprocess.size)), settings.model)
     specs = {layer.name: DatasetSpec(reduced_shape(settings.reduce, layer.shape, layer.name), settings.dtype)
              for layer in layers}
     _report_size(settings, specs, len(images))
     writer = FeatureWriter.open(
-        settings.output, specs, _fingerprint(settings, images, loaded.preprocessing),
+        settings.output, specs, _fingerprint(settings, images, preprocess, device),
         _attributes(settings, images, loaded, layers), list(images.classes), settings.batch_size,
         settings.compression, settings.overwrite, lock,
     )
@@ -124,21 +128,21 @@ def _extract_locked(settings, images, lock, progress, started) -> Summary:
 
 
 def _run_batches(settings, images, preprocess, capture, device, writer, progress, stop, start) -> None:
-    loader = make_loader(ImageDataset(images, preprocess), start, settings.batch_size, settings.num_workers,
-                         pin_memory=device.type == "cuda")
+    dataset = ImageDataset(images, preprocess, gpu_jpegs=resolve_decode(settings.decode, device, preprocess) == "gpu")
+    loader = make_loader(dataset, start, settings.batch_size, settings.num_workers, pin_memory=device.type == "cuda")
     autocast = _autocast(settings.precision, device)
     with WriteBehind(writer) as sink:
         for batch in loader:
+            inputs = to_device_inputs(batch, preprocess, images, device)
             _check_failures(batch, images, settings.on_error)
             features = {}
-            if batch.pixels is not None:
-                inputs = preprocess.normalize(batch.pixels.to(device, non_blocking=True))
+            if inputs is not None:
                 if device.type == "cuda":
                     inputs = inputs.contiguous(memory_format=torch.channels_last)
                 with autocast:
                     features = capture.run(inputs)
             sink.put(features, batch, images, device)
-            progress.advance(len(batch.positions) + len(batch.failures))
+            progress.advance(batch.size)
             if stop.signal_number is not None:
                 break
 
@@ -263,14 +267,26 @@ def resolve_device(name: str) -> torch.device:
     return device
 
 
+def resolve_decode(decode: str, device: torch.device, preprocess: Preprocess) -> str:
+    """cpu or gpu: auto means gpu on CUDA when the preprocessing can run there."""
+    if decode == "gpu" and device.type != "cuda":
+        raise UsageProblem("--decode gpu needs a CUDA device; use --decode cpu (or auto).")
+    if decode == "gpu" and not preprocess.split:
+        raise UsageProblem("--decode gpu needs torchvision's ImageClassification preprocessing; use --decode cpu.")
+    if decode == "auto":
+        return "gpu" if device.type == "cuda" and preprocess.split else "cpu"
+    return decode
+
+
 def _autocast(precision: str, device: torch.device):
     if precision == "fp32":
         return contextlib.nullcontext()
     return torch.autocast(device.type, dtype=torch.bfloat16 if precision == "bf16" else torch.float16)
 
 
-def _fingerprint(settings: Settings, images: ImageList, preprocessing) -> dict:
-    return {**settings.fingerprint(), "preprocessing": repr(preprocessing),
+def _fingerprint(settings: Settings, images: ImageList, preprocess: Preprocess, device: torch.device) -> dict:
+    return {**settings.fingerprint(), "preprocessing": repr(preprocess.transforms),
+            "decode": resolve_decode(settings.decode, device, preprocess),
             "images": images.digest(), "image_count": len(images)}
 
 

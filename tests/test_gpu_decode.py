@@ -1,0 +1,83 @@
+"""The --decode gpu data path: routing in the workers and nvjpeg fallback, run on the CPU here and on CUDA
+when a GPU is present."""
+
+from __future__ import annotations
+
+import h5py
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from torchvision.models import get_model_weights
+
+from featdump.data import ImageDataset, Preprocess, collate, find_images, to_device_inputs
+
+from .conftest import run_featdump, write_images
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (none on this machine)")
+
+
+def make_folder(root):
+    write_images(root, {"a": 5})  # img_002.png is a PNG, the rest JPEGs
+    exif = Image.Exif()
+    exif[0x0112] = 3
+    Image.new("RGB", (50, 40), (200, 10, 10)).save(root / "a" / "rotated.jpg", exif=exif)
+    (root / "a" / "fake.jpg").write_bytes(b"\xff\xd8\xff\xe0 not really a jpeg")
+    return find_images(root)
+
+
+def test_workers_leave_plain_jpegs_encoded_and_decode_the_rest(tmp_path):
+    images = make_folder(tmp_path)
+    preprocess = Preprocess(get_model_weights("resnet18").DEFAULT.transforms())
+    dataset = ImageDataset(images, preprocess, gpu_jpegs=True)
+    kinds = {images.paths[i]: dataset[i][1] for i in range(len(images))}
+    assert kinds == {"a/fake.jpg": "failed", "a/img_000.jpg": "jpeg", "a/img_001.jpg": "jpeg",
+                     "a/img_002.png": "pixels", "a/img_003.jpg": "jpeg", "a/img_004.jpg": "jpeg",
+                     "a/rotated.jpg": "pixels"}
+
+
+def test_decoded_batch_matches_the_cpu_path_in_source_order(tmp_path):
+    images = make_folder(tmp_path)
+    preprocess = Preprocess(get_model_weights("resnet18").DEFAULT.transforms())
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    everything = list(range(len(images)))
+    gpu_batch = collate([ImageDataset(images, preprocess, gpu_jpegs=True)[i] for i in everything])
+    cpu_batch = collate([ImageDataset(images, preprocess)[i] for i in everything])
+    gpu_inputs = to_device_inputs(gpu_batch, preprocess, images, device).cpu()
+    cpu_inputs = to_device_inputs(cpu_batch, preprocess, images, torch.device("cpu"))
+    assert gpu_batch.positions == cpu_batch.positions and not gpu_batch.encoded
+    assert [images.paths[p] for p, _ in gpu_batch.failures] == ["a/fake.jpg"]
+    # Tensor resize vs PIL resize differ by rounding only.
+    assert (gpu_inputs - cpu_inputs).abs().mean() < 0.02
+
+
+@needs_cuda
+def test_cuda_extract_with_gpu_decode_bf16_is_close_to_cpu(tmp_path):
+    images = tmp_path / "images"
+    write_images(images, {"a": 6, "b": 5}, size=(300, 260))
+    outputs = {}
+    for name, args in {"cpu": ["--device", "cpu"],
+                       "cuda": ["--device", "cuda", "--decode", "gpu", "--precision", "bf16"]}.items():
+        outputs[name] = tmp_path / f"{name}.h5"
+        result = run_featdump("extract", "-m", "resnet18", "-w", "none", "-l", "avgpool", *args, images, outputs[name])
+        assert result.returncode == 0, result.stderr
+    with h5py.File(outputs["cpu"]) as cpu, h5py.File(outputs["cuda"]) as cuda:
+        assert list(cpu["paths"].asstr()[:]) == list(cuda["paths"].asstr()[:])
+        reference, candidate = cpu["features/avgpool"][:], cuda["features/avgpool"][:]
+    correlation = np.corrcoef(reference.ravel(), candidate.ravel())[0, 1]
+    assert correlation > 0.99, correlation
+
+
+@needs_cuda
+def test_cuda_fp32_matches_cpu_features(tmp_path):
+    images = tmp_path / "images"
+    write_images(images, {"a": 4})
+    outputs = {}
+    for device in ("cpu", "cuda"):
+        outputs[device] = tmp_path / f"{device}.h5"
+        result = run_featdump("extract", "-m", "resnet18", "-w", "none", "-l", "layer2.0.bn1,fc", "--device", device,
+                              "--decode", "cpu", images, outputs[device])
+        assert result.returncode == 0, result.stderr
+    with h5py.File(outputs["cpu"]) as cpu, h5py.File(outputs["cuda"]) as cuda:
+        for name in ("layer2.0.bn1", "fc"):
+            np.testing.assert_allclose(cuda["features"][name][:], cpu["features"][name][:], rtol=2e-2, atol=2e-2)
