@@ -108,7 +108,9 @@ def _extract_locked(settings, images, lock, progress, started) -> Summary:
     if start:
         log.info("Resuming at image %d of %d (%d rows committed).", start, len(images), writer.committed_rows)
     try:
-        with _StopSignals() as stop, Capture(model, layers, snapshot(settings.reduce, settings.dtype)) as capture:
+        example = torch.randn((2, 3, *preprocess.size), generator=torch.Generator().manual_seed(0)).to(device)
+        capture = Capture(model, layers, snapshot(settings.reduce, settings.dtype), prune=True, example=example)
+        with _StopSignals() as stop, capture:
             progress.start(len(images), start)
             _run_batches(settings, images, preprocess, capture, device, writer, progress, stop, start)
         progress.close()

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import logging
 from collections import defaultdict
 
 import torch
 from torch import nn
 
 from featdump.errors import FeatdumpError
+from featdump.graph import NotTraceable, pruned_forward, same_outputs
 from featdump.layers import Layer, first_tensor
 from featdump.reductions import Snapshot
+
+log = logging.getLogger("featdump")
 
 
 class _StopForward(Exception):
@@ -17,17 +21,25 @@ class _StopForward(Exception):
 
 
 class Capture:
-    """Forward hooks on the modules of LAYERS; `run(inputs)` returns {layer name: captured tensor}.
+    """Captures the outputs of LAYERS; `run(inputs)` returns {layer name: captured tensor}.
 
     Each capture is a new tensor made at hook time by SNAPSHOT (a copy, maybe reduced/cast), so in-place
     operations later in the forward cannot change it. Calls of a module are counted per forward, so
     `NAME:K` picks its K-th call. With STOP_EARLY, the forward ends as soon as the last capture is taken.
+    With PRUNE, a traced graph that skips all work the layers do not need replaces the hooks when the
+    model traces and the graph's outputs equal the hooks' on EXAMPLE (a batch of inputs).
     The model runs in eval mode under torch.inference_mode(); hooks are removed and the model's
     training flag restored on exit, also on error.
     """
 
-    def __init__(self, model: nn.Module, layers: list[Layer], snapshot: Snapshot, stop_early: bool = True):
+    def __init__(self, model: nn.Module, layers: list[Layer], snapshot: Snapshot, stop_early: bool = True,
+                 prune: bool = False, example: torch.Tensor | None = None):
         self._model = model
+        self._layers = layers
+        self._prune = prune
+        self._example = example
+        self._pruned = None
+        self.strategy = "hooks"  # or "graph" once a pruned graph is checked and in use
         self._snapshot = snapshot
         self._stop_early = stop_early
         self._names_by_call: dict[str, dict[int, str]] = defaultdict(dict)
@@ -41,19 +53,50 @@ class Capture:
     def __enter__(self) -> Capture:
         self._was_training = self._model.training
         self._model.eval()
-        for path in self._names_by_call:
-            module = self._model.get_submodule(path)
-            self._handles.append(module.register_forward_hook(self._hook_for(path)))
+        self._add_hooks()
+        if self._prune:
+            self._try_pruned_graph()
         return self
 
     def __exit__(self, *exc_info) -> None:
+        self._remove_hooks()
+        self._model.train(self._was_training)
+
+    def _add_hooks(self) -> None:
+        for path in self._names_by_call:
+            module = self._model.get_submodule(path)
+            self._handles.append(module.register_forward_hook(self._hook_for(path)))
+
+    def _remove_hooks(self) -> None:
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
-        self._model.train(self._was_training)
+
+    def _try_pruned_graph(self) -> None:
+        """Use a pruned graph if the model traces and it gives what the hooks give on the example."""
+        try:
+            pruned = pruned_forward(self._model, self._layers, self._snapshot)
+        except NotTraceable as error:
+            log.debug("Capturing with hooks: the model does not trace (%s).", error)
+            return
+        if self._example is None:
+            return
+        expected = self.run(self._example)
+        self._remove_hooks()
+        with torch.inference_mode():
+            agree = same_outputs(pruned(self._example), expected)
+        if not agree:
+            log.debug("Capturing with hooks: the traced graph's outputs differ from the hooks'.")
+            self._add_hooks()
+            return
+        self._pruned, self.strategy = pruned, "graph"
+        log.debug("Capturing with a traced graph that computes only what the layers need.")
 
     def run(self, inputs: torch.Tensor) -> dict[str, torch.Tensor]:
         """One forward pass of INPUTS in inference mode; the captured outputs by layer name."""
+        if self._pruned is not None:
+            with torch.inference_mode():
+                return self._pruned(inputs)
         self._calls.clear()
         self._captured = {}
         try:

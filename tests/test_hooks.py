@@ -108,3 +108,73 @@ def test_snapshot_never_returns_a_view():
     out = snapshot("none", "float32")(x)
     x.zero_()
     assert out.abs().sum() > 0
+
+
+class SideBranch(nn.Module):
+    """A block whose main branch runs before the branch that is asked for (like ResNet's downsample)."""
+
+    def __init__(self):
+        super().__init__()
+        self.main = CountingLinear()
+        self.side = nn.Linear(4, 3)
+        self.side_act = nn.ReLU(inplace=True)
+
+    def forward(self, x):
+        main = self.main(x)
+        x = x.clone()
+        x.relu_()  # in place, its result unused: pruning must keep it, the side branch reads x
+        side = self.side(x)
+        return main.sum() + self.side_act(side).sum()
+
+
+def test_pruned_graph_skips_work_no_requested_layer_needs():
+    torch.manual_seed(0)
+    model = SideBranch().eval()
+    layers = resolve(["side"], probe(model, (4,)), "net")
+    example = torch.randn(2, 4)
+    with Capture(model, layers, snapshot("none", "float32"), prune=True, example=example) as capture:
+        assert capture.strategy == "graph"
+        model.main.runs = 0
+        out = capture.run(example)["side"]
+    assert model.main.runs == 0
+    torch.testing.assert_close(out, model.side(torch.relu(example)))
+
+
+class Branchy(nn.Module):
+    """Data-dependent control flow: torch.fx cannot trace it."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear = nn.Linear(4, 4)
+
+    def forward(self, x):
+        y = self.linear(x)
+        return y if y.sum() > 0 else -y
+
+
+def test_untraceable_model_falls_back_to_hooks():
+    model = Branchy().eval()
+    layers = resolve(["linear"], probe(model, (4,)), "net")
+    x = torch.randn(3, 4)
+    with Capture(model, layers, snapshot("none", "float32"), prune=True, example=x) as capture:
+        assert capture.strategy == "hooks"
+        torch.testing.assert_close(capture.run(x)["linear"], model.linear(x))
+
+
+def test_graph_and_hooks_agree_on_resnet18_inplace_victims_and_reused_modules():
+    from torchvision.models import get_model
+
+    torch.manual_seed(0)
+    model = get_model("resnet18", weights=None).eval()
+    selectors = ["layer1.0.bn1", "layer1.0.relu:1", "layer1.0.relu:2", "layer1.0.bn2", "layer3.0.downsample.1"]
+    layers = resolve(selectors, probe(model, (3, 224, 224)), "resnet18")
+    x = torch.randn(3, 3, 224, 224)
+    take = snapshot("none", "float32")
+    with Capture(model, layers, take, prune=True, example=x[:2]) as graph:
+        assert graph.strategy == "graph"
+        by_graph = graph.run(x)
+    with Capture(model, layers, take) as hooks:
+        by_hooks = hooks.run(x)
+    for name in selectors:
+        torch.testing.assert_close(by_graph[name], by_hooks[name], rtol=1e-5, atol=1e-5)
+    assert (by_graph["layer1.0.bn1"] < 0).any()

@@ -1,0 +1,147 @@
+"""One benchmark method per process (so its peak RSS is its own); prints one JSON line.
+
+    python benchmarks/methods.py METHOD --model resnet18 --layer avgpool --images DIR --out FILE [...]
+
+Methods, all fed by featdump's own DataLoader and preprocessing so that only what happens after
+decoding differs:
+  bare      the model truncated at the layer (torchvision's create_feature_extractor), no hooks, no writes
+  featdump  featdump.extract(): hooks, copies, early stop, HDF5 writes on a background thread
+  recipe    the seeds' recipe: forward hook into a dict, whole model, list of batches, torch.cat, np.save
+  fx_ram    create_feature_extractor, outputs kept in a list, torch.cat, np.save
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from torchvision.models import get_model
+from torchvision.models.feature_extraction import create_feature_extractor
+
+from featdump.data import ImageDataset, Preprocess, find_images, make_loader, to_device_inputs
+from featdump.extraction import extract, resolve_device
+from featdump.models import default_preprocessing
+from featdump.settings import Settings
+
+
+def batches(args, device):
+    """Normalised input batches on DEVICE, exactly as featdump makes them."""
+    images = find_images(Path(args.images))
+    preprocess = Preprocess(default_preprocessing(args.model))
+    gpu_jpegs = args.decode == "gpu"
+    loader = make_loader(ImageDataset(images, preprocess, gpu_jpegs=gpu_jpegs), 0, args.batch_size,
+                         args.workers, pin_memory=device.type == "cuda")
+    for batch in loader:
+        inputs = to_device_inputs(batch, preprocess, images, device)
+        if inputs is not None:
+            yield inputs.contiguous(memory_format=torch.channels_last) if device.type == "cuda" else inputs
+
+
+def seeded_model(args, device):
+    torch.manual_seed(0)
+    model = get_model(args.model, weights=None).eval().to(device)
+    return model.to(memory_format=torch.channels_last) if device.type == "cuda" else model
+
+
+def autocast(args, device):
+    if args.precision == "fp32":
+        return torch.autocast(device.type, enabled=False)
+    return torch.autocast(device.type, dtype=torch.bfloat16 if args.precision == "bf16" else torch.float16)
+
+
+def run_bare(args, device):
+    extractor = create_feature_extractor(seeded_model(args, device), return_nodes={args.layer: "out"})
+    started = time.perf_counter()
+    with torch.inference_mode(), autocast(args, device):
+        for inputs in batches(args, device):
+            extractor(inputs)["out"]
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    return time.perf_counter() - started
+
+
+class _LoopTimer:
+    """A featdump Progress that times the batch loop (set-up excluded, like the other methods)."""
+
+    def start(self, total, done):
+        self.started = time.perf_counter()
+
+    def advance(self, images):
+        pass
+
+    def close(self):
+        self.stopped = getattr(self, "stopped", None) or time.perf_counter()
+
+
+def run_featdump(args, device):
+    timer = _LoopTimer()
+    settings = Settings(model=args.model, layers=(args.layer,), images=Path(args.images), output=Path(args.out),
+                        weights="none", batch_size=args.batch_size, num_workers=args.workers, device=str(device),
+                        overwrite=True, dtype=args.dtype, precision=args.precision, decode=args.decode)
+    summary = extract(settings, timer)
+    return timer.stopped - timer.started, summary.seconds
+
+
+def run_recipe(args, device):
+    model = seeded_model(args, device)
+    activation = {}
+
+    def get_activation(name):
+        def hook(module, inputs, output):
+            activation[name] = output.detach()
+
+        return hook
+
+    model.get_submodule(args.layer).register_forward_hook(get_activation(args.layer))
+    started = time.perf_counter()
+    features = []
+    with torch.no_grad(), autocast(args, device):
+        for inputs in batches(args, device):
+            model(inputs)
+            features.append(activation[args.layer].cpu())
+    np.save(args.out, torch.cat(features).numpy())
+    return time.perf_counter() - started
+
+
+def run_fx_ram(args, device):
+    extractor = create_feature_extractor(seeded_model(args, device), return_nodes={args.layer: "out"})
+    started = time.perf_counter()
+    features = []
+    with torch.inference_mode(), autocast(args, device):
+        for inputs in batches(args, device):
+            features.append(extractor(inputs)["out"].cpu())
+    np.save(args.out, torch.cat(features).numpy())
+    return time.perf_counter() - started
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("method", choices=["bare", "featdump", "recipe", "fx_ram"])
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--layer", required=True)
+    parser.add_argument("--images", required=True)
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--precision", default="fp32")
+    parser.add_argument("--decode", default="cpu")
+    parser.add_argument("--dtype", default="float32")
+    args = parser.parse_args()
+    device = resolve_device(args.device)
+    total = None
+    if args.method == "featdump":
+        seconds, total = run_featdump(args, device)
+    else:
+        seconds = {"bare": run_bare, "recipe": run_recipe, "fx_ram": run_fx_ram}[args.method](args, device)
+    peak_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(json.dumps({"method": args.method, "seconds": seconds, "total_seconds": total, "peak_rss_mib": peak_mib}))
+
+
+if __name__ == "__main__":
+    main()

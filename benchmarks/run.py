@@ -1,0 +1,178 @@
+"""featdump benchmarks: prints one table of measurements taken side by side in one run.
+
+    python benchmarks/run.py [--images 256] [--workers 2] [--write-results]   (make bench)
+
+CPU (always): featdump vs the bare limit (the model truncated at the layer, same DataLoader and
+preprocessing, no hooks, no writes), vs the seeds' hook recipe and vs create_feature_extractor kept in
+RAM (time and peak RSS), and truncation (resnet50 layer1 vs the full model).
+GPU (when CUDA is present): resnet50 avgpool from JPEG at batch 256, --decode cpu/gpu x fp32/bf16,
+resnet50 layer3 stored as float16, and the machine's limits measured by this script.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+import torchvision
+from PIL import Image
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+
+
+def make_images(folder: Path, count: int) -> Path:
+    """COUNT ImageNet-sized (500x375) JPEGs in 10 class folders, made once and reused."""
+    rng = np.random.default_rng(0)
+    for index in range(count):
+        path = folder / f"class_{index % 10}" / f"{index:06d}.jpg"
+        if path.exists():
+            continue
+        path.parent.mkdir(parents=True, exist_ok=True)
+        small = Image.fromarray(rng.integers(0, 256, size=(12, 16, 3), dtype=np.uint8)).resize((500, 375))
+        noise = rng.integers(-12, 12, size=(375, 500, 3))
+        Image.fromarray(np.clip(np.asarray(small) + noise, 0, 255).astype(np.uint8)).save(path, quality=90)
+    return folder
+
+
+def measure(method: str, model: str, layer: str, images: Path, workers: int, **options) -> dict:
+    out = HERE / "data" / f"{method}-{model}-{layer}.out"
+    command = [sys.executable, str(HERE / "methods.py"), method, "--model", model, "--layer", layer,
+               "--images", str(images), "--out", str(out), "--workers", str(workers)]
+    for key, value in options.items():
+        command += [f"--{key.replace('_', '-')}", str(value)]
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    result = subprocess.run(command, capture_output=True, text=True, env=env, check=False)
+    if result.returncode != 0:
+        raise SystemExit(f"{method} failed:\n{result.stderr[-3000:]}")
+    for path in HERE.glob("data/*.out*"):
+        path.unlink()
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def best_of(repeats: int, *args, **kwargs) -> dict:
+    runs = [measure(*args, **kwargs) for _ in range(repeats)]
+    return min(runs, key=lambda run: run["seconds"])
+
+
+def cpu_rows(images: Path, count: int, workers: int, repeats: int) -> list[str]:
+    rows = ["| model, layer | method | time (s) | img/s | vs bare | peak RSS (MiB) | vs featdump RSS |",
+            "| --- | --- | ---: | ---: | ---: | ---: | ---: |"]
+    for model, layer in [("resnet18", "layer3.0.downsample.1"), ("resnet50", "avgpool")]:
+        results = {method: best_of(repeats, method, model, layer, images, workers, batch_size=64)
+                   for method in ("bare", "featdump", "recipe", "fx_ram")}
+        for method, result in results.items():
+            ratio = result["seconds"] / results["bare"]["seconds"]
+            rss = result["peak_rss_mib"] / results["featdump"]["peak_rss_mib"]
+            note = f" (whole run {result['total_seconds']:.1f} s)" if result["total_seconds"] else ""
+            rows.append(f"| {model} {layer} | {method}{note} | {result['seconds']:.2f} | "
+                        f"{count / result['seconds']:.1f} | {ratio:.3f}x | {result['peak_rss_mib']:.0f} | {rss:.2f}x |")
+    layer1 = best_of(repeats, "featdump", "resnet50", "layer1", images, workers, batch_size=64)
+    full = best_of(repeats, "featdump", "resnet50", "fc", images, workers, batch_size=64)
+    rows += ["", "| truncation (featdump, resnet50) | time (s) | img/s | vs full |", "| --- | ---: | ---: | ---: |",
+             f"| layer1 | {layer1['seconds']:.2f} | {count / layer1['seconds']:.1f} | "
+             f"{layer1['seconds'] / full['seconds']:.2f}x |",
+             f"| fc (full model) | {full['seconds']:.2f} | {count / full['seconds']:.1f} | 1.00x |"]
+    return rows
+
+
+def gpu_rows(images: Path, count: int, workers: int) -> list[str]:
+    rows = ["| resnet50 on CUDA, batch 256 | time (s) | img/s |", "| --- | ---: | ---: |"]
+    for decode in ("cpu", "gpu"):
+        for precision in ("fp32", "bf16"):
+            result = measure("featdump", "resnet50", "avgpool", images, workers, batch_size=256, device="cuda",
+                             decode=decode, precision=precision)
+            rows.append(f"| avgpool --decode {decode} --precision {precision} | {result['seconds']:.2f} | "
+                        f"{count / result['seconds']:.0f} |")
+    result = measure("featdump", "resnet50", "layer3", images, workers, batch_size=256, device="cuda",
+                     decode="gpu", precision="bf16", dtype="float16")
+    megabytes = count * 1024 * 14 * 14 * 2 / 1e6
+    rows.append(f"| layer3 float16 --decode gpu bf16 | {result['seconds']:.2f} | {count / result['seconds']:.0f} "
+                f"({megabytes / result['seconds']:.0f} MB/s written) |")
+    rows += ["", "| limits measured here | value |", "| --- | ---: |"] + gpu_limits(images, count, workers)
+    return rows
+
+
+def gpu_limits(images: Path, count: int, workers: int) -> list[str]:
+    """Forward alone on random tensors, decode alone (CPU workers, nvjpeg), disk write bandwidth."""
+    sys.path.insert(0, str(REPO))
+    from torchvision.models import resnet50
+
+    from featdump.data import ImageDataset, Preprocess, find_images, make_loader, to_device_inputs
+    from featdump.models import default_preprocessing
+
+    model = resnet50().eval().cuda().to(memory_format=torch.channels_last)
+    x = torch.randn(256, 3, 224, 224, device="cuda").contiguous(memory_format=torch.channels_last)
+    with torch.inference_mode(), torch.autocast("cuda", dtype=torch.bfloat16):
+        for _ in range(3):
+            model(x)
+        torch.cuda.synchronize()
+        started = time.perf_counter()
+        for _ in range(10):
+            model(x)
+        torch.cuda.synchronize()
+    forward = 2560 / (time.perf_counter() - started)
+    found, preprocess = find_images(images), Preprocess(default_preprocessing("resnet50"))
+    rates = {}
+    for gpu in (False, True):
+        loader = make_loader(ImageDataset(found, preprocess, gpu_jpegs=gpu), 0, 256, workers, pin_memory=True)
+        started = time.perf_counter()
+        for batch in loader:
+            to_device_inputs(batch, preprocess, found, torch.device("cuda"))
+        torch.cuda.synchronize()
+        rates[gpu] = count / (time.perf_counter() - started)
+    path = HERE / "data" / "write-test.bin"
+    block = np.random.default_rng(0).integers(0, 255, size=64 * 1024 * 1024, dtype=np.uint8).tobytes()
+    started = time.perf_counter()
+    with open(path, "wb") as handle:
+        for _ in range(32):
+            handle.write(block)
+        handle.flush()
+        os.fsync(handle.fileno())
+    write_rate = 32 * len(block) / (time.perf_counter() - started) / 1e6
+    path.unlink()
+    return [f"| resnet50 bf16 channels_last forward alone, batch 256 | {forward:.0f} img/s |",
+            f"| decode + resize alone, PIL in {workers} workers | {rates[False]:.0f} img/s |",
+            f"| decode + resize alone, nvjpeg (--decode gpu) | {rates[True]:.0f} img/s |",
+            f"| disk write bandwidth (2 GiB, fsync) | {write_rate:.0f} MB/s |"]
+
+
+def machine() -> str:
+    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU"
+    return (f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, {gpu}; Python "
+            f"{platform.python_version()}, torch {torch.__version__}, torchvision {torchvision.__version__}")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--images", type=int, default=256, help="number of JPEGs to generate and extract")
+    parser.add_argument("--workers", type=int, default=min(16, os.cpu_count() or 2))
+    parser.add_argument("--repeats", type=int, default=1, help="CPU rows: best of this many runs")
+    parser.add_argument("--skip-cpu", action="store_true")
+    parser.add_argument("--write-results", action="store_true", help="also write benchmarks/RESULTS.md")
+    args = parser.parse_args()
+    images = make_images(HERE / "data" / f"images-{args.images}", args.images)
+    lines = [f"Machine: {machine()}", f"Images: {args.images} JPEGs of 500x375, {args.workers} DataLoader workers", ""]
+    if not args.skip_cpu:
+        lines += ["## CPU", ""] + cpu_rows(images, args.images, args.workers, args.repeats) + [""]
+    if torch.cuda.is_available():
+        lines += ["## GPU", ""] + gpu_rows(images, args.images, args.workers) + [""]
+    else:
+        lines += ["GPU rows: skipped, CUDA is not available on this machine.", ""]
+    table = "\n".join(lines)
+    print(table)
+    if args.write_results:
+        command = "python benchmarks/run.py " + " ".join(sys.argv[1:])
+        (HERE / "RESULTS.md").write_text(f"# Benchmark results\n\nCommand: `{command}`\n\n{table}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,89 @@
+"""Graph: a traced copy of the forward that computes only what the requested layers need.
+
+Hooks can stop a forward after the last requested layer, but not skip work that runs before it and
+feeds nothing requested (the main branch of a ResNet block runs before its downsample branch). When a
+model traces with torch.fx, the requested modules become graph leaves, each requested call gets a
+snapshot node right after it (before any later in-place op can touch its output), and the nodes no
+output depends on are removed. `Capture` checks the result against its hooks once and falls back to
+hooks if the model does not trace or the two disagree.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections import defaultdict
+
+import torch
+from torch import fx, nn
+
+from featdump.layers import Layer, first_tensor
+from featdump.reductions import Snapshot
+
+_INPLACE_OPERATORS = {operator.iadd, operator.isub, operator.imul, operator.itruediv, operator.iand, operator.ior,
+                      operator.setitem}
+
+
+class NotTraceable(Exception):
+    """The model cannot be turned into a pruned graph (hooks are used instead)."""
+
+
+class _LeafTracer(fx.Tracer):
+    """Traces through every module except torch's own and the requested ones, which stay single calls."""
+
+    def __init__(self, leaves: set[str]):
+        super().__init__()
+        self._leaves = leaves
+
+    def is_leaf_module(self, module: nn.Module, qualified_name: str) -> bool:
+        return qualified_name in self._leaves or super().is_leaf_module(module, qualified_name)
+
+
+def pruned_forward(model: nn.Module, layers: list[Layer], snapshot: Snapshot) -> fx.GraphModule:
+    """A GraphModule sharing MODEL's parameters that returns {layer name: snapshot of its output}."""
+    try:
+        graph = _LeafTracer({layer.path for layer in layers}).trace(model)
+    except Exception as error:  # tracing fails in many model-specific ways
+        raise NotTraceable(f"{type(error).__name__}: {error}") from error
+    calls = defaultdict(list)
+    for node in graph.nodes:
+        if node.op == "call_module":
+            calls[node.target].append(node)
+    outputs = {}
+    for layer in layers:
+        if len(calls[layer.path]) < layer.call:
+            raise NotTraceable(f"{layer.name} is not a call of the traced graph")
+        node = calls[layer.path][layer.call - 1]
+        with graph.inserting_after(node):
+            tensor = graph.call_function(first_tensor, (node,))
+        with graph.inserting_after(tensor):
+            outputs[layer.name] = graph.call_function(snapshot, (tensor,))
+    for node in [node for node in graph.nodes if node.op == "output"]:
+        graph.erase_node(node)
+    graph.output(outputs)
+    _remove_unneeded(graph, model)
+    return fx.GraphModule(model, graph)
+
+
+def _remove_unneeded(graph: fx.Graph, model: nn.Module) -> None:
+    """Drop nodes no output depends on, keeping any that may mutate a tensor in place."""
+    for node in reversed(list(graph.nodes)):
+        if node.op in ("call_module", "call_function", "call_method") and not node.users and not _may_mutate(
+            node, model
+        ):
+            graph.erase_node(node)
+
+
+def _may_mutate(node: fx.Node, model: nn.Module) -> bool:
+    if node.op == "call_method":
+        return node.target.endswith("_")
+    if node.op == "call_function":
+        return node.target in _INPLACE_OPERATORS or getattr(node.target, "__name__", "").endswith("_")
+    return bool(getattr(model.get_submodule(node.target), "inplace", False))
+
+
+def same_outputs(first: dict[str, torch.Tensor], second: dict[str, torch.Tensor]) -> bool:
+    """Whether two captures agree (up to float rounding of differently fused kernels)."""
+    return first.keys() == second.keys() and all(
+        first[name].shape == second[name].shape and torch.allclose(first[name], second[name], rtol=1e-4, atol=1e-5)
+        for name in first
+    )
