@@ -66,7 +66,7 @@ def best_of(repeats: int, *args, **kwargs) -> dict:
 def cpu_rows(images: Path, count: int, workers: int, repeats: int) -> list[str]:
     rows = ["| model, layer | method | time (s) | img/s | vs bare | peak RSS (MiB) | vs featdump RSS |",
             "| --- | --- | ---: | ---: | ---: | ---: | ---: |"]
-    for model, layer in [("resnet18", "layer3.0.downsample.1"), ("resnet50", "avgpool")]:
+    for model, layer in [("resnet18", "layer3.0.downsample.1"), ("resnet50", "avgpool"), ("resnet18", "layer1")]:
         results = {method: best_of(repeats, method, model, layer, images, workers, batch_size=64)
                    for method in ("bare", "featdump", "recipe", "fx_ram")}
         for method, result in results.items():

@@ -86,16 +86,10 @@ def extract(settings: Settings, progress: Progress | None = None) -> Summary:
         lock.release()
 
 
-def _extract_locked(settings, images, lock, progress, started) -> Summary:
+def _extract_locked(settings: Settings, images: ImageList, lock: OutputLock, progress: Progress,
+                    started: float) -> Summary:
     device = resolve_device(settings.device)
-    loaded = load_model(settings.model, settings.weights, settings.seed)
-    model = loaded.module.to(device)
-    if device.type == "cuda":
-        model = model.to(memory_format=torch.channels_last)
-        # fp32 means fp32: TF32 convolutions/matmuls would drift from the CPU reference.
-        torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = settings.precision != "fp32"
-    preprocess = Preprocess(loaded.preprocessing)
-    layers = resolve(list(settings.layers), probe(model, (3, *preprocess.size)), settings.model)
+    loaded, preprocess, layers = _prepare_model(settings, device)
     specs = {layer.name: DatasetSpec(reduced_shape(settings.reduce, layer.shape, layer.name), settings.dtype)
              for layer in layers}
     _report_size(settings, specs, len(images))
@@ -109,11 +103,11 @@ def _extract_locked(settings, images, lock, progress, started) -> Summary:
         log.info("Resuming at image %d of %d (%d rows committed).", start, len(images), writer.committed_rows)
     try:
         example = torch.randn((2, 3, *preprocess.size), generator=torch.Generator().manual_seed(0)).to(device)
-        capture = Capture(model, layers, snapshot(settings.reduce, settings.dtype), prune=True, example=example)
+        capture = Capture(loaded.module, layers, snapshot(settings.reduce, settings.dtype), prune=True,
+                          example=example)
         with _StopSignals() as stop, capture:
             progress.start(len(images), start)
             _run_batches(settings, images, preprocess, capture, device, writer, progress, stop, start)
-        progress.close()
         if stop.signal_number is not None:
             raise Interrupted(
                 f"Stopped by {signal.Signals(stop.signal_number).name} after {writer.committed_images} of "
@@ -129,12 +123,29 @@ def _extract_locked(settings, images, lock, progress, started) -> Summary:
                    output.stat().st_size)
 
 
+def _prepare_model(settings: Settings, device: torch.device):
+    """The loaded model on DEVICE, its split preprocessing, and the validated layers."""
+    loaded = load_model(settings.model, settings.weights, settings.seed)
+    loaded.module = loaded.module.to(device)
+    if device.type == "cuda":
+        loaded.module = loaded.module.to(memory_format=torch.channels_last)
+        # fp32 means fp32: TF32 convolutions/matmuls would drift from the CPU reference.
+        torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = settings.precision != "fp32"
+    preprocess = Preprocess(loaded.preprocessing)
+    layers = resolve(list(settings.layers), probe(loaded.module, (3, *preprocess.size)), settings.model)
+    return loaded, preprocess, layers
+
+
 def _run_batches(settings, images, preprocess, capture, device, writer, progress, stop, start) -> None:
     dataset = ImageDataset(images, preprocess, gpu_jpegs=resolve_decode(settings.decode, device, preprocess) == "gpu")
     loader = make_loader(dataset, start, settings.batch_size, settings.num_workers, pin_memory=device.type == "cuda")
     autocast = _autocast(settings.precision, device)
+    waiting = computing = 0.0
     with WriteBehind(writer) as sink:
+        tick = time.perf_counter()
+        # A plain for loop: on an error the iterator goes with the frame's stack and shuts its workers down.
         for batch in loader:
+            tock = time.perf_counter()
             inputs = to_device_inputs(batch, preprocess, images, device)
             _check_failures(batch, images, settings.on_error)
             features = {}
@@ -144,9 +155,14 @@ def _run_batches(settings, images, preprocess, capture, device, writer, progress
                 with autocast:
                     features = capture.run(inputs)
             sink.put(features, batch, images, device)
+            waiting, computing = waiting + tock - tick, computing + time.perf_counter() - tock
             progress.advance(batch.size)
             if stop.signal_number is not None:
                 break
+            tick = time.perf_counter()
+    log.debug("Stage times: waiting for decoded images %.2f s, forward and copies %.2f s, "
+              "writing %.2f s on a background thread (%s capture).", waiting, computing, sink.seconds,
+              capture.strategy)
 
 
 def _check_failures(batch: Batch, images: ImageList, on_error: str) -> None:
@@ -166,6 +182,7 @@ class WriteBehind:
         self._writer = writer
         self._queue: queue.Queue = queue.Queue(maxsize=depth)
         self._error: BaseException | None = None
+        self.seconds = 0.0  # time spent writing
         self._thread = threading.Thread(target=self._work, name="featdump-writer", daemon=True)
 
     def __enter__(self) -> WriteBehind:
@@ -206,13 +223,11 @@ class WriteBehind:
             raise self._error
 
     def _work(self) -> None:
-        while True:
-            item = self._queue.get()
-            if item is None or self._error is not None:
-                if item is None:
-                    return
-                continue
+        while (item := self._queue.get()) is not None:
+            if self._error is not None:
+                continue  # drain: the main thread raises the error at its next put
             host, copied, paths, labels, skipped, images_done = item
+            started = time.perf_counter()
             try:
                 if copied is not None:
                     copied.synchronize()
@@ -220,6 +235,7 @@ class WriteBehind:
                 self._writer.append(arrays, paths, labels, skipped, images_done)
             except BaseException as error:  # handed to the main thread, which raises it
                 self._error = error
+            self.seconds += time.perf_counter() - started
 
 
 class _StopSignals:
