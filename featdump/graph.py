@@ -4,8 +4,9 @@ Hooks can stop a forward after the last requested layer, but not skip work that 
 feeds nothing requested (the main branch of a ResNet block runs before its downsample branch). When a
 model traces with torch.fx, the requested modules become graph leaves, each requested call gets a
 snapshot node right after it (before any later in-place op can touch its output), and the nodes no
-output depends on are removed. `Capture` checks the result against its hooks once and falls back to
-hooks if the model does not trace or the two disagree.
+output depends on are removed (in-place ops on tensors that kept nodes read stay). `Capture` checks
+the result against its hooks once and falls back to hooks if the model does not trace or the two
+disagree.
 """
 
 from __future__ import annotations
@@ -65,12 +66,22 @@ def pruned_forward(model: nn.Module, layers: list[Layer], snapshot: Snapshot) ->
 
 
 def _remove_unneeded(graph: fx.Graph, model: nn.Module) -> None:
-    """Drop nodes no output depends on, keeping any that may mutate a tensor in place."""
-    for node in reversed(list(graph.nodes)):
-        if node.op in ("call_module", "call_function", "call_method") and not node.users and not _may_mutate(
-            node, model
-        ):
+    """Drop every node no output depends on; keep an in-place op on a tensor that something kept reads."""
+    nodes = list(graph.nodes)
+    live: set[fx.Node] = set()
+    for node in reversed(nodes):
+        if node.op in ("output", "placeholder") or any(user in live for user in node.users):
+            live.add(node)
+        elif _may_mutate(node, model) and _mutated_tensor_is_read(node, live):
+            live.add(node)
+    for node in reversed(nodes):
+        if node not in live:
             graph.erase_node(node)
+
+
+def _mutated_tensor_is_read(node: fx.Node, live: set[fx.Node]) -> bool:
+    target = node.args[0] if node.args and isinstance(node.args[0], fx.Node) else None
+    return target is not None and any(user in live for user in target.users if user is not node)
 
 
 def _may_mutate(node: fx.Node, model: nn.Module) -> bool:
@@ -78,7 +89,9 @@ def _may_mutate(node: fx.Node, model: nn.Module) -> bool:
         return node.target.endswith("_")
     if node.op == "call_function":
         return node.target in _INPLACE_OPERATORS or getattr(node.target, "__name__", "").endswith("_")
-    return bool(getattr(model.get_submodule(node.target), "inplace", False))
+    if node.op == "call_module":
+        return bool(getattr(model.get_submodule(node.target), "inplace", False))
+    return False
 
 
 def same_outputs(first: dict[str, torch.Tensor], second: dict[str, torch.Tensor]) -> bool:

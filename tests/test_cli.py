@@ -142,3 +142,22 @@ def test_bad_device(image_folder, tmp_path):
     result = invoke("extract", "-m", "resnet18", "-w", "none", "-l", "fc", "--device", "tpu", image_folder,
                     tmp_path / "o.h5")
     assert result.exit_code == 2 and "device" in result.output.lower()
+
+
+def test_options_from_environment_variables(image_folder, tmp_path):
+    output = tmp_path / "o.h5"
+    result = CliRunner().invoke(main, ["extract", "-m", "resnet18", "-l", "avgpool", "-j", "0",
+                                       str(image_folder), str(output)],
+                                env={"FEATDUMP_EXTRACT_WEIGHTS": "none", "FEATDUMP_EXTRACT_SEED": "7"})
+    assert result.exit_code == 0, result.output
+    with h5py.File(output, "r") as h5file:
+        assert h5file.attrs["weights"] == "none" and h5file.attrs["seed"] == 7
+
+
+def test_python_api(image_folder, tmp_path):
+    import featdump
+
+    summary = featdump.extract(featdump.Settings(model="resnet18", layers=("fc",), images=image_folder,
+                                                 output=tmp_path / "api.h5", weights="none", num_workers=0))
+    assert summary.rows == 7 and summary.skipped == 0 and summary.output == tmp_path / "api.h5"
+    assert summary.line().startswith(f"Wrote 7 images (0 skipped) to {tmp_path / 'api.h5'} in ")

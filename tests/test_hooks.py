@@ -178,3 +178,22 @@ def test_graph_and_hooks_agree_on_resnet18_inplace_victims_and_reused_modules():
     for name in selectors:
         torch.testing.assert_close(by_graph[name], by_hooks[name], rtol=1e-5, atol=1e-5)
     assert (by_graph["layer1.0.bn1"] < 0).any()
+
+
+def test_pruned_graph_does_not_run_what_follows_the_last_layer():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 4), nn.ReLU(inplace=True), nn.Linear(4, 4), nn.ReLU(inplace=True),
+                          nn.Linear(4, 2)).eval()
+    tail_calls = []
+    model[4].register_forward_hook(lambda *args: tail_calls.append(1))
+    layers = resolve(["0", "2"], probe(model, (4,)), "net")
+    example = torch.randn(2, 4)
+    tail_calls.clear()
+    with Capture(model, layers, snapshot("none", "float32"), prune=True, example=example) as capture:
+        assert capture.strategy == "graph"
+        tail_calls.clear()
+        out = capture.run(example)
+    assert tail_calls == []
+    first = model[0](example)
+    torch.testing.assert_close(out["0"], first)  # taken before the in-place ReLU
+    torch.testing.assert_close(out["2"], model[2](torch.relu(first)))
