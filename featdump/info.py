@@ -25,7 +25,7 @@ def describe(output: Path) -> list[str]:
     with h5file:
         attrs = h5file.attrs
         complete = bool(attrs.get("complete", False))
-        rows = int(attrs.get("committed_rows", h5file["paths"].shape[0] if "paths" in h5file else 0))
+        rows, images_done, skipped = (int(value) for value in attrs["committed"])
         lines = [
             f"file:       {path}",
             f"model:      {attrs.get('model')} (weights {attrs.get('weights')}, seed {attrs.get('seed')})",
@@ -34,7 +34,7 @@ def describe(output: Path) -> list[str]:
         ]
         if not complete:
             total = json.loads(attrs.get("fingerprint", "{}")).get("image_count", "?")
-            lines.append(f"progress:   {attrs.get('committed_images')} of {total} images done; "
+            lines.append(f"progress:   {images_done} of {total} images done; "
                          "run the same extract command again to resume")
         lines.append("layers:")
         for name, dataset in h5file["features"].items():
@@ -44,7 +44,6 @@ def describe(output: Path) -> list[str]:
         if classes:
             names = [c.decode() if isinstance(c, bytes) else str(c) for c in classes]
             lines.append(f"classes:    {len(names)} ({', '.join(names[:8])}{', ...' if len(names) > 8 else ''})")
-        skipped = int(attrs.get("committed_skipped", h5file["skipped/paths"].shape[0]))
         lines.append(f"skipped:    {skipped}")
         for index in range(min(skipped, 5)):
             lines.append(f"  {h5file['skipped/paths'].asstr()[index]}: {h5file['skipped/reasons'].asstr()[index]}")

@@ -7,9 +7,10 @@ Layout (plain h5py reads it):
     /skipped/paths, /skipped/reasons   images that could not be used, and why
     attributes          model, weights, ..., `complete`, and the commit counters below
 
-After each batch the data is flushed first and the counters (`committed_rows`, `committed_images`,
-`committed_skipped`) are written last and flushed, so a file killed at any instant holds exact data up
-to its counters; resuming discards anything beyond them.
+After each batch the data is flushed first, then the attribute `committed` = [rows, images, skipped]
+(rows written, source images done, images skipped) is overwritten in place in one write and flushed,
+so a file killed at any instant holds exact data up to its counters; resuming discards anything beyond
+them.
 """
 
 from __future__ import annotations
@@ -108,16 +109,16 @@ class FeatureWriter:
 
     @property
     def committed_rows(self) -> int:
-        return int(self._file.attrs["committed_rows"])
+        return int(self._file.attrs["committed"][0])
 
     @property
     def committed_images(self) -> int:
         """How many source images (written or skipped) are done: where a resumed run starts."""
-        return int(self._file.attrs["committed_images"])
+        return int(self._file.attrs["committed"][1])
 
     @property
     def committed_skipped(self) -> int:
-        return int(self._file.attrs["committed_skipped"])
+        return int(self._file.attrs["committed"][2])
 
     # -- writing ---------------------------------------------------------------------------------
 
@@ -129,44 +130,43 @@ class FeatureWriter:
         skipped: list[tuple[str, str]],
         images_done: int,
     ) -> None:
-        """Write one batch's rows and skipped images, then commit: counters last, flushed."""
-        self._check_space(features)
+        """Write one batch's rows and skipped images, then commit: counters last, in one write, flushed."""
+        rows, skipped_before = self.committed_rows, self.committed_skipped
+        self._check_space(features, rows)
         try:
-            rows = self.committed_rows
             new_rows = rows + len(paths)
             if paths:
                 for name, values in features.items():
                     _write_rows(self._file["features"][name], rows, new_rows, values)
                 _write_rows(self._file["paths"], rows, new_rows, np.array(paths, dtype=object))
                 _write_rows(self._file["labels"], rows, new_rows, np.asarray(labels, dtype=np.int64))
-            done_skipped = self.committed_skipped + len(skipped)
+            new_skipped = skipped_before + len(skipped)
             if skipped:
-                _write_rows(self._file["skipped/paths"], self.committed_skipped, done_skipped,
+                _write_rows(self._file["skipped/paths"], skipped_before, new_skipped,
                             np.array([path for path, _ in skipped], dtype=object))
-                _write_rows(self._file["skipped/reasons"], self.committed_skipped, done_skipped,
+                _write_rows(self._file["skipped/reasons"], skipped_before, new_skipped,
                             np.array([reason for _, reason in skipped], dtype=object))
             self._file.flush()
-            self._file.attrs["committed_rows"] = new_rows
-            self._file.attrs["committed_skipped"] = done_skipped
-            self._file.attrs["committed_images"] = images_done
+            self._file.attrs.modify("committed", np.array([new_rows, images_done, new_skipped], dtype=np.int64))
             self._file.flush()
         except OSError as error:
-            raise _write_error(partial_path(self.output), error, self) from error
+            raise _write_error(partial_path(self.output), error, rows) from error
 
-    def _check_space(self, features: dict[str, np.ndarray]) -> None:
+    def _check_space(self, features: dict[str, np.ndarray], committed_rows: int) -> None:
         """Refuse a batch the disk cannot hold before touching the file, which then stays consistent."""
         datasets = self._file["features"]
         needed = sum(values.nbytes for values in features.values()) + 1024 * 1024
         needed += sum(math.prod(datasets[name].chunks) * datasets[name].dtype.itemsize for name in features)
         free = shutil.disk_usage(self.output.parent).free
         if free < needed:
-            raise _write_error(partial_path(self.output), OSError(errno.ENOSPC, "No space left on device"), self)
+            no_space = OSError(errno.ENOSPC, "No space left on device")
+            raise _write_error(partial_path(self.output), no_space, committed_rows)
 
     def finish(self) -> Path:
         """Mark complete, make it durable, and atomically rename OUT.partial to OUT."""
         partial = partial_path(self.output)
         try:
-            self._file.attrs["complete"] = True
+            self._file.attrs.modify("complete", True)
             self._file.close()
             _fsync(partial)
             os.replace(partial, self.output)
@@ -195,8 +195,8 @@ def _write_rows(dataset: h5py.Dataset, start: int, stop: int, values: np.ndarray
     dataset[start:stop] = values
 
 
-def _write_error(partial: Path, error: OSError, writer: FeatureWriter | None) -> OutputWriteError:
-    done = f"; {writer.committed_rows} rows are committed" if writer is not None else ""
+def _write_error(partial: Path, error: OSError, committed_rows: int | None) -> OutputWriteError:
+    done = f"; {committed_rows} rows are committed" if committed_rows is not None else ""
     if error.errno in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT) or "space" in str(error).lower():
         return OutputWriteError(
             f"No space left while writing {str(partial)!r}{done}. Free some space and run the same command "
@@ -230,8 +230,7 @@ def _create(partial, specs, fingerprint, attributes, classes, batch_size, compre
         skipped = h5file.create_group("skipped")
         for name in ("paths", "reasons"):
             skipped.create_dataset(name, shape=(0,), maxshape=(None,), dtype=_STRING, chunks=(256,))
-        for counter in ("committed_rows", "committed_images", "committed_skipped"):
-            h5file.attrs[counter] = np.int64(0)
+        h5file.attrs["committed"] = np.zeros(3, dtype=np.int64)  # rows, images, skipped
         h5file.flush()
     except BaseException:
         h5file.close()
@@ -286,8 +285,7 @@ def _short(value) -> str:
 
 def _discard_uncommitted(h5file: h5py.File) -> None:
     """Cut every row dataset back to its committed length (a kill may have left more)."""
-    rows = int(h5file.attrs["committed_rows"])
-    skipped = int(h5file.attrs["committed_skipped"])
+    rows, _, skipped = (int(value) for value in h5file.attrs["committed"])
     for dataset in [*h5file["features"].values(), h5file["paths"], h5file["labels"]]:
         dataset.resize(rows, axis=0)
     for dataset in h5file["skipped"].values():

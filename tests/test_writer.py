@@ -1,0 +1,85 @@
+"""The HDF5 writer on real files: layout, chunking, commit counters, discarding uncommitted rows, finish."""
+
+from __future__ import annotations
+
+import h5py
+import numpy as np
+import pytest
+
+from featdump.errors import OutputExists, ResumeMismatch
+from featdump.writer import DatasetSpec, FeatureWriter, chunk_shape, partial_path
+
+SPECS = {"layer": DatasetSpec((2, 3), "float32")}
+
+
+def open_writer(output, fingerprint=None, **options):
+    return FeatureWriter.open(output, SPECS, fingerprint or {"model": "m"}, {"model": "m", "layers": ["layer"]},
+                              ["cats", "dogs"], batch_size=4, **options)
+
+
+def rows(count, start=0):
+    return np.arange(start * 6, (start + count) * 6, dtype=np.float32).reshape(count, 2, 3)
+
+
+@pytest.mark.parametrize("shape, dtype, batch, expected", [
+    ((512,), "float32", 64, (64, 512)),  # one batch of 2 KiB rows: 128 KiB
+    ((1000,), "float16", 4, (32, 1000)),  # tiny batches still get 64 KiB chunks
+    ((64, 56, 56), "float32", 64, (5, 64, 56, 56)),  # 4 MiB maximum
+    ((64, 224, 224), "float32", 8, (1, 16, 224, 224)),  # a 12.8 MB row is split along channels
+])
+def test_chunk_shapes(shape, dtype, batch, expected):
+    chunks = chunk_shape(DatasetSpec(shape, dtype), batch)
+    assert chunks == expected
+    assert np.prod(chunks) * np.dtype(dtype).itemsize <= 4 * 1024 * 1024
+
+
+def test_layout_commit_and_finish(tmp_path):
+    output = tmp_path / "out.h5"
+    writer = open_writer(output)
+    writer.append({"layer": rows(3)}, ["cats/a.jpg", "cats/b.jpg", "dogs/ü.jpg"], [0, 0, 1], [], images_done=3)
+    writer.append({"layer": rows(0)}, [], [], [("dogs/bad.jpg", "truncated")], images_done=4)
+    assert (writer.committed_rows, writer.committed_images, writer.committed_skipped) == (3, 4, 1)
+    assert partial_path(output).exists() and not output.exists()
+    assert writer.finish() == output
+    assert not partial_path(output).exists() and not (tmp_path / "out.h5.lock").exists()
+    with h5py.File(output, "r") as h5file:
+        np.testing.assert_array_equal(h5file["features/layer"][:], rows(3))
+        assert list(h5file["paths"].asstr()[:]) == ["cats/a.jpg", "cats/b.jpg", "dogs/ü.jpg"]
+        assert list(h5file["labels"][:]) == [0, 0, 1]
+        assert list(h5file["labels"].attrs["classes"]) == ["cats", "dogs"]
+        assert list(h5file["skipped/reasons"].asstr()[:]) == ["truncated"]
+        assert h5file.attrs["complete"] and list(h5file.attrs["committed"]) == [3, 4, 1]
+        assert list(h5file.attrs["layers"]) == ["layer"]
+
+
+def test_reopen_discards_rows_beyond_the_commit(tmp_path):
+    output = tmp_path / "out.h5"
+    writer = open_writer(output)
+    writer.append({"layer": rows(4)}, list("abcd"), [0] * 4, [], images_done=4)
+    writer.close()
+    with h5py.File(partial_path(output), "r+") as h5file:  # what a kill mid-batch can leave behind
+        for name, values in (("features/layer", rows(2, 4)), ("paths", np.array(["e", "f"], dtype=object))):
+            h5file[name].resize(6, axis=0)
+            h5file[name][4:6] = values
+    writer = open_writer(output)
+    assert writer.committed_rows == 4 and writer.committed_images == 4
+    writer.append({"layer": rows(1, 9)}, ["g"], [1], [], images_done=5)
+    writer.finish()
+    with h5py.File(output, "r") as h5file:
+        assert list(h5file["paths"].asstr()[:]) == list("abcdg")
+        np.testing.assert_array_equal(h5file["features/layer"][:], np.concatenate([rows(4), rows(1, 9)]))
+
+
+def test_reopen_with_another_fingerprint_is_refused(tmp_path):
+    output = tmp_path / "out.h5"
+    open_writer(output, {"model": "resnet18", "seed": 0}).close()
+    with pytest.raises(ResumeMismatch, match=r"seed: 0 when started, 1 now"):
+        open_writer(output, {"model": "resnet18", "seed": 1})
+    open_writer(output, {"model": "resnet18", "seed": 1}, overwrite=True).close()
+
+
+def test_existing_output_is_refused(tmp_path):
+    output = tmp_path / "out.h5"
+    output.write_bytes(b"x")
+    with pytest.raises(OutputExists):
+        open_writer(output)
