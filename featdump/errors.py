@@ -45,6 +45,10 @@ class ResumeMismatch(UsageProblem):
     """A partial output was made with a different configuration or image set."""
 
 
+class NotAnOutput(UsageProblem):
+    """The file to describe is missing or is not a featdump output."""
+
+
 class OutputLocked(FeatdumpError):
     """Another featdump process is writing the same output."""
 

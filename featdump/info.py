@@ -7,7 +7,7 @@ from pathlib import Path
 
 import h5py
 
-from featdump.errors import NoImages, OutputWriteError
+from featdump.errors import NotAnOutput
 from featdump.writer import partial_path
 
 
@@ -17,12 +17,14 @@ def describe(output: Path) -> list[str]:
     if not path.exists() and partial_path(path).exists():
         path = partial_path(path)
     if not path.exists():
-        raise NoImages(f"No file {str(output)!r} (nor {str(partial_path(Path(output)))!r}).")
+        raise NotAnOutput(f"No file {str(output)!r} (nor {str(partial_path(Path(output)))!r}).")
     try:
         h5file = h5py.File(path, "r")
     except OSError as error:
-        raise OutputWriteError(f"{str(path)!r} is not a readable HDF5 file ({error}).") from error
+        raise NotAnOutput(f"{str(path)!r} is not a readable HDF5 file ({error}).") from error
     with h5file:
+        if "committed" not in h5file.attrs or "features" not in h5file:
+            raise NotAnOutput(f"{str(path)!r} is an HDF5 file, but not one featdump wrote.")
         attrs = h5file.attrs
         complete = bool(attrs.get("complete", False))
         rows, images_done, skipped = (int(value) for value in attrs["committed"])

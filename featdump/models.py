@@ -99,7 +99,10 @@ def _pretrained(name: str, enum) -> nn.Module:
 
 
 def _reason(error: Exception) -> str:
-    return str(getattr(error, "reason", None) or error).strip() or type(error).__name__
+    """The first sentence of an error's message (torch's can run to many lines)."""
+    text = str(getattr(error, "reason", None) or error).strip() or type(error).__name__
+    first = text.splitlines()[0]
+    return first.split(". ")[0].rstrip(".")
 
 
 def _load_checkpoint(module: nn.Module, path: Path) -> None:

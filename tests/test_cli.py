@@ -161,3 +161,15 @@ def test_python_api(image_folder, tmp_path):
                                                  output=tmp_path / "api.h5", weights="none", num_workers=0))
     assert summary.rows == 7 and summary.skipped == 0 and summary.output == tmp_path / "api.h5"
     assert summary.line().startswith(f"Wrote 7 images (0 skipped) to {tmp_path / 'api.h5'} in ")
+
+
+def test_unreadable_checkpoint_and_missing_info_file(image_folder, tmp_path):
+    checkpoint = tmp_path / "bad.pth"
+    checkpoint.write_text("garbage")
+    result = invoke("extract", "-m", "resnet18", "-w", checkpoint, "-l", "fc", image_folder, tmp_path / "o.h5")
+    assert result.exit_code == 2
+    assert result.output.startswith(f"Error: Could not read checkpoint '{checkpoint}': ")
+    assert len(result.output.strip().splitlines()) == 1
+    result = invoke("info", tmp_path / "none.h5")
+    assert result.exit_code == 2
+    assert result.output.strip() == f"Error: No file '{tmp_path / 'none.h5'}' (nor '{tmp_path / 'none.h5.partial'}')."
