@@ -62,13 +62,21 @@ def folder(tmp_path_factory):
     return root
 
 
+def wait_for_line(process: subprocess.Popen, text: str) -> bool:
+    """Read stderr until a line containing TEXT (True) or its end (False)."""
+    return any(text in line for line in process.stderr)
+
+
 @pytest.fixture(scope="module")
 def clean(folder, tmp_path_factory):
+    """The uninterrupted run's content, and how long it ran after its first progress line."""
     output = tmp_path_factory.mktemp("clean") / "clean.h5"
-    started = time.monotonic()
-    result = run_featdump(*extract_args(folder, output))
-    assert result.returncode == 0, result.stderr
-    return read_output(output), time.monotonic() - started
+    process = start_featdump(*extract_args(folder, output))
+    assert wait_for_line(process, "img/s")  # the first progress line: the first batch is written
+    loop_started = time.monotonic()
+    process.stderr.read()
+    assert process.wait() == 0
+    return read_output(output), time.monotonic() - loop_started
 
 
 def committed_rows(partial) -> int:
@@ -77,14 +85,19 @@ def committed_rows(partial) -> int:
 
 
 def test_sigkill_at_random_moments_then_resume_equals_a_clean_run(folder, clean, tmp_path):
-    expected, seconds = clean
+    expected, loop_seconds = clean
     output, partial = tmp_path / "out.h5", tmp_path / "out.h5.partial"
     rng = random.Random(1234)
     kills = kills_with_rows = 0
     while kills < TRIALS:
         process = start_featdump(*extract_args(folder, output))
+        if rng.random() < 0.2:
+            delay = rng.uniform(0.0, 4.0)  # during start-up, file creation or reopening
+        else:
+            wait_for_line(process, "img/s")  # the batch loop is running (or there was nothing left to do)
+            delay = rng.uniform(0.0, 1.1 * loop_seconds)
         try:
-            process.wait(timeout=rng.uniform(0.3, 1.0) * seconds)
+            process.wait(timeout=delay)
         except subprocess.TimeoutExpired:
             process.send_signal(signal.SIGKILL)
             process.wait()
