@@ -140,10 +140,13 @@ class Preprocess:
     def pixels(self, image: Image.Image) -> np.ndarray:
         if not self.split:
             return self.transforms(image).numpy()
+        return np.asarray(self.resize_and_crop(image), dtype=np.uint8).transpose(2, 0, 1)
+
+    def resize_and_crop(self, image):
+        """Resize and centre-crop a PIL image or a uint8 (C, H, W) tensor (the GPU path's)."""
         t = self.transforms
         image = F.resize(image, t.resize_size, interpolation=t.interpolation, antialias=t.antialias)
-        image = F.center_crop(image, t.crop_size)
-        return np.asarray(image, dtype=np.uint8).transpose(2, 0, 1)
+        return F.center_crop(image, t.crop_size)
 
     def normalize(self, batch: torch.Tensor) -> torch.Tensor:
         if not self.split:
@@ -233,7 +236,7 @@ def to_device_inputs(batch: Batch, preprocess: Preprocess, images: ImageList, de
         crops.update(zip(batch.positions, on_device.unbind(0)))
     for position, decoded in _decode_on_gpu(batch.encoded, device):
         if decoded is not None:
-            crops[position] = _resize_and_crop(decoded, preprocess)
+            crops[position] = preprocess.resize_and_crop(decoded)
             continue
         try:
             pixels = preprocess.pixels(open_rgb(images.root / images.paths[position]))
@@ -266,12 +269,6 @@ def _decode_on_gpu(encoded: list[tuple[int, np.ndarray]], device: torch.device):
                 except RuntimeError:
                     decoded.append(None)
     yield from zip([position for position, _ in encoded], decoded)
-
-
-def _resize_and_crop(image: torch.Tensor, preprocess: Preprocess) -> torch.Tensor:
-    t = preprocess.transforms
-    image = F.resize(image, t.resize_size, interpolation=t.interpolation, antialias=t.antialias)
-    return F.center_crop(image, t.crop_size)
 
 
 class _Batches:

@@ -95,7 +95,7 @@ def _extract_locked(settings: Settings, images: ImageList, lock: OutputLock, pro
     _report_size(settings, specs, len(images))
     writer = FeatureWriter.open(
         settings.output, specs, _fingerprint(settings, images, preprocess, device),
-        _attributes(settings, images, loaded, layers), list(images.classes), settings.batch_size,
+        _attributes(settings, loaded, layers), list(images.classes), settings.batch_size,
         settings.compression, settings.overwrite, lock,
     )
     start = writer.committed_images
@@ -308,7 +308,7 @@ def _fingerprint(settings: Settings, images: ImageList, preprocess: Preprocess, 
             "images": images.digest(), "image_count": len(images)}
 
 
-def _attributes(settings: Settings, images: ImageList, loaded, layers: list[Layer]) -> dict:
+def _attributes(settings: Settings, loaded, layers: list[Layer]) -> dict:
     return {
         "model": settings.model,
         "weights": loaded.weights,

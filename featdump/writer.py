@@ -314,8 +314,7 @@ class OutputLock:
     def acquire(cls, output: Path, overwrite: bool = False) -> OutputLock:
         """Check OUTPUT can be written and lock it; OutputLocked at once if another run holds it."""
         output = Path(output)
-        if output.exists() and not overwrite:
-            raise OutputExists(f"Output {str(output)!r} already exists; pass --overwrite to replace it.")
+        _refuse_existing(output, overwrite)
         if not output.parent.is_dir():
             raise OutputWriteError(f"Output folder {str(output.parent)!r} does not exist.")
         if os.environ.get("HDF5_USE_FILE_LOCKING", "").upper() == "FALSE":
@@ -340,9 +339,9 @@ class OutputLock:
                             error.strerror)
                 return cls(None, None, False)
             if _same_file(descriptor, path):
-                if output.exists() and not overwrite:  # finished while we waited for the lock
+                if output.exists() and not overwrite:  # another run finished it while we took the lock
                     os.close(descriptor)
-                    raise OutputExists(f"Output {str(output)!r} already exists; pass --overwrite to replace it.")
+                    _refuse_existing(output, overwrite)
                 return cls(path, descriptor, True)
             os.close(descriptor)  # the lock file was removed by a finishing run: lock the new one
 
@@ -354,6 +353,11 @@ class OutputLock:
         finally:
             os.close(self._descriptor)
             self._descriptor = None
+
+
+def _refuse_existing(output: Path, overwrite: bool) -> None:
+    if output.exists() and not overwrite:
+        raise OutputExists(f"Output {str(output)!r} already exists; pass --overwrite to replace it.")
 
 
 def _same_file(descriptor: int, path: Path) -> bool:
