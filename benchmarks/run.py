@@ -15,6 +15,7 @@ import argparse
 import json
 import os
 import platform
+import statistics
 import subprocess
 import sys
 import time
@@ -58,36 +59,50 @@ def measure(method: str, model: str, layer: str, images: Path, workers: int, **o
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
-def interleaved(repeats: int, runs: dict[str, tuple]) -> dict[str, dict]:
-    """Each run REPEATS times, taking turns (so a slow spell of a shared machine hits all), best time kept."""
-    best: dict[str, dict] = {}
+def interleaved(repeats: int, runs: dict[str, tuple]) -> dict[str, list[dict]]:
+    """Every run REPEATS times in rounds (each round runs all of them back to back); all results kept."""
+    results: dict[str, list[dict]] = {name: [] for name in runs}
     for _ in range(repeats):
         for name, (args, options) in runs.items():
-            result = measure(*args, **options)
-            if name not in best or result["seconds"] < best[name]["seconds"]:
-                best[name] = result
-    return best
+            results[name].append(measure(*args, **options))
+    return results
+
+
+def paired_ratio(results: dict[str, list[dict]], name: str, reference: str) -> tuple[float, float, float]:
+    """Median, min and max over rounds of NAME's time / REFERENCE's time in the same round.
+
+    A shared machine drifts over minutes; two runs taken back to back see nearly the same machine, so
+    the ratio within a round is far steadier than a ratio of times taken apart.
+    """
+    ratios = [mine["seconds"] / theirs["seconds"] for mine, theirs in zip(results[name], results[reference])]
+    return statistics.median(ratios), min(ratios), max(ratios)
+
+
+def _median(runs: list[dict], key: str) -> float:
+    return statistics.median(run[key] for run in runs)
 
 
 def cpu_rows(images: Path, count: int, workers: int, repeats: int) -> list[str]:
-    rows = ["| model, layer | method | time (s) | img/s | vs bare | peak RSS (MiB) | vs featdump RSS |",
+    rows = [f"Each row: median of {repeats} rounds; 'vs bare' is the median (min-max) of the per-round ratios.", "",
+            "| model, layer | method | time (s) | img/s | vs bare | peak RSS (MiB) | vs featdump RSS |",
             "| --- | --- | ---: | ---: | ---: | ---: | ---: |"]
     for model, layer in [("resnet18", "layer3.0.downsample.1"), ("resnet50", "avgpool"), ("resnet18", "layer1")]:
         results = interleaved(repeats, {method: ((method, model, layer, images, workers), {"batch_size": 64})
                                         for method in ("bare", "featdump", "recipe", "fx_ram")})
-        for method, result in results.items():
-            ratio = result["seconds"] / results["bare"]["seconds"]
-            rss = result["peak_rss_mib"] / results["featdump"]["peak_rss_mib"]
-            note = f" (whole run {result['total_seconds']:.1f} s)" if result["total_seconds"] else ""
-            rows.append(f"| {model} {layer} | {method}{note} | {result['seconds']:.2f} | "
-                        f"{count / result['seconds']:.1f} | {ratio:.3f}x | {result['peak_rss_mib']:.0f} | {rss:.2f}x |")
+        featdump_rss = _median(results["featdump"], "peak_rss_mib")
+        for method, runs in results.items():
+            seconds, rss = _median(runs, "seconds"), _median(runs, "peak_rss_mib")
+            ratio, low, high = paired_ratio(results, method, "bare")
+            note = f" (whole run {_median(runs, 'total_seconds'):.1f} s)" if method == "featdump" else ""
+            rows.append(f"| {model} {layer} | {method}{note} | {seconds:.2f} | {count / seconds:.1f} | "
+                        f"{ratio:.3f}x ({low:.2f}-{high:.2f}) | {rss:.0f} | {rss / featdump_rss:.2f}x |")
     truncation = interleaved(repeats, {layer: (("featdump", "resnet50", layer, images, workers), {"batch_size": 64})
                                        for layer in ("layer1", "fc")})
-    layer1, full = truncation["layer1"], truncation["fc"]
+    ratio, low, high = paired_ratio(truncation, "layer1", "fc")
+    layer1, full = _median(truncation["layer1"], "seconds"), _median(truncation["fc"], "seconds")
     rows += ["", "| truncation (featdump, resnet50) | time (s) | img/s | vs full |", "| --- | ---: | ---: | ---: |",
-             f"| layer1 | {layer1['seconds']:.2f} | {count / layer1['seconds']:.1f} | "
-             f"{layer1['seconds'] / full['seconds']:.2f}x |",
-             f"| fc (full model) | {full['seconds']:.2f} | {count / full['seconds']:.1f} | 1.00x |"]
+             f"| layer1 | {layer1:.2f} | {count / layer1:.1f} | {ratio:.2f}x ({low:.2f}-{high:.2f}) |",
+             f"| fc (full model) | {full:.2f} | {count / full:.1f} | 1.00x |"]
     return rows
 
 
@@ -162,7 +177,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--images", type=int, default=256, help="number of JPEGs to generate and extract")
     parser.add_argument("--workers", type=int, default=min(16, os.cpu_count() or 2))
-    parser.add_argument("--repeats", type=int, default=3, help="CPU rows: best of this many interleaved runs")
+    parser.add_argument("--repeats", type=int, default=5, help="CPU rows: rounds of all methods run back to back")
     parser.add_argument("--skip-cpu", action="store_true")
     parser.add_argument("--write-results", action="store_true", help="also write benchmarks/RESULTS.md")
     args = parser.parse_args()
