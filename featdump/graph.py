@@ -28,6 +28,26 @@ class NotTraceable(Exception):
     """The model cannot be turned into a pruned graph (hooks are used instead)."""
 
 
+def _in_place(operation):
+    def record(self: fx.Proxy, other) -> fx.Proxy:
+        return self.tracer.create_proxy("call_function", operation, (self, other), {})
+
+    return record
+
+
+class _InPlaceProxy(fx.Proxy):
+    """Records `x += y` (and -=, *=, /=) as the in-place operator, as the model runs it.
+
+    fx's own Proxy has no __iadd__, so Python records `x = x + y`: a new tensor for every residual
+    addition, which costs a ResNet-50 forward several percent on a CPU.
+    """
+
+    __iadd__ = _in_place(operator.iadd)
+    __isub__ = _in_place(operator.isub)
+    __imul__ = _in_place(operator.imul)
+    __itruediv__ = _in_place(operator.itruediv)
+
+
 class _LeafTracer(fx.Tracer):
     """Traces through every module except torch's own and the requested ones, which stay single calls."""
 
@@ -37,6 +57,9 @@ class _LeafTracer(fx.Tracer):
 
     def is_leaf_module(self, module: nn.Module, qualified_name: str) -> bool:
         return qualified_name in self._leaves or super().is_leaf_module(module, qualified_name)
+
+    def proxy(self, node: fx.Node) -> fx.Proxy:
+        return _InPlaceProxy(node, self)
 
 
 def pruned_forward(model: nn.Module, layers: list[Layer], snapshot: Snapshot) -> fx.GraphModule:

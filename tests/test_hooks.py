@@ -197,3 +197,43 @@ def test_pruned_graph_does_not_run_what_follows_the_last_layer():
     first = model[0](example)
     torch.testing.assert_close(out["0"], first)  # taken before the in-place ReLU
     torch.testing.assert_close(out["2"], model[2](torch.relu(first)))
+
+
+class AliasedAdd(nn.Module):
+    """`a += 1` changes `b` too in eager mode; a graph that records `a = a + 1` would not."""
+
+    def __init__(self):
+        super().__init__()
+        self.first = nn.Linear(4, 4)
+        self.second = nn.Linear(4, 4)
+
+    def forward(self, x):
+        a = self.first(x)
+        b = a
+        a += 1.0
+        return self.second(b)
+
+
+def test_pruned_graph_runs_augmented_assignments_in_place_like_the_model():
+    torch.manual_seed(0)
+    model = AliasedAdd().eval()
+    layers = resolve(["second"], probe(model, (4,)), "net")
+    x = torch.randn(3, 4)
+    with Capture(model, layers, snapshot("none", "float32"), prune=True, example=x[:2]) as capture:
+        assert capture.strategy == "graph"  # the graph agreed with the hooks on the example
+        out = capture.run(x)["second"]
+    torch.testing.assert_close(out, model.second(model.first(x) + 1.0))
+
+
+def test_pruned_resnet_graph_adds_residuals_in_place():
+    import operator
+
+    from torchvision.models import get_model
+
+    from featdump.graph import pruned_forward
+
+    model = get_model("resnet18", weights=None).eval()
+    layers = resolve(["avgpool"], probe(model, (3, 64, 64)), "resnet18")
+    graph = pruned_forward(model, layers, snapshot("none", "float32")).graph
+    targets = [node.target for node in graph.nodes if node.op == "call_function"]
+    assert targets.count(operator.iadd) == 8 and operator.add not in targets  # one per BasicBlock
