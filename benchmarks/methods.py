@@ -4,7 +4,9 @@
 
 Methods, all fed by featdump's own DataLoader and preprocessing so that only what happens after
 decoding differs:
-  bare      the model truncated at the layer (torchvision's create_feature_extractor), no hooks, no writes
+  bare      the ResNet's own modules called by hand up to the layer (eager, in-place ops as the model
+            has them, nothing after the layer, nor a block's main branch for its downsample): no hooks,
+            no copies, no writes
   featdump  featdump.extract(): hooks, copies, early stop, HDF5 writes on a background thread
   recipe    the seeds' recipe: forward hook into a dict, whole model, list of batches, torch.cat, np.save
   fx_ram    create_feature_extractor, outputs kept in a list, torch.cat, np.save
@@ -54,12 +56,31 @@ def autocast(args, device):
     return torch.autocast(device.type, dtype=torch.bfloat16 if args.precision == "bf16" else torch.float16)
 
 
+def truncated_resnet(model, layer: str):
+    """A function computing only LAYER's output of a torchvision ResNet (stage, its first downsample, avgpool)."""
+    stages = ["layer1", "layer2", "layer3", "layer4"]
+    if layer not in [*stages, "avgpool"] and not any(layer == f"{stage}.0.downsample.1" for stage in stages):
+        raise SystemExit(f"bare: no hand truncation for {layer!r}")
+
+    def forward(x):
+        x = model.maxpool(model.relu(model.bn1(model.conv1(x))))
+        for stage in stages:
+            if layer == f"{stage}.0.downsample.1":
+                return getattr(model, stage)[0].downsample(x)
+            x = getattr(model, stage)(x)
+            if layer == stage:
+                return x
+        return model.avgpool(x)
+
+    return forward
+
+
 def run_bare(args, device):
-    extractor = create_feature_extractor(seeded_model(args, device), return_nodes={args.layer: "out"})
+    forward = truncated_resnet(seeded_model(args, device), args.layer)
     started = time.perf_counter()
     with torch.inference_mode(), autocast(args, device):
         for inputs in batches(args, device):
-            extractor(inputs)["out"]
+            forward(inputs)
     if device.type == "cuda":
         torch.cuda.synchronize()
     return time.perf_counter() - started
