@@ -87,16 +87,27 @@ def run_bare(args, device):
 
 
 class _LoopTimer:
-    """A featdump Progress that times the batch loop (set-up excluded, like the other methods)."""
+    """A featdump Progress that times the batch loop (set-up excluded, like the other methods), and the
+    steady rate after the first batch (which also waits for the DataLoader workers to start)."""
 
     def start(self, total, done):
         self.started = time.perf_counter()
+        self.images = 0
+        self.first_batch = None  # (time, images) when the first batch was done
 
     def advance(self, images):
-        pass
+        self.images += images
+        if self.first_batch is None:
+            self.first_batch = (time.perf_counter(), self.images)
 
     def close(self):
         self.stopped = getattr(self, "stopped", None) or time.perf_counter()
+
+    def steady_rate(self) -> float | None:
+        if self.first_batch is None or self.images == self.first_batch[1]:
+            return None
+        at, images = self.first_batch
+        return (self.images - images) / (self.stopped - at)
 
 
 def run_featdump(args, device):
@@ -105,7 +116,7 @@ def run_featdump(args, device):
                         weights="none", batch_size=args.batch_size, num_workers=args.workers, device=str(device),
                         overwrite=True, dtype=args.dtype, precision=args.precision, decode=args.decode)
     summary = extract(settings, timer)
-    return timer.stopped - timer.started, summary.seconds
+    return timer.stopped - timer.started, {"total_seconds": summary.seconds, "steady_img_s": timer.steady_rate()}
 
 
 def run_recipe(args, device):
@@ -155,13 +166,13 @@ def main():
     parser.add_argument("--dtype", default="float32")
     args = parser.parse_args()
     device = resolve_device(args.device)
-    total = None
+    extra = {"total_seconds": None, "steady_img_s": None}
     if args.method == "featdump":
-        seconds, total = run_featdump(args, device)
+        seconds, extra = run_featdump(args, device)
     else:
         seconds = {"bare": run_bare, "recipe": run_recipe, "fx_ram": run_fx_ram}[args.method](args, device)
     peak_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    print(json.dumps({"method": args.method, "seconds": seconds, "total_seconds": total, "peak_rss_mib": peak_mib}))
+    print(json.dumps({"method": args.method, "seconds": seconds, **extra, "peak_rss_mib": peak_mib}))
 
 
 if __name__ == "__main__":
