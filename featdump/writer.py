@@ -54,11 +54,18 @@ def partial_path(output: Path) -> Path:
 
 
 def chunk_shape(spec: DatasetSpec, batch_size: int) -> tuple[int, ...]:
-    """Chunks holding whole batches of rows, between 64 KiB and 4 MiB; big rows are split along dim 1."""
+    """Chunks of 64 KiB to 4 MiB aligned with batches: whole batches, or an equal part of one, so that no
+    chunk is written twice; a row over 4 MiB is split along its first dimensions."""
     row_bytes = max(spec.row_bytes, 1)
+    batch_bytes = batch_size * row_bytes
+    if batch_bytes < MIN_CHUNK_BYTES:
+        batches = min(-(-MIN_CHUNK_BYTES // batch_bytes), max(1, MAX_CHUNK_BYTES // batch_bytes))
+        return (batches * batch_size, *spec.shape)
+    if batch_bytes <= MAX_CHUNK_BYTES:
+        return (batch_size, *spec.shape)
     if row_bytes <= MAX_CHUNK_BYTES:
-        target = min(MAX_CHUNK_BYTES, max(MIN_CHUNK_BYTES, batch_size * row_bytes))
-        return (max(1, target // row_bytes), *spec.shape)
+        fitting = MAX_CHUNK_BYTES // row_bytes
+        return (max(rows for rows in range(1, fitting + 1) if batch_size % rows == 0), *spec.shape)
     dims = list(spec.shape)
     itemsize = np.dtype(spec.dtype).itemsize
     for axis in range(len(dims)):

@@ -23,14 +23,16 @@ def rows(count, start=0):
 
 @pytest.mark.parametrize("shape, dtype, batch, expected", [
     ((512,), "float32", 64, (64, 512)),  # one batch of 2 KiB rows: 128 KiB
-    ((1000,), "float16", 4, (32, 1000)),  # tiny batches still get 64 KiB chunks
-    ((64, 56, 56), "float32", 64, (5, 64, 56, 56)),  # 4 MiB maximum
+    ((1000,), "float16", 4, (36, 1000)),  # tiny batches: 9 whole batches make 64 KiB
+    ((64, 56, 56), "float32", 64, (4, 64, 56, 56)),  # 4 MiB maximum: 5 rows fit, 4 divide the batch
+    ((64, 56, 56), "float32", 63, (3, 64, 56, 56)),  # 3 divides 63
     ((64, 224, 224), "float32", 8, (1, 16, 224, 224)),  # a 12.8 MB row is split along channels
 ])
 def test_chunk_shapes(shape, dtype, batch, expected):
     chunks = chunk_shape(DatasetSpec(shape, dtype), batch)
     assert chunks == expected
     assert np.prod(chunks) * np.dtype(dtype).itemsize <= 4 * 1024 * 1024
+    assert chunks[0] % batch == 0 or batch % chunks[0] == 0  # chunk boundaries fall on batch boundaries
 
 
 def test_layout_commit_and_finish(tmp_path):
