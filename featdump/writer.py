@@ -346,9 +346,11 @@ class OutputLock:
                             error.strerror)
                 return cls(None, None, False)
             if _same_file(descriptor, path):
-                if output.exists() and not overwrite:  # another run finished it while we took the lock
+                try:
+                    _refuse_existing(output, overwrite)  # another run may have finished it meanwhile
+                except OutputExists:
                     os.close(descriptor)
-                    _refuse_existing(output, overwrite)
+                    raise
                 return cls(path, descriptor, True)
             os.close(descriptor)  # the lock file was removed by a finishing run: lock the new one
 
