@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import hashlib
+import logging
+import multiprocessing
 import os
 import signal
+import stat
+import sys
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,6 +27,7 @@ from featdump.errors import NoImages
 
 IMAGE_EXTENSIONS = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff"})
 JPEG_EXTENSIONS = frozenset({".jpg", ".jpeg"})
+log = logging.getLogger("featdump")
 
 
 @dataclass(frozen=True)
@@ -65,7 +72,11 @@ def find_images(root: Path) -> ImageList:
 
 def _walk(root: Path):
     seen_folders = set()
-    for folder, subfolders, files in os.walk(root, followlinks=True):
+
+    def unreadable(error: OSError) -> None:
+        log.warning("Cannot read folder %s (%s); its images are left out.", error.filename, error.strerror)
+
+    for folder, subfolders, files in os.walk(root, followlinks=True, onerror=unreadable):
         real = os.path.realpath(folder)
         if real in seen_folders:  # a symlink loop or a folder linked twice
             subfolders.clear()
@@ -192,11 +203,18 @@ class ImageDataset(Dataset):
     def __getitem__(self, position: int):
         path = self.images.root / self.images.paths[position]
         try:
+            _check_regular_file(path)
             if self.gpu_jpegs and path.suffix.lower() in JPEG_EXTENSIONS and _plain_jpeg(path):
                 return position, "jpeg", np.fromfile(path, dtype=np.uint8)
             return position, "pixels", self.preprocess.pixels(open_rgb(path))
         except Exception as error:  # any decoding failure is recorded, not raised
             return position, "failed", describe_failure(error)
+
+
+def _check_regular_file(path: Path) -> None:
+    """Raise unless PATH (followed through links) is a regular file: a FIFO or device would block a read."""
+    if not stat.S_ISREG(os.stat(path).st_mode):
+        raise OSError("not a regular file (a pipe, socket or device)")
 
 
 def _plain_jpeg(path: Path) -> bool:
@@ -285,22 +303,79 @@ class _Batches:
         return max(0, -(-(self.count - self.start) // self.batch_size))
 
 
-def _ignore_signals(worker_id: int) -> None:
-    """Workers leave SIGINT/SIGTERM to the main process, which stops them after committing."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+class _WorkerStart:
+    """Run first in every loader worker: the worker belongs to the main process and holds none of its files.
+
+    Workers are forked while the main process holds the output's lock and its open HDF5 file. A worker
+    closes its copies of those descriptors (the HDF5 library's own lock on OUT.partial would otherwise
+    outlive a killed main process), is killed by the kernel the moment the main process dies, and
+    leaves SIGINT/SIGTERM to the main process, which stops it after committing.
+    """
+
+    def __init__(self, main_pid: int, owned_files: tuple[str, ...]):
+        self.main_pid, self.owned_files = main_pid, owned_files
+
+    def __call__(self, worker_id: int) -> None:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        _die_with_parent()
+        if os.getppid() != self.main_pid:  # the main process died before the line above
+            os._exit(1)
+        close_descriptors_of(self.owned_files)
+
+
+def _die_with_parent() -> None:
+    """Ask Linux to SIGKILL this process when its parent dies (prctl PR_SET_PDEATHSIG); elsewhere nothing."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # 1 = PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def close_descriptors_of(paths: tuple[str, ...]) -> list[int]:
+    """Close every descriptor of this process open on one of PATHS (absolute); returns the ones closed."""
+    wanted = set(paths)
+    closed = []
+    try:
+        descriptors = [int(name) for name in os.listdir("/proc/self/fd")]
+    except OSError:  # no /proc: nothing to look through
+        return closed
+    for descriptor in descriptors:
+        try:
+            target = os.readlink(f"/proc/self/fd/{descriptor}")
+        except OSError:
+            continue
+        if target in wanted or target.removesuffix(" (deleted)") in wanted:
+            with contextlib.suppress(OSError):
+                os.close(descriptor)
+                closed.append(descriptor)
+    return closed
 
 
 def make_loader(
-    dataset: Dataset, start: int, batch_size: int, num_workers: int, pin_memory: bool = False
+    dataset: Dataset, start: int, batch_size: int, num_workers: int, pin_memory: bool = False,
+    owned_files: tuple[Path, ...] = (),
 ) -> DataLoader:
-    """A DataLoader yielding Batches in source order from position START."""
+    """A DataLoader yielding Batches in source order from position START.
+
+    Workers are forked (not spawned: no copy of the image list per worker, no second import of torch)
+    and close their inherited descriptors of OWNED_FILES (the output and its lock) first thing.
+    """
+    if num_workers == 0:
+        return DataLoader(dataset, batch_sampler=_Batches(start, len(dataset), batch_size), num_workers=0,
+                          collate_fn=collate, pin_memory=pin_memory)
+    owned = tuple(os.path.realpath(path) for path in owned_files)
     return DataLoader(
         dataset,
         batch_sampler=_Batches(start, len(dataset), batch_size),
         num_workers=num_workers,
         collate_fn=collate,
         pin_memory=pin_memory,
-        worker_init_fn=_ignore_signals if num_workers > 0 else None,
-        prefetch_factor=4 if num_workers > 0 else None,
+        worker_init_fn=_WorkerStart(os.getpid(), owned),
+        multiprocessing_context="fork" if "fork" in multiprocessing.get_all_start_methods() else None,
+        prefetch_factor=4,
     )
+

@@ -26,7 +26,7 @@ from featdump.layers import Layer, probe, resolve
 from featdump.models import check_model_name, load_model
 from featdump.reductions import reduced_shape, snapshot
 from featdump.settings import Settings
-from featdump.writer import DatasetSpec, FeatureWriter, OutputLock
+from featdump.writer import DatasetSpec, FeatureWriter, OutputLock, partial_path
 
 log = logging.getLogger("featdump")
 
@@ -107,7 +107,8 @@ def _extract_locked(settings: Settings, images: ImageList, lock: OutputLock, pro
                           example=example)
         with _StopSignals() as stop, capture:
             progress.start(len(images), start)
-            _run_batches(settings, images, preprocess, capture, device, writer, progress, stop, start)
+            _run_batches(settings, images, preprocess, capture, device, writer, progress, stop, start,
+                         owned_files=(partial_path(settings.output), *([lock.path] if lock.path else [])))
         if stop.signal_number is not None:
             raise Interrupted(
                 f"Stopped by {signal.Signals(stop.signal_number).name} after {writer.committed_images} of "
@@ -136,9 +137,10 @@ def _prepare_model(settings: Settings, device: torch.device):
     return loaded, preprocess, layers
 
 
-def _run_batches(settings, images, preprocess, capture, device, writer, progress, stop, start) -> None:
+def _run_batches(settings, images, preprocess, capture, device, writer, progress, stop, start, owned_files) -> None:
     dataset = ImageDataset(images, preprocess, gpu_jpegs=resolve_decode(settings.decode, device, preprocess) == "gpu")
-    loader = make_loader(dataset, start, settings.batch_size, settings.num_workers, pin_memory=device.type == "cuda")
+    loader = make_loader(dataset, start, settings.batch_size, settings.num_workers, pin_memory=device.type == "cuda",
+                         owned_files=owned_files)
     autocast = _autocast(settings.precision, device)
     waiting = computing = 0.0
     with WriteBehind(writer) as sink:

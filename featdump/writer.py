@@ -3,8 +3,10 @@
 Layout (plain h5py reads it):
     /features/<layer>   (rows, *shape), chunked along rows
     /paths              (rows,) UTF-8 paths relative to the image root, row-aligned with the features
+    /raw_paths/rows, /raw_paths/bytes  the exact bytes of the names that are not UTF-8 (shown in /paths
+                        with those bytes as \\xNN), by row
     /labels             (rows,) int64, attribute `classes`
-    /skipped/paths, /skipped/reasons   images that could not be used, and why
+    /skipped/paths, /skipped/reasons   images that could not be used, and why (with /skipped/raw_paths)
     attributes          model, weights, ..., `complete`, and the commit counters below
 
 After each batch the data is flushed first, then the attribute `committed` = [rows, images, skipped]
@@ -22,6 +24,7 @@ import logging
 import math
 import os
 import shutil
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,6 +37,7 @@ FORMAT = "featdump/1"
 MIN_CHUNK_BYTES = 64 * 1024
 MAX_CHUNK_BYTES = 4 * 1024 * 1024
 _STRING = h5py.string_dtype("utf-8")
+_BYTES = h5py.vlen_dtype(np.uint8)
 log = logging.getLogger("featdump")
 
 
@@ -145,14 +149,13 @@ class FeatureWriter:
             if paths:
                 for name, values in features.items():
                     _write_rows(self._file["features"][name], rows, new_rows, values)
-                _write_rows(self._file["paths"], rows, new_rows, np.array(paths, dtype=object))
+                _write_paths(self._file, "", rows, paths)
                 _write_rows(self._file["labels"], rows, new_rows, np.asarray(labels, dtype=np.int64))
             new_skipped = skipped_before + len(skipped)
             if skipped:
-                _write_rows(self._file["skipped/paths"], skipped_before, new_skipped,
-                            np.array([path for path, _ in skipped], dtype=object))
+                _write_paths(self._file, "skipped/", skipped_before, [path for path, _ in skipped])
                 _write_rows(self._file["skipped/reasons"], skipped_before, new_skipped,
-                            np.array([reason for _, reason in skipped], dtype=object))
+                            np.array([as_text(reason) for _, reason in skipped], dtype=object))
             self._file.flush()
             self._file.attrs.modify("committed", np.array([new_rows, images_done, new_skipped], dtype=np.int64))
             self._file.flush()
@@ -202,6 +205,41 @@ def _write_rows(dataset: h5py.Dataset, start: int, stop: int, values: np.ndarray
     dataset[start:stop] = values
 
 
+def as_text(name: str) -> str:
+    """NAME as valid UTF-8 text: a file name's undecodable bytes (surrogate escapes) shown as \\xNN."""
+    try:
+        name.encode("utf-8")
+        return name
+    except UnicodeEncodeError:
+        return os.fsencode(name).decode("utf-8", "backslashreplace")
+
+
+def _write_paths(h5file: h5py.File, group: str, start: int, paths: list[str]) -> None:
+    """Rows START.. of GROUP/paths as text; the exact bytes of names that are not UTF-8 in GROUP/raw_paths."""
+    texts = [as_text(path) for path in paths]
+    _write_rows(h5file[group + "paths"], start, start + len(paths), np.array(texts, dtype=object))
+    raw = [(start + index, os.fsencode(path)) for index, (path, text) in enumerate(zip(paths, texts))
+           if text is not path]
+    if raw:
+        rows, names = h5file[group + "raw_paths/rows"], h5file[group + "raw_paths/bytes"]
+        count = rows.shape[0]
+        _write_rows(rows, count, count + len(raw), np.array([row for row, _ in raw], dtype=np.int64))
+        names.resize(count + len(raw), axis=0)
+        for index, (_, name) in enumerate(raw):  # one by one: h5py cannot slice-assign a single sequence
+            names[count + index] = np.frombuffer(name, dtype=np.uint8)
+
+
+def raw_paths(h5file: h5py.File, group: str = "") -> list[bytes]:
+    """The exact bytes of every row's path (GROUP 'skipped/' for the skipped images)."""
+    paths = [text.encode("utf-8") for text in h5file[group + "paths"].asstr()[:]]
+    raw = h5file.get(group + "raw_paths")
+    if raw is not None:
+        for row, name in zip(raw["rows"][:], raw["bytes"][:]):
+            if row < len(paths):
+                paths[row] = name.tobytes()
+    return paths
+
+
 def _write_error(partial: Path, error: OSError, committed_rows: int | None) -> OutputWriteError:
     done = f"; {committed_rows} rows are committed" if committed_rows is not None else ""
     if error.errno in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT) or "space" in str(error).lower():
@@ -222,7 +260,9 @@ def _create(partial, specs, fingerprint, attributes, classes, batch_size, compre
         raise _write_error(partial, error, None) from error
     try:
         for key, value in attributes.items():
-            h5file.attrs[key] = np.array(value, dtype=_STRING) if isinstance(value, list) else value
+            if isinstance(value, list):
+                value = np.array([as_text(item) if isinstance(item, str) else item for item in value], dtype=_STRING)
+            h5file.attrs[key] = as_text(value) if isinstance(value, str) else value
         h5file.attrs["format"] = FORMAT
         h5file.attrs["fingerprint"] = json.dumps(fingerprint, sort_keys=True)
         h5file.attrs["complete"] = False
@@ -231,12 +271,12 @@ def _create(partial, specs, fingerprint, attributes, classes, batch_size, compre
         for name, spec in specs.items():
             features.create_dataset(name, shape=(0, *spec.shape), maxshape=(None, *spec.shape),
                                     dtype=spec.dtype, chunks=chunk_shape(spec, batch_size), **filters)
-        h5file.create_dataset("paths", shape=(0,), maxshape=(None,), dtype=_STRING, chunks=(4096,))
+        _create_paths(h5file, 4096)
         labels = h5file.create_dataset("labels", shape=(0,), maxshape=(None,), dtype=np.int64, chunks=(4096,))
-        labels.attrs["classes"] = np.array(classes, dtype=_STRING)
+        labels.attrs["classes"] = np.array([as_text(name) for name in classes], dtype=_STRING)
         skipped = h5file.create_group("skipped")
-        for name in ("paths", "reasons"):
-            skipped.create_dataset(name, shape=(0,), maxshape=(None,), dtype=_STRING, chunks=(256,))
+        _create_paths(skipped, 256)
+        skipped.create_dataset("reasons", shape=(0,), maxshape=(None,), dtype=_STRING, chunks=(256,))
         h5file.attrs["committed"] = np.zeros(3, dtype=np.int64)  # rows, images, skipped
         h5file.flush()
     except BaseException:
@@ -244,6 +284,13 @@ def _create(partial, specs, fingerprint, attributes, classes, batch_size, compre
         partial.unlink(missing_ok=True)  # nothing was committed to it
         raise
     return h5file
+
+
+def _create_paths(group: h5py.Group, chunk_rows: int) -> None:
+    group.create_dataset("paths", shape=(0,), maxshape=(None,), dtype=_STRING, chunks=(chunk_rows,))
+    raw = group.create_group("raw_paths")
+    raw.create_dataset("rows", shape=(0,), maxshape=(None,), dtype=np.int64, chunks=(256,))
+    raw.create_dataset("bytes", shape=(0,), maxshape=(None,), dtype=_BYTES, chunks=(256,))
 
 
 def _reopen(partial: Path, fingerprint: dict, locking: bool) -> h5py.File:
@@ -261,7 +308,7 @@ def _reopen(partial: Path, fingerprint: dict, locking: bool) -> h5py.File:
                 f"{str(partial)!r} was started with a different configuration ({'; '.join(differences)}). "
                 "Run the original command to resume it, or pass --overwrite to start over."
             )
-        _discard_uncommitted(h5file)
+        _discard_uncommitted(h5file, int(stored.get("image_count", 0)))
     except BaseException:
         h5file.close()
         raise
@@ -290,14 +337,38 @@ def _short(value) -> str:
     return text if len(text) <= 80 else text[:77] + "..."
 
 
-def _discard_uncommitted(h5file: h5py.File) -> None:
-    """Cut every row dataset back to its committed length (a kill may have left more)."""
+def _discard_uncommitted(h5file: h5py.File, limit: int) -> None:
+    """Cut every row dataset back to its committed length (a kill may have left more); LIMIT bounds the rows
+    any run of this file can have written."""
     rows, _, skipped = (int(value) for value in h5file.attrs["committed"])
-    for dataset in [*h5file["features"].values(), h5file["paths"], h5file["labels"]]:
+    for dataset in [*h5file["features"].values(), h5file["labels"]]:
         dataset.resize(rows, axis=0)
-    for dataset in h5file["skipped"].values():
-        dataset.resize(skipped, axis=0)
+    h5file["skipped/reasons"].resize(skipped, axis=0)
+    _clear_strings_beyond(h5file["skipped/reasons"], skipped, limit)
+    for group, kept in ((h5file, rows), (h5file["skipped"], skipped)):
+        _clear_strings_beyond(group["paths"], kept, limit)
+        raw_kept = int(np.count_nonzero(group["raw_paths/rows"][:] < kept))
+        group["raw_paths/rows"].resize(raw_kept, axis=0)
+        _clear_strings_beyond(group["raw_paths/bytes"], raw_kept, limit)
     h5file.flush()
+
+
+def _clear_strings_beyond(dataset: h5py.Dataset, keep: int, limit: int) -> None:
+    """Resize a variable-length dataset to KEEP rows after zeroing the raw heap references of later rows.
+
+    HDF5 frees the heap object that an overwritten variable-length element points to. After a kill,
+    uncommitted elements can point into heap blocks that never reached the disk, and overwriting them
+    fails ("bad heap index") on every later run. Their chunks are rewritten raw, never converted.
+    """
+    chunk_rows = dataset.chunks[0]
+    dataset.resize(max(limit, keep, dataset.shape[0]), axis=0)  # chunks a kill left past the extent too
+    for start in range(keep - keep % chunk_rows, dataset.shape[0], chunk_rows):
+        if dataset.id.get_chunk_info_by_coord((start,)).byte_offset is None:
+            continue  # never written
+        _, raw = dataset.id.read_direct_chunk((start,))
+        kept_bytes = max(keep - start, 0) * (len(raw) // chunk_rows)
+        dataset.id.write_direct_chunk((start,), raw[:kept_bytes] + bytes(len(raw) - kept_bytes))
+    dataset.resize(keep, axis=0)
 
 
 def _fsync(path: Path) -> None:
@@ -312,7 +383,15 @@ def _fsync(path: Path) -> None:
 
 
 class OutputLock:
-    """An exclusive flock on OUT.lock held for the whole run, so two featdumps never write one output."""
+    """An exclusive lock on OUT.lock held for the whole run, so two featdumps never write one output.
+
+    A POSIX record lock (fcntl F_SETLK), not flock: it belongs to this process alone, so loader workers
+    forked while it is held do not keep it after this process dies, and a restart can take it at once.
+    Threads of one process are kept apart by a set of the outputs this process holds.
+    """
+
+    _held: set[str] = set()
+    _held_guard = threading.Lock()
 
     def __init__(self, path: Path | None, descriptor: int | None, hdf5_locking: bool):
         self.path, self._descriptor, self.hdf5_locking = path, descriptor, hdf5_locking
@@ -328,20 +407,27 @@ class OutputLock:
             log.info("HDF5_USE_FILE_LOCKING=FALSE: %s is not locked against a second writer.", output)
             return cls(None, None, False)
         path = output.with_name(output.name + ".lock")
+        with cls._held_guard:
+            if str(path.resolve()) in cls._held:
+                raise _locked(output, path)
+            lock = cls._acquire_file(output, path, overwrite)
+            if lock.path is not None:
+                cls._held.add(str(path.resolve()))
+            return lock
+
+    @classmethod
+    def _acquire_file(cls, output: Path, path: Path, overwrite: bool) -> OutputLock:
         while True:
             try:
                 descriptor = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
             except OSError as error:
                 raise _write_error(path, error, None) from error
             try:
-                fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                fcntl.lockf(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except OSError as error:
                 os.close(descriptor)
-                if error.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
-                    raise OutputLocked(
-                        f"Another featdump is writing {str(output)!r} (it holds {str(path)!r}); "
-                        "wait for it to finish or stop it first."
-                    ) from error
+                if error.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                    raise _locked(output, path) from error
                 log.warning("This filesystem does not support file locking (%s); continuing without a lock.",
                             error.strerror)
                 return cls(None, None, False)
@@ -357,11 +443,20 @@ class OutputLock:
     def release(self) -> None:
         if self._descriptor is None:
             return
-        try:
-            self.path.unlink(missing_ok=True)
-        finally:
-            os.close(self._descriptor)
-            self._descriptor = None
+        with self._held_guard:
+            self._held.discard(str(self.path.resolve()))
+            try:
+                self.path.unlink(missing_ok=True)
+            finally:
+                os.close(self._descriptor)  # closing drops the record lock
+                self._descriptor = None
+
+
+def _locked(output: Path, path: Path) -> OutputLocked:
+    return OutputLocked(
+        f"Another featdump is writing {str(output)!r} (it holds {str(path)!r}); "
+        "wait for it to finish or stop it first."
+    )
 
 
 def _refuse_existing(output: Path, overwrite: bool) -> None:

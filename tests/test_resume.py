@@ -23,7 +23,8 @@ LAYERS = "conv1,layer1.0.relu:2"
 
 
 def extract_args(images, output, *extra):
-    return ["extract", "-m", "resnet18", "-w", "none", "-l", LAYERS, "-b", "4", "-j", "0", *extra, images, output]
+    """Small batches (many commits to kill between); loader workers as users run them (the default)."""
+    return ["extract", "-m", "resnet18", "-w", "none", "-l", LAYERS, "-b", "4", *extra, images, output]
 
 
 def start_featdump(*args) -> subprocess.Popen:
@@ -121,6 +122,65 @@ def test_sigkill_at_random_moments_then_resume_equals_a_clean_run(folder, clean,
     assert not partial.exists() and not (tmp_path / "out.h5.lock").exists()
     print(f"\nfault injection: {kills} SIGKILLs, {kills_with_rows} with committed rows, 0 failures")
     assert kills_with_rows >= TRIALS // 4, "too few kills landed after the first commit to test anything"
+
+
+def committed_rows_or_zero(partial) -> int:
+    try:
+        return committed_rows(partial)
+    except (OSError, KeyError):  # read while being written: try again
+        return 0
+
+
+def children(pid: int) -> list[int]:
+    with open(f"/proc/{pid}/task/{pid}/children") as handle:
+        return [int(child) for child in handle.read().split()]
+
+
+def running(pid: int) -> bool:
+    """Alive and not a zombie (a dead orphan waits here for a reaper that may never come)."""
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            return handle.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def open_files(pid: int) -> set[str]:
+    files = set()
+    for name in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            files.add(os.readlink(f"/proc/{pid}/fd/{name}"))
+        except OSError:
+            pass
+    return files
+
+
+@pytest.mark.parametrize("trial", range(3))
+def test_restart_right_after_a_sigkill_resumes(folder, clean, tmp_path, trial):
+    """Only the main process is killed; its loader workers die with it and hold none of the output's files."""
+    output = tmp_path / "out.h5"
+    process = start_featdump(*extract_args(folder, output))
+    wait_for_progress(process)
+    while not committed_rows_or_zero(tmp_path / "out.h5.partial"):
+        time.sleep(0.02)
+    workers = children(process.pid)
+    assert workers, "the default configuration runs loader workers"
+    for worker in workers:
+        held = open_files(worker)
+        assert not {str(output) + ".lock", str(output) + ".partial"} & held, held
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    killed_at = time.monotonic()
+    time.sleep(0.1 * trial)  # restarts at 0, 0.1 and 0.2 s after the kill
+    restart = start_featdump(*extract_args(folder, output))
+    deadline = killed_at + 0.5
+    while any(running(worker) for worker in workers) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not any(running(worker) for worker in workers), "orphaned loader workers outlived the main process"
+    stderr = restart.stderr.read()
+    assert restart.wait(timeout=120) == 0, stderr
+    assert "Resuming at image " in stderr
+    assert_same_rows(read_output(output), clean[0])
 
 
 def wait_for_progress(process: subprocess.Popen) -> list[str]:

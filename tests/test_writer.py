@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+import random
+import subprocess
+import sys
+import time
+
 import h5py
 import numpy as np
 import pytest
 
 from featdump.errors import OutputExists, ResumeMismatch
 from featdump.writer import DatasetSpec, FeatureWriter, chunk_shape, partial_path
+
+from .conftest import featdump_env
 
 SPECS = {"layer": DatasetSpec((2, 3), "float32")}
 
@@ -85,3 +92,54 @@ def test_existing_output_is_refused(tmp_path):
     output.write_bytes(b"x")
     with pytest.raises(OutputExists):
         open_writer(output)
+
+
+def test_stale_string_references_left_by_a_kill_are_cleared(tmp_path):
+    """A kill can leave path rows past the stored extent that point into a heap block never written: the next
+    run writes over them, and HDF5 would try to free what they point to."""
+    output = tmp_path / "out.h5"
+    writer = open_writer(output, {"model": "m", "image_count": 100})
+    writer.append({"layer": rows(4)}, list("abcd"), [0] * 4, [], images_done=4)
+    writer.close()
+    with h5py.File(partial_path(output), "r+") as h5file:  # forge it: garbage references past row 4
+        paths = h5file["paths"]
+        _, raw = paths.id.read_direct_chunk((0,))
+        width = len(raw) // paths.chunks[0]
+        garbage = (b"\x05\x00\x00\x00" + (123456789).to_bytes(8, "little") + b"\x07\x00\x00\x00") * 4
+        paths.id.write_direct_chunk((0,), raw[:4 * width] + garbage + raw[8 * width:])
+    writer = open_writer(output, {"model": "m", "image_count": 100})
+    writer.append({"layer": rows(2, 4)}, ["x", "y"], [1, 1], [], images_done=6)
+    writer.finish()
+    with h5py.File(output, "r") as h5file:
+        assert list(h5file["paths"].asstr()[:]) == list("abcdxy")
+
+
+KILLED_APPENDER = """
+import sys, numpy as np
+from featdump.writer import DatasetSpec, FeatureWriter
+writer = FeatureWriter.open(sys.argv[1], {"f": DatasetSpec((64, 28, 28), "float32")}, {"image_count": 10**6},
+                            {}, [], batch_size=4)
+done = writer.committed_images
+while True:
+    paths = [f"folder/image_{i:07d}.jpg" for i in range(done, done + 4)]
+    skipped = [(paths[0] + ".bad", "truncated")] if done % 12 == 0 else []
+    writer.append({"f": np.full((4, 64, 28, 28), done, np.float32)}, paths, [0] * 4, skipped, done + 4)
+    done += 4
+"""
+
+
+def test_sigkill_during_appends_never_breaks_the_next_run(tmp_path):
+    output = tmp_path / "out.h5"
+    rng = random.Random(7)
+    for _ in range(15):
+        process = subprocess.Popen([sys.executable, "-c", KILLED_APPENDER, str(output)], env=featdump_env(),
+                                   stderr=subprocess.PIPE, text=True)
+        time.sleep(rng.uniform(0.6, 1.4))
+        process.kill()
+        process.wait()
+        assert "Error" not in process.stderr.read()  # every restart wrote on from its commit
+    with h5py.File(partial_path(output), "r") as h5file:
+        rows_done = int(h5file.attrs["committed"][0])
+        assert rows_done > 0
+        assert list(h5file["paths"].asstr()[:rows_done]) == [f"folder/image_{i:07d}.jpg" for i in range(rows_done)]
+        assert h5file["features/f"][rows_done - 1, 0, 0, 0] == rows_done - 4
