@@ -3,7 +3,8 @@
     python benchmarks/methods.py METHOD --model resnet18 --layer avgpool --images DIR --out FILE [...]
 
 Methods, all fed by featdump's own DataLoader and preprocessing so that only what happens after
-decoding differs:
+decoding differs (with --loader pil, bare and recipe read images as a torchvision ImageFolder-style
+loader does: PIL open, EXIF transpose, convert, the weights' transforms):
   bare      the ResNet's own modules called by hand up to the layer (eager, in-place ops as the model
             has them, nothing after the layer, nor a block's main branch for its downsample): no hooks,
             no copies, no writes
@@ -22,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from PIL import Image, ImageOps
 from torchvision.models import get_model
 from torchvision.models.feature_extraction import create_feature_extractor
 
@@ -31,8 +33,28 @@ from featdump.models import default_preprocessing
 from featdump.settings import Settings
 
 
+class PilImages(torch.utils.data.Dataset):
+    """The plain loader people write: each image decoded whole by PIL, then the weights' transforms."""
+
+    def __init__(self, folder: Path, transforms):
+        self.paths = sorted(path for path in folder.rglob("*") if path.suffix.lower() in (".jpg", ".png"))
+        self.transforms = transforms
+
+    def __len__(self):
+        return len(self.paths)
+
+    def __getitem__(self, index):
+        with Image.open(self.paths[index]) as image:
+            return self.transforms(ImageOps.exif_transpose(image).convert("RGB"))
+
+
 def batches(args, device):
-    """Normalised input batches on DEVICE, exactly as featdump makes them."""
+    """Normalised input batches on DEVICE, exactly as featdump makes them (or as the plain PIL loader does)."""
+    if args.loader == "pil":
+        dataset = PilImages(Path(args.images), default_preprocessing(args.model))
+        for inputs in torch.utils.data.DataLoader(dataset, batch_size=args.batch_size, num_workers=args.workers):
+            yield inputs.to(device)
+        return
     images = find_images(Path(args.images))
     preprocess = Preprocess(default_preprocessing(args.model))
     gpu_jpegs = args.decode == "gpu"
@@ -114,7 +136,8 @@ def run_featdump(args, device):
     timer = _LoopTimer()
     settings = Settings(model=args.model, layers=(args.layer,), images=Path(args.images), output=Path(args.out),
                         weights="none", batch_size=args.batch_size, num_workers=args.workers, device=str(device),
-                        overwrite=True, dtype=args.dtype, precision=args.precision, decode=args.decode)
+                        overwrite=True, dtype=args.dtype, precision=args.precision, decode=args.decode,
+                        fast_decode=args.fast_decode)
     summary = extract(settings, timer)
     return timer.stopped - timer.started, {"total_seconds": summary.seconds, "steady_img_s": timer.steady_rate()}
 
@@ -164,6 +187,8 @@ def main():
     parser.add_argument("--precision", default="fp32")
     parser.add_argument("--decode", default="cpu")
     parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--fast-decode", action="store_true")
+    parser.add_argument("--loader", choices=["featdump", "pil"], default="featdump")
     args = parser.parse_args()
     device = resolve_device(args.device)
     extra = {"total_seconds": None, "steady_img_s": None}

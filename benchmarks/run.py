@@ -21,6 +21,7 @@ import sys
 import time
 from pathlib import Path
 
+import h5py
 import numpy as np
 import torch
 import torchvision
@@ -44,16 +45,23 @@ def make_images(folder: Path, count: int) -> Path:
     return folder
 
 
-def measure(method: str, model: str, layer: str, images: Path, workers: int, **options) -> dict:
+def measure(method: str, model: str, layer: str, images: Path, workers: int, keep: Path | None = None,
+            **options) -> dict:
+    """One method in its own process; its output is deleted, or moved to KEEP."""
     out = HERE / "data" / f"{method}-{model}-{layer}.out"
     command = [sys.executable, str(HERE / "methods.py"), method, "--model", model, "--layer", layer,
                "--images", str(images), "--out", str(out), "--workers", str(workers)]
     for key, value in options.items():
-        command += [f"--{key.replace('_', '-')}", str(value)]
+        if value is True:
+            command.append(f"--{key.replace('_', '-')}")
+        else:
+            command += [f"--{key.replace('_', '-')}", str(value)]
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     result = subprocess.run(command, capture_output=True, text=True, env=env, check=False)
     if result.returncode != 0:
         raise SystemExit(f"{method} failed:\n{result.stderr[-3000:]}")
+    if keep is not None:
+        out.replace(keep)
     for path in HERE.glob("data/*.out*"):
         path.unlink()
     return json.loads(result.stdout.strip().splitlines()[-1])
@@ -103,6 +111,45 @@ def cpu_rows(images: Path, count: int, workers: int, repeats: int) -> list[str]:
     rows += ["", "| truncation (featdump, resnet50) | time (s) | img/s | vs full |", "| --- | ---: | ---: | ---: |",
              f"| layer1 | {layer1:.2f} | {count / layer1:.1f} | {ratio:.2f}x ({low:.2f}-{high:.2f}) |",
              f"| fc (full model) | {full:.2f} | {count / full:.1f} | 1.00x |"]
+    return rows
+
+
+def photo_rows(count: int, workers: int, repeats: int) -> list[str]:
+    """Camera photos (12 MP JPEGs): decoding, not the forward, is the limit; --fast-decode vs the exact path."""
+    sys.path.insert(0, str(REPO))
+    from tests.photos import write_camera_photos
+
+    folder = HERE / "data" / f"photos-{count}"
+    write_camera_photos(folder, count)
+    common = {"batch_size": 16}
+    runs = {
+        "bare (PIL loader, resnet18 up to avgpool)": (("bare", "resnet18", "avgpool", folder, workers),
+                                                      {**common, "loader": "pil"}),
+        "featdump": (("featdump", "resnet18", "avgpool", folder, workers), common),
+        "featdump --fast-decode": (("featdump", "resnet18", "avgpool", folder, workers),
+                                   {**common, "fast_decode": True}),
+        "recipe (PIL loader)": (("recipe", "resnet18", "avgpool", folder, workers), {**common, "loader": "pil"}),
+    }
+    results = interleaved(repeats, runs)
+    rows = [f"{count} JPEGs of 4032x3024 (~1.7 MB, every 4th EXIF-rotated), resnet18 avgpool, batch 16, "
+            f"{workers} workers; median of {repeats} rounds, ratios per round (min-max).", "",
+            "| method | time (s) | img/s | speed-up over featdump exact |", "| --- | ---: | ---: | ---: |"]
+    for name, runs_of_name in results.items():
+        seconds = _median(runs_of_name, "seconds")
+        ratio, low, high = paired_ratio(results, "featdump", name)
+        rows.append(f"| {name} | {seconds:.2f} | {count / seconds:.1f} | {ratio:.2f}x ({low:.2f}-{high:.2f}) |")
+    exact, fast = HERE / "data" / "photos-exact.h5", HERE / "data" / "photos-fast.h5"
+    measure(*runs["featdump"][0], keep=exact, **common)
+    measure(*runs["featdump --fast-decode"][0], keep=fast, **common, fast_decode=True)
+    with h5py.File(exact, "r") as a, h5py.File(fast, "r") as b:
+        x = a["features/avgpool"][:].reshape(count, -1)
+        y = b["features/avgpool"][:].reshape(count, -1)
+    relative = np.linalg.norm(y - x, axis=1) / np.linalg.norm(x, axis=1)
+    cosine = (x * y).sum(axis=1) / np.linalg.norm(x, axis=1) / np.linalg.norm(y, axis=1)
+    exact.unlink()
+    fast.unlink()
+    rows += ["", f"--fast-decode vs exact features over the {count} photos: relative L2 difference median "
+                 f"{np.median(relative):.4%}, max {relative.max():.4%}; cosine min {cosine.min():.6f}."]
     return rows
 
 
@@ -178,12 +225,16 @@ def main():
     parser.add_argument("--workers", type=int, default=min(16, os.cpu_count() or 2))
     parser.add_argument("--repeats", type=int, default=5, help="CPU rows: rounds of all methods run back to back")
     parser.add_argument("--skip-cpu", action="store_true")
+    parser.add_argument("--photos", type=int, default=192, help="camera photos (12 MP) for the photo rows; 0 skips")
+    parser.add_argument("--photo-workers", type=int, default=2)
     parser.add_argument("--write-results", action="store_true", help="also write benchmarks/RESULTS.md")
     args = parser.parse_args()
     images = make_images(HERE / "data" / f"images-{args.images}", args.images)
     lines = [f"Machine: {machine()}", f"Images: {args.images} JPEGs of 500x375, {args.workers} DataLoader workers", ""]
     if not args.skip_cpu:
         lines += ["## CPU", ""] + cpu_rows(images, args.images, args.workers, args.repeats) + [""]
+    if args.photos:
+        lines += ["## Camera photos", ""] + photo_rows(args.photos, args.photo_workers, args.repeats) + [""]
     if torch.cuda.is_available():
         lines += ["## GPU", ""] + gpu_rows(images, args.images, args.workers) + [""]
     else:

@@ -89,15 +89,19 @@ def _walk(root: Path):
                 yield (relative_folder / name).as_posix()
 
 
-def open_rgb(path: Path) -> Image.Image:
+def open_rgb(path: Path, draft: tuple[int, int] | None = None) -> Image.Image:
     """Decode PATH as 8-bit RGB, with EXIF orientation applied; raises on anything undecodable.
 
     Grayscale, palette, RGBA (alpha dropped, as torchvision's ImageFolder loader does), CMYK and
     16-bit images are converted; images over Pillow's pixel limit are refused as decompression bombs.
+    With DRAFT (width, height), a JPEG is decoded at the smallest DCT scale (1/2, 1/4, 1/8) that keeps
+    it at least that large; other formats are decoded whole.
     """
     with warnings.catch_warnings():
         warnings.simplefilter("error", Image.DecompressionBombWarning)
         with Image.open(path) as image:
+            if draft is not None and image.format == "JPEG":
+                image.draft(image.mode, draft)
             image.load()
             image = ImageOps.exif_transpose(image)
             return _to_rgb(image)
@@ -142,11 +146,19 @@ class Preprocess:
     what `transforms(pil_image)` gives. Other transforms run whole in the workers.
     """
 
-    def __init__(self, transforms: nn.Module):
+    def __init__(self, transforms: nn.Module, fast_decode: bool = False):
         self.transforms = transforms
         self.split = isinstance(transforms, ImageClassification)
         crop = getattr(transforms, "crop_size", [224])
         self.size = (crop[0], crop[-1])
+        self.draft = self._draft_size() if fast_decode else None
+
+    def _draft_size(self) -> tuple[int, int] | None:
+        """Twice the resize target on both sides: the least a JPEG is decoded at with --fast-decode."""
+        resize = getattr(self.transforms, "resize_size", None)
+        if not self.split or not resize:
+            return None
+        return (2 * max(resize), 2 * max(resize))
 
     def pixels(self, image: Image.Image) -> np.ndarray:
         if not self.split:
@@ -204,9 +216,9 @@ class ImageDataset(Dataset):
         path = self.images.root / self.images.paths[position]
         try:
             _check_regular_file(path)
-            if self.gpu_jpegs and path.suffix.lower() in JPEG_EXTENSIONS and _plain_jpeg(path):
+            if self.gpu_jpegs and path.suffix.lower() in JPEG_EXTENSIONS and _plain_jpeg(path, self.preprocess.draft):
                 return position, "jpeg", np.fromfile(path, dtype=np.uint8)
-            return position, "pixels", self.preprocess.pixels(open_rgb(path))
+            return position, "pixels", self.preprocess.pixels(open_rgb(path, self.preprocess.draft))
         except Exception as error:  # any decoding failure is recorded, not raised
             return position, "failed", describe_failure(error)
 
@@ -217,13 +229,15 @@ def _check_regular_file(path: Path) -> None:
         raise OSError("not a regular file (a pipe, socket or device)")
 
 
-def _plain_jpeg(path: Path) -> bool:
-    """An RGB/gray JPEG without EXIF rotation, within Pillow's pixel limit (reads the header only)."""
+def _plain_jpeg(path: Path, draft: tuple[int, int] | None = None) -> bool:
+    """An RGB/gray JPEG without EXIF rotation, within Pillow's pixel limit, and (with DRAFT) too small for a
+    reduced-scale decode, which the CPU does and nvjpeg cannot (reads the header only)."""
     with warnings.catch_warnings():
         warnings.simplefilter("error", Image.DecompressionBombWarning)
         with Image.open(path) as image:
             orientation = image.getexif().get(0x0112, 1)
-            return image.format == "JPEG" and image.mode in ("RGB", "L") and orientation == 1
+            scalable = draft is not None and min(image.size) >= 2 * min(draft)
+            return image.format == "JPEG" and image.mode in ("RGB", "L") and orientation == 1 and not scalable
 
 
 def collate(items) -> Batch:
@@ -257,7 +271,7 @@ def to_device_inputs(batch: Batch, preprocess: Preprocess, images: ImageList, de
             crops[position] = preprocess.resize_and_crop(decoded)
             continue
         try:
-            pixels = preprocess.pixels(open_rgb(images.root / images.paths[position]))
+            pixels = preprocess.pixels(open_rgb(images.root / images.paths[position], preprocess.draft))
             crops[position] = torch.from_numpy(pixels).to(device)
         except Exception as error:  # recorded like a worker's failure
             batch.failures.append((position, describe_failure(error)))
@@ -301,6 +315,65 @@ class _Batches:
 
     def __len__(self) -> int:
         return max(0, -(-(self.count - self.start) // self.batch_size))
+
+
+def job_cpus() -> tuple[int, str]:
+    """How many CPUs this job was given, and by whom: SLURM_CPUS_PER_TASK, else this process's affinity mask."""
+    slurm = os.environ.get("SLURM_CPUS_PER_TASK", "").strip()
+    if slurm.isdigit() and int(slurm) > 0:
+        return int(slurm), "SLURM_CPUS_PER_TASK"
+    try:
+        return len(os.sched_getaffinity(0)), "the CPU affinity mask"
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1, "os.cpu_count()"
+
+
+def decode_bytes_per_worker() -> int:
+    """The most memory one worker's decode can take: the largest image Pillow accepts (MAX_IMAGE_PIXELS), as
+    RGB, held about three times over (decoded, rotated or converted, resized)."""
+    return 3 * 3 * int(Image.MAX_IMAGE_PIXELS or 0)
+
+
+def available_memory() -> int | None:
+    """Bytes this job can still use: the smaller of MemAvailable and its cgroup's limit left (SLURM, containers)."""
+    values = []
+    try:
+        with open("/proc/meminfo") as handle:
+            for line in handle:
+                if line.startswith("MemAvailable:"):
+                    values.append(int(line.split()[1]) * 1024)
+    except OSError:
+        pass
+    try:
+        with open("/sys/fs/cgroup/memory.max") as limit, open("/sys/fs/cgroup/memory.current") as used:
+            maximum = limit.read().strip()
+            if maximum != "max":
+                values.append(int(maximum) - int(used.read()))
+    except (OSError, ValueError):
+        pass
+    return min(values) if values else None
+
+
+def choose_workers(requested: int | None) -> int:
+    """REQUESTED loader workers, or (None) the job's CPUs less one for the main process, at least one; either
+    way checked against memory: an automatic count is lowered to fit, an explicit one is warned about."""
+    if requested is None:
+        cpus, source = job_cpus()
+        workers = max(1, cpus - 1)
+        log.debug("Using %d loader workers: %d CPUs (%s), one left to the main process.", workers, cpus, source)
+    else:
+        workers = requested
+    free, per_worker = available_memory(), decode_bytes_per_worker()
+    if workers and free is not None and per_worker and workers * per_worker > free:
+        fitting = max(1, free // per_worker)
+        if requested is None:
+            log.info("Using %d loader workers instead of %d: one decode of the largest image Pillow accepts can "
+                     "take %.1f GB, and %.1f GB is available.", fitting, workers, per_worker / 1e9, free / 1e9)
+            return fitting
+        log.warning("%d loader workers could each take %.1f GB decoding the largest image Pillow accepts, and only "
+                    "%.1f GB is available: lower -j to %d to be safe from the OOM killer.",
+                    workers, per_worker / 1e9, free / 1e9, fitting)
+    return workers
 
 
 class _WorkerStart:

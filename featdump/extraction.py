@@ -19,7 +19,16 @@ import torch
 import torchvision
 
 from featdump import __version__
-from featdump.data import Batch, ImageDataset, ImageList, Preprocess, find_images, make_loader, to_device_inputs
+from featdump.data import (
+    Batch,
+    ImageDataset,
+    ImageList,
+    Preprocess,
+    choose_workers,
+    find_images,
+    make_loader,
+    to_device_inputs,
+)
 from featdump.errors import BadImage, Interrupted, NotEnoughSpace, UsageProblem
 from featdump.hooks import Capture
 from featdump.layers import Layer, probe, resolve
@@ -132,15 +141,17 @@ def _prepare_model(settings: Settings, device: torch.device):
         loaded.module = loaded.module.to(memory_format=torch.channels_last)
         # fp32 means fp32: TF32 convolutions/matmuls would drift from the CPU reference.
         torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = settings.precision != "fp32"
-    preprocess = Preprocess(loaded.preprocessing)
+    preprocess = Preprocess(loaded.preprocessing, settings.fast_decode)
+    if settings.fast_decode and preprocess.draft is None:
+        log.warning("--fast-decode needs a resize in the preprocessing; decoding every image whole.")
     layers = resolve(list(settings.layers), probe(loaded.module, (3, *preprocess.size)), settings.model)
     return loaded, preprocess, layers
 
 
 def _run_batches(settings, images, preprocess, capture, device, writer, progress, stop, start, owned_files) -> None:
     dataset = ImageDataset(images, preprocess, gpu_jpegs=resolve_decode(settings.decode, device, preprocess) == "gpu")
-    loader = make_loader(dataset, start, settings.batch_size, settings.num_workers, pin_memory=device.type == "cuda",
-                         owned_files=owned_files)
+    loader = make_loader(dataset, start, settings.batch_size, choose_workers(settings.num_workers),
+                         pin_memory=device.type == "cuda", owned_files=owned_files)
     autocast = _autocast(settings.precision, device)
     waiting = computing = 0.0
     with WriteBehind(writer) as sink:
@@ -321,6 +332,7 @@ def _attributes(settings: Settings, loaded, layers: list[Layer]) -> dict:
         "dtype": settings.dtype,
         "reduce": settings.reduce,
         "precision": settings.precision,
+        "fast_decode": settings.fast_decode,
         "featdump_version": __version__,
         "torch_version": str(torch.__version__),
         "torchvision_version": str(torchvision.__version__),

@@ -24,7 +24,7 @@ class Settings:
     weights: str = "DEFAULT"  # DEFAULT, a weights enum name, "none", or a checkpoint path
     seed: int = 0  # torch.manual_seed before building a model with weights "none"
     batch_size: int = 64
-    num_workers: int = 2  # DataLoader worker processes decoding images
+    num_workers: int | None = None  # DataLoader worker processes decoding images; None: the job's CPUs less one
     device: str = "auto"  # auto, cpu, cuda, cuda:N
     overwrite: bool = False  # start over even if OUTPUT or OUTPUT.partial exists
     on_error: str = "skip"  # what a bad image does: skip (recorded) or fail
@@ -33,6 +33,7 @@ class Settings:
     compression: str = "none"  # HDF5 filter of the feature datasets
     precision: str = "fp32"  # autocast precision of the forward pass
     decode: str = "auto"  # where JPEGs are decoded: cpu, gpu, or auto (gpu when on CUDA)
+    fast_decode: bool = False  # decode large JPEGs at a reduced scale (DCT scaling) before the exact resize
     space_check: bool = True  # refuse to start when the disk cannot hold the output
     command: str = ""  # the command line, recorded in the output
 
@@ -46,4 +47,5 @@ class Settings:
             "dtype": self.dtype,
             "reduce": self.reduce,
             "precision": self.precision,
+            "fast_decode": self.fast_decode,
         }

@@ -1,0 +1,118 @@
+"""--fast-decode on camera photos, and how many loader workers a job gets."""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import h5py
+import numpy as np
+import pytest
+import torch
+from PIL import Image, ImageOps
+from torchvision.models import get_model
+
+from featdump.data import Preprocess, available_memory, choose_workers, decode_bytes_per_worker, job_cpus
+from featdump.errors import ResumeMismatch
+from featdump.extraction import extract
+from featdump.models import default_preprocessing
+
+from .conftest import featdump_env, run_featdump, settings_for
+from .photos import camera_photo, write_camera_photos
+
+
+@pytest.fixture(scope="module")
+def photos(tmp_path_factory):
+    """Three 12 MP photos (one EXIF-rotated), a small JPEG and a large PNG (never decoded at a reduced scale)."""
+    root = tmp_path_factory.mktemp("photos")
+    write_camera_photos(root, 3, rotated_every=2)
+    camera_photo(7, (400, 300)).save(root / "small.jpg", quality=90)
+    camera_photo(8, (2400, 1800)).save(root / "large.png")
+    return root
+
+
+def features(h5path, layer="avgpool") -> dict:
+    with h5py.File(h5path, "r") as h5file:
+        return dict(zip(h5file["paths"].asstr()[:], h5file[f"features/{layer}"][:].reshape(-1, 512)))
+
+
+def manual_avgpool(paths) -> np.ndarray:
+    """resnet18 (seed 0) up to avgpool over the DEFAULT weights' transforms of each whole decoded image."""
+    transforms = default_preprocessing("resnet18")
+    torch.manual_seed(0)
+    model = get_model("resnet18", weights=None).eval()
+    model.fc = torch.nn.Identity()
+    batch = torch.stack([transforms(ImageOps.exif_transpose(Image.open(path)).convert("RGB")) for path in paths])
+    with torch.inference_mode():
+        return model(batch).numpy()
+
+
+def test_fast_decode_is_close_and_exact_path_unchanged(photos, tmp_path):
+    exact_out, fast_out = tmp_path / "exact.h5", tmp_path / "fast.h5"
+    for output, extra in ((exact_out, []), (fast_out, ["--fast-decode"])):
+        result = run_featdump("extract", "-m", "resnet18", "-w", "none", "-l", "avgpool", *extra, photos, output)
+        assert result.returncode == 0, result.stderr
+    exact, fast = features(exact_out), features(fast_out)
+    names = sorted(exact)
+    assert names == sorted(fast) and len(names) == 5
+    manual = manual_avgpool([photos / name for name in names])
+    np.testing.assert_allclose(np.stack([exact[name] for name in names]), manual, rtol=1e-5, atol=1e-6)
+    for name in names:
+        difference = np.linalg.norm(fast[name] - exact[name]) / np.linalg.norm(exact[name])
+        if name.startswith("photo_"):
+            assert 0 < difference < 0.01, (name, difference)  # decoded at 1/4 scale: close, not equal
+        else:
+            np.testing.assert_array_equal(fast[name], exact[name])  # too small for a reduced scale, or not a JPEG
+    with h5py.File(fast_out, "r") as h5file:
+        assert bool(h5file.attrs["fast_decode"]) is True
+
+
+def test_fast_decode_is_part_of_the_fingerprint(photos, tmp_path):
+    output = tmp_path / "out.h5"
+    settings = settings_for(photos, output, fast_decode=True)
+
+    class CrashAfterFirstBatch:
+        def start(self, total, done): pass
+        def advance(self, images): raise RuntimeError("crash")
+        def close(self): pass
+
+    with pytest.raises(RuntimeError):
+        extract(settings, CrashAfterFirstBatch())
+    with pytest.raises(ResumeMismatch, match="fast_decode: true when started, false now"):
+        extract(settings_for(photos, output, fast_decode=False))
+
+
+def test_draft_size_is_twice_the_resize():
+    assert Preprocess(default_preprocessing("resnet18"), fast_decode=True).draft == (512, 512)
+    assert Preprocess(default_preprocessing("vit_b_16"), fast_decode=True).draft == (512, 512)
+    assert Preprocess(default_preprocessing("resnet18")).draft is None
+
+
+def test_workers_follow_slurm_then_the_affinity_mask(monkeypatch):
+    monkeypatch.setenv("SLURM_CPUS_PER_TASK", "6")
+    assert job_cpus() == (6, "SLURM_CPUS_PER_TASK") and choose_workers(None) == 5
+    monkeypatch.setenv("SLURM_CPUS_PER_TASK", "1")
+    assert choose_workers(None) == 1  # never zero workers by default
+    monkeypatch.delenv("SLURM_CPUS_PER_TASK")
+    assert choose_workers(None) == max(1, len(os.sched_getaffinity(0)) - 1)
+    assert choose_workers(0) == 0 and choose_workers(3) == 3  # an explicit count is kept
+
+
+def test_workers_are_bounded_by_memory(monkeypatch, caplog):
+    monkeypatch.setenv("SLURM_CPUS_PER_TASK", "64")
+    free = available_memory()
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", free // 9 // 2 + 1)  # one decode could take half of it
+    assert free // 2 < decode_bytes_per_worker() <= free // 2 + 9
+    with caplog.at_level(logging.INFO, logger="featdump"):
+        automatic = choose_workers(None)
+        explicit = choose_workers(8)
+    assert automatic == 1 and explicit == 8
+    assert "Using 1 loader workers instead of 63" in caplog.text
+    assert "8 loader workers could each take" in caplog.text and "lower -j to 1" in caplog.text
+
+
+def test_chosen_worker_count_is_printed_with_verbose(photos, tmp_path):
+    result = run_featdump("-v", "extract", "-m", "resnet18", "-w", "none", "-l", "avgpool", photos,
+                          tmp_path / "o.h5", env=featdump_env(SLURM_CPUS_PER_TASK="3"))
+    assert result.returncode == 0, result.stderr
+    assert "Using 2 loader workers: 3 CPUs (SLURM_CPUS_PER_TASK), one left to the main process." in result.stderr
