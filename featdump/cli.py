@@ -50,7 +50,7 @@ def _fail(message: str, exit_code: int):
 @click.option("-v", "--verbose", count=True, help="More detail: -v stage timings and skipped images, -vv tracebacks.")
 @click.option("-q", "--quiet", is_flag=True, help="Only errors and the final summary.")
 def main(verbose: int, quiet: bool) -> None:
-    """Dump intermediate activations of torchvision models over image folders into HDF5.
+    """Dump intermediate activations of vision models (torchvision, timm, your own) over images into HDF5.
 
     \b
     featdump list-layers resnet18
@@ -64,7 +64,9 @@ def main(verbose: int, quiet: bool) -> None:
 @click.argument("model")
 @click.option("--depth", type=click.IntRange(min=1), help="Show modules down to this depth only.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object per module instead of a tree.")
-def list_layers(model: str, depth: int | None, as_json: bool) -> None:
+@click.option("--transform", metavar="MODULE:CALLABLE", help="Preprocessing (sets the input size), as for extract.")
+@click.option("--trust-pickle", is_flag=True, help="Allow MODEL to be a pickled whole-model file (runs its code).")
+def list_layers(model: str, depth: int | None, as_json: bool, transform: str | None, trust_pickle: bool) -> None:
     """List every module path of MODEL with its type, output shape and calls per forward.
 
     Shapes come from one dry forward of a randomly initialised MODEL on a dummy batch of its
@@ -75,7 +77,7 @@ def list_layers(model: str, depth: int | None, as_json: bool) -> None:
     from featdump.layers import probe
     from featdump.models import load_model
 
-    loaded = load_model(model, weights="none")
+    loaded = load_model(model, weights="none", transform=transform, trust_pickle=trust_pickle)
     size = Preprocess(loaded.preprocessing).size
     infos = [info for info in probe(loaded.module, (3, *size)) if depth is None or info.depth <= depth]
     if as_json:
@@ -112,12 +114,18 @@ def _split_layers(ctx, param, values: tuple[str, ...]) -> tuple[str, ...]:
 @main.command()
 @click.argument("images", type=click.Path(exists=True, file_okay=False, path_type=Path))
 @click.argument("output", type=click.Path(dir_okay=False, path_type=Path))
-@click.option("-m", "--model", required=True, help="torchvision model name, e.g. resnet50.")
+@click.option("-m", "--model", required=True,
+              help="resnet50 (torchvision), timm:NAME, package.module:callable (your factory), or a saved model file.")
 @click.option("-l", "--layers", required=True, multiple=True, callback=_split_layers,
               help="Comma-separated layer paths (PATH or PATH:K for the K-th call); repeatable.")
 @click.option("-w", "--weights", default="DEFAULT", show_default=True,
               help="DEFAULT, a weights name (e.g. IMAGENET1K_V2), none, or a checkpoint file.")
 @click.option("--seed", default=0, show_default=True, type=int, help="Seed of the random network for --weights none.")
+@click.option("--transform", metavar="MODULE:CALLABLE",
+              help="Preprocessing: a transform, or a function/class making one.  [default: the model's own; for "
+                   "factories and files ResNet18_Weights.DEFAULT.transforms()]")
+@click.option("--trust-pickle", is_flag=True,
+              help="Allow --model to be a whole model saved with torch.save(model): unpickling runs its code.")
 @click.option("-b", "--batch-size", default=64, show_default=True, type=click.IntRange(min=1))
 @click.option("-j", "--num-workers", type=click.IntRange(min=0),
               help="DataLoader worker processes decoding images.  [default: the job's CPUs less one: "
@@ -137,6 +145,16 @@ def _split_layers(ctx, param, values: tuple[str, ...]) -> tuple[str, ...]:
 @click.option("--on-error", type=click.Choice(ON_ERROR), default="skip", show_default=True,
               help="A bad image is skipped and recorded, or stops the run.")
 @click.option("--overwrite", is_flag=True, help="Replace an existing output (or partial output).")
+@click.option("--update", is_flag=True,
+              help="OUTPUT exists: extract only the images it lacks and append them (cron); rows it has stay.")
+@click.option("--shard", metavar="K/N",
+              help="Extract part K (0-based) of N of the sorted images into OUTPUT's shard file; `none` turns off "
+                   "the detection of SLURM job arrays and torchrun, which shard by themselves.")
+@click.option("--shard-pattern", metavar="PATTERN",
+              help="Shard file names with {k} and {n}, relative to OUTPUT's folder.  "
+                   "[default: OUT.shard-{k}-of-{n}.h5]")
+@click.option("--merge-timeout", type=click.FloatRange(min=1), default=3600, show_default=True,
+              help="Under torchrun, seconds rank 0 waits for every rank to finish before merging the shards.")
 @click.option("--no-space-check", is_flag=True, help="Start even if the disk looks too small for the output.")
 def extract(images: Path, output: Path, **options) -> None:
     """Extract the activations of --layers for every image under IMAGES into the HDF5 file OUTPUT.
@@ -150,15 +168,37 @@ def extract(images: Path, output: Path, **options) -> None:
 
     settings = Settings(
         model=options["model"], layers=options["layers"], images=images, output=output,
-        weights=options["weights"], seed=options["seed"], batch_size=options["batch_size"],
+        weights=options["weights"], seed=options["seed"], transform=options["transform"],
+        trust_pickle=options["trust_pickle"], batch_size=options["batch_size"],
         num_workers=options["num_workers"], device=options["device"], overwrite=options["overwrite"],
         on_error=options["on_error"], dtype=options["dtype"], reduce=options["reduce"],
         compression=options["compression"], precision=options["precision"], decode=options["decode"],
-        fast_decode=options["fast_decode"],
+        fast_decode=options["fast_decode"], update=options["update"], shard=options["shard"],
+        shard_pattern=options["shard_pattern"], merge_timeout=options["merge_timeout"],
         space_check=not options["no_space_check"], command=shlex.join(["featdump", *sys.argv[1:]]),
     )
     summary = run_extraction(settings, _progress())
     click.echo(summary.line(), err=True)
+
+
+@main.command()
+@click.argument("output", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--shard-pattern", metavar="PATTERN", help="Shard file names with {k} and {n}, as given to extract.")
+@click.option("--copy", is_flag=True, help="Write a self-contained file instead of virtual datasets over the shards.")
+@click.option("--overwrite", is_flag=True, help="Replace an existing OUTPUT.")
+def merge(output: Path, shard_pattern: str | None, copy: bool, overwrite: bool) -> None:
+    """Join the finished shards of OUTPUT (OUTPUT.shard-K-of-N.h5) into OUTPUT.
+
+    Checks that all N shards exist, are finished and were made with one configuration, then writes
+    OUTPUT with virtual datasets over the shards' features (instant; keep the shards beside it) and
+    the paths, labels and skipped images joined in order. The result reads like one run's output.
+    """
+    from featdump.merge import merge as merge_shards
+
+    started = time.perf_counter()
+    merged = merge_shards(output, shard_pattern, copy=copy, overwrite=overwrite)
+    click.echo(f"Merged into {merged} in {time.perf_counter() - started:.1f} s"
+               f"{' (self-contained copy)' if copy else ' (virtual datasets over the shards)'}.", err=True)
 
 
 @main.command()

@@ -20,6 +20,7 @@ import torch
 from PIL import Image, ImageOps
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
+from torchvision.transforms import Resize
 from torchvision.transforms import functional as F
 from torchvision.transforms._presets import ImageClassification
 
@@ -42,16 +43,33 @@ class ImageList:
     def __len__(self) -> int:
         return len(self.paths)
 
-    def digest(self) -> str:
-        """A hash of the paths and file sizes: changes when an image is added, removed or replaced."""
+    def digest(self, sizes: bool = True) -> str:
+        """A hash of the paths (and file sizes): changes when an image is added, removed (or replaced)."""
         digest = hashlib.sha256()
         for relative in self.paths:
-            try:
-                size = os.stat(self.root / relative).st_size
-            except OSError:
-                size = -1
+            size = ""
+            if sizes:
+                try:
+                    size = os.stat(self.root / relative).st_size
+                except OSError:
+                    size = -1
             digest.update(f"{relative}\0{size}\n".encode("utf-8", "surrogateescape"))
         return digest.hexdigest()
+
+    def part(self, start: int, stop: int) -> ImageList:
+        """Images START..STOP-1 (a shard), labelled against the whole list's classes."""
+        return ImageList(self.root, self.paths[start:stop], self.labels[start:stop], self.classes)
+
+    def without(self, known: set[str], classes: tuple[str, ...]) -> ImageList:
+        """The images whose paths are not in KNOWN, labelled against CLASSES extended by any new class folder
+        (appended, so that labels already written keep their meaning)."""
+        paths = tuple(path for path in self.paths if path not in known)
+        new_classes = sorted({self.classes[label] for path, label in zip(self.paths, self.labels)
+                              if path not in known and label >= 0} - set(classes))
+        classes = (*classes, *new_classes) if self.classes else classes
+        index = {name: i for i, name in enumerate(classes)}
+        labels = tuple(index[path.split("/", 1)[0]] if self.classes else -1 for path in paths)
+        return ImageList(self.root, paths, labels, classes)
 
 
 def find_images(root: Path) -> ImageList:
@@ -149,16 +167,23 @@ class Preprocess:
     def __init__(self, transforms: nn.Module, fast_decode: bool = False):
         self.transforms = transforms
         self.split = isinstance(transforms, ImageClassification)
-        crop = getattr(transforms, "crop_size", [224])
-        self.size = (crop[0], crop[-1])
-        self.draft = self._draft_size() if fast_decode else None
+        if self.split:
+            self.size = (transforms.crop_size[0], transforms.crop_size[-1])
+        else:  # any other transform: the size it makes of a photo-shaped image
+            self.size = tuple(transforms(Image.new("RGB", (640, 480))).shape[-2:])
+        resize = self._resize_target()
+        self.draft = (2 * resize, 2 * resize) if fast_decode and resize else None
 
-    def _draft_size(self) -> tuple[int, int] | None:
-        """Twice the resize target on both sides: the least a JPEG is decoded at with --fast-decode."""
-        resize = getattr(self.transforms, "resize_size", None)
-        if not self.split or not resize:
-            return None
-        return (2 * max(resize), 2 * max(resize))
+    def _resize_target(self) -> int | None:
+        """The size the preprocessing resizes to (its largest side value), if it starts with a resize."""
+        if self.split:
+            return max(self.transforms.resize_size) if self.transforms.resize_size else None
+        steps = getattr(self.transforms, "transforms", [self.transforms])
+        for step in steps:
+            if isinstance(step, Resize):
+                size = step.size if isinstance(step.size, (list, tuple)) else [step.size]
+                return max(size)
+        return None
 
     def pixels(self, image: Image.Image) -> np.ndarray:
         if not self.split:
@@ -187,6 +212,7 @@ class Batch:
     failures: list[tuple[int, str]]  # (source position, reason) of images that could not be used
     end: int  # one past the last source position of this batch
     encoded: list[tuple[int, np.ndarray]] = field(default_factory=list)  # JPEG bytes left to the GPU
+    file_stats: dict[int, tuple[int, int]] = field(default_factory=dict)  # position: (size, mtime_ns) when read
 
     @property
     def size(self) -> int:
@@ -201,8 +227,9 @@ class Batch:
 
 
 class ImageDataset(Dataset):
-    """Item i: (i, "pixels", array) for a decoded image, (i, "jpeg", bytes) for one left to the GPU,
-    (i, "failed", reason) for a bad one. Workers return numpy arrays, never many small tensors."""
+    """Item i: (i, "pixels", array, stat) for a decoded image, (i, "jpeg", bytes, stat) for one left to the
+    GPU, (i, "failed", reason, stat) for a bad one; stat is the file's (size, mtime_ns) when it was read.
+    Workers return numpy arrays, never many small tensors."""
 
     def __init__(self, images: ImageList, preprocess: Preprocess, gpu_jpegs: bool = False):
         self.images = images
@@ -214,19 +241,23 @@ class ImageDataset(Dataset):
 
     def __getitem__(self, position: int):
         path = self.images.root / self.images.paths[position]
+        file_stat = (-1, -1)
         try:
-            _check_regular_file(path)
+            found = _check_regular_file(path)
+            file_stat = (found.st_size, found.st_mtime_ns)
             if self.gpu_jpegs and path.suffix.lower() in JPEG_EXTENSIONS and _plain_jpeg(path, self.preprocess.draft):
-                return position, "jpeg", np.fromfile(path, dtype=np.uint8)
-            return position, "pixels", self.preprocess.pixels(open_rgb(path, self.preprocess.draft))
+                return position, "jpeg", np.fromfile(path, dtype=np.uint8), file_stat
+            return position, "pixels", self.preprocess.pixels(open_rgb(path, self.preprocess.draft)), file_stat
         except Exception as error:  # any decoding failure is recorded, not raised
-            return position, "failed", describe_failure(error)
+            return position, "failed", describe_failure(error), file_stat
 
 
-def _check_regular_file(path: Path) -> None:
-    """Raise unless PATH (followed through links) is a regular file: a FIFO or device would block a read."""
-    if not stat.S_ISREG(os.stat(path).st_mode):
+def _check_regular_file(path: Path) -> os.stat_result:
+    """PATH's stat, or raise unless it (followed through links) is a regular file: a FIFO would block a read."""
+    found = os.stat(path)
+    if not stat.S_ISREG(found.st_mode):
         raise OSError("not a regular file (a pipe, socket or device)")
+    return found
 
 
 def _plain_jpeg(path: Path, draft: tuple[int, int] | None = None) -> bool:
@@ -242,14 +273,15 @@ def _plain_jpeg(path: Path, draft: tuple[int, int] | None = None) -> bool:
 
 def collate(items) -> Batch:
     """Stack the decoded images into one tensor (one shared-memory handle per batch, not per image)."""
-    decoded = [(position, payload) for position, kind, payload in items if kind == "pixels"]
+    decoded = [(position, payload) for position, kind, payload, _ in items if kind == "pixels"]
     pixels = torch.from_numpy(np.stack([payload for _, payload in decoded])) if decoded else None
     return Batch(
         positions=[position for position, _ in decoded],
         pixels=pixels,
-        failures=[(position, payload) for position, kind, payload in items if kind == "failed"],
+        failures=[(position, payload) for position, kind, payload, _ in items if kind == "failed"],
         end=items[-1][0] + 1,
-        encoded=[(position, payload) for position, kind, payload in items if kind == "jpeg"],
+        encoded=[(position, payload) for position, kind, payload, _ in items if kind == "jpeg"],
+        file_stats={position: file_stat for position, _, _, file_stat in items},
     )
 
 

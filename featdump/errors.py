@@ -17,6 +17,10 @@ class UnknownModel(UsageProblem):
     """No torchvision classification model has this name."""
 
 
+class UnsupportedModel(UsageProblem):
+    """The model exists but is not one featdump can read activations from as it is."""
+
+
 class InvalidWeights(UsageProblem):
     """The --weights value is neither DEFAULT, none, a weights name nor a readable checkpoint."""
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import json
 import logging
 import os
 import queue
@@ -15,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+import h5py
 import torch
 import torchvision
 
@@ -35,7 +38,9 @@ from featdump.layers import Layer, probe, resolve
 from featdump.models import check_model_name, load_model
 from featdump.reductions import reduced_shape, snapshot
 from featdump.settings import Settings
-from featdump.writer import DatasetSpec, FeatureWriter, OutputLock, partial_path
+from featdump.shards import Shard, choose_shard
+from featdump.update import plan_update
+from featdump.writer import DatasetSpec, FeatureWriter, OutputLock
 
 log = logging.getLogger("featdump")
 
@@ -72,42 +77,114 @@ class Summary:
     resumed_from: int  # source position this run started at
     seconds: float
     size_bytes: int
+    stale: int = 0  # rows whose image disappeared or changed (--update)
+
+    @classmethod
+    def of_finished(cls, output: Path, seconds: float) -> Summary:
+        """A finished output this run found done (a shard of a re-submitted array)."""
+        with h5py.File(output, "r") as h5file:
+            rows, _, skipped = (int(value) for value in h5file.attrs["committed"])
+        return cls(output, rows, skipped, 0, 0, seconds, output.stat().st_size)
 
     def line(self) -> str:
+        if self.processed == 0:
+            return (f"Nothing new: {self.output} already holds {self.rows} images ({self.skipped} skipped)"
+                    f"{self._stale_note()}.")
         rate = self.processed / self.seconds if self.seconds > 0 else 0.0
         resumed = f", resumed at image {self.resumed_from}" if self.resumed_from else ""
         return (
             f"Wrote {self.rows} images ({self.skipped} skipped) to {self.output} in {self.seconds:.1f} s "
-            f"({rate:.1f} img/s{resumed}), {_human_bytes(self.size_bytes)}."
+            f"({rate:.1f} img/s{resumed}), {_human_bytes(self.size_bytes)}{self._stale_note()}."
         )
+
+    def _stale_note(self) -> str:
+        if not self.stale:
+            return ""
+        return f"; {self.stale} rows are stale (image gone or changed since; listed by featdump info)"
 
 
 def extract(settings: Settings, progress: Progress | None = None) -> Summary:
-    """Run SETTINGS: every image through the model, the selected layers into the HDF5 output."""
+    """Run SETTINGS: every image through the model, the selected layers into the HDF5 output.
+
+    Under --shard (or a SLURM array / torchrun) only this process's part of the images, into its shard
+    file; under torchrun rank 0 then merges the shards once every rank is done.
+    """
     progress = progress or _NoProgress()
     started = time.perf_counter()
     check_model_name(settings.model)
     images = find_images(settings.images)
-    lock = OutputLock.acquire(settings.output, settings.overwrite)
+    shard = choose_shard(settings.shard)
+    extra_fingerprint, whole_output = {}, settings.output
+    if shard is not None:
+        settings, images, extra_fingerprint = _as_shard(settings, images, shard)
+        if settings.output.exists() and not settings.overwrite:
+            log.info("Shard %d of %d is already finished: %s.", shard.index, shard.count, settings.output)
+            summary = Summary.of_finished(settings.output, time.perf_counter() - started)
+            _merge_when_all_ranks_done(whole_output, settings, shard)
+            return summary
+    lock = OutputLock.acquire(settings.output, settings.overwrite or settings.update)
     try:
-        return _extract_locked(settings, images, lock, progress, started)
+        summary = _extract_locked(settings, images, lock, progress, started, extra_fingerprint)
     finally:
         lock.release()
+    if shard is not None:
+        _merge_when_all_ranks_done(whole_output, settings, shard)
+    return summary
+
+
+def _as_shard(settings: Settings, images: ImageList, shard: Shard):
+    """This shard's settings (its own output, its GPU under torchrun), its images, and what its file records."""
+    start, stop = shard.bounds(len(images))
+    output = shard.path(settings.output, settings.shard_pattern)
+    log.info("Shard %d of %d (from %s): images %d to %d of %d, into %s.", shard.index, shard.count, shard.source,
+             start, stop - 1, len(images), output)
+    changes = {"output": output}
+    if shard.local_rank is not None and settings.device in ("auto", "cuda") and torch.cuda.is_available():
+        changes["device"] = f"cuda:{shard.local_rank}"
+    extra = {"shard": [shard.index, shard.count], "all_images": images.digest(sizes=False),
+             "all_image_count": len(images)}
+    return dataclasses.replace(settings, **changes), images.part(start, stop), extra
+
+
+def _merge_when_all_ranks_done(output: Path, settings: Settings, shard: Shard) -> None:
+    """Under torchrun: wait for every rank (a barrier with a timeout), then rank 0 merges the shards into OUTPUT."""
+    if shard.local_rank is None:
+        return
+    from featdump.merge import merge, wait_for_all_ranks
+
+    wait_for_all_ranks(settings.merge_timeout)
+    if shard.index == 0:
+        merge(output, settings.shard_pattern, overwrite=settings.overwrite or settings.update)
+        log.info("Merged %d shards into %s.", shard.count, output)
 
 
 def _extract_locked(settings: Settings, images: ImageList, lock: OutputLock, progress: Progress,
-                    started: float) -> Summary:
+                    started: float, extra_fingerprint: dict) -> Summary:
     device = resolve_device(settings.device)
     loaded, preprocess, layers = _prepare_model(settings, device)
     specs = {layer.name: DatasetSpec(reduced_shape(settings.reduce, layer.shape, layer.name), settings.dtype)
              for layer in layers}
-    _report_size(settings, specs, len(images))
-    writer = FeatureWriter.open(
-        settings.output, specs, _fingerprint(settings, images, preprocess, device),
-        _attributes(settings, loaded, layers), list(images.classes), settings.batch_size,
-        settings.compression, settings.overwrite, lock,
-    )
-    start = writer.committed_images
+    fingerprint = {**_fingerprint(settings, images, preprocess, device), "model_source": loaded.source,
+                   **extra_fingerprint}
+    stale: list[tuple[str, str]] = []
+    if settings.update and settings.output.exists() and not settings.overwrite:
+        writer = FeatureWriter.open_finished(settings.output, fingerprint, lock)
+        all_images, (images, stale) = images, plan_update(writer, images)
+        _report_size(settings, specs, len(images))
+        writer.begin_update({**fingerprint, "image_count": writer.committed_images + len(images)},
+                            list(images.classes), stale)
+        base = writer.committed_images
+        log.info("Updating %s: %d new images, %d rows already there%s.", settings.output, len(images),
+                 writer.committed_rows, f", {len(stale)} of them stale (see featdump info)" if stale else "")
+    else:
+        all_images = images
+        _report_size(settings, specs, len(images))
+        writer = FeatureWriter.open(
+            settings.output, specs, fingerprint, _attributes(settings, loaded, layers), list(images.classes),
+            settings.batch_size, settings.compression, settings.overwrite, lock,
+        )
+        base = 0
+    start = writer.committed_images - base
     if start:
         log.info("Resuming at image %d of %d (%d rows committed).", start, len(images), writer.committed_rows)
     try:
@@ -116,26 +193,26 @@ def _extract_locked(settings: Settings, images: ImageList, lock: OutputLock, pro
                           example=example)
         with _StopSignals() as stop, capture:
             progress.start(len(images), start)
-            _run_batches(settings, images, preprocess, capture, device, writer, progress, stop, start,
-                         owned_files=(partial_path(settings.output), *([lock.path] if lock.path else [])))
+            _run_batches(settings, images, preprocess, capture, device, writer, progress, stop, start, base,
+                         owned_files=(writer.path, *([lock.path] if lock.path else [])))
         if stop.signal_number is not None:
             raise Interrupted(
-                f"Stopped by {signal.Signals(stop.signal_number).name} after {writer.committed_images} of "
+                f"Stopped by {signal.Signals(stop.signal_number).name} after {writer.committed_images - base} of "
                 f"{len(images)} images; run the same command again to resume.",
                 stop.signal_number,
             )
         rows, skipped = writer.committed_rows, writer.committed_skipped
-        output = writer.finish()
+        output = writer.finish(all_images.digest())
     finally:
         progress.close()
         writer.close()
     return Summary(output, rows, skipped, len(images) - start, start, time.perf_counter() - started,
-                   output.stat().st_size)
+                   output.stat().st_size, stale=len(stale))
 
 
 def _prepare_model(settings: Settings, device: torch.device):
     """The loaded model on DEVICE, its split preprocessing, and the validated layers."""
-    loaded = load_model(settings.model, settings.weights, settings.seed)
+    loaded = load_model(settings.model, settings.weights, settings.seed, settings.transform, settings.trust_pickle)
     loaded.module = loaded.module.to(device)
     if device.type == "cuda":
         loaded.module = loaded.module.to(memory_format=torch.channels_last)
@@ -148,13 +225,14 @@ def _prepare_model(settings: Settings, device: torch.device):
     return loaded, preprocess, layers
 
 
-def _run_batches(settings, images, preprocess, capture, device, writer, progress, stop, start, owned_files) -> None:
+def _run_batches(settings, images, preprocess, capture, device, writer, progress, stop, start, base,
+                 owned_files) -> None:
     dataset = ImageDataset(images, preprocess, gpu_jpegs=resolve_decode(settings.decode, device, preprocess) == "gpu")
     loader = make_loader(dataset, start, settings.batch_size, choose_workers(settings.num_workers),
                          pin_memory=device.type == "cuda", owned_files=owned_files)
     autocast = _autocast(settings.precision, device)
     waiting = computing = 0.0
-    with WriteBehind(writer) as sink:
+    with WriteBehind(writer, base) as sink:
         tick = time.perf_counter()
         # A plain for loop: on an error the iterator goes with the frame's stack and shuts its workers down.
         for batch in loader:
@@ -191,8 +269,9 @@ def _check_failures(batch: Batch, images: ImageList, on_error: str) -> None:
 class WriteBehind:
     """Writes batches on a background thread behind a bounded queue; its errors surface in the loop."""
 
-    def __init__(self, writer: FeatureWriter, depth: int = 3):
+    def __init__(self, writer: FeatureWriter, base: int = 0, depth: int = 3):
         self._writer = writer
+        self._base = base  # images the file held before this run's list (an update's)
         self._queue: queue.Queue = queue.Queue(maxsize=depth)
         self._error: BaseException | None = None
         self.seconds = 0.0  # time spent writing
@@ -211,7 +290,8 @@ class WriteBehind:
             copied.record()
         item = (host, copied, [images.paths[p] for p in batch.positions],
                 [images.labels[p] for p in batch.positions],
-                [(images.paths[p], reason) for p, reason in batch.failures], batch.end)
+                [(images.paths[p], reason) for p, reason in batch.failures], self._base + batch.end,
+                [batch.file_stats.get(p, (-1, -1)) for p in batch.positions])
         while True:
             self._raise_if_failed()
             try:
@@ -239,13 +319,13 @@ class WriteBehind:
         while (item := self._queue.get()) is not None:
             if self._error is not None:
                 continue  # drain: the main thread raises the error at its next put
-            host, copied, paths, labels, skipped, images_done = item
+            host, copied, paths, labels, skipped, images_done, file_stats = item
             started = time.perf_counter()
             try:
                 if copied is not None:
                     copied.synchronize()
                 arrays = {name: tensor.numpy() for name, tensor in host.items()}
-                self._writer.append(arrays, paths, labels, skipped, images_done)
+                self._writer.append(arrays, paths, labels, skipped, images_done, file_stats)
             except BaseException as error:  # handed to the main thread, which raises it
                 self._error = error
             self.seconds += time.perf_counter() - started
@@ -325,6 +405,7 @@ def _attributes(settings: Settings, loaded, layers: list[Layer]) -> dict:
     return {
         "model": settings.model,
         "weights": loaded.weights,
+        "model_source": json.dumps(loaded.source, sort_keys=True),
         "seed": settings.seed,
         "layers": [layer.name for layer in layers],
         "preprocessing": repr(loaded.preprocessing),

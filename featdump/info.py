@@ -11,13 +11,52 @@ from featdump.errors import NotAnOutput
 from featdump.writer import partial_path
 
 
+def _merged_lines(path: Path, attrs) -> list[str]:
+    shards = [str(name) for name in attrs["merged_from"]]
+    kind = "virtual datasets reading the shards" if attrs.get("virtual", False) else "a self-contained copy"
+    lines = [f"merged:     {len(shards)} shards, {kind}"]
+    if attrs.get("virtual", False):
+        missing = [name for name in shards if not (path.parent / name).exists()]
+        if missing:
+            lines.append(f"  missing shard files (their rows read as zeros): {', '.join(missing)}")
+    return lines
+
+
+def _stale_lines(h5file: h5py.File) -> list[str]:
+    if "stale" not in h5file or not len(h5file["stale/paths"]):
+        return []
+    stale = list(zip(h5file["stale/paths"].asstr()[:], h5file["stale/reasons"].asstr()[:]))
+    lines = [f"stale:      {len(stale)} rows whose image disappeared or changed since it was read "
+             "(kept; --overwrite recomputes)"]
+    lines += [f"  {name}: {reason}" for name, reason in stale[:20]]
+    if len(stale) > 20:
+        lines.append(f"  ... and {len(stale) - 20} more (h5py: f['stale/paths'], f['stale/reasons'])")
+    return lines
+
+
+def describe_shards(output: Path) -> list[str]:
+    """Lines on the shards of an OUTPUT not merged yet (none: no shard found)."""
+    from featdump.merge import ShardProblem, find_shards
+
+    try:
+        find_shards(output)
+        return [f"{output}: not merged yet; all shards are finished: run `featdump merge {output}`"]
+    except ShardProblem as problem:
+        if str(problem).startswith("No shards"):
+            return []
+        return [f"{output}: not merged yet. {problem}"]
+
+
 def describe(output: Path) -> list[str]:
     """Lines saying what OUTPUT (or OUTPUT.partial) holds and how far its run got."""
     path = Path(output)
     if not path.exists() and partial_path(path).exists():
         path = partial_path(path)
     if not path.exists():
-        raise NotAnOutput(f"No file {str(output)!r} (nor {str(partial_path(Path(output)))!r}).")
+        shards = describe_shards(path)
+        if shards:
+            return shards
+        raise NotAnOutput(f"No file {str(output)!r} (nor {str(partial_path(Path(output)))!r}, nor shards of it).")
     try:
         h5file = h5py.File(path, "r")
     except OSError as error:
@@ -34,6 +73,17 @@ def describe(output: Path) -> list[str]:
             f"complete:   {'yes' if complete else 'no'}",
             f"rows:       {rows}",
         ]
+        fingerprint = json.loads(attrs.get("fingerprint", "{}"))
+        if "shard" in fingerprint:
+            index, count = fingerprint["shard"]
+            lines.append(f"shard:      {index} of {count} (0-based) of {fingerprint.get('all_image_count')} images; "
+                         "`featdump merge` joins the shards")
+        if "merged_from" in attrs:
+            lines += _merged_lines(path, attrs)
+        if attrs.get("updating", False):
+            lines.append("update:     interrupted (or running): the rows shown are valid; run the same "
+                         "--update command again to finish it")
+        lines += _stale_lines(h5file)
         if not complete:
             total = json.loads(attrs.get("fingerprint", "{}")).get("image_count", "?")
             lines.append(f"progress:   {images_done} of {total} images done; "

@@ -1,118 +1,129 @@
-"""Models: build a torchvision classification model by name, weights and seed, with its preprocessing."""
+"""Models: build the nn.Module --model names, from any source, with its weights and preprocessing.
+
+    resnet50                   torchvision classification model   (sources/torchvision_models.py)
+    timm:convnext_tiny         timm model                         (sources/timm_models.py)
+    mypkg.nets:build           your factory returning an nn.Module (sources/factory.py)
+    model.pt                   a whole saved model, --trust-pickle (sources/files.py)
+"""
 
 from __future__ import annotations
 
-import difflib
-import urllib.error
-from dataclasses import dataclass
+import hashlib
+import logging
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-import torchvision
 from torch import nn
-from torchvision.models import get_model, get_model_weights, list_models
 
-from featdump.errors import InvalidWeights, UnknownModel, WeightsUnavailable
+from featdump.errors import InvalidWeights
+from featdump.sources import factory, files, timm_models, torchvision_models
+
+log = logging.getLogger("featdump")
+DEFAULT_TRANSFORM = "ResNet18_Weights.DEFAULT.transforms()"
 
 
 @dataclass
 class LoadedModel:
-    """A model in eval mode, the preprocessing its DEFAULT weights define, and what was loaded."""
+    """A model in eval mode, its preprocessing, what weights were loaded, and where it all came from."""
 
     module: nn.Module
-    preprocessing: nn.Module  # weights.transforms() of the model's DEFAULT weights
-    weights: str  # what was loaded: a weights enum, "none", or a checkpoint path
+    preprocessing: nn.Module  # a callable from a PIL image to a (C, H, W) tensor
+    weights: str  # what was loaded: a weights enum, "none", a checkpoint path, ...
+    source: dict = field(default_factory=dict)  # recorded and part of the resume fingerprint
 
 
-def classification_models() -> list[str]:
-    """Names of every torchvision classification model."""
-    return list_models(module=torchvision.models)
+def model_kind(name: str) -> str:
+    """torchvision, timm, factory or file, from the form of --model."""
+    if name.startswith("timm:"):
+        return "timm"
+    if files.looks_like_model_file(name):
+        return "file"
+    if ":" in name:
+        return "factory"
+    return "torchvision"
 
 
 def check_model_name(name: str) -> None:
-    """Raise UnknownModel, naming the closest models, unless NAME is a classification model."""
-    names = classification_models()
-    if name in names:
-        return
-    close = difflib.get_close_matches(name, names, n=5, cutoff=0.5)
-    hint = f" Did you mean: {', '.join(close)}?" if close else ""
-    raise UnknownModel(
-        f"Unknown model {name!r}.{hint} Any torchvision classification model works "
-        f"({len(names)} of them, e.g. resnet50, vit_b_16, convnext_tiny)."
-    )
+    """Fail fast (before any image is read) on a --model that names nothing loadable."""
+    kind = model_kind(name)
+    if kind == "torchvision":
+        torchvision_models.check_name(name)
+    elif kind == "timm":
+        timm_models.check_name(name.removeprefix("timm:"))
+    elif kind == "factory":
+        factory.import_object(name, "--model")
 
 
 def default_preprocessing(name: str) -> nn.Module:
-    """The transforms of the model's DEFAULT weights (used whatever weights are loaded)."""
-    return get_model_weights(name).DEFAULT.transforms()
+    """The transforms of a torchvision model's DEFAULT weights."""
+    return torchvision_models.default_preprocessing(name)
 
 
-def load_model(name: str, weights: str = "DEFAULT", seed: int = 0) -> LoadedModel:
-    """Build model NAME with WEIGHTS (DEFAULT, an enum name, 'none' or a checkpoint path), in eval mode.
+def load_model(name: str, weights: str = "DEFAULT", seed: int = 0, transform: str | None = None,
+               trust_pickle: bool = False) -> LoadedModel:
+    """Build --model NAME with WEIGHTS (DEFAULT, an enum name, 'none' or a checkpoint path), in eval mode.
 
-    With weights 'none' the network is `torch.manual_seed(seed); get_model(name, weights=None)`,
-    so the same random network can be rebuilt anywhere.
+    With weights 'none' the network is built right after `torch.manual_seed(seed)`, so the same random
+    network can be rebuilt anywhere. TRANSFORM ('package.module:callable') replaces the preprocessing.
     """
-    check_model_name(name)
-    preprocessing = default_preprocessing(name)
-    if weights.lower() == "none":
-        torch.manual_seed(seed)
-        module, label = get_model(name, weights=None), "none"
-    elif _looks_like_path(weights):
-        torch.manual_seed(seed)
-        module = get_model(name, weights=None)
-        _load_checkpoint(module, Path(weights))
-        label = str(Path(weights).resolve())
+    kind = model_kind(name)
+    checkpoint = Path(weights) if _looks_like_path(weights) else None
+    build_weights = "none" if checkpoint else weights
+    preprocessing = None
+    if kind == "torchvision":
+        torchvision_models.check_name(name)
+        module, label = torchvision_models.build(name, build_weights, seed)
+        preprocessing, source = default_preprocessing(name), {"source": "torchvision"}
+    elif kind == "timm":
+        module, preprocessing, label, source = timm_models.build(name.removeprefix("timm:"), build_weights, seed)
+    elif kind == "factory":
+        module, source = factory.build(name, seed)
+        label = "none" if weights.lower() == "none" else "as the factory builds it"
     else:
-        enum = _weights_enum(name, weights)
-        module, label = _pretrained(name, enum), f"{type(enum).__name__}.{enum.name}"
-    return LoadedModel(module.eval(), preprocessing, label)
+        module = files.build(name, trust_pickle)
+        label, source = "the saved model", {"source": "file", "sha256": file_digest(Path(name))}
+    if checkpoint is not None:
+        load_checkpoint(module, checkpoint)
+        label, source = str(checkpoint.resolve()), {**source, "checkpoint_sha256": file_digest(checkpoint)}
+    if transform:
+        preprocessing, source = factory.transform(transform), {**source, "transform": transform}
+    elif preprocessing is None:
+        log.info("No --transform for %s: using the ImageNet default %s (resize 256, crop 224, ImageNet mean/std).",
+                 name, DEFAULT_TRANSFORM)
+        preprocessing = default_preprocessing("resnet18")
+        source = {**source, "transform": DEFAULT_TRANSFORM}
+    return LoadedModel(module.eval(), preprocessing, label, source)
 
 
 def _looks_like_path(weights: str) -> bool:
-    return "/" in weights or weights.endswith((".pt", ".pth", ".bin", ".ckpt")) or Path(weights).exists()
+    suffixes = (".pt", ".pth", ".bin", ".ckpt", ".safetensors")
+    return "/" in weights or weights.endswith(suffixes) or Path(weights).exists()
 
 
-def _weights_enum(name: str, weights: str):
-    enum_class = get_model_weights(name)
-    if weights.upper() == "DEFAULT":
-        return enum_class.DEFAULT
-    choices = [member.name for member in enum_class]
-    if weights in choices:
-        return enum_class[weights]
-    raise InvalidWeights(
-        f"Unknown weights {weights!r} for {name}: use DEFAULT, none, a checkpoint file, "
-        f"or one of {', '.join(choices)}."
-    )
+def file_digest(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while chunk := handle.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
 
 
-def _pretrained(name: str, enum) -> nn.Module:
-    """The model with ENUM's weights, from torch's cache or downloaded; a clear error offline."""
-    try:
-        return get_model(name, weights=enum)
-    except (urllib.error.URLError, OSError) as error:
-        raise WeightsUnavailable(
-            f"Could not download the pretrained weights {type(enum).__name__}.{enum.name} "
-            f"({_reason(error)}). Pass --weights none for a randomly initialised network, "
-            "or --weights PATH for a local checkpoint."
-        ) from error
-
-
-def _reason(error: Exception) -> str:
+def first_sentence(error: BaseException) -> str:
     """The first sentence of an error's message (torch's can run to many lines)."""
     text = str(getattr(error, "reason", None) or error).strip() or type(error).__name__
     first = text.splitlines()[0]
     return first.split(". ")[0].rstrip(".")
 
 
-def _load_checkpoint(module: nn.Module, path: Path) -> None:
-    """Load a state dict saved as-is or under a 'state_dict' or 'model' key."""
+def load_checkpoint(module: nn.Module, path: Path) -> None:
+    """Load a state dict saved as-is or under a 'state_dict' or 'model' key (a 'module.' prefix dropped)."""
     if not path.is_file():
         raise InvalidWeights(f"Checkpoint {str(path)!r} does not exist.")
     try:
         checkpoint = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as error:  # torch.load raises many types for a bad file
-        raise InvalidWeights(f"Could not read checkpoint {str(path)!r}: {_reason(error)}.") from error
+        raise InvalidWeights(f"Could not read checkpoint {str(path)!r}: {first_sentence(error)}.") from error
     state = checkpoint
     if isinstance(checkpoint, dict):
         for key in ("state_dict", "model"):
@@ -121,7 +132,7 @@ def _load_checkpoint(module: nn.Module, path: Path) -> None:
                 break
     if not isinstance(state, dict):
         raise InvalidWeights(f"Checkpoint {str(path)!r} holds no state dict.")
-    state = {_strip_prefix(key): value for key, value in state.items()}
+    state = {key.removeprefix("module."): value for key, value in state.items()}
     try:
         module.load_state_dict(state)
     except RuntimeError as error:
@@ -129,8 +140,3 @@ def _load_checkpoint(module: nn.Module, path: Path) -> None:
         raise InvalidWeights(
             f"Checkpoint {str(path)!r} does not fit {type(module).__name__}: {first_line}"
         ) from error
-
-
-def _strip_prefix(key: str) -> str:
-    """Drop the 'module.' prefix DataParallel/DDP checkpoints carry."""
-    return key[len("module."):] if key.startswith("module.") else key

@@ -17,12 +17,14 @@ ON_ERROR = ("skip", "fail")
 class Settings:
     """What to extract, from what, into where, and how."""
 
-    model: str  # torchvision model name, e.g. "resnet18"
+    model: str  # torchvision name ("resnet18"), "timm:NAME", "package.module:callable" or a saved model file
     layers: tuple[str, ...]  # layer selectors, "PATH" or "PATH:K"
     images: Path  # root of the image folder
     output: Path  # the finished HDF5 file (written as OUTPUT.partial first)
     weights: str = "DEFAULT"  # DEFAULT, a weights enum name, "none", or a checkpoint path
     seed: int = 0  # torch.manual_seed before building a model with weights "none"
+    transform: str | None = None  # "package.module:callable" giving the preprocessing; None: the model's own
+    trust_pickle: bool = False  # allow unpickling a whole saved model (runs the code the file holds)
     batch_size: int = 64
     num_workers: int | None = None  # DataLoader worker processes decoding images; None: the job's CPUs less one
     device: str = "auto"  # auto, cpu, cuda, cuda:N
@@ -35,6 +37,10 @@ class Settings:
     decode: str = "auto"  # where JPEGs are decoded: cpu, gpu, or auto (gpu when on CUDA)
     fast_decode: bool = False  # decode large JPEGs at a reduced scale (DCT scaling) before the exact resize
     space_check: bool = True  # refuse to start when the disk cannot hold the output
+    shard: str | None = None  # "K/N", "none", or None: detect a SLURM array or torchrun
+    shard_pattern: str | None = None  # shard file names, with {k} and {n}; None: OUT.shard-K-of-N.h5
+    merge_timeout: float = 3600.0  # torchrun: seconds rank 0 waits for the other ranks before merging
+    update: bool = False  # append images new since OUTPUT was finished (cron), keeping its rows
     command: str = ""  # the command line, recorded in the output
 
     def fingerprint(self) -> dict:
@@ -43,6 +49,7 @@ class Settings:
             "model": self.model,
             "weights": self.weights,
             "seed": self.seed,
+            "transform": self.transform,
             "layers": list(self.layers),
             "dtype": self.dtype,
             "reduce": self.reduce,

@@ -6,6 +6,8 @@ Layout (plain h5py reads it):
     /raw_paths/rows, /raw_paths/bytes  the exact bytes of the names that are not UTF-8 (shown in /paths
                         with those bytes as \\xNN), by row
     /labels             (rows,) int64, attribute `classes`
+    /file_stats         (rows, 2) int64: each image's size and modification time (ns) when it was read
+    /stale/paths, /stale/reasons   rows whose image disappeared or changed, as found by the last --update
     /skipped/paths, /skipped/reasons   images that could not be used, and why (with /skipped/raw_paths)
     attributes          model, weights, ..., `complete`, and the commit counters below
 
@@ -31,9 +33,9 @@ from pathlib import Path
 import h5py
 import numpy as np
 
-from featdump.errors import OutputExists, OutputLocked, OutputWriteError, ResumeMismatch
+from featdump.errors import OutputExists, OutputLocked, OutputWriteError, ResumeMismatch, UsageProblem
 
-FORMAT = "featdump/1"
+FORMAT = "featdump/2"
 MIN_CHUNK_BYTES = 64 * 1024
 MAX_CHUNK_BYTES = 4 * 1024 * 1024
 _STRING = h5py.string_dtype("utf-8")
@@ -79,12 +81,22 @@ def chunk_shape(spec: DatasetSpec, batch_size: int) -> tuple[int, ...]:
 
 
 class FeatureWriter:
-    """Owns OUT.partial (and its lock) from open to finish; `append` writes and commits one batch."""
+    """Owns OUT.partial (and its lock) from open to finish; `append` writes and commits one batch.
 
-    def __init__(self, output: Path, h5file: h5py.File, lock: OutputLock):
+    With --update it owns a finished OUT instead, appending new rows under the same commit protocol:
+    the rows it had are never rewritten, and a kill leaves it readable with all of them.
+    """
+
+    def __init__(self, output: Path, h5file: h5py.File, lock: OutputLock, in_place: bool = False):
         self.output = output
         self._file = h5file
         self._lock = lock
+        self._in_place = in_place
+
+    @property
+    def path(self) -> Path:
+        """The file being written: OUT.partial, or OUT itself when updating."""
+        return self.output if self._in_place else partial_path(self.output)
 
     # -- opening ---------------------------------------------------------------------------------
 
@@ -116,6 +128,62 @@ class FeatureWriter:
             raise
         return cls(output, h5file, lock)
 
+    @classmethod
+    def open_finished(cls, output: Path, fingerprint: dict, lock: OutputLock) -> FeatureWriter:
+        """Reopen a finished OUT to append rows (--update), when it was made with the same configuration."""
+        try:
+            h5file = h5py.File(output, "r+", locking=lock.hdf5_locking)
+        except OSError as error:
+            lock.release()
+            raise OutputWriteError(f"{str(output)!r} cannot be opened to update it ({error}).") from error
+        try:
+            if "merged_from" in h5file.attrs:
+                raise UsageProblem(
+                    f"{str(output)!r} is a merged view over shards; --update works on one run's output. Write it "
+                    "self-contained with `featdump merge --copy`, or run the sharded job again over the new folder."
+                )
+            _check_fingerprint(h5file, output, fingerprint, ignore=("images", "image_count"))
+            _discard_uncommitted(h5file, int(json.loads(h5file.attrs["fingerprint"]).get("image_count", 0)))
+        except BaseException:
+            h5file.close()
+            lock.release()
+            raise
+        return cls(output, h5file, lock, in_place=True)
+
+    @property
+    def classes(self) -> list[str]:
+        return [name.decode() if isinstance(name, bytes) else str(name)
+                for name in self._file["labels"].attrs.get("classes", [])]
+
+    def known_paths(self) -> set[str]:
+        """Paths (as the image walk names them) of every committed row and skipped image."""
+        rows, skipped = self.committed_rows, self.committed_skipped
+        named = raw_paths(self._file)[:rows] + raw_paths(self._file, "skipped/")[:skipped]
+        return {os.fsdecode(name) for name in named}
+
+    def row_files(self) -> list[tuple[str, int, int]]:
+        """(path, size, mtime_ns) of every committed row when its image was read."""
+        rows = self.committed_rows
+        stats = self._file["file_stats"][:rows]
+        return [(os.fsdecode(name), int(size), int(mtime)) for name, (size, mtime)
+                in zip(raw_paths(self._file)[:rows], stats)]
+
+    def begin_update(self, fingerprint: dict, classes: list[str], stale: list[tuple[str, str]]) -> None:
+        """Record what this update will add (new image count, classes) and the stale rows it found, durably,
+        before the first new row: a kill from here on leaves a file that the next --update finishes."""
+        self._file.attrs["fingerprint"] = json.dumps(fingerprint, sort_keys=True)
+        self._file["labels"].attrs["classes"] = np.array([as_text(name) for name in classes], dtype=_STRING)
+        self._file.attrs["updating"] = True
+        if "stale" in self._file:
+            del self._file["stale"]
+        group = self._file.create_group("stale")
+        _create_paths(group, 256)
+        group.create_dataset("reasons", shape=(0,), maxshape=(None,), dtype=_STRING, chunks=(256,))
+        if stale:
+            _write_paths(self._file, "stale/", 0, [path for path, _ in stale])
+            _write_rows(group["reasons"], 0, len(stale), np.array([reason for _, reason in stale], dtype=object))
+        self._file.flush()
+
     # -- state -----------------------------------------------------------------------------------
 
     @property
@@ -140,6 +208,7 @@ class FeatureWriter:
         labels: list[int],
         skipped: list[tuple[str, str]],
         images_done: int,
+        file_stats: list[tuple[int, int]] | None = None,
     ) -> None:
         """Write one batch's rows and skipped images, then commit: counters last, in one write, flushed."""
         rows, skipped_before = self.committed_rows, self.committed_skipped
@@ -151,6 +220,8 @@ class FeatureWriter:
                     _write_rows(self._file["features"][name], rows, new_rows, values)
                 _write_paths(self._file, "", rows, paths)
                 _write_rows(self._file["labels"], rows, new_rows, np.asarray(labels, dtype=np.int64))
+                stats = np.asarray(file_stats if file_stats is not None else [(-1, -1)] * len(paths), dtype=np.int64)
+                _write_rows(self._file["file_stats"], rows, new_rows, stats)
             new_skipped = skipped_before + len(skipped)
             if skipped:
                 _write_paths(self._file, "skipped/", skipped_before, [path for path, _ in skipped])
@@ -160,7 +231,7 @@ class FeatureWriter:
             self._file.attrs.modify("committed", np.array([new_rows, images_done, new_skipped], dtype=np.int64))
             self._file.flush()
         except OSError as error:
-            raise _write_error(partial_path(self.output), error, rows) from error
+            raise _write_error(self.path, error, rows) from error
 
     def _check_space(self, features: dict[str, np.ndarray], committed_rows: int) -> None:
         """Refuse a batch the disk cannot hold before touching the file, which then stays consistent."""
@@ -170,16 +241,23 @@ class FeatureWriter:
         free = shutil.disk_usage(self.output.parent).free
         if free < needed:
             no_space = OSError(errno.ENOSPC, "No space left on device")
-            raise _write_error(partial_path(self.output), no_space, committed_rows)
+            raise _write_error(self.path, no_space, committed_rows)
 
-    def finish(self) -> Path:
-        """Mark complete, make it durable, and atomically rename OUT.partial to OUT."""
-        partial = partial_path(self.output)
+    def finish(self, images_digest: str | None = None) -> Path:
+        """Mark complete, make it durable, and atomically rename OUT.partial to OUT (an update stays in place;
+        IMAGES_DIGEST then records the image set it now covers)."""
+        partial = self.path
         try:
             self._file.attrs.modify("complete", True)
+            if self._in_place:
+                fingerprint = json.loads(self._file.attrs["fingerprint"])
+                fingerprint["images"] = images_digest
+                self._file.attrs["fingerprint"] = json.dumps(fingerprint, sort_keys=True)
+                self._file.attrs["updating"] = False
             self._file.close()
             _fsync(partial)
-            os.replace(partial, self.output)
+            if not self._in_place:
+                os.replace(partial, self.output)
             _fsync(self.output.parent)
         except OSError as error:
             raise _write_error(partial, error, None) from error
@@ -193,8 +271,7 @@ class FeatureWriter:
             if self._file.id.valid:
                 self._file.close()
         except Exception as error:  # after a failed write HDF5 may raise anything while flushing
-            log.warning("Closing %s failed (%s); it stays resumable from its last commit.",
-                        partial_path(self.output), error)
+            log.warning("Closing %s failed (%s); it stays resumable from its last commit.", self.path, error)
         finally:
             self._lock.release()
 
@@ -274,6 +351,7 @@ def _create(partial, specs, fingerprint, attributes, classes, batch_size, compre
         _create_paths(h5file, 4096)
         labels = h5file.create_dataset("labels", shape=(0,), maxshape=(None,), dtype=np.int64, chunks=(4096,))
         labels.attrs["classes"] = np.array([as_text(name) for name in classes], dtype=_STRING)
+        h5file.create_dataset("file_stats", shape=(0, 2), maxshape=(None, 2), dtype=np.int64, chunks=(2048, 2))
         skipped = h5file.create_group("skipped")
         _create_paths(skipped, 256)
         skipped.create_dataset("reasons", shape=(0,), maxshape=(None,), dtype=_STRING, chunks=(256,))
@@ -301,18 +379,29 @@ def _reopen(partial: Path, fingerprint: dict, locking: bool) -> h5py.File:
             f"The partial output {str(partial)!r} cannot be opened ({error}); pass --overwrite to start over."
         ) from error
     try:
-        stored = json.loads(h5file.attrs.get("fingerprint", "{}"))
-        differences = describe_differences(stored, fingerprint)
-        if h5file.attrs.get("format") != FORMAT or differences:
-            raise ResumeMismatch(
-                f"{str(partial)!r} was started with a different configuration ({'; '.join(differences)}). "
-                "Run the original command to resume it, or pass --overwrite to start over."
-            )
-        _discard_uncommitted(h5file, int(stored.get("image_count", 0)))
+        _check_fingerprint(h5file, partial, fingerprint)
+        _discard_uncommitted(h5file, int(json.loads(h5file.attrs["fingerprint"]).get("image_count", 0)))
     except BaseException:
         h5file.close()
         raise
     return h5file
+
+
+def _check_fingerprint(h5file: h5py.File, path: Path, fingerprint: dict, ignore: tuple[str, ...] = ()) -> None:
+    """ResumeMismatch unless H5FILE was written by this format with FINGERPRINT (keys in IGNORE aside)."""
+    if h5file.attrs.get("format") != FORMAT:
+        raise ResumeMismatch(
+            f"{str(path)!r} was written by another featdump version (format {h5file.attrs.get('format')!r}, "
+            f"this one writes {FORMAT!r}); pass --overwrite to start over."
+        )
+    stored = json.loads(h5file.attrs.get("fingerprint", "{}"))
+    differences = describe_differences({k: v for k, v in stored.items() if k not in ignore},
+                                       {k: v for k, v in fingerprint.items() if k not in ignore})
+    if differences:
+        raise ResumeMismatch(
+            f"{str(path)!r} was started with a different configuration ({'; '.join(differences)}). "
+            "Run the original command to resume it, or pass --overwrite to start over."
+        )
 
 
 def describe_differences(stored: dict, current: dict) -> list[str]:
@@ -341,7 +430,7 @@ def _discard_uncommitted(h5file: h5py.File, limit: int) -> None:
     """Cut every row dataset back to its committed length (a kill may have left more); LIMIT bounds the rows
     any run of this file can have written."""
     rows, _, skipped = (int(value) for value in h5file.attrs["committed"])
-    for dataset in [*h5file["features"].values(), h5file["labels"]]:
+    for dataset in [*h5file["features"].values(), h5file["labels"], h5file["file_stats"]]:
         dataset.resize(rows, axis=0)
     h5file["skipped/reasons"].resize(skipped, axis=0)
     _clear_strings_beyond(h5file["skipped/reasons"], skipped, limit)

@@ -172,4 +172,5 @@ def test_unreadable_checkpoint_and_missing_info_file(image_folder, tmp_path):
     assert len(result.output.strip().splitlines()) == 1
     result = invoke("info", tmp_path / "none.h5")
     assert result.exit_code == 2
-    assert result.output.strip() == f"Error: No file '{tmp_path / 'none.h5'}' (nor '{tmp_path / 'none.h5.partial'}')."
+    assert result.output.strip() == (f"Error: No file '{tmp_path / 'none.h5'}' (nor '{tmp_path / 'none.h5.partial'}', "
+                                     "nor shards of it).")

@@ -1,0 +1,63 @@
+"""package.module:callable — your own model (and --transform) built by a function you name."""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import os
+import sys
+
+import torch
+from torch import nn
+
+from featdump.errors import UsageProblem
+
+
+def import_object(spec: str, what: str):
+    """The object SPEC ('package.module:name', from the current folder or the Python path) names."""
+    module_name, _, attribute = spec.partition(":")
+    if not module_name or not attribute:
+        raise UsageProblem(f"Bad {what} {spec!r}: use package.module:callable.")
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as error:
+        raise UsageProblem(f"Cannot import {module_name!r} for {what} {spec!r}: {error}. Run featdump from the "
+                           "folder that holds it, or put it on PYTHONPATH.") from error
+    target = module
+    for part in attribute.split("."):
+        if not hasattr(target, part):
+            raise UsageProblem(f"{module_name!r} has no {attribute!r} (for {what} {spec!r}).")
+        target = getattr(target, part)
+    return target
+
+
+def build(spec: str, seed: int) -> tuple[nn.Module, dict]:
+    """The nn.Module the factory SPEC returns (called with no arguments after torch.manual_seed(SEED))."""
+    factory = import_object(spec, "--model")
+    if not callable(factory):
+        raise UsageProblem(f"--model {spec!r} is not callable: name a function or class returning an nn.Module.")
+    torch.manual_seed(seed)
+    module = factory()
+    if not isinstance(module, nn.Module):
+        raise UsageProblem(f"--model {spec!r} returned a {type(module).__name__}, not a torch.nn.Module.")
+    return module, {"source": "factory", "factory": spec, "factory_file": _source_file(factory)}
+
+
+def transform(spec: str):
+    """The preprocessing --transform SPEC names: a transform object as it is, or a function/class called with
+    no arguments to make one."""
+    target = import_object(spec, "--transform")
+    if inspect.isfunction(target) or inspect.isclass(target):
+        target = target()
+    if not callable(target):
+        raise UsageProblem(f"--transform {spec!r} gives a {type(target).__name__}, which cannot transform an image.")
+    return target
+
+
+def _source_file(obj) -> str:
+    try:
+        return inspect.getsourcefile(obj) or "?"
+    except TypeError:
+        return "?"

@@ -1,0 +1,60 @@
+"""A whole model saved with torch.save(model): unpickled only with --trust-pickle; TorchScript/export refused."""
+
+from __future__ import annotations
+
+import zipfile
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from featdump.errors import InvalidWeights, UsageProblem
+
+MODEL_FILE_SUFFIXES = (".pt", ".pth", ".pt2", ".pkl", ".ckpt", ".bin")
+
+
+def looks_like_model_file(spec: str) -> bool:
+    return spec.endswith(MODEL_FILE_SUFFIXES) or Path(spec).is_file()
+
+
+def build(path_text: str, trust_pickle: bool) -> nn.Module:
+    path = Path(path_text)
+    if not path.is_file():
+        raise UsageProblem(f"Model file {path_text!r} does not exist.")
+    kind = _archive_kind(path)
+    if kind:
+        raise UsageProblem(
+            f"{path_text!r} is a {kind}: hooks cannot see inside it. Build the nn.Module in Python instead "
+            "(--model package.module:build, with --weights a state_dict saved from it)."
+        )
+    if not trust_pickle:
+        raise UsageProblem(
+            f"{path_text!r} holds a pickled model: loading it runs whatever code the file contains. If you trust "
+            "its origin pass --trust-pickle; otherwise save a state_dict and use --model package.module:build "
+            "--weights STATE_DICT."
+        )
+    try:
+        module = torch.load(path, map_location="cpu", weights_only=False)
+    except Exception as error:  # unpickling fails in many ways (missing classes, a bad file)
+        from featdump.models import first_sentence
+
+        raise InvalidWeights(f"Could not load the model in {path_text!r}: {first_sentence(error)}. Its classes "
+                             "must be importable (run featdump where its code is).") from error
+    if not isinstance(module, nn.Module):
+        raise UsageProblem(f"{path_text!r} holds a {type(module).__name__}, not a whole model; a state_dict goes "
+                           "with --weights, beside the --model that builds it.")
+    return module
+
+
+def _archive_kind(path: Path) -> str | None:
+    """'TorchScript archive' / 'torch.export archive' when PATH is one (both are zip files with telltale names)."""
+    if not zipfile.is_zipfile(path):
+        return None
+    with zipfile.ZipFile(path) as archive:
+        names = archive.namelist()
+    if any(name.endswith("serialized_exported_program.json") or "/models/" in name and name.endswith(".json")
+           for name in names) or path.suffix == ".pt2":
+        return "torch.export archive"
+    if any(name.endswith("constants.pkl") or "/code/" in name for name in names):
+        return "TorchScript archive"
+    return None

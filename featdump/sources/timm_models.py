@@ -1,0 +1,57 @@
+"""timm:NAME — a timm model via timm.create_model, with timm's own eval preprocessing."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from featdump.errors import UnknownModel, UsageProblem, WeightsUnavailable
+
+
+def _timm():
+    try:
+        import timm
+    except ImportError as error:
+        raise UsageProblem("timm models need timm: pip install 'featdump[timm]' (or pip install timm).") from error
+    return timm
+
+
+def check_name(name: str) -> None:
+    timm = _timm()
+    if not timm.is_model(name):
+        import difflib
+
+        close = difflib.get_close_matches(name, timm.list_models(pretrained=False), n=5, cutoff=0.6)
+        hint = f" Did you mean: {', '.join('timm:' + c for c in close)}?" if close else ""
+        raise UnknownModel(f"timm has no model {name!r}.{hint} `timm.list_models('*pattern*')` lists them.")
+
+
+def build(name: str, weights: str, seed: int) -> tuple[nn.Module, nn.Module, str, dict]:
+    """(module, preprocessing, what was loaded, source) for weights 'none' (seeded) or DEFAULT (pretrained)."""
+    timm = _timm()
+    check_name(name)
+    if weights.lower() == "none":
+        torch.manual_seed(seed)
+        module, label = timm.create_model(name, pretrained=False), "none"
+    else:
+        try:
+            module = timm.create_model(name, pretrained=True)
+        except Exception as error:  # hub errors come in many types; offline is the common one
+            from featdump.models import first_sentence
+
+            raise WeightsUnavailable(
+                f"Could not get timm's pretrained weights for {name} ({first_sentence(error)}). They are read from "
+                "the Hugging Face cache when present (HF_HOME); pass --weights none for a random network, or "
+                "--weights PATH for a local checkpoint."
+            ) from error
+        label = f"timm pretrained ({_tag(module)})"
+    module.eval()
+    config = timm.data.resolve_data_config({}, model=module)
+    preprocessing = timm.data.create_transform(**config, is_training=False)
+    source = {"source": "timm", "timm_version": timm.__version__, "timm_model": name, "pretrained_tag": _tag(module)}
+    return module, preprocessing, label, source
+
+
+def _tag(module: nn.Module) -> str:
+    config = getattr(module, "pretrained_cfg", None) or {}
+    return f"{config.get('architecture', '?')}.{config.get('tag') or 'default'}"

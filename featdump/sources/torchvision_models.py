@@ -1,0 +1,87 @@
+"""torchvision's classification models by name, with the transforms of their DEFAULT weights."""
+
+from __future__ import annotations
+
+import difflib
+import urllib.error
+
+import torch
+import torchvision
+from torch import nn
+from torchvision.models import get_model, get_model_weights, list_models
+
+from featdump.errors import InvalidWeights, UnknownModel, UnsupportedModel, WeightsUnavailable
+
+_OTHER_TASKS = {"detection": "an object detection", "segmentation": "a semantic segmentation",
+                "video": "a video", "optical_flow": "an optical flow", "quantization": "a quantized"}
+
+
+def classification_models() -> list[str]:
+    """Names of every torchvision classification model."""
+    return list_models(module=torchvision.models)
+
+
+def is_classification_model(name: str) -> bool:
+    return name in classification_models()
+
+
+def check_name(name: str) -> None:
+    """Raise unless NAME is a torchvision classification model: another task's model gets its own message."""
+    names = classification_models()
+    if name in names:
+        return
+    for task, kind in _OTHER_TASKS.items():
+        if name in list_models(module=getattr(torchvision.models, task)):
+            raise UnsupportedModel(
+                f"{name!r} is {kind} model of torchvision; featdump reads classification-style backbones, which "
+                "take a batch of images and return tensors. Wrap the part you want in a factory, e.g. "
+                f"`def build(): return torchvision.models.get_model({name!r}, weights=None).backbone`, and pass "
+                "--model yourmodule:build."
+            )
+    close = difflib.get_close_matches(name, names, n=5, cutoff=0.5)
+    hint = f" Did you mean: {', '.join(close)}?" if close else ""
+    raise UnknownModel(
+        f"Unknown model {name!r}.{hint} Any torchvision classification model works ({len(names)} of them, e.g. "
+        "resnet50, vit_b_16), as do timm:NAME, package.module:callable and saved model files."
+    )
+
+
+def default_preprocessing(name: str) -> nn.Module:
+    """The transforms of the model's DEFAULT weights (used whatever weights are loaded)."""
+    return get_model_weights(name).DEFAULT.transforms()
+
+
+def build(name: str, weights: str, seed: int) -> tuple[nn.Module, str]:
+    """(module, what was loaded) for 'none' (seeded random), DEFAULT or a weights enum name."""
+    if weights.lower() == "none":
+        torch.manual_seed(seed)
+        return get_model(name, weights=None), "none"
+    enum = weights_enum(name, weights)
+    return _pretrained(name, enum), f"{type(enum).__name__}.{enum.name}"
+
+
+def weights_enum(name: str, weights: str):
+    enum_class = get_model_weights(name)
+    if weights.upper() == "DEFAULT":
+        return enum_class.DEFAULT
+    choices = [member.name for member in enum_class]
+    if weights in choices:
+        return enum_class[weights]
+    raise InvalidWeights(
+        f"Unknown weights {weights!r} for {name}: use DEFAULT, none, a checkpoint file, "
+        f"or one of {', '.join(choices)}."
+    )
+
+
+def _pretrained(name: str, enum) -> nn.Module:
+    """The model with ENUM's weights, from torch's cache or downloaded; a clear error offline."""
+    from featdump.models import first_sentence
+
+    try:
+        return get_model(name, weights=enum)
+    except (urllib.error.URLError, OSError) as error:
+        raise WeightsUnavailable(
+            f"Could not download the pretrained weights {type(enum).__name__}.{enum.name} "
+            f"({first_sentence(error)}). Pass --weights none for a randomly initialised network, "
+            "or --weights PATH for a local checkpoint."
+        ) from error

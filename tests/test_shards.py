@@ -1,0 +1,166 @@
+"""Cluster runs: shards from --shard, SLURM arrays and torchrun, merged into one file that reads like one run's."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+
+import h5py
+import numpy as np
+import pytest
+
+from featdump.errors import UsageProblem
+from featdump.shards import Shard, detect_shard, parse_shard, shard_path
+
+from .conftest import featdump_env, run_featdump, write_images
+
+LAYERS = "layer1.0.relu:2,avgpool"
+
+
+def extract_args(images, output, *extra):
+    return ["extract", "-m", "resnet18", "-w", "none", "-l", LAYERS, "-b", "4", *extra, images, output]
+
+
+def read_all(path) -> dict:
+    with h5py.File(path, "r") as h5file:
+        content = {name: dataset[:] for name, dataset in h5file["features"].items()}
+        content["paths"] = list(h5file["paths"].asstr()[:])
+        content["labels"] = h5file["labels"][:]
+        content["skipped"] = list(h5file["skipped/paths"].asstr()[:])
+        content["reasons"] = list(h5file["skipped/reasons"].asstr()[:])
+        content["classes"] = list(h5file["labels"].attrs["classes"])
+        content["committed"] = list(h5file.attrs["committed"])
+    return content
+
+
+def assert_same(actual: dict, expected: dict):
+    assert actual.keys() == expected.keys()
+    for key, value in expected.items():
+        if isinstance(value, np.ndarray):
+            np.testing.assert_array_equal(actual[key], value, err_msg=key)  # bit for bit
+        else:
+            assert actual[key] == value, key
+
+
+@pytest.mark.parametrize("total", [0, 1, 2, 7, 13, 97])
+@pytest.mark.parametrize("count", [1, 2, 3, 5, 8, 11])
+def test_shards_are_contiguous_disjoint_and_covering(total, count):
+    parts = [Shard(index, count, "test").bounds(total) for index in range(count)]
+    covered = [i for start, stop in parts for i in range(start, stop)]
+    assert covered == list(range(total))  # in order, each once
+    sizes = [stop - start for start, stop in parts]
+    assert max(sizes) - min(sizes) <= 1
+
+
+def test_shard_from_the_launcher_environment():
+    slurm = {"SLURM_ARRAY_TASK_ID": "7", "SLURM_ARRAY_TASK_COUNT": "4", "SLURM_ARRAY_TASK_MIN": "1",
+             "SLURM_ARRAY_TASK_STEP": "2"}
+    shard = detect_shard(slurm)
+    assert (shard.index, shard.count) == (3, 4) and "SLURM array task 7" in shard.source
+    torchrun = {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1"}
+    assert detect_shard(torchrun) == Shard(1, 2, "torchrun rank 1 of 2", 1)
+    assert detect_shard({"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0"}) is None
+    assert detect_shard({}) is None
+    assert parse_shard("2/5") == Shard(2, 5, "--shard") and parse_shard("none") is None
+    for bad in ("5/5", "1of2", "-1/3"):
+        with pytest.raises(UsageProblem, match="Bad --shard"):
+            parse_shard(bad)
+    assert shard_path("/x/out.h5", 2, 8).as_posix() == "/x/out.shard-2-of-8.h5"
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    root = tmp_path_factory.mktemp("shards") / "images"
+    write_images(root, {"a": 9, "b": 8}, size=(48, 40))
+    (root / "b" / "broken.jpg").write_bytes(b"not a jpeg")
+    return root
+
+
+@pytest.fixture(scope="module")
+def single(folder, tmp_path_factory):
+    output = tmp_path_factory.mktemp("single") / "single.h5"
+    result = run_featdump(*extract_args(folder, output))
+    assert result.returncode == 0, result.stderr
+    return read_all(output)
+
+
+def test_slurm_array_tasks_then_merge_equal_a_single_run(folder, single, tmp_path):
+    output = tmp_path / "out.h5"
+    tasks = [subprocess.Popen([sys.executable, "-m", "featdump", *map(str, extract_args(folder, output))],
+                              env=featdump_env(SLURM_ARRAY_TASK_ID=str(10 + task), SLURM_ARRAY_TASK_COUNT="3",
+                                               SLURM_ARRAY_TASK_MIN="10", SLURM_JOB_ID="1"),
+                              stderr=subprocess.PIPE, text=True) for task in range(3)]
+    logs = [task.communicate()[1] for task in tasks]
+    assert [task.returncode for task in tasks] == [0, 0, 0], logs
+    assert "Shard 1 of 3 (from SLURM array task 11" in logs[1]
+    assert not output.exists()
+    info = run_featdump("info", output)
+    assert info.returncode == 0 and "all shards are finished" in info.stdout
+    merged = run_featdump("merge", output)
+    assert merged.returncode == 0, merged.stderr
+    assert_same(read_all(output), single)
+    again = run_featdump(*extract_args(folder, output), env=featdump_env(
+        SLURM_ARRAY_TASK_ID="12", SLURM_ARRAY_TASK_COUNT="3", SLURM_ARRAY_TASK_MIN="10"))
+    assert again.returncode == 0 and "Shard 2 of 3 is already finished" in again.stderr  # a re-submitted array
+
+    # The virtual file opens with plain h5py in a fresh process, elsewhere, and equals the --copy file.
+    moved = tmp_path / "moved"
+    moved.mkdir()
+    for path in tmp_path.glob("out*.h5"):
+        shutil.move(path, moved / path.name)
+    copy = run_featdump("merge", "--copy", moved / "copy.h5", "--shard-pattern", "out.shard-{k}-of-{n}.h5")
+    assert copy.returncode == 0, copy.stderr
+    reader = ("import h5py, sys; f = h5py.File(sys.argv[1]); print(float(f['features/avgpool'][:].sum()), "
+              "f['features/avgpool'].is_virtual, len(f['paths']))")
+    virtual_read = subprocess.run([sys.executable, "-c", reader, str(moved / "out.h5")], cwd="/",
+                                  capture_output=True, text=True)
+    copy_read = subprocess.run([sys.executable, "-c", reader, str(moved / "copy.h5")], cwd="/",
+                               capture_output=True, text=True)
+    assert virtual_read.returncode == 0, virtual_read.stderr
+    total, is_virtual, rows = virtual_read.stdout.split()
+    assert is_virtual == "True" and copy_read.stdout.split() == [total, "False", rows]
+    assert float(total) == pytest.approx(float(single["avgpool"].sum())) and int(rows) == 17
+    assert_same(read_all(moved / "copy.h5"), single)
+
+
+def test_more_shards_than_images(tmp_path):
+    images = tmp_path / "images"
+    write_images(images, {"": 2})
+    output = tmp_path / "out.h5"
+    for index in range(4):
+        result = run_featdump("extract", "-m", "resnet18", "-w", "none", "-l", "avgpool", "--shard", f"{index}/4",
+                              images, output)
+        assert result.returncode == 0, result.stderr
+    assert run_featdump("merge", output).returncode == 0
+    with h5py.File(output, "r") as h5file:
+        assert h5file["features/avgpool"].shape == (2, 512, 1, 1) and len(h5file["paths"]) == 2
+
+
+def test_merge_names_a_missing_an_unfinished_and_a_different_shard(folder, tmp_path):
+    output = tmp_path / "out.h5"
+    for index in (0, 2):
+        assert run_featdump(*extract_args(folder, output, "--shard", f"{index}/3")).returncode == 0
+    missing = run_featdump("merge", output)
+    assert missing.returncode == 2
+    assert "shard 1 of 3 is missing" in missing.stderr and "run its task" in missing.stderr
+    shard_1 = shard_path(output, 1, 3)
+    shard_1.with_name(shard_1.name + ".partial").write_bytes(b"")  # what a task killed at once leaves
+    unfinished = run_featdump("merge", output)
+    assert unfinished.returncode == 2 and "shard 1 of 3 is incomplete" in unfinished.stderr
+    shard_1.with_name(shard_1.name + ".partial").unlink()
+    assert run_featdump(*extract_args(folder, output, "--shard", "1/3", "--seed", "1")).returncode == 0
+    different = run_featdump("merge", output)
+    assert different.returncode == 2
+    assert "Shard 1" in different.stderr and "seed: 0 when started, 1 now" in different.stderr
+    assert not output.exists()
+
+
+def test_torchrun_two_ranks_merge_to_a_single_run(folder, single, tmp_path):
+    output = tmp_path / "out.h5"
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", "29517",
+               "-m", "featdump", *map(str, extract_args(folder, output))]
+    result = subprocess.run(command, env=featdump_env(), capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "torchrun rank 1 of 2" in result.stderr and "Merged 2 shards into" in result.stderr
+    assert_same(read_all(output), single)

@@ -1,0 +1,115 @@
+"""Cron: --update over a growing folder appends only the new images; rows already there never change."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import h5py
+import numpy as np
+
+from .conftest import featdump_env, run_featdump, write_images
+
+LAYERS = "layer1.0.relu:2,avgpool"
+
+
+def update_args(images, output, *extra):
+    return ["extract", "-m", "resnet18", "-w", "none", "-l", LAYERS, "-b", "4", "--update", *extra, images, output]
+
+
+def rows_by_path(path) -> dict:
+    with h5py.File(path, "r", locking=False) as h5file:
+        rows = int(h5file.attrs["committed"][0])
+        names = h5file["paths"].asstr()[:rows]
+        features = {name: dataset[:rows] for name, dataset in h5file["features"].items()}
+        labels = h5file["labels"][:rows]
+        classes = [str(c) for c in h5file["labels"].attrs["classes"]]
+    return {name: ({layer: values[i] for layer, values in features.items()}, classes[labels[i]])
+            for i, name in enumerate(names)}
+
+
+def assert_rows_kept(before: dict, after: dict):
+    for name, (features, label) in before.items():
+        assert after[name][1] == label, name
+        for layer, values in features.items():
+            np.testing.assert_array_equal(after[name][0][layer], values, err_msg=f"{name} {layer}")  # bit for bit
+
+
+def committed_rows(path) -> int:
+    try:
+        with h5py.File(path, "r", locking=False) as h5file:
+            return int(h5file.attrs["committed"][0])
+    except (OSError, KeyError):
+        return -1
+
+
+def test_update_12_20_120_with_a_kill_equals_a_fresh_run(tmp_path):
+    images, output = tmp_path / "images", tmp_path / "out.h5"
+    write_images(images, {"cats": 6, "dogs": 6}, size=(40, 32))
+    first = run_featdump(*update_args(images, output))  # OUT does not exist: a normal run
+    assert first.returncode == 0, first.stderr
+    before = rows_by_path(output)
+    assert len(before) == 12
+
+    nothing = run_featdump(*update_args(images, output))
+    assert nothing.returncode == 0 and "Nothing new:" in nothing.stderr
+    assert rows_by_path(output).keys() == before.keys()
+
+    write_images(images / "dogs", {"more": 4}, seed=1, size=(40, 32))  # dogs/more/...
+    write_images(images, {"ants": 4}, seed=2, size=(40, 32))  # a new class sorting before the others
+    second = run_featdump(*update_args(images, output))
+    assert second.returncode == 0, second.stderr
+    after = rows_by_path(output)
+    assert len(after) == 20
+    assert_rows_kept(before, after)
+    assert after["ants/img_000.jpg"][1] == "ants" and after["cats/img_000.jpg"][1] == "cats"
+
+    write_images(images, {"zebras": 100}, seed=3, size=(40, 32))
+    killed = subprocess.Popen([sys.executable, "-m", "featdump", *map(str, update_args(images, output))],
+                              env=featdump_env(), stderr=subprocess.DEVNULL)
+    while committed_rows(output) <= 20 and killed.poll() is None:
+        time.sleep(0.05)
+    killed.send_signal(signal.SIGKILL)
+    killed.wait()
+    midway = rows_by_path(output)  # readable, with every row it had
+    assert 20 < len(midway) < 120
+    assert_rows_kept(after, midway)
+    info = run_featdump("info", output)
+    assert "update:     interrupted" in info.stdout
+
+    third = run_featdump(*update_args(images, output))
+    assert third.returncode == 0, third.stderr
+    final = rows_by_path(output)
+    assert len(final) == 120
+    assert_rows_kept(midway, final)
+
+    fresh_out = tmp_path / "fresh.h5"
+    fresh = run_featdump(*update_args(images, fresh_out))
+    assert fresh.returncode == 0, fresh.stderr
+    fresh_rows = rows_by_path(fresh_out)
+    assert fresh_rows.keys() == final.keys()
+    for name, (features, _) in fresh_rows.items():
+        for layer, values in features.items():  # other batches, same images: equal up to float summation order
+            np.testing.assert_allclose(final[name][0][layer], values, rtol=1e-5, atol=1e-6, err_msg=name)
+
+
+def test_update_reports_stale_rows_and_refuses_another_configuration(tmp_path):
+    images, output = tmp_path / "images", tmp_path / "out.h5"
+    written = write_images(images, {"a": 5}, size=(40, 32))
+    assert run_featdump(*update_args(images, output)).returncode == 0
+    os.unlink(images / written[0])
+    changed = images / written[1]
+    changed.write_bytes(changed.read_bytes() + b"\0")  # same image, new size and time
+    write_images(images, {"b": 1}, size=(40, 32))
+    result = run_featdump(*update_args(images, output))
+    assert result.returncode == 0, result.stderr
+    assert "2 rows are stale" in result.stderr
+    info = run_featdump("info", output)
+    assert f"{written[0]}: disappeared" in info.stdout and f"{written[1]}: changed" in info.stdout
+    assert len(rows_by_path(output)) == 6  # their rows stay
+
+    other = run_featdump(*update_args(images, output, "--seed", "3"))
+    assert other.returncode == 2 and "seed: 0 when started, 3 now" in other.stderr
