@@ -17,10 +17,10 @@ $(BIN)/featdump: pyproject.toml constraints.txt
 
 install: $(BIN)/featdump ## Create .venv and install featdump with torch/torchvision pinned by constraints.txt
 
-demo: install ## Extract two layers of a random resnet18 over the sample images into demo.h5
-	$(BIN)/featdump extract --model resnet18 --weights none --layers layer3.0.downsample.1,avgpool \
-		--overwrite $(IMAGES) demo.h5
+demo: install ## Extract two layers of a random resnet18 over the sample images into demo.h5, draw one as demo.png
+	$(BIN)/featdump extract --model resnet18 --weights none --layers layer1,avgpool --overwrite $(IMAGES) demo.h5
 	$(BIN)/featdump info demo.h5
+	$(BIN)/featdump show demo.h5 --layer layer1 --index 2 -o demo.png
 
 test: install ## Run the test suite
 	$(BIN)/python -m pytest -q
@@ -31,9 +31,10 @@ test-all: install ## Run the test suite with the long fault-injection soak (FEAT
 lint: install ## Check style with ruff
 	$(BIN)/ruff check .
 
-bench: install ## Run the benchmarks and print their table (see benchmarks/README.md)
+bench: install ## Run the benchmarks and print their tables (see benchmarks/README.md)
 	$(BIN)/python benchmarks/run.py
+	$(BIN)/python benchmarks/compression.py
 
 clean: ## Remove caches and demo output (keeps .venv)
-	rm -rf .pytest_cache .ruff_cache demo.h5 demo.h5.partial benchmarks/data
+	rm -rf .pytest_cache .ruff_cache demo.h5 demo.h5.partial demo.png benchmarks/data
 	find . -name __pycache__ -not -path './$(VENV)/*' -prune -exec rm -rf {} +

@@ -1,16 +1,24 @@
-"""featdump: dump intermediate activations of vision models over image folders into HDF5."""
+"""featdump: dump intermediate activations of vision models over images into HDF5.
 
-__version__ = "0.1.0"
+    import featdump
+    featdump.extract("images/", "out.h5", model="resnet18", layers=["avgpool"], weights="none")
+    data = featdump.load("out.h5", "avgpool")
+    with featdump.capture(model, ["layer4"]) as features: ...
+"""
+
+__version__ = "0.2.0"
+
+_API = ("extract", "capture", "load", "Features", "Settings")
 
 
 def __getattr__(name):
     # The Python API, imported lazily so `featdump --help` does not pay for importing torch.
-    if name in ("extract", "Settings"):
-        from featdump.extraction import extract
+    if name in _API:
+        from featdump import api
         from featdump.settings import Settings
 
-        return {"extract": extract, "Settings": Settings}[name]
+        return Settings if name == "Settings" else getattr(api, name)
     raise AttributeError(f"module 'featdump' has no attribute {name!r}")
 
 
-__all__ = ["__version__", "extract", "Settings"]
+__all__ = ["__version__", *_API]

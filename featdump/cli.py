@@ -56,6 +56,9 @@ def main(verbose: int, quiet: bool) -> None:
     featdump list-layers resnet18
     featdump extract --model resnet18 --layers layer3.0.downsample.1,avgpool ./images out.h5
     featdump info out.h5
+    featdump show out.h5 --layer layer3.0.downsample.1 -o fmap.png
+
+    Shell completion (bash): eval "$(_FEATDUMP_COMPLETE=bash_source featdump)"
     """
     _setup_logging(logging.DEBUG if verbose else logging.WARNING if quiet else logging.INFO)
 
@@ -72,6 +75,11 @@ def list_layers(model: str, depth: int | None, as_json: bool, transform: str | N
     Shapes come from one dry forward of a randomly initialised MODEL on a dummy batch of its
     preprocessing's size; they exclude the batch dimension. A module that runs several times per
     forward is selected with PATH:K.
+
+    \b
+    Example:
+      featdump list-layers resnet18 --depth 2
+      featdump list-layers timm:convnext_tiny --json
     """
     from featdump.data import Preprocess
     from featdump.layers import probe
@@ -84,6 +92,8 @@ def list_layers(model: str, depth: int | None, as_json: bool, transform: str | N
         for info in infos:
             click.echo(json.dumps({"path": info.path, "type": info.type_name, "depth": info.depth,
                                    "calls": info.calls, "shapes": [list(s) if s else None for s in info.shapes],
+                                   "batch_dims": list(info.batch_dims),
+                                   "per_image": all(dim is not None for dim in info.batch_dims),
                                    "tuple_output": info.tuple_output}))
         return
     click.echo(f"{model}: {len(infos)} modules; PATH, type, calls per forward, output shape of one "
@@ -101,6 +111,10 @@ def _layer_line(info, width: int) -> str:
         line += f"  -> select {info.path}:1 ... {info.path}:{info.calls}"
     if info.tuple_output:
         line += "  (tuple output: its first tensor is stored)"
+    if any(dim is None for dim in info.batch_dims):
+        line += "  (not per image: the output does not follow the batch)"
+    elif any(info.batch_dims):
+        line += f"  (batch in dimension {max(info.batch_dims)}: stored batch-first)"
     return line
 
 
@@ -111,9 +125,25 @@ def _split_layers(ctx, param, values: tuple[str, ...]) -> tuple[str, ...]:
     return layers
 
 
+def _read_config(ctx: click.Context, param, path: Path | None):
+    """--config FILE: its options become defaults, below environment variables and the command line."""
+    if path is not None:
+        from featdump.config import read_config
+
+        try:
+            ctx.default_map = {**(ctx.default_map or {}), **read_config(path)}
+        except FeatdumpError as error:
+            _fail(str(error), error.exit_code)
+    return path
+
+
 @main.command()
-@click.argument("images", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.argument("images", type=click.Path(exists=True, path_type=Path))
 @click.argument("output", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("-c", "--config", type=click.Path(exists=True, dir_okay=False, path_type=Path), is_eager=True,
+              expose_value=True, callback=_read_config,
+              help="TOML file of options (keys: the option names with underscores); the environment "
+                   "(FEATDUMP_EXTRACT_*) and the command line override it.")
 @click.option("-m", "--model", required=True,
               help="resnet50 (torchvision), timm:NAME, package.module:callable (your factory), or a saved model file.")
 @click.option("-l", "--layers", required=True, multiple=True, callback=_split_layers,
@@ -157,26 +187,24 @@ def _split_layers(ctx, param, values: tuple[str, ...]) -> tuple[str, ...]:
               help="Under torchrun, seconds rank 0 waits for every rank to finish before merging the shards.")
 @click.option("--no-space-check", is_flag=True, help="Start even if the disk looks too small for the output.")
 def extract(images: Path, output: Path, **options) -> None:
-    """Extract the activations of --layers for every image under IMAGES into the HDF5 file OUTPUT.
+    """Extract the activations of --layers for every image in IMAGES into the HDF5 file OUTPUT.
 
-    IMAGES is walked recursively in sorted order; images in first-level class folders get integer
-    labels. OUTPUT is written as OUTPUT.partial and renamed when every image is done; running the
-    same command again after an interruption resumes where it stopped.
+    IMAGES is a folder, walked recursively in sorted order (images in first-level class folders get
+    integer labels), or a list file: .txt (one path per line) or .csv (a `path` column, an optional
+    integer `label` column), rows in the list's order. OUTPUT is written as OUTPUT.partial and renamed
+    when every image is done; the same command again after an interruption resumes where it stopped.
+
+    \b
+    Example:
+      featdump extract -m resnet50 -l layer3,avgpool --reduce avgpool ./images feats.h5
+      featdump extract --config configs/linear_probe.toml ./images feats.h5
     """
     from featdump.extraction import extract as run_extraction
     from featdump.settings import Settings
 
-    settings = Settings(
-        model=options["model"], layers=options["layers"], images=images, output=output,
-        weights=options["weights"], seed=options["seed"], transform=options["transform"],
-        trust_pickle=options["trust_pickle"], batch_size=options["batch_size"],
-        num_workers=options["num_workers"], device=options["device"], overwrite=options["overwrite"],
-        on_error=options["on_error"], dtype=options["dtype"], reduce=options["reduce"],
-        compression=options["compression"], precision=options["precision"], decode=options["decode"],
-        fast_decode=options["fast_decode"], update=options["update"], shard=options["shard"],
-        shard_pattern=options["shard_pattern"], merge_timeout=options["merge_timeout"],
-        space_check=not options["no_space_check"], command=shlex.join(["featdump", *sys.argv[1:]]),
-    )
+    options.pop("config")
+    options["space_check"] = not options.pop("no_space_check")
+    settings = Settings(images=images, output=output, command=shlex.join(["featdump", *sys.argv[1:]]), **options)
     summary = run_extraction(settings, _progress())
     click.echo(summary.line(), err=True)
 
@@ -192,6 +220,11 @@ def merge(output: Path, shard_pattern: str | None, copy: bool, overwrite: bool) 
     Checks that all N shards exist, are finished and were made with one configuration, then writes
     OUTPUT with virtual datasets over the shards' features (instant; keep the shards beside it) and
     the paths, labels and skipped images joined in order. The result reads like one run's output.
+
+    \b
+    Example:
+      featdump merge feats.h5            # feats.shard-0-of-8.h5 ... feats.shard-7-of-8.h5
+      featdump merge --copy feats.h5     # a self-contained file
     """
     from featdump.merge import merge as merge_shards
 
@@ -203,12 +236,44 @@ def merge(output: Path, shard_pattern: str | None, copy: bool, overwrite: bool) 
 
 @main.command()
 @click.argument("output", type=click.Path(path_type=Path))
-def info(output: Path) -> None:
-    """Describe an output file (or OUTPUT.partial of an unfinished run): model, layers, rows, skips."""
-    from featdump.info import describe
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object (for scripts and dashboards).")
+def info(output: Path, as_json: bool) -> None:
+    """Describe an output file (or OUTPUT.partial of an unfinished run, or OUTPUT's shards).
 
+    \b
+    Example:
+      featdump info feats.h5
+      featdump info --json feats.h5 | jq .rows
+    """
+    from featdump.info import describe, read_info
+
+    if as_json:
+        click.echo(json.dumps(read_info(output), indent=2))
+        return
     for line in describe(output):
         click.echo(line)
+
+
+@main.command()
+@click.argument("output", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("-l", "--layer", help="Layer to draw (default: the file's first).")
+@click.option("-i", "--index", default=0, show_default=True, type=click.IntRange(min=0), help="Row (image) to draw.")
+@click.option("-o", "--out", "picture", type=click.Path(dir_okay=False, path_type=Path),
+              help="PNG to write.  [default: OUTPUT-LAYER-INDEX.png beside OUTPUT]")
+@click.option("--channels", default=16, show_default=True, type=click.IntRange(min=1, max=64),
+              help="How many of the strongest channels (or units) to draw.")
+def show(output: Path, layer: str | None, index: int, picture: Path | None, channels: int) -> None:
+    """Draw one image's features: the input image, the channel-mean map and the strongest channels
+    (a bar plot of the strongest units for pooled or vector layers). Needs matplotlib.
+
+    \b
+    Example:
+      featdump show feats.h5 --layer layer3 --index 0 -o fmap.png
+    """
+    from featdump.show import draw
+
+    written = draw(output, layer, index, picture, channels)
+    click.echo(f"Wrote {written}.", err=True)
 
 
 # -- progress and logging ------------------------------------------------------------------------

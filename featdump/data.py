@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import csv
 import ctypes
 import hashlib
 import logging
@@ -35,8 +36,8 @@ log = logging.getLogger("featdump")
 class ImageList:
     """Every image under ROOT in sorted order of relative path, with ImageFolder-style labels."""
 
-    root: Path
-    paths: tuple[str, ...]  # POSIX paths relative to root, sorted
+    root: Path  # the folder, or the list file's folder
+    paths: tuple[str, ...]  # POSIX paths relative to root (sorted), or as a list file gives them
     labels: tuple[int, ...]  # index into classes, or -1 when images do not sit in class folders
     classes: tuple[str, ...]  # first-level folder names, sorted
 
@@ -46,14 +47,14 @@ class ImageList:
     def digest(self, sizes: bool = True) -> str:
         """A hash of the paths (and file sizes): changes when an image is added, removed (or replaced)."""
         digest = hashlib.sha256()
-        for relative in self.paths:
+        for relative, label in zip(self.paths, self.labels):
             size = ""
             if sizes:
                 try:
                     size = os.stat(self.root / relative).st_size
                 except OSError:
                     size = -1
-            digest.update(f"{relative}\0{size}\n".encode("utf-8", "surrogateescape"))
+            digest.update(f"{relative}\0{size}\0{label}\n".encode("utf-8", "surrogateescape"))
         return digest.hexdigest()
 
     def part(self, start: int, stop: int) -> ImageList:
@@ -73,8 +74,11 @@ class ImageList:
 
 
 def find_images(root: Path) -> ImageList:
-    """Walk ROOT recursively (following symlinks once) for images; NoImages if there are none."""
+    """The images of ROOT: a folder walked recursively (following symlinks once), or a .txt/.csv list file;
+    NoImages if there are none."""
     root = Path(root)
+    if root.is_file():
+        return read_image_list(root)
     if not root.is_dir():
         raise NoImages(f"Image folder {str(root)!r} does not exist or is not a folder.")
     paths = sorted(_walk(root))
@@ -86,6 +90,40 @@ def find_images(root: Path) -> ImageList:
     index = {name: i for i, name in enumerate(classes)}
     labels = [index[path.split("/", 1)[0]] if in_class_folders else -1 for path in paths]
     return ImageList(root, tuple(paths), tuple(labels), tuple(classes))
+
+
+def read_image_list(path: Path) -> ImageList:
+    """The images a list file names, in its order: .txt, one path per line (blank lines and lines starting
+    with # ignored), or .csv with a `path` column and an optional integer `label` column. Relative paths
+    are relative to the list's folder; a listed file that is missing becomes a skipped image later."""
+    suffix = path.suffix.lower()
+    if suffix not in (".txt", ".csv"):
+        raise NoImages(f"{str(path)!r} is a file: IMAGES must be a folder, a .txt list or a .csv list.")
+    with open(path, newline="", encoding="utf-8", errors="surrogateescape") as handle:
+        if suffix == ".txt":
+            entries = [(line.rstrip("\r\n"), -1) for line in handle]
+            entries = [(name, label) for name, label in entries if name.strip() and not name.startswith("#")]
+        else:
+            entries = _csv_entries(path, handle)
+    if not entries:
+        raise NoImages(f"The list {str(path)!r} names no image.")
+    paths = tuple(name for name, _ in entries)
+    return ImageList(path.parent, paths, tuple(label for _, label in entries), ())
+
+
+def _csv_entries(path: Path, handle) -> list[tuple[str, int]]:
+    reader = csv.DictReader(handle)
+    if not reader.fieldnames or "path" not in reader.fieldnames:
+        columns = ", ".join(reader.fieldnames or [])
+        raise NoImages(f"The CSV list {str(path)!r} needs a 'path' column (it has: {columns}).")
+    entries = []
+    for line, row in enumerate(reader, start=2):
+        label = (row.get("label") or "").strip()
+        if label and not label.lstrip("-").isdigit():
+            raise NoImages(f"{path}, line {line}: label {label!r} is not an integer.")
+        if row["path"]:
+            entries.append((row["path"], int(label) if label else -1))
+    return entries
 
 
 def _walk(root: Path):

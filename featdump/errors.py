@@ -33,6 +33,10 @@ class UnknownLayer(UsageProblem):
     """A layer selector names no module of the model, or a call that never happens."""
 
 
+class NotPerImage(UsageProblem):
+    """A layer's output has no dimension that follows the batch: there is no row per image to store."""
+
+
 class AmbiguousLayer(UsageProblem):
     """A module runs several times per forward and the selector did not say which call."""
 

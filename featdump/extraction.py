@@ -162,10 +162,14 @@ def _extract_locked(settings: Settings, images: ImageList, lock: OutputLock, pro
                     started: float, extra_fingerprint: dict) -> Summary:
     device = resolve_device(settings.device)
     loaded, preprocess, layers = _prepare_model(settings, device)
-    specs = {layer.name: DatasetSpec(reduced_shape(settings.reduce, layer.shape, layer.name), settings.dtype)
-             for layer in layers}
+    specs = {layer.name: DatasetSpec(reduced_shape(settings.reduce, layer.shape, layer.name), settings.dtype,
+                                     layer.layout) for layer in layers}
+    for layer in layers:
+        if layer.layout:
+            log.info("Layer %s holds the batch in dimension %d: stored batch-first, %s.", layer.name,
+                     layer.batch_dim, layer.layout)
     fingerprint = {**_fingerprint(settings, images, preprocess, device), "model_source": loaded.source,
-                   **extra_fingerprint}
+                   "layouts": {layer.name: layer.layout for layer in layers if layer.layout}, **extra_fingerprint}
     stale: list[tuple[str, str]] = []
     if settings.update and settings.output.exists() and not settings.overwrite:
         writer = FeatureWriter.open_finished(settings.output, fingerprint, lock)
@@ -180,8 +184,8 @@ def _extract_locked(settings: Settings, images: ImageList, lock: OutputLock, pro
         all_images = images
         _report_size(settings, specs, len(images))
         writer = FeatureWriter.open(
-            settings.output, specs, fingerprint, _attributes(settings, loaded, layers), list(images.classes),
-            settings.batch_size, settings.compression, settings.overwrite, lock,
+            settings.output, specs, fingerprint, _attributes(settings, loaded, layers, images.root),
+            list(images.classes), settings.batch_size, settings.compression, settings.overwrite, lock,
         )
         base = 0
     start = writer.committed_images - base
@@ -401,7 +405,7 @@ def _fingerprint(settings: Settings, images: ImageList, preprocess: Preprocess, 
             "images": images.digest(), "image_count": len(images)}
 
 
-def _attributes(settings: Settings, loaded, layers: list[Layer]) -> dict:
+def _attributes(settings: Settings, loaded, layers: list[Layer], image_root: Path) -> dict:
     return {
         "model": settings.model,
         "weights": loaded.weights,
@@ -409,7 +413,7 @@ def _attributes(settings: Settings, loaded, layers: list[Layer]) -> dict:
         "seed": settings.seed,
         "layers": [layer.name for layer in layers],
         "preprocessing": repr(loaded.preprocessing),
-        "image_root": str(Path(settings.images).resolve()),
+        "image_root": str(Path(image_root).resolve()),
         "dtype": settings.dtype,
         "reduce": settings.reduce,
         "precision": settings.precision,
@@ -418,6 +422,7 @@ def _attributes(settings: Settings, loaded, layers: list[Layer]) -> dict:
         "torch_version": str(torch.__version__),
         "torchvision_version": str(torchvision.__version__),
         "command": settings.command,
+        "settings": json.dumps(settings.effective(), sort_keys=True),
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
 

@@ -80,7 +80,7 @@ def pruned_forward(model: nn.Module, layers: list[Layer], snapshot: Snapshot) ->
         with graph.inserting_after(node):
             tensor = graph.call_function(first_tensor, (node,))
         with graph.inserting_after(tensor):
-            outputs[layer.name] = graph.call_function(snapshot, (tensor,))
+            outputs[layer.name] = graph.call_function(snapshot, (tensor, layer.batch_dim))
     for node in [node for node in graph.nodes if node.op == "output"]:
         graph.erase_node(node)
     graph.output(outputs)

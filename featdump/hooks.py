@@ -43,6 +43,7 @@ class Capture:
         self._snapshot = snapshot
         self._stop_early = stop_early
         self._names_by_call: dict[str, dict[int, str]] = defaultdict(dict)
+        self._batch_dims = {layer.name: layer.batch_dim for layer in layers}
         for layer in layers:
             self._names_by_call[layer.path][layer.call] = layer.name
         self._expected = len(layers)
@@ -97,18 +98,31 @@ class Capture:
         if self._pruned is not None:
             with torch.inference_mode():
                 return self._pruned(inputs)
-        self._calls.clear()
-        self._captured = {}
+        self.start_forward()
         try:
             with torch.inference_mode():
                 self._model(inputs)
         except _StopForward:
             pass
-        captured, self._captured = self._captured, {}
+        captured = self.take()
         if len(captured) != self._expected:
             missing = sorted(set(self._all_names()) - set(captured))
             raise FeatdumpError(f"Layer(s) {', '.join(missing)} did not run in this forward pass.")
         return captured
+
+    def start_forward(self) -> None:
+        """Forget the previous forward's calls and captures (called before each forward)."""
+        self._calls.clear()
+        self._captured = {}
+
+    def take(self) -> dict[str, torch.Tensor]:
+        """The captures of the forward that just ran, by layer name."""
+        captured, self._captured = self._captured, {}
+        return captured
+
+    def calls(self, path: str) -> int:
+        """How many times module PATH ran in the current forward."""
+        return self._calls[path]
 
     def _all_names(self):
         for names in self._names_by_call.values():
@@ -122,7 +136,7 @@ class Capture:
             name = wanted.get(self._calls[path])
             if name is None:
                 return
-            self._captured[name] = self._snapshot(first_tensor(output))
+            self._captured[name] = self._snapshot(first_tensor(output), self._batch_dims[name])
             if self._stop_early and len(self._captured) == self._expected:
                 raise _StopForward
 

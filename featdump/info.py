@@ -1,4 +1,4 @@
-"""Info: a human-readable description of an output file, finished or partial."""
+"""Info: what an output file holds and how far its run got, as a dict (--json) or as lines to read."""
 
 from __future__ import annotations
 
@@ -10,50 +10,17 @@ import h5py
 from featdump.errors import NotAnOutput
 from featdump.writer import partial_path
 
-
-def _merged_lines(path: Path, attrs) -> list[str]:
-    shards = [str(name) for name in attrs["merged_from"]]
-    kind = "virtual datasets reading the shards" if attrs.get("virtual", False) else "a self-contained copy"
-    lines = [f"merged:     {len(shards)} shards, {kind}"]
-    if attrs.get("virtual", False):
-        missing = [name for name in shards if not (path.parent / name).exists()]
-        if missing:
-            lines.append(f"  missing shard files (their rows read as zeros): {', '.join(missing)}")
-    return lines
+_SHOWN = 20  # skipped and stale images listed by name
+_PROVENANCE = ("preprocessing", "command", "featdump_version", "torch_version", "created")
 
 
-def _stale_lines(h5file: h5py.File) -> list[str]:
-    if "stale" not in h5file or not len(h5file["stale/paths"]):
-        return []
-    stale = list(zip(h5file["stale/paths"].asstr()[:], h5file["stale/reasons"].asstr()[:]))
-    lines = [f"stale:      {len(stale)} rows whose image disappeared or changed since it was read "
-             "(kept; --overwrite recomputes)"]
-    lines += [f"  {name}: {reason}" for name, reason in stale[:20]]
-    if len(stale) > 20:
-        lines.append(f"  ... and {len(stale) - 20} more (h5py: f['stale/paths'], f['stale/reasons'])")
-    return lines
-
-
-def describe_shards(output: Path) -> list[str]:
-    """Lines on the shards of an OUTPUT not merged yet (none: no shard found)."""
-    from featdump.merge import ShardProblem, find_shards
-
-    try:
-        find_shards(output)
-        return [f"{output}: not merged yet; all shards are finished: run `featdump merge {output}`"]
-    except ShardProblem as problem:
-        if str(problem).startswith("No shards"):
-            return []
-        return [f"{output}: not merged yet. {problem}"]
-
-
-def describe(output: Path) -> list[str]:
-    """Lines saying what OUTPUT (or OUTPUT.partial) holds and how far its run got."""
+def read_info(output: Path) -> dict:
+    """Everything `featdump info` reports on OUTPUT (or OUTPUT.partial, or OUTPUT's shards) as plain values."""
     path = Path(output)
     if not path.exists() and partial_path(path).exists():
         path = partial_path(path)
     if not path.exists():
-        shards = describe_shards(path)
+        shards = _shards_info(path)
         if shards:
             return shards
         raise NotAnOutput(f"No file {str(output)!r} (nor {str(partial_path(Path(output)))!r}, nor shards of it).")
@@ -64,43 +31,113 @@ def describe(output: Path) -> list[str]:
     with h5file:
         if "committed" not in h5file.attrs or "features" not in h5file:
             raise NotAnOutput(f"{str(path)!r} is an HDF5 file, but not one featdump wrote.")
-        attrs = h5file.attrs
-        complete = bool(attrs.get("complete", False))
-        rows, images_done, skipped = (int(value) for value in attrs["committed"])
-        lines = [
-            f"file:       {path}",
-            f"model:      {attrs.get('model')} (weights {attrs.get('weights')}, seed {attrs.get('seed')})",
-            f"complete:   {'yes' if complete else 'no'}",
-            f"rows:       {rows}",
-        ]
-        fingerprint = json.loads(attrs.get("fingerprint", "{}"))
-        if "shard" in fingerprint:
-            index, count = fingerprint["shard"]
-            lines.append(f"shard:      {index} of {count} (0-based) of {fingerprint.get('all_image_count')} images; "
-                         "`featdump merge` joins the shards")
-        if "merged_from" in attrs:
-            lines += _merged_lines(path, attrs)
-        if attrs.get("updating", False):
-            lines.append("update:     interrupted (or running): the rows shown are valid; run the same "
-                         "--update command again to finish it")
-        lines += _stale_lines(h5file)
-        if not complete:
-            total = json.loads(attrs.get("fingerprint", "{}")).get("image_count", "?")
-            lines.append(f"progress:   {images_done} of {total} images done; "
-                         "run the same extract command again to resume")
-        lines.append("layers:")
-        for name, dataset in h5file["features"].items():
-            lines.append(f"  {name}: {tuple(dataset.shape[1:])} {dataset.dtype}")
-        labels = h5file["labels"]
-        classes = list(labels.attrs.get("classes", []))
-        if classes:
-            names = [c.decode() if isinstance(c, bytes) else str(c) for c in classes]
-            lines.append(f"classes:    {len(names)} ({', '.join(names[:8])}{', ...' if len(names) > 8 else ''})")
-        lines.append(f"skipped:    {skipped}")
-        for index in range(min(skipped, 5)):
-            lines.append(f"  {h5file['skipped/paths'].asstr()[index]}: {h5file['skipped/reasons'].asstr()[index]}")
-        for key in ("preprocessing", "command", "featdump_version", "torch_version", "created"):
-            if key in attrs:
-                value = str(attrs[key]).replace("\n", " ")
-                lines.append(f"{key + ':':<11} {value}")
+        return _file_info(path, h5file)
+
+
+def _file_info(path: Path, h5file: h5py.File) -> dict:
+    attrs = h5file.attrs
+    rows, images_done, skipped = (int(value) for value in attrs["committed"])
+    fingerprint = json.loads(attrs.get("fingerprint", "{}"))
+    info = {
+        "file": str(path),
+        "model": _text(attrs.get("model")),
+        "weights": _text(attrs.get("weights")),
+        "seed": int(attrs["seed"]) if "seed" in attrs else None,
+        "complete": bool(attrs.get("complete", False)),
+        "rows": rows,
+        "images_done": images_done,
+        "image_count": fingerprint.get("image_count"),
+        "layers": {name: {"shape": list(dataset.shape[1:]), "dtype": str(dataset.dtype)}
+                   for name, dataset in h5file["features"].items()},
+        "classes": [_text(name) for name in h5file["labels"].attrs.get("classes", [])],
+        "skipped": skipped,
+        "skipped_examples": _named_rows(h5file, "skipped", skipped),
+        "shard": fingerprint.get("shard"),
+        "merged": _merged_info(path, attrs) if "merged_from" in attrs else None,
+        "updating": bool(attrs.get("updating", False)),
+        "stale": len(h5file["stale/paths"]) if "stale" in h5file else 0,
+        "stale_examples": _named_rows(h5file, "stale", len(h5file["stale/paths"])) if "stale" in h5file else [],
+        "provenance": {key: _text(attrs[key]) for key in _PROVENANCE if key in attrs},
+    }
+    return info
+
+
+def _named_rows(h5file: h5py.File, group: str, count: int) -> list[list[str]]:
+    shown = min(count, _SHOWN)
+    return [[name, reason] for name, reason in zip(h5file[f"{group}/paths"].asstr()[:shown],
+                                                   h5file[f"{group}/reasons"].asstr()[:shown])]
+
+
+def _merged_info(path: Path, attrs) -> dict:
+    shards = [_text(name) for name in attrs["merged_from"]]
+    virtual = bool(attrs.get("virtual", False))
+    missing = [name for name in shards if virtual and not (path.parent / name).exists()]
+    return {"shards": shards, "virtual": virtual, "missing": missing}
+
+
+def _shards_info(output: Path) -> dict | None:
+    """For an OUTPUT not merged yet: whether its shards are all finished (None when it has none)."""
+    from featdump.merge import ShardProblem, find_shards
+
+    try:
+        shards = find_shards(output)
+        return {"file": str(output), "merged": None, "shards_ready": [str(path) for path in shards],
+                "problem": None}
+    except ShardProblem as problem:
+        if str(problem).startswith("No shards"):
+            return None
+        return {"file": str(output), "merged": None, "shards_ready": None, "problem": str(problem)}
+
+
+def _text(value) -> str | None:
+    if value is None:
+        return None
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def describe(output: Path) -> list[str]:
+    """Lines saying what OUTPUT (or OUTPUT.partial) holds and how far its run got."""
+    info = read_info(output)
+    if "shards_ready" in info:
+        if info["problem"]:
+            return [f"{info['file']}: not merged yet. {info['problem']}"]
+        return [f"{info['file']}: not merged yet; all {len(info['shards_ready'])} shards are finished: "
+                f"run `featdump merge {info['file']}`"]
+    lines = [
+        f"file:       {info['file']}",
+        f"model:      {info['model']} (weights {info['weights']}, seed {info['seed']})",
+        f"complete:   {'yes' if info['complete'] else 'no'}",
+        f"rows:       {info['rows']}",
+    ]
+    if info["shard"]:
+        index, count = info["shard"]
+        lines.append(f"shard:      {index} of {count} (0-based); `featdump merge` joins the shards")
+    if info["merged"]:
+        merged = info["merged"]
+        kind = "virtual datasets reading the shards" if merged["virtual"] else "a self-contained copy"
+        lines.append(f"merged:     {len(merged['shards'])} shards, {kind}")
+        if merged["missing"]:
+            lines.append(f"  missing shard files (their rows read as zeros): {', '.join(merged['missing'])}")
+    if info["updating"]:
+        lines.append("update:     interrupted (or running): the rows shown are valid; run the same "
+                     "--update command again to finish it")
+    if not info["complete"]:
+        lines.append(f"progress:   {info['images_done']} of {info['image_count'] or '?'} images done; "
+                     "run the same extract command again to resume")
+    lines.append("layers:")
+    lines += [f"  {name}: {tuple(layer['shape'])} {layer['dtype']}" for name, layer in info["layers"].items()]
+    if info["classes"]:
+        names = info["classes"]
+        lines.append(f"classes:    {len(names)} ({', '.join(names[:8])}{', ...' if len(names) > 8 else ''})")
+    lines.append(f"skipped:    {info['skipped']}")
+    lines += [f"  {name}: {reason}" for name, reason in info["skipped_examples"]]
+    if info["stale"]:
+        lines.append(f"stale:      {info['stale']} rows whose image disappeared or changed since it was read "
+                     "(kept; --overwrite recomputes)")
+        lines += [f"  {name}: {reason}" for name, reason in info["stale_examples"]]
+    for name, count in (("skipped", info["skipped"]), ("stale", info["stale"])):
+        if count > _SHOWN:
+            lines.append(f"  ({count - _SHOWN} more {name}: h5py f['{name}/paths'], f['{name}/reasons'])")
+    for key, value in info["provenance"].items():
+        lines.append(f"{key + ':':<11} {value.replace(chr(10), ' ')}")
     return lines

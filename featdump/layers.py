@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import difflib
+import logging
 import re
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 
-from featdump.errors import AmbiguousLayer, UnknownLayer
+from featdump.errors import AmbiguousLayer, NotPerImage, UnknownLayer
 
+log = logging.getLogger("featdump")
 _SELECTOR = re.compile(r"^(?P<path>[^:\s]+)(?::(?P<call>\d+))?$")
 
 
@@ -23,6 +25,7 @@ class LayerInfo:
     calls: int  # times the module ran in one forward
     shapes: tuple  # output shape of each call, without the batch dimension (None: not a tensor)
     tuple_output: bool  # the output is a tuple/list; its first tensor is what gets stored
+    batch_dims: tuple = ()  # per call: the dimension that follows the batch (None: none does, not per image)
 
     @property
     def depth(self) -> int:
@@ -36,7 +39,17 @@ class Layer:
     name: str  # the selector as the dataset name: "avgpool" or "layer1.0.relu:2"
     path: str
     call: int
-    shape: tuple[int, ...]
+    shape: tuple[int, ...]  # per image, batch dimension removed
+    batch_dim: int = 0  # where the module's output holds the batch (moved first when stored)
+
+    @property
+    def layout(self) -> str | None:
+        """'(197, N, 768) -> (N, 197, 768)' for an output whose batch is not first; None otherwise."""
+        if self.batch_dim == 0:
+            return None
+        dims = [str(size) for size in self.shape]
+        original = [*dims[: self.batch_dim], "N", *dims[self.batch_dim:]]
+        return f"({', '.join(original)}) -> (N, {', '.join(dims)})"
 
 
 def first_tensor(output):
@@ -49,14 +62,35 @@ def first_tensor(output):
 
 
 def probe(model: nn.Module, input_shape: tuple[int, ...]) -> list[LayerInfo]:
-    """Run one forward on zeros of INPUT_SHAPE (C, H, W) and record every module's calls and outputs."""
+    """Run forwards on zeros of INPUT_SHAPE (C, H, W) with batches of 2 and 3 and record every module's calls,
+    output shapes and batch dimension (the one dimension whose size follows the batch)."""
+    runs = [_record_calls(model, input_shape, batch) for batch in _PROBE_BATCHES]
+    modules = dict(model.named_modules())
+    infos = []
+    for path in runs[0][0]:
+        shapes, batch_dims = [], []
+        for first, second in zip(runs[0][0][path], runs[1][0][path]):
+            batch_dim = _batch_dim(first, second)
+            shapes.append(None if first is None else
+                          tuple(size for axis, size in enumerate(first) if axis != batch_dim))
+            batch_dims.append(batch_dim)
+        infos.append(LayerInfo(path, type(modules[path]).__name__, len(shapes), tuple(shapes), path in runs[0][1],
+                               tuple(batch_dims)))
+    return infos
+
+
+_PROBE_BATCHES = (2, 3)
+
+
+def _record_calls(model: nn.Module, input_shape: tuple[int, ...], batch: int):
+    """({path: full output shape of each call}, {paths with tuple outputs}) for one forward of BATCH zeros."""
     records: dict[str, list] = {path: [] for path, _ in model.named_modules() if path}
     tuple_outputs: set[str] = set()
 
     def recorder(path):
         def hook(module, args, output):
             tensor = first_tensor(output)
-            records[path].append(tuple(tensor.shape[1:]) if tensor is not None else None)
+            records[path].append(tuple(tensor.shape) if tensor is not None else None)
             if not isinstance(output, torch.Tensor):
                 tuple_outputs.add(path)
 
@@ -67,15 +101,22 @@ def probe(model: nn.Module, input_shape: tuple[int, ...]) -> list[LayerInfo]:
         parameter = next(model.parameters(), None)
         device = parameter.device if parameter is not None else torch.device("cpu")
         with torch.inference_mode():
-            model(torch.zeros((1, *input_shape), device=device))
+            model(torch.zeros((batch, *input_shape), device=device))
     finally:
         for handle in handles:
             handle.remove()
-    modules = dict(model.named_modules())
-    return [
-        LayerInfo(path, type(modules[path]).__name__, len(shapes), tuple(shapes), path in tuple_outputs)
-        for path, shapes in records.items()
-    ]
+    return records, tuple_outputs
+
+
+def _batch_dim(first: tuple | None, second: tuple | None) -> int | None:
+    """The first dimension that is 2 in FIRST and 3 in SECOND (the probe's batches); None if none is."""
+    if first is None or second is None or len(first) != len(second):
+        return None
+    following = [axis for axis, (a, b) in enumerate(zip(first, second)) if (a, b) == _PROBE_BATCHES]
+    if len(following) > 1:
+        log.info("Output dimensions %s all follow the batch size; taking dimension %d as the batch.",
+                 following, following[0])
+    return following[0] if following else None
 
 
 def resolve(selectors: list[str], infos: list[LayerInfo], model_name: str) -> list[Layer]:
@@ -90,12 +131,18 @@ def resolve(selectors: list[str], infos: list[LayerInfo], model_name: str) -> li
     return list(layers.values())
 
 
-def _resolve_one(text: str, by_path: dict[str, LayerInfo], model_name: str) -> Layer:
-    match = _SELECTOR.match(text)
-    hint = f"Run `featdump list-layers {model_name}` to see every layer."
+def parse_selector(text: str, hint: str = "") -> tuple[str, int | None]:
+    """'PATH' -> (PATH, None); 'PATH:K' -> (PATH, K); UnknownLayer for anything else."""
+    match = _SELECTOR.match(text.strip())
     if not match:
-        raise UnknownLayer(f"Bad layer selector {text!r}: use a module path like layer1.0.conv1, or PATH:K. {hint}")
-    path, call = match["path"], match["call"]
+        raise UnknownLayer(f"Bad layer selector {text!r}: use a module path like layer1.0.conv1, or PATH:K. {hint}"
+                           .strip())
+    return match["path"], int(match["call"]) if match["call"] is not None else None
+
+
+def _resolve_one(text: str, by_path: dict[str, LayerInfo], model_name: str) -> Layer:
+    hint = f"Run `featdump list-layers {model_name}` to see every layer."
+    path, call = parse_selector(text, hint)
     info = by_path.get(path)
     if info is None:
         close = difflib.get_close_matches(path, list(by_path), n=5, cutoff=0.6)
@@ -108,7 +155,7 @@ def _resolve_one(text: str, by_path: dict[str, LayerInfo], model_name: str) -> L
         raise AmbiguousLayer(
             f"Layer {path!r} runs {info.calls} times per forward pass; select one call: {options}."
         )
-    index = int(call) if call is not None else 1
+    index = call if call is not None else 1
     if not 1 <= index <= info.calls:
         raise UnknownLayer(
             f"Layer {path!r} runs {info.calls} time(s) per forward pass, so {text!r} does not exist. {hint}"
@@ -116,4 +163,10 @@ def _resolve_one(text: str, by_path: dict[str, LayerInfo], model_name: str) -> L
     shape = info.shapes[index - 1]
     if shape is None:
         raise UnknownLayer(f"Layer {path!r} does not output a tensor, so it cannot be stored. {hint}")
-    return Layer(name=text, path=path, call=index, shape=shape)
+    batch_dim = info.batch_dims[index - 1] if info.batch_dims else 0
+    if batch_dim is None:
+        raise NotPerImage(
+            f"Layer {text!r} outputs {shape} whatever the batch size: its output does not depend on the batch "
+            f"(a table or parameter, not one row per image), so it cannot be stored per image. {hint}"
+        )
+    return Layer(name=text, path=path, call=index, shape=shape, batch_dim=batch_dim)

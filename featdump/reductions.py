@@ -12,11 +12,18 @@ Snapshot = Callable[[torch.Tensor], torch.Tensor]
 
 
 def snapshot(reduce: str, dtype: str) -> Snapshot:
-    """A function turning a layer output (N, ...) into a new tensor to store: reduced, cast, never a view."""
+    """A function turning a layer output into a new tensor to store: batch first, reduced, cast, never a view.
+
+    BATCH_DIM is where the output holds its images (0 for most layers, 1 for a sequence-first (L, N, E));
+    the batch is moved first, and the reduction applies to that batch-first view.
+    """
     storage = getattr(torch, dtype)
 
-    def take(output: torch.Tensor) -> torch.Tensor:
-        return _REDUCERS[reduce](output).to(storage, copy=True)
+    def take(output: torch.Tensor, batch_dim: int = 0) -> torch.Tensor:
+        if batch_dim == 0:
+            return _REDUCERS[reduce](output).to(storage, copy=True)
+        reduced = _REDUCERS[reduce](output.movedim(batch_dim, 0))
+        return reduced.to(storage, copy=True, memory_format=torch.contiguous_format)
 
     return take
 

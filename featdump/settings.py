@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -9,8 +10,10 @@ DTYPES = ("float32", "float16")
 REDUCTIONS = ("none", "flatten", "avgpool", "maxpool", "cls")
 PRECISIONS = ("fp32", "bf16", "fp16")
 DECODERS = ("auto", "cpu", "gpu")
-COMPRESSIONS = ("none", "lzf", "gzip")
+COMPRESSIONS = ("none", "lzf", "gzip", "zstd", "blosc")  # zstd, blosc: the hdf5plugin package
 ON_ERROR = ("skip", "fail")
+CHOICES = {"dtype": DTYPES, "reduce": REDUCTIONS, "precision": PRECISIONS, "decode": DECODERS,
+           "compression": COMPRESSIONS, "on_error": ON_ERROR}
 
 
 @dataclass(frozen=True)
@@ -42,6 +45,11 @@ class Settings:
     merge_timeout: float = 3600.0  # torchrun: seconds rank 0 waits for the other ranks before merging
     update: bool = False  # append images new since OUTPUT was finished (cron), keeping its rows
     command: str = ""  # the command line, recorded in the output
+
+    def effective(self) -> dict:
+        """Every setting as plain JSON values: the configuration a file records."""
+        return {key: (str(value) if isinstance(value, Path) else list(value) if isinstance(value, tuple) else value)
+                for key, value in dataclasses.asdict(self).items()}
 
     def fingerprint(self) -> dict:
         """The options that determine the rows and values written (resume compares these)."""

@@ -49,6 +49,7 @@ class DatasetSpec:
 
     shape: tuple[int, ...]
     dtype: str
+    layout: str | None = None  # "(197, N, 768) -> (N, 197, 768)" when the model's output is not batch-first
 
     @property
     def row_bytes(self) -> int:
@@ -344,10 +345,12 @@ def _create(partial, specs, fingerprint, attributes, classes, batch_size, compre
         h5file.attrs["fingerprint"] = json.dumps(fingerprint, sort_keys=True)
         h5file.attrs["complete"] = False
         features = h5file.create_group("features")
-        filters = {} if compression == "none" else {"compression": compression}
+        filters = compression_filters(compression)
         for name, spec in specs.items():
-            features.create_dataset(name, shape=(0, *spec.shape), maxshape=(None, *spec.shape),
-                                    dtype=spec.dtype, chunks=chunk_shape(spec, batch_size), **filters)
+            dataset = features.create_dataset(name, shape=(0, *spec.shape), maxshape=(None, *spec.shape),
+                                              dtype=spec.dtype, chunks=chunk_shape(spec, batch_size), **filters)
+            if spec.layout:
+                dataset.attrs["layout"] = spec.layout
         _create_paths(h5file, 4096)
         labels = h5file.create_dataset("labels", shape=(0,), maxshape=(None,), dtype=np.int64, chunks=(4096,))
         labels.attrs["classes"] = np.array([as_text(name) for name in classes], dtype=_STRING)
@@ -362,6 +365,23 @@ def _create(partial, specs, fingerprint, attributes, classes, batch_size, compre
         partial.unlink(missing_ok=True)  # nothing was committed to it
         raise
     return h5file
+
+
+def compression_filters(compression: str) -> dict:
+    """h5py create_dataset keywords for COMPRESSION; zstd and blosc (lz4, byte shuffle) come from hdf5plugin,
+    which readers then import too."""
+    if compression == "none":
+        return {}
+    if compression in ("lzf", "gzip"):
+        return {"compression": compression}
+    try:
+        import hdf5plugin
+    except ImportError as error:
+        raise UsageProblem(f"--compression {compression} needs hdf5plugin: pip install 'featdump[compression]'.") \
+            from error
+    if compression == "zstd":
+        return dict(hdf5plugin.Zstd(clevel=3))
+    return dict(hdf5plugin.Blosc(cname="lz4", clevel=5, shuffle=hdf5plugin.Blosc.SHUFFLE))
 
 
 def _create_paths(group: h5py.Group, chunk_rows: int) -> None:

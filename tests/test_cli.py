@@ -17,11 +17,12 @@ def invoke(*args):
     return CliRunner().invoke(main, [str(arg) for arg in args])
 
 
-@pytest.mark.parametrize("command", [[], ["extract"], ["list-layers"], ["info"]])
+@pytest.mark.parametrize("command", [[], ["extract"], ["list-layers"], ["info"], ["merge"], ["show"]])
 def test_help_on_every_command(command):
     result = invoke(*command, "--help")
     assert result.exit_code == 0
     assert "Usage: " in result.output
+    assert "featdump " in result.output.split("Options:")[0]  # an example command line
 
 
 def test_help_and_version_as_a_process():
@@ -46,7 +47,7 @@ def test_list_layers_json_and_depth():
     rows = [json.loads(line) for line in result.output.splitlines()]
     assert {row["depth"] for row in rows} == {1, 2}
     assert {"path": "layer1.0", "type": "BasicBlock", "depth": 2, "calls": 1, "shapes": [[64, 56, 56]],
-            "tuple_output": False} in rows
+            "batch_dims": [0], "per_image": True, "tuple_output": False} in rows
 
 
 def test_unknown_model_names_close_models():
@@ -77,7 +78,7 @@ def test_reused_module_without_call(image_folder, tmp_path):
 def test_missing_image_folder(tmp_path):
     result = invoke("extract", "-m", "resnet18", "-l", "fc", tmp_path / "nope", tmp_path / "o.h5")
     assert result.exit_code == 2
-    assert "Directory" in result.output and "does not exist" in result.output
+    assert f"Invalid value for 'IMAGES': Path '{tmp_path / 'nope'}' does not exist." in result.output
 
 
 def test_empty_image_folder(tmp_path):
@@ -152,15 +153,6 @@ def test_options_from_environment_variables(image_folder, tmp_path):
     assert result.exit_code == 0, result.output
     with h5py.File(output, "r") as h5file:
         assert h5file.attrs["weights"] == "none" and h5file.attrs["seed"] == 7
-
-
-def test_python_api(image_folder, tmp_path):
-    import featdump
-
-    summary = featdump.extract(featdump.Settings(model="resnet18", layers=("fc",), images=image_folder,
-                                                 output=tmp_path / "api.h5", weights="none", num_workers=0))
-    assert summary.rows == 7 and summary.skipped == 0 and summary.output == tmp_path / "api.h5"
-    assert summary.line().startswith(f"Wrote 7 images (0 skipped) to {tmp_path / 'api.h5'} in ")
 
 
 def test_unreadable_checkpoint_and_missing_info_file(image_folder, tmp_path):

@@ -96,7 +96,7 @@ def test_slurm_array_tasks_then_merge_equal_a_single_run(folder, single, tmp_pat
     assert "Shard 1 of 3 (from SLURM array task 11" in logs[1]
     assert not output.exists()
     info = run_featdump("info", output)
-    assert info.returncode == 0 and "all shards are finished" in info.stdout
+    assert info.returncode == 0 and "not merged yet; all 3 shards are finished" in info.stdout
     merged = run_featdump("merge", output)
     assert merged.returncode == 0, merged.stderr
     assert_same(read_all(output), single)

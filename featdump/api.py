@@ -1,0 +1,138 @@
+"""The Python API: extract() as the CLI does, capture() inside your own loop, load() a file's features.
+
+    import featdump
+    featdump.extract("images/", "out.h5", model="resnet18", layers=["avgpool"], weights="none")
+    with featdump.capture(model, ["layer1.0.relu:2", "avgpool"]) as features:
+        for x in batches:
+            model(x)
+            use(features["avgpool"])          # this batch's copy, made at hook time
+    data = featdump.load("out.h5", "avgpool")  # data.features, data.paths, data.labels
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import h5py
+import numpy as np
+import torch
+from torch import nn
+
+from featdump.errors import AmbiguousLayer, UnknownLayer
+from featdump.hooks import Capture
+from featdump.layers import Layer, parse_selector
+from featdump.settings import Settings
+from featdump.writer import raw_paths
+
+_OPTIONS = {field.name for field in dataclasses.fields(Settings)} - {"images", "output", "model", "layers"}
+
+
+def extract(images: str | Path, output: str | Path, *, model: str, layers: str | Sequence[str], **options) -> Path:
+    """Extract LAYERS of MODEL for every image of IMAGES (a folder or a list file) into OUTPUT; returns OUTPUT.
+
+    Keyword options are the CLI's, underscored (batch_size=256, weights="none", reduce="avgpool", ...);
+    the behaviour is the CLI's, with errors raised as featdump.errors exceptions.
+
+    >>> featdump.extract("images/", "out.h5", model="resnet18", layers="layer3,avgpool", weights="none")
+    PosixPath('out.h5')
+    """
+    from featdump.extraction import extract as run
+
+    unknown = sorted(set(options) - _OPTIONS)
+    if unknown:
+        raise TypeError(f"extract() got unknown option(s) {', '.join(unknown)}; allowed: {', '.join(sorted(_OPTIONS))}")
+    names = [part.strip() for part in (layers.split(",") if isinstance(layers, str) else layers) if part.strip()]
+    settings = Settings(model=model, layers=tuple(names), images=Path(images), output=Path(output), **options)
+    return run(settings).output
+
+
+@contextmanager
+def capture(model: nn.Module, layers: str | Sequence[str]) -> Iterator[Mapping[str, torch.Tensor]]:
+    """Capture LAYERS ('PATH' or 'PATH:K') during every forward of MODEL that you run yourself.
+
+    Yields a mapping from layer name to the last forward's output, copied (detached) at hook time, so
+    later in-place operations cannot change it; 'PATH:K' is the K-th call of a module that runs several
+    times per forward. The model is in eval mode inside the block and gets its mode back after it.
+    """
+    names = [part.strip() for part in (layers.split(",") if isinstance(layers, str) else layers) if part.strip()]
+    selected = []
+    for text in names:
+        path, call = parse_selector(text)
+        try:
+            model.get_submodule(path)
+        except AttributeError as error:
+            raise UnknownLayer(f"{type(model).__name__} has no module {path!r}.") from error
+        selected.append((Layer(text, path, call or 1, ()), call is None))
+    hooks = Capture(model, [layer for layer, _ in selected], _detached_copy, stop_early=False)
+    latest: dict[str, torch.Tensor] = {}
+
+    def before_forward(module, args):
+        hooks.start_forward()
+
+    def after_forward(module, args, output):
+        latest.clear()
+        latest.update(hooks.take())
+        for layer, implicit in selected:
+            if implicit and hooks.calls(layer.path) > 1:
+                raise AmbiguousLayer(f"{layer.path!r} runs {hooks.calls(layer.path)} times per forward; select one "
+                                     f"call as {layer.path}:1 ... {layer.path}:{hooks.calls(layer.path)}.")
+
+    with hooks:
+        handles = [model.register_forward_pre_hook(before_forward), model.register_forward_hook(after_forward)]
+        try:
+            yield latest
+        finally:
+            for handle in handles:
+                handle.remove()
+
+
+def _detached_copy(output: torch.Tensor, batch_dim: int = 0) -> torch.Tensor:
+    return output.detach().clone()
+
+
+@dataclass
+class Features:
+    """One layer of an output file, row-aligned with its images."""
+
+    features: np.ndarray | h5py.Dataset  # (rows, ...); an h5py dataset (read lazily) when LAZY
+    paths: list[str]  # relative to `image_root` (names that are not UTF-8 as in `raw_paths`)
+    labels: np.ndarray
+    classes: list[str]
+    raw_paths: list[bytes]  # the exact bytes of every path
+    attributes: dict  # model, weights, preprocessing, ...
+    file: h5py.File | None = None  # open while `features` is lazy: close it when done
+
+
+def load(path: str | Path, layer: str, lazy: bool | None = None) -> Features:
+    """Read LAYER of the output file PATH with its paths and labels.
+
+    Whole into memory (a numpy array) unless LAZY, which by default is chosen for layers over 2 GB:
+    then `features` is an h5py dataset to slice, and `file` stays open.
+    """
+    h5file = h5py.File(path, "r")
+    try:
+        if layer not in h5file["features"]:
+            raise UnknownLayer(f"{str(path)!r} holds no layer {layer!r}; it has {', '.join(h5file['features'])}.")
+        dataset = h5file["features"][layer]
+        lazy = dataset.size * dataset.dtype.itemsize > 2 * 1024**3 if lazy is None else lazy
+        rows = int(h5file.attrs["committed"][0])
+        classes = [c.decode() if isinstance(c, bytes) else str(c) for c in h5file["labels"].attrs.get("classes", [])]
+        loaded = Features(
+            features=dataset if lazy else dataset[:rows],
+            paths=list(h5file["paths"].asstr()[:rows]),
+            labels=h5file["labels"][:rows],
+            classes=classes,
+            raw_paths=raw_paths(h5file)[:rows],
+            attributes=dict(h5file.attrs),
+            file=h5file if lazy else None,
+        )
+    except BaseException:
+        h5file.close()
+        raise
+    if not lazy:
+        h5file.close()
+    return loaded

@@ -1,0 +1,142 @@
+"""Every row is one image: outputs with the batch in another dimension, and outputs with no batch at all."""
+
+from __future__ import annotations
+
+import json
+import sys
+import textwrap
+
+import h5py
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from .conftest import featdump_env, run_featdump, write_images
+
+SEQUENCE_FIRST = textwrap.dedent('''
+    import torch
+    from torch import nn
+    from torchvision import transforms as T
+
+
+    class Table(nn.Module):
+        """A relative-position table: the same (1, 4, 4) whatever the batch."""
+
+        def __init__(self):
+            super().__init__()
+            self.weight = nn.Parameter(torch.randn(1, 4, 4))
+
+        def forward(self, x):
+            return self.weight * 1.0
+
+
+    class SequenceFirst(nn.Module):
+        """OpenAI-CLIP style: tokens as (L, N, E) through LayerNorm and nn.MultiheadAttention(batch_first=False)."""
+
+        def __init__(self):
+            super().__init__()
+            self.patch = nn.Conv2d(3, 16, 8, stride=8)
+            self.norm = nn.LayerNorm(16)
+            self.attn = nn.MultiheadAttention(16, 2)
+            self.table = Table()
+
+        def forward(self, x):
+            tokens = self.norm(self.patch(x).flatten(2).permute(2, 0, 1))
+            mixed, _ = self.attn(tokens, tokens, tokens)
+            return (mixed + tokens).mean(0) + self.table(x).sum()
+
+
+    def build():
+        return SequenceFirst()
+
+
+    def small():
+        return T.Compose([T.Resize(40), T.CenterCrop(32), T.ToTensor()])
+''')
+
+
+@pytest.fixture
+def project(tmp_path):
+    (tmp_path / "seqnet.py").write_text(SEQUENCE_FIRST)
+    write_images(tmp_path / "images", {"": 5})
+    sys.path.insert(0, str(tmp_path))
+    yield tmp_path
+    sys.path.remove(str(tmp_path))
+    sys.modules.pop("seqnet", None)
+
+
+def extract(project, *args):
+    return run_featdump("extract", "-m", "seqnet:build", "--transform", "seqnet:small", "-w", "none", *args,
+                        "images", "out.h5", cwd=project, env=featdump_env())
+
+
+def per_image_tokens(project):
+    """Each image's tokens after the LayerNorm and after the attention, computed alone (a batch of one)."""
+    import seqnet
+
+    torch.manual_seed(0)
+    net = seqnet.build().eval()
+    transform = seqnet.small()
+    norms, attended = [], []
+    for path in sorted((project / "images").iterdir()):
+        x = transform(Image.open(path).convert("RGB"))[None]
+        with torch.inference_mode():
+            tokens = net.norm(net.patch(x).flatten(2).permute(2, 0, 1))  # (16, 1, 16)
+            mixed, _ = net.attn(tokens, tokens, tokens)
+        norms.append(tokens[:, 0].numpy())
+        attended.append(mixed[:, 0].numpy())
+    return np.stack(norms), np.stack(attended)
+
+
+def test_sequence_first_outputs_are_stored_one_row_per_image(project):
+    result = extract(project, "-l", "norm,attn")
+    assert result.returncode == 0, result.stderr
+    assert "Layer norm holds the batch in dimension 1: stored batch-first, (16, N, 16) -> (N, 16, 16)." \
+        in result.stderr
+    norms, attended = per_image_tokens(project)
+    with h5py.File(project / "out.h5", "r") as h5file:
+        assert h5file["features/norm"].shape == (5, 16, 16)
+        np.testing.assert_allclose(h5file["features/norm"][:], norms, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(h5file["features/attn"][:], attended, rtol=1e-4, atol=1e-5)
+        assert h5file["features/attn"].attrs["layout"] == "(16, N, 16) -> (N, 16, 16)"
+        assert json.loads(h5file.attrs["fingerprint"])["layouts"]["norm"] == "(16, N, 16) -> (N, 16, 16)"
+
+
+def test_reduce_cls_keeps_each_images_first_token(project):
+    result = extract(project, "-l", "norm", "--reduce", "cls")
+    assert result.returncode == 0, result.stderr
+    norms, _ = per_image_tokens(project)
+    with h5py.File(project / "out.h5", "r") as h5file:
+        np.testing.assert_allclose(h5file["features/norm"][:], norms[:, 0], rtol=1e-5, atol=1e-6)
+
+
+def test_an_output_without_a_batch_is_refused_before_anything_is_written(project):
+    result = extract(project, "-l", "norm,table")
+    assert result.returncode == 2
+    assert result.stderr.strip() == (
+        "Error: Layer 'table' outputs (1, 4, 4) whatever the batch size: its output does not depend on the batch "
+        "(a table or parameter, not one row per image), so it cannot be stored per image. "
+        "Run `featdump list-layers seqnet:build` to see every layer.")
+    assert not list(project.glob("out.h5*"))
+
+
+def test_list_layers_shows_batch_dimensions(project):
+    result = run_featdump("list-layers", "seqnet:build", "--transform", "seqnet:small", "--json", cwd=project,
+                          env=featdump_env())
+    rows = {row["path"]: row for row in map(json.loads, result.stdout.splitlines())}
+    assert rows["norm"]["batch_dims"] == [1] and rows["norm"]["per_image"]
+    assert rows["patch"]["batch_dims"] == [0]
+    assert rows["table"]["batch_dims"] == [None] and not rows["table"]["per_image"]
+    tree = run_featdump("list-layers", "seqnet:build", "--transform", "seqnet:small", cwd=project,
+                        env=featdump_env()).stdout
+    assert "(batch in dimension 1: stored batch-first)" in tree
+    assert "(not per image: the output does not follow the batch)" in tree
+
+
+def test_swin_v2_relative_position_table_is_refused(image_folder, tmp_path):
+    result = run_featdump("extract", "-m", "swin_v2_t", "-w", "none", "-l", "features.1.0.attn.cpb_mlp",
+                          image_folder, tmp_path / "out.h5")
+    assert result.returncode == 2
+    assert "Error: Layer 'features.1.0.attn.cpb_mlp' outputs (1, 15, 15, 3) whatever the batch size" in result.stderr
+    assert not list(tmp_path.glob("out.h5*"))
