@@ -36,6 +36,7 @@ from featdump.errors import BadImage, Interrupted, NotEnoughSpace, UsageProblem
 from featdump.hooks import Capture
 from featdump.layers import Layer, probe, resolve
 from featdump.models import check_model_name, load_model
+from featdump.progress import ProgressRecord
 from featdump.reductions import reduced_shape, snapshot
 from featdump.settings import Settings
 from featdump.shards import Shard, choose_shard
@@ -191,6 +192,8 @@ def _extract_locked(settings: Settings, images: ImageList, lock: OutputLock, pro
     start = writer.committed_images - base
     if start:
         log.info("Resuming at image %d of %d (%d rows committed).", start, len(images), writer.committed_rows)
+    record = ProgressRecord(settings.output, writer.path, base + len(images), writer.committed_images,
+                            {name: list(spec.shape) for name, spec in specs.items()})
     try:
         example = torch.randn((2, 3, *preprocess.size), generator=torch.Generator().manual_seed(0)).to(device)
         capture = Capture(loaded.module, layers, snapshot(settings.reduce, settings.dtype), prune=True,
@@ -198,7 +201,7 @@ def _extract_locked(settings: Settings, images: ImageList, lock: OutputLock, pro
         with _StopSignals() as stop, capture:
             progress.start(len(images), start)
             _run_batches(settings, images, preprocess, capture, device, writer, progress, stop, start, base,
-                         owned_files=(writer.path, *([lock.path] if lock.path else [])))
+                         record, owned_files=(writer.path, *([lock.path] if lock.path else [])))
         if stop.signal_number is not None:
             raise Interrupted(
                 f"Stopped by {signal.Signals(stop.signal_number).name} after {writer.committed_images - base} of "
@@ -207,6 +210,7 @@ def _extract_locked(settings: Settings, images: ImageList, lock: OutputLock, pro
             )
         rows, skipped = writer.committed_rows, writer.committed_skipped
         output = writer.finish(all_images.digest())
+        record.remove()
     finally:
         progress.close()
         writer.close()
@@ -229,14 +233,14 @@ def _prepare_model(settings: Settings, device: torch.device):
     return loaded, preprocess, layers
 
 
-def _run_batches(settings, images, preprocess, capture, device, writer, progress, stop, start, base,
+def _run_batches(settings, images, preprocess, capture, device, writer, progress, stop, start, base, record,
                  owned_files) -> None:
     dataset = ImageDataset(images, preprocess, gpu_jpegs=resolve_decode(settings.decode, device, preprocess) == "gpu")
     loader = make_loader(dataset, start, settings.batch_size, choose_workers(settings.num_workers),
                          pin_memory=device.type == "cuda", owned_files=owned_files)
     autocast = _autocast(settings.precision, device)
     waiting = computing = 0.0
-    with WriteBehind(writer, base) as sink:
+    with WriteBehind(writer, base, record) as sink:
         tick = time.perf_counter()
         # A plain for loop: on an error the iterator goes with the frame's stack and shuts its workers down.
         for batch in loader:
@@ -273,8 +277,9 @@ def _check_failures(batch: Batch, images: ImageList, on_error: str) -> None:
 class WriteBehind:
     """Writes batches on a background thread behind a bounded queue; its errors surface in the loop."""
 
-    def __init__(self, writer: FeatureWriter, base: int = 0, depth: int = 3):
+    def __init__(self, writer: FeatureWriter, base: int = 0, record: ProgressRecord | None = None, depth: int = 3):
         self._writer = writer
+        self._record = record
         self._base = base  # images the file held before this run's list (an update's)
         self._queue: queue.Queue = queue.Queue(maxsize=depth)
         self._error: BaseException | None = None
@@ -330,6 +335,8 @@ class WriteBehind:
                     copied.synchronize()
                 arrays = {name: tensor.numpy() for name, tensor in host.items()}
                 self._writer.append(arrays, paths, labels, skipped, images_done, file_stats)
+                if self._record is not None:
+                    self._record.update(images_done, self._writer.committed_rows, self._writer.committed_skipped)
             except BaseException as error:  # handed to the main thread, which raises it
                 self._error = error
             self.seconds += time.perf_counter() - started

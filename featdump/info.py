@@ -8,7 +8,8 @@ from pathlib import Path
 import h5py
 
 from featdump.errors import NotAnOutput
-from featdump.writer import partial_path
+from featdump.progress import describe_running, read_record, running_lines
+from featdump.writer import lock_holder, partial_path
 
 _SHOWN = 20  # skipped and stale images listed by name
 _PROVENANCE = ("preprocessing", "command", "featdump_version", "torch_version", "created")
@@ -17,6 +18,9 @@ _PROVENANCE = ("preprocessing", "command", "featdump_version", "torch_version", 
 def read_info(output: Path) -> dict:
     """Everything `featdump info` reports on OUTPUT (or OUTPUT.partial, or OUTPUT's shards) as plain values."""
     path = Path(output)
+    job = _job_state(path)
+    if job is not None and job["state"] == "running":
+        return job  # the file is being written: everything comes from the progress record
     if not path.exists() and partial_path(path).exists():
         path = partial_path(path)
     if not path.exists():
@@ -31,7 +35,19 @@ def read_info(output: Path) -> dict:
     with h5file:
         if "committed" not in h5file.attrs or "features" not in h5file:
             raise NotAnOutput(f"{str(path)!r} is an HDF5 file, but not one featdump wrote.")
-        return _file_info(path, h5file)
+        info = _file_info(path, h5file)
+    if job is not None and not info["complete"]:
+        info["state"], info["job"] = "stopped", job  # a writer that died: its last record
+    return info
+
+
+def _job_state(path: Path) -> dict | None:
+    """The running (or stopped) job writing PATH, from its progress record and its lock; None if none."""
+    output = path.with_name(path.name.removesuffix(".partial"))
+    record = read_record(output)
+    if record is None:
+        return None
+    return describe_running(record, running=lock_holder(output) is not None)
 
 
 def _file_info(path: Path, h5file: h5py.File) -> dict:
@@ -39,6 +55,7 @@ def _file_info(path: Path, h5file: h5py.File) -> dict:
     rows, images_done, skipped = (int(value) for value in attrs["committed"])
     fingerprint = json.loads(attrs.get("fingerprint", "{}"))
     info = {
+        "state": "complete" if attrs.get("complete", False) else "partial",
         "file": str(path),
         "model": _text(attrs.get("model")),
         "weights": _text(attrs.get("weights")),
@@ -76,17 +93,29 @@ def _merged_info(path: Path, attrs) -> dict:
 
 
 def _shards_info(output: Path) -> dict | None:
-    """For an OUTPUT not merged yet: whether its shards are all finished (None when it has none)."""
-    from featdump.merge import ShardProblem, find_shards
+    """For an OUTPUT not merged yet: each shard's state and the sums (None when it has no shards)."""
+    from featdump.merge import ShardProblem, shard_count
+    from featdump.shards import shard_path
 
     try:
-        shards = find_shards(output)
-        return {"file": str(output), "merged": None, "shards_ready": [str(path) for path in shards],
-                "problem": None}
-    except ShardProblem as problem:
-        if str(problem).startswith("No shards"):
-            return None
-        return {"file": str(output), "merged": None, "shards_ready": None, "problem": str(problem)}
+        count = shard_count(output)
+    except ShardProblem:
+        return None
+    shards = []
+    for index in range(count):
+        path = shard_path(output, index, count)
+        try:
+            state = read_info(path)
+        except NotAnOutput:
+            shards.append({"index": index, "file": str(path), "state": "missing", "images_done": 0,
+                           "image_count": None})
+            continue
+        done = state["images_done"] if state["state"] != "complete" else state["rows"] + state["skipped"]
+        shards.append({"index": index, "file": str(path), "state": state["state"], "images_done": done,
+                       "image_count": state["image_count"] if state["state"] != "complete" else done})
+    return {"state": "sharded", "file": str(output), "merged": None, "shards": shards,
+            "images_done": sum(shard["images_done"] for shard in shards),
+            "image_count": sum(shard["image_count"] or 0 for shard in shards)}
 
 
 def _text(value) -> str | None:
@@ -95,14 +124,29 @@ def _text(value) -> str | None:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
+def _shard_lines(info: dict) -> list[str]:
+    shards = info["shards"]
+    finished = sum(shard["state"] == "complete" for shard in shards)
+    if finished == len(shards):
+        head = f"not merged yet; all {len(shards)} shards are finished: run `featdump merge {info['file']}`"
+    else:
+        head = f"not merged yet; {finished} of {len(shards)} shards finished"
+    lines = [f"{info['file']}: {head}",
+             f"progress:   {info['images_done']} images done in all shards (of {info['image_count']} known)"]
+    for shard in shards:
+        total = shard["image_count"] if shard["image_count"] is not None else "?"
+        lines.append(f"  shard {shard['index']}: {shard['state']}, {shard['images_done']} of {total} images "
+                     f"({shard['file']})")
+    return lines
+
+
 def describe(output: Path) -> list[str]:
     """Lines saying what OUTPUT (or OUTPUT.partial) holds and how far its run got."""
     info = read_info(output)
-    if "shards_ready" in info:
-        if info["problem"]:
-            return [f"{info['file']}: not merged yet. {info['problem']}"]
-        return [f"{info['file']}: not merged yet; all {len(info['shards_ready'])} shards are finished: "
-                f"run `featdump merge {info['file']}`"]
+    if info.get("state") == "running":
+        return running_lines(info)
+    if info["state"] == "sharded":
+        return _shard_lines(info)
     lines = [
         f"file:       {info['file']}",
         f"model:      {info['model']} (weights {info['weights']}, seed {info['seed']})",
@@ -121,7 +165,9 @@ def describe(output: Path) -> list[str]:
     if info["updating"]:
         lines.append("update:     interrupted (or running): the rows shown are valid; run the same "
                      "--update command again to finish it")
-    if not info["complete"]:
+    if info.get("job"):
+        lines += running_lines(info["job"])[1:3]
+    elif not info["complete"]:
         lines.append(f"progress:   {info['images_done']} of {info['image_count'] or '?'} images done; "
                      "run the same extract command again to resume")
     lines.append("layers:")

@@ -42,6 +42,16 @@ class RanksDidNotFinish(FeatdumpError):
 def find_shards(output: Path, pattern: str | None = None) -> list[Path]:
     """The N shard files of OUTPUT (N read from their names), in order; ShardProblem naming any that is not done."""
     output = Path(output)
+    count = shard_count(output, pattern)
+    paths = [shard_path(output, index, count, pattern) for index in range(count)]
+    problems = [problem for index, path in enumerate(paths) if (problem := _shard_problem(index, count, path))]
+    if problems:
+        raise ShardProblem(f"Cannot merge {str(output)!r}: " + "; ".join(problems) + ".")
+    return paths
+
+
+def shard_count(output: Path, pattern: str | None = None) -> int:
+    """N, from the names of OUTPUT's shard files (finished or partial); ShardProblem when there are none."""
     template = Path(shard_pattern(output, pattern))
     folder = output.parent / template.parent
     pieces = re.split(r"(\{k\}|\{n\})", template.name)
@@ -57,12 +67,7 @@ def find_shards(output: Path, pattern: str | None = None) -> list[Path]:
     if len(counts) > 1:
         raise ShardProblem(f"Shards of {str(output)!r} from runs with different shard counts ({sorted(counts)}) "
                            "lie side by side; remove the ones of the other run.")
-    count = counts.pop()
-    paths = [shard_path(output, index, count, pattern) for index in range(count)]
-    problems = [problem for index, path in enumerate(paths) if (problem := _shard_problem(index, count, path))]
-    if problems:
-        raise ShardProblem(f"Cannot merge {str(output)!r}: " + "; ".join(problems) + ".")
-    return paths
+    return counts.pop()
 
 
 def _shard_problem(index: int, count: int, path: Path) -> str | None:

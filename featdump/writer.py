@@ -26,6 +26,7 @@ import logging
 import math
 import os
 import shutil
+import struct
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -559,6 +560,32 @@ class OutputLock:
             finally:
                 os.close(self._descriptor)  # closing drops the record lock
                 self._descriptor = None
+
+
+def lock_holder(output: Path) -> int | None:
+    """The pid holding OUTPUT's lock (a running featdump), or None; asks the kernel (F_GETLK), takes nothing.
+
+    Never opens the lock file in the process that holds it: closing any descriptor of a file drops that
+    process's record locks on it.
+    """
+    path = Path(output).with_name(Path(output).name + ".lock")
+    if str(path.resolve()) in OutputLock._held:
+        return os.getpid()
+    try:
+        descriptor = os.open(path, os.O_RDWR)
+    except OSError:
+        return None  # no lock file: nobody is writing
+    try:
+        query = struct.pack(_FLOCK, fcntl.F_WRLCK, os.SEEK_SET, 0, 0, 0)
+        kind, _, _, _, pid = struct.unpack(_FLOCK, fcntl.fcntl(descriptor, fcntl.F_GETLK, query))
+    except OSError:
+        return None
+    finally:
+        os.close(descriptor)
+    return None if kind == fcntl.F_UNLCK else pid
+
+
+_FLOCK = "@hhqqi4x"  # struct flock on Linux: l_type, l_whence, l_start, l_len, l_pid
 
 
 def _locked(output: Path, path: Path) -> OutputLocked:

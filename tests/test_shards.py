@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import sys
@@ -141,6 +142,12 @@ def test_merge_names_a_missing_an_unfinished_and_a_different_shard(folder, tmp_p
     output = tmp_path / "out.h5"
     for index in (0, 2):
         assert run_featdump(*extract_args(folder, output, "--shard", f"{index}/3")).returncode == 0
+    info = run_featdump("info", "--json", output)
+    summed = json.loads(info.stdout)
+    assert summed["state"] == "sharded" and [shard["state"] for shard in summed["shards"]] == \
+        ["complete", "missing", "complete"]
+    assert summed["images_done"] == 6 + 6  # shards 0 and 2 of 18 images: 6 each
+    assert "not merged yet; 2 of 3 shards finished" in run_featdump("info", output).stdout
     missing = run_featdump("merge", output)
     assert missing.returncode == 2
     assert "shard 1 of 3 is missing" in missing.stderr and "run its task" in missing.stderr

@@ -1,0 +1,69 @@
+"""featdump info on a running job: answers at once from the progress record, never from the file being written."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+
+import h5py
+
+from .conftest import featdump_env, run_featdump, write_images
+
+
+def start(images, output):
+    args = ["extract", "-m", "resnet50", "-w", "none", "-l", "layer4", "-b", "2", images, output]
+    return subprocess.Popen([sys.executable, "-m", "featdump", *map(str, args)], env=featdump_env(),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+
+def info_json(output) -> dict:
+    result = run_featdump("info", "--json", output, timeout=60)
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+def test_info_on_a_running_job_then_on_the_finished_file(tmp_path):
+    images, output = tmp_path / "images", tmp_path / "out.h5"
+    write_images(images, {"a": 12, "b": 12})
+    job = start(images, output)
+    seen = []
+    text_seen = False
+    while job.poll() is None:
+        state = info_json(output) if (tmp_path / "out.h5.progress.json").exists() else None
+        if state and state.get("state") == "running":
+            assert state["pid"] == job.pid and state["image_count"] == 24 and "layer4" in state["layers"]
+            seen.append(state["images_done"])
+            if not text_seen:
+                text = run_featdump("info", tmp_path / "out.h5.partial", timeout=60)
+                assert text.returncode == 0 and f"running:    pid {job.pid} on " in text.stdout
+                assert " of 24 images (" in text.stdout and "img/s" in text.stdout
+                text_seen = True
+        time.sleep(0.2)
+    assert job.wait() == 0, job.stderr.read()
+    assert len(seen) >= 2 and text_seen, "the job ended before info saw it running"
+    assert seen == sorted(seen) and seen[-1] <= 24  # never decreases, never past the end
+    with h5py.File(output, "r") as h5file:
+        assert seen[-1] <= len(h5file["paths"]) == 24
+    final = info_json(output)
+    assert final["complete"] and final["rows"] == 24
+    assert not (tmp_path / "out.h5.progress.json").exists()
+
+
+def test_info_after_a_sigkill_says_stopped_and_how_to_resume(tmp_path):
+    images, output = tmp_path / "images", tmp_path / "out.h5"
+    write_images(images, {"a": 12})
+    job = start(images, output)
+    record = tmp_path / "out.h5.progress.json"
+    while job.poll() is None and not (record.exists() and json.loads(record.read_text())["images_done"] > 0):
+        time.sleep(0.05)
+    job.send_signal(signal.SIGKILL)
+    job.wait()
+    state = info_json(output)
+    assert state["state"] == "stopped" and state["job"]["images_done"] > 0 and state["job"]["pid"] == job.pid
+    assert state["rows"] == state["job"]["rows"]  # the partial file, read now that nobody holds it
+    text = run_featdump("info", output).stdout
+    assert f"stopped:    pid {job.pid} on " in text and "run the same command again to resume" in text
+    assert "complete:   no" in text  # the partial file itself, readable now that nobody holds it
