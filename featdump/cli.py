@@ -69,7 +69,10 @@ def main(verbose: int, quiet: bool) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object per module instead of a tree.")
 @click.option("--transform", metavar="MODULE:CALLABLE", help="Preprocessing (sets the input size), as for extract.")
 @click.option("--trust-pickle", is_flag=True, help="Allow MODEL to be a pickled whole-model file (runs its code).")
-def list_layers(model: str, depth: int | None, as_json: bool, transform: str | None, trust_pickle: bool) -> None:
+@click.option("--match", "pattern", metavar="PATTERN",
+              help="Only the layers PATTERN selects, as --layers would (layer2.*, layer2.**.conv1, relu:*).")
+def list_layers(model: str, depth: int | None, as_json: bool, transform: str | None, trust_pickle: bool,
+                pattern: str | None) -> None:
     """List every module path of MODEL with its type, output shape and calls per forward.
 
     Shapes come from one dry forward of a randomly initialised MODEL on a dummy batch of its
@@ -80,22 +83,35 @@ def list_layers(model: str, depth: int | None, as_json: bool, transform: str | N
     Example:
       featdump list-layers resnet18 --depth 2
       featdump list-layers timm:convnext_tiny --json
+      featdump list-layers vit_b_16 --match 'encoder.layers.*'
     """
     from featdump.data import Preprocess
-    from featdump.layers import probe
+    from featdump.layers import match_pattern, probe
     from featdump.models import load_model
 
     loaded = load_model(model, weights="none", transform=transform, trust_pickle=trust_pickle)
     size = Preprocess(loaded.preprocessing).size
     infos = [info for info in probe(loaded.module, (3, *size)) if depth is None or info.depth <= depth]
+    selected = {}
+    if pattern:
+        for name in match_pattern(pattern, infos, model):
+            selected.setdefault(name.split(":")[0], []).append(name)
+        infos = [info for info in infos if info.path in selected]
     if as_json:
         for info in infos:
-            click.echo(json.dumps({"path": info.path, "type": info.type_name, "depth": info.depth,
-                                   "calls": info.calls, "shapes": [list(s) if s else None for s in info.shapes],
-                                   "batch_dims": list(info.batch_dims),
-                                   "per_image": all(dim is not None for dim in info.batch_dims),
-                                   "tuple_output": info.tuple_output}))
+            row = {"path": info.path, "type": info.type_name, "depth": info.depth,
+                   "calls": info.calls, "shapes": [list(s) if s else None for s in info.shapes],
+                   "batch_dims": list(info.batch_dims),
+                   "per_image": all(dim is not None for dim in info.batch_dims),
+                   "tuple_output": info.tuple_output}
+            if pattern:
+                row["selected"] = selected[info.path]
+            click.echo(json.dumps(row))
         return
+    if pattern:
+        count = sum(len(names) for names in selected.values())
+        click.echo(f"{pattern!r} selects {count} layer{'s' * (count != 1)} of {model}: "
+                   f"{', '.join(name for names in selected.values() for name in names)}")
     click.echo(f"{model}: {len(infos)} modules; PATH, type, calls per forward, output shape of one "
                f"(3, {size[0]}, {size[1]}) image (no batch dimension)")
     width = max(len("  " * (info.depth - 1) + info.path) for info in infos)

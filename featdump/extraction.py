@@ -170,6 +170,7 @@ def _extract_locked(settings: Settings, images: ImageList, lock: OutputLock, pro
             log.info("Layer %s holds the batch in dimension %d: stored batch-first, %s.", layer.name,
                      layer.batch_dim, layer.layout)
     fingerprint = {**_fingerprint(settings, images, preprocess, device), "model_source": loaded.source,
+                   "layers": [layer.name for layer in layers],  # patterns expanded
                    "layouts": {layer.name: layer.layout for layer in layers if layer.layout}, **extra_fingerprint}
     stale: list[tuple[str, str]] = []
     if settings.update and settings.output.exists() and not settings.overwrite:
