@@ -64,12 +64,14 @@ class ImageList:
     def without(self, known: set[str], classes: tuple[str, ...]) -> ImageList:
         """The images whose paths are not in KNOWN, labelled against CLASSES extended by any new class folder
         (appended, so that labels already written keep their meaning)."""
-        paths = tuple(path for path in self.paths if path not in known)
-        new_classes = sorted({self.classes[label] for path, label in zip(self.paths, self.labels)
-                              if path not in known and label >= 0} - set(classes))
-        classes = (*classes, *new_classes) if self.classes else classes
+        kept = [(path, label) for path, label in zip(self.paths, self.labels) if path not in known]
+        paths = tuple(path for path, _ in kept)
+        if not self.classes:  # labels from a list file (or none): they stay as given
+            return ImageList(self.root, paths, tuple(label for _, label in kept), tuple(classes))
+        new_classes = sorted({self.classes[label] for _, label in kept if label >= 0} - set(classes))
+        classes = (*classes, *new_classes)
         index = {name: i for i, name in enumerate(classes)}
-        labels = tuple(index[path.split("/", 1)[0]] if self.classes else -1 for path in paths)
+        labels = tuple(index[path.split("/", 1)[0]] for path in paths)
         return ImageList(self.root, paths, labels, classes)
 
 
@@ -415,13 +417,23 @@ def available_memory() -> int | None:
     except OSError:
         pass
     try:
-        with open("/sys/fs/cgroup/memory.max") as limit, open("/sys/fs/cgroup/memory.current") as used:
+        folder = Path("/sys/fs/cgroup") / _cgroup_path()
+        with open(folder / "memory.max") as limit, open(folder / "memory.current") as used:
             maximum = limit.read().strip()
             if maximum != "max":
                 values.append(int(maximum) - int(used.read()))
     except (OSError, ValueError):
         pass
     return min(values) if values else None
+
+
+def _cgroup_path() -> str:
+    """This process's cgroup (v2) relative to the hierarchy's root: a SLURM job's or a container's."""
+    with open("/proc/self/cgroup") as handle:
+        for line in handle:
+            if line.startswith("0::"):
+                return line[3:].strip().lstrip("/")
+    return ""
 
 
 def choose_workers(requested: int | None) -> int:

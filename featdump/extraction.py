@@ -117,6 +117,9 @@ def extract(settings: Settings, progress: Progress | None = None) -> Summary:
     shard = choose_shard(settings.shard)
     extra_fingerprint, whole_output = {}, settings.output
     if shard is not None:
+        if settings.update:
+            raise UsageProblem("--update works on one run's output, not on shards: new images would move the "
+                               "shard boundaries. Run the sharded job again over the whole folder instead.")
         settings, images, extra_fingerprint = _as_shard(settings, images, shard)
         if settings.output.exists() and not settings.overwrite:
             log.info("Shard %d of %d is already finished: %s.", shard.index, shard.count, settings.output)
@@ -211,8 +214,8 @@ def _extract_locked(settings: Settings, images: ImageList, lock: OutputLock, pro
             )
         rows, skipped = writer.committed_rows, writer.committed_skipped
         output = writer.finish(all_images.digest())
-        record.remove()
     finally:
+        record.remove()  # only a kill leaves it, for info to report the job as stopped
         progress.close()
         writer.close()
     return Summary(output, rows, skipped, len(images) - start, start, time.perf_counter() - started,

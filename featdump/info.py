@@ -8,7 +8,7 @@ from pathlib import Path
 import h5py
 
 from featdump.errors import NotAnOutput
-from featdump.progress import describe_running, read_record, running_lines
+from featdump.progress import describe_running, read_record, running_lines, stopped_line
 from featdump.writer import lock_holder, partial_path
 
 _SHOWN = 20  # skipped and stale images listed by name
@@ -166,8 +166,8 @@ def describe(output: Path) -> list[str]:
         lines.append("update:     interrupted (or running): the rows shown are valid; run the same "
                      "--update command again to finish it")
     if info.get("job"):
-        lines += running_lines(info["job"])[1:3]
-    elif not info["complete"]:
+        lines.append(stopped_line(info["job"]))
+    if not info["complete"]:
         lines.append(f"progress:   {info['images_done']} of {info['image_count'] or '?'} images done; "
                      "run the same extract command again to resume")
     lines.append("layers:")

@@ -15,15 +15,15 @@ import numpy as np
 from featdump.errors import FeatdumpError, UsageProblem
 from featdump.shards import shard_path, shard_pattern
 from featdump.writer import (
-    _STRING,
     FORMAT,
+    STRING,
     OutputLock,
-    _create_paths,
-    _fsync,
-    _write_paths,
+    create_path_datasets,
     describe_differences,
+    fsync_path,
     partial_path,
     raw_paths,
+    write_paths,
 )
 
 log = logging.getLogger("featdump")
@@ -98,9 +98,9 @@ def merge(output: Path, pattern: str | None = None, copy: bool = False, overwrit
             partial = partial_path(output)
             with h5py.File(partial, "w", locking=lock.hdf5_locking) as merged:
                 _write_merged(merged, output, shards, files, fingerprint, copy)
-            _fsync(partial)
+            fsync_path(partial)
             os.replace(partial, output)
-            _fsync(output.parent)
+            fsync_path(output.parent)
     finally:
         lock.release()
     return output
@@ -152,8 +152,8 @@ def _write_merged(merged: h5py.File, output: Path, shards: list[Path], files: li
             merged.attrs[key] = value
     merged.attrs["format"] = FORMAT
     merged.attrs["fingerprint"] = json.dumps({**fingerprint, "shards": len(files)}, sort_keys=True)
-    merged.attrs["merged_from"] = np.array([os.path.relpath(path, output.parent) for path in shards], dtype=_STRING)
-    merged.attrs["commands"] = np.array([h5file.attrs.get("command", "") for h5file in files], dtype=_STRING)
+    merged.attrs["merged_from"] = np.array([os.path.relpath(path, output.parent) for path in shards], dtype=STRING)
+    merged.attrs["commands"] = np.array([h5file.attrs.get("command", "") for h5file in files], dtype=STRING)
     merged.attrs["virtual"] = not copy
     features = merged.create_group("features")
     for name, dataset in files[0]["features"].items():
@@ -168,7 +168,7 @@ def _write_merged(merged: h5py.File, output: Path, shards: list[Path], files: li
     merged.create_group("skipped")
     _join(merged, "skipped/", files, skipped, "paths")
     reasons = [reason for h5file, count in zip(files, skipped) for reason in h5file["skipped/reasons"].asstr()[:count]]
-    merged["skipped"].create_dataset("reasons", data=np.array(reasons, dtype=object), dtype=_STRING,
+    merged["skipped"].create_dataset("reasons", data=np.array(reasons, dtype=object), dtype=STRING,
                                      maxshape=(None,), chunks=(256,))
     merged.attrs["committed"] = np.array([sum(rows), sum(rows) + sum(skipped), sum(skipped)], dtype=np.int64)
     merged.attrs["complete"] = True
@@ -209,11 +209,11 @@ def _concatenate(merged: h5py.File, name: str, parts: list[np.ndarray]) -> None:
 
 def _join(merged: h5py.File, group: str, files: list[h5py.File], counts: list[int], name: str) -> None:
     """GROUP/paths (and raw_paths) of all shards in order."""
-    _create_paths(merged[group] if group else merged, 4096 if not group else 256)
+    create_path_datasets(merged[group] if group else merged, 4096 if not group else 256)
     offset = 0
     for h5file, count in zip(files, counts):
         if count:
-            _write_paths(merged, group, offset, [os.fsdecode(raw) for raw in raw_paths(h5file, group)[:count]])
+            write_paths(merged, group, offset, [os.fsdecode(raw) for raw in raw_paths(h5file, group)[:count]])
         offset += count
 
 

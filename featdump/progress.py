@@ -79,26 +79,27 @@ def describe_running(record: dict, running: bool) -> dict:
 
 
 def running_lines(state: dict) -> list[str]:
-    """Lines `info` prints for a job that is running (or stopped without finishing)."""
+    """Lines `info` prints for a job that is running."""
     since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(state["since"])) if state["since"] else "?"
     done, total = state["images_done"], state["image_count"]
     percent = f" ({100.0 * done / total:.1f}%)" if total else ""
-    lines = [f"file:       {state['file']}"]
-    if state["state"] == "running":
-        left = f", about {_duration(state['seconds_left'])} left" if state["seconds_left"] is not None else ""
-        lines += [f"running:    pid {state['pid']} on {state['host']} since {since}",
-                  f"progress:   {done} of {total} images{percent}, {state['skipped']} skipped, "
-                  f"{state['rate']:.1f} img/s{left}"]
-    else:
-        updated = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(state["updated"])) if state["updated"] else "?"
-        lines += [f"stopped:    pid {state['pid']} on {state['host']} is not running (killed or crashed; last "
-                  f"commit {updated}); run the same command again to resume",
-                  f"progress:   {done} of {total} images{percent} committed, {state['skipped']} skipped"]
+    left = f", about {_duration(state['seconds_left'])} left" if state["seconds_left"] is not None else ""
+    lines = [f"file:       {state['file']}",
+             f"running:    pid {state['pid']} on {state['host']} since {since}",
+             f"progress:   {done} of {total} images{percent}, {state['skipped']} skipped, "
+             f"{state['rate']:.1f} img/s{left}"]
     lines.append("layers:")
     lines += [f"  {name}: {tuple(shape)}" for name, shape in (state["layers"] or {}).items()]
     if state["size_bytes"] is not None:
         lines.append(f"size:       {state['size_bytes'] / 1e6:.1f} MB so far")
     return lines
+
+
+def stopped_line(state: dict) -> str:
+    """The line `info` prints for a job that died without finishing (its record is left, its lock is free)."""
+    updated = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(state["updated"])) if state["updated"] else "?"
+    return (f"stopped:    the job (pid {state['pid']} on {state['host']}) is no longer writing it (killed or "
+            f"crashed; last record {updated}); run the same command again to resume")
 
 
 def _duration(seconds: float) -> str:

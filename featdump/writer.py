@@ -39,7 +39,7 @@ from featdump.errors import OutputExists, OutputLocked, OutputWriteError, Resume
 FORMAT = "featdump/2"
 MIN_CHUNK_BYTES = 64 * 1024
 MAX_CHUNK_BYTES = 4 * 1024 * 1024
-_STRING = h5py.string_dtype("utf-8")
+STRING = h5py.string_dtype("utf-8")
 _BYTES = h5py.vlen_dtype(np.uint8)
 log = logging.getLogger("featdump")
 
@@ -174,16 +174,16 @@ class FeatureWriter:
         """Record what this update will add (new image count, classes) and the stale rows it found, durably,
         before the first new row: a kill from here on leaves a file that the next --update finishes."""
         self._file.attrs["fingerprint"] = json.dumps(fingerprint, sort_keys=True)
-        self._file["labels"].attrs["classes"] = np.array([as_text(name) for name in classes], dtype=_STRING)
+        self._file["labels"].attrs["classes"] = np.array([as_text(name) for name in classes], dtype=STRING)
         self._file.attrs["updating"] = True
         if "stale" in self._file:
             del self._file["stale"]
         group = self._file.create_group("stale")
-        _create_paths(group, 256)
-        group.create_dataset("reasons", shape=(0,), maxshape=(None,), dtype=_STRING, chunks=(256,))
+        create_path_datasets(group, 256)
+        group.create_dataset("reasons", shape=(0,), maxshape=(None,), dtype=STRING, chunks=(256,))
         if stale:
-            _write_paths(self._file, "stale/", 0, [path for path, _ in stale])
-            _write_rows(group["reasons"], 0, len(stale), np.array([reason for _, reason in stale], dtype=object))
+            write_paths(self._file, "stale/", 0, [path for path, _ in stale])
+            write_rows(group["reasons"], 0, len(stale), np.array([reason for _, reason in stale], dtype=object))
         self._file.flush()
 
     # -- state -----------------------------------------------------------------------------------
@@ -219,15 +219,15 @@ class FeatureWriter:
             new_rows = rows + len(paths)
             if paths:
                 for name, values in features.items():
-                    _write_rows(self._file["features"][name], rows, new_rows, values)
-                _write_paths(self._file, "", rows, paths)
-                _write_rows(self._file["labels"], rows, new_rows, np.asarray(labels, dtype=np.int64))
+                    write_rows(self._file["features"][name], rows, new_rows, values)
+                write_paths(self._file, "", rows, paths)
+                write_rows(self._file["labels"], rows, new_rows, np.asarray(labels, dtype=np.int64))
                 stats = np.asarray(file_stats if file_stats is not None else [(-1, -1)] * len(paths), dtype=np.int64)
-                _write_rows(self._file["file_stats"], rows, new_rows, stats)
+                write_rows(self._file["file_stats"], rows, new_rows, stats)
             new_skipped = skipped_before + len(skipped)
             if skipped:
-                _write_paths(self._file, "skipped/", skipped_before, [path for path, _ in skipped])
-                _write_rows(self._file["skipped/reasons"], skipped_before, new_skipped,
+                write_paths(self._file, "skipped/", skipped_before, [path for path, _ in skipped])
+                write_rows(self._file["skipped/reasons"], skipped_before, new_skipped,
                             np.array([as_text(reason) for _, reason in skipped], dtype=object))
             self._file.flush()
             self._file.attrs.modify("committed", np.array([new_rows, images_done, new_skipped], dtype=np.int64))
@@ -257,10 +257,10 @@ class FeatureWriter:
                 self._file.attrs["fingerprint"] = json.dumps(fingerprint, sort_keys=True)
                 self._file.attrs["updating"] = False
             self._file.close()
-            _fsync(partial)
+            fsync_path(partial)
             if not self._in_place:
                 os.replace(partial, self.output)
-            _fsync(self.output.parent)
+            fsync_path(self.output.parent)
         except OSError as error:
             raise _write_error(partial, error, None) from error
         finally:
@@ -278,7 +278,7 @@ class FeatureWriter:
             self._lock.release()
 
 
-def _write_rows(dataset: h5py.Dataset, start: int, stop: int, values: np.ndarray) -> None:
+def write_rows(dataset: h5py.Dataset, start: int, stop: int, values: np.ndarray) -> None:
     if dataset.shape[0] != stop:
         dataset.resize(stop, axis=0)
     dataset[start:stop] = values
@@ -293,16 +293,16 @@ def as_text(name: str) -> str:
         return os.fsencode(name).decode("utf-8", "backslashreplace")
 
 
-def _write_paths(h5file: h5py.File, group: str, start: int, paths: list[str]) -> None:
+def write_paths(h5file: h5py.File, group: str, start: int, paths: list[str]) -> None:
     """Rows START.. of GROUP/paths as text; the exact bytes of names that are not UTF-8 in GROUP/raw_paths."""
     texts = [as_text(path) for path in paths]
-    _write_rows(h5file[group + "paths"], start, start + len(paths), np.array(texts, dtype=object))
+    write_rows(h5file[group + "paths"], start, start + len(paths), np.array(texts, dtype=object))
     raw = [(start + index, os.fsencode(path)) for index, (path, text) in enumerate(zip(paths, texts))
            if text is not path]
     if raw:
         rows, names = h5file[group + "raw_paths/rows"], h5file[group + "raw_paths/bytes"]
         count = rows.shape[0]
-        _write_rows(rows, count, count + len(raw), np.array([row for row, _ in raw], dtype=np.int64))
+        write_rows(rows, count, count + len(raw), np.array([row for row, _ in raw], dtype=np.int64))
         names.resize(count + len(raw), axis=0)
         for index, (_, name) in enumerate(raw):  # one by one: h5py cannot slice-assign a single sequence
             names[count + index] = np.frombuffer(name, dtype=np.uint8)
@@ -340,7 +340,7 @@ def _create(partial, specs, fingerprint, attributes, classes, batch_size, compre
     try:
         for key, value in attributes.items():
             if isinstance(value, list):
-                value = np.array([as_text(item) if isinstance(item, str) else item for item in value], dtype=_STRING)
+                value = np.array([as_text(item) if isinstance(item, str) else item for item in value], dtype=STRING)
             h5file.attrs[key] = as_text(value) if isinstance(value, str) else value
         h5file.attrs["format"] = FORMAT
         h5file.attrs["fingerprint"] = json.dumps(fingerprint, sort_keys=True)
@@ -352,13 +352,13 @@ def _create(partial, specs, fingerprint, attributes, classes, batch_size, compre
                                               dtype=spec.dtype, chunks=chunk_shape(spec, batch_size), **filters)
             if spec.layout:
                 dataset.attrs["layout"] = spec.layout
-        _create_paths(h5file, 4096)
+        create_path_datasets(h5file, 4096)
         labels = h5file.create_dataset("labels", shape=(0,), maxshape=(None,), dtype=np.int64, chunks=(4096,))
-        labels.attrs["classes"] = np.array([as_text(name) for name in classes], dtype=_STRING)
+        labels.attrs["classes"] = np.array([as_text(name) for name in classes], dtype=STRING)
         h5file.create_dataset("file_stats", shape=(0, 2), maxshape=(None, 2), dtype=np.int64, chunks=(2048, 2))
         skipped = h5file.create_group("skipped")
-        _create_paths(skipped, 256)
-        skipped.create_dataset("reasons", shape=(0,), maxshape=(None,), dtype=_STRING, chunks=(256,))
+        create_path_datasets(skipped, 256)
+        skipped.create_dataset("reasons", shape=(0,), maxshape=(None,), dtype=STRING, chunks=(256,))
         h5file.attrs["committed"] = np.zeros(3, dtype=np.int64)  # rows, images, skipped
         h5file.flush()
     except BaseException:
@@ -385,8 +385,8 @@ def compression_filters(compression: str) -> dict:
     return dict(hdf5plugin.Blosc(cname="lz4", clevel=5, shuffle=hdf5plugin.Blosc.SHUFFLE))
 
 
-def _create_paths(group: h5py.Group, chunk_rows: int) -> None:
-    group.create_dataset("paths", shape=(0,), maxshape=(None,), dtype=_STRING, chunks=(chunk_rows,))
+def create_path_datasets(group: h5py.Group, chunk_rows: int) -> None:
+    group.create_dataset("paths", shape=(0,), maxshape=(None,), dtype=STRING, chunks=(chunk_rows,))
     raw = group.create_group("raw_paths")
     raw.create_dataset("rows", shape=(0,), maxshape=(None,), dtype=np.int64, chunks=(256,))
     raw.create_dataset("bytes", shape=(0,), maxshape=(None,), dtype=_BYTES, chunks=(256,))
@@ -481,7 +481,7 @@ def _clear_strings_beyond(dataset: h5py.Dataset, keep: int, limit: int) -> None:
     dataset.resize(keep, axis=0)
 
 
-def _fsync(path: Path) -> None:
+def fsync_path(path: Path) -> None:
     descriptor = os.open(path, os.O_RDONLY)
     try:
         os.fsync(descriptor)
@@ -572,7 +572,7 @@ def lock_holder(output: Path) -> int | None:
     if str(path.resolve()) in OutputLock._held:
         return os.getpid()
     try:
-        descriptor = os.open(path, os.O_RDWR)
+        descriptor = os.open(path, os.O_RDONLY)
     except OSError:
         return None  # no lock file: nobody is writing
     try:

@@ -65,5 +65,5 @@ def test_info_after_a_sigkill_says_stopped_and_how_to_resume(tmp_path):
     assert state["state"] == "stopped" and state["job"]["images_done"] > 0 and state["job"]["pid"] == job.pid
     assert state["rows"] == state["job"]["rows"]  # the partial file, read now that nobody holds it
     text = run_featdump("info", output).stdout
-    assert f"stopped:    pid {job.pid} on " in text and "run the same command again to resume" in text
+    assert f"stopped:    the job (pid {job.pid} on " in text and "run the same command again to resume" in text
     assert "complete:   no" in text  # the partial file itself, readable now that nobody holds it

@@ -113,3 +113,18 @@ def test_update_reports_stale_rows_and_refuses_another_configuration(tmp_path):
 
     other = run_featdump(*update_args(images, output, "--seed", "3"))
     assert other.returncode == 2 and "seed: 0 when started, 3 now" in other.stderr
+
+
+def test_update_over_a_list_file_keeps_its_labels_and_refuses_shards(tmp_path):
+    names = write_images(tmp_path / "pool", {"": 5}, size=(40, 32))
+    listing, output = tmp_path / "list.csv", tmp_path / "out.h5"
+    listing.write_text("path,label\n" + "".join(f"pool/{name},{i}\n" for i, name in enumerate(names[:3])))
+    assert run_featdump(*update_args(listing, output)).returncode == 0
+    with open(listing, "a") as handle:
+        handle.write(f"pool/{names[3]},7\npool/{names[4]},9\n")
+    result = run_featdump(*update_args(listing, output))
+    assert result.returncode == 0, result.stderr
+    with h5py.File(output, "r") as h5file:
+        assert list(h5file["labels"][:]) == [0, 1, 2, 7, 9]
+    sharded = run_featdump(*update_args(listing, output, "--shard", "0/2"))
+    assert sharded.returncode == 2 and "--update works on one run's output, not on shards" in sharded.stderr
