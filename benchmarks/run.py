@@ -1,6 +1,6 @@
 """featdump benchmarks: prints one table of measurements taken side by side in one run.
 
-    python benchmarks/run.py [--images 256] [--workers 2] [--write-results]   (make bench)
+    python benchmarks/run.py [--images 256] [--workers 2] [--gpu-images 20480] [--write-results]   (make bench)
 
 CPU (always): featdump vs the bare limit (the model truncated at the layer, same DataLoader and
 preprocessing, no hooks, no writes), vs the seeds' hook recipe and vs create_feature_extractor kept in
@@ -227,6 +227,8 @@ def main():
     parser.add_argument("--skip-cpu", action="store_true")
     parser.add_argument("--photos", type=int, default=192, help="camera photos (12 MP) for the photo rows; 0 skips")
     parser.add_argument("--photo-workers", type=int, default=2)
+    parser.add_argument("--gpu-images", type=int, default=20480,
+                        help="JPEGs for the GPU rows (>= 20,000: a steady rate over many batches of 256)")
     parser.add_argument("--write-results", action="store_true", help="also write benchmarks/RESULTS.md")
     args = parser.parse_args()
     images = make_images(HERE / "data" / f"images-{args.images}", args.images)
@@ -236,7 +238,9 @@ def main():
     if args.photos:
         lines += ["## Camera photos", ""] + photo_rows(args.photos, args.photo_workers, args.repeats) + [""]
     if torch.cuda.is_available():
-        lines += ["## GPU", ""] + gpu_rows(images, args.images, args.workers) + [""]
+        gpu_images = make_images(HERE / "data" / f"images-{args.gpu_images}", args.gpu_images)
+        lines += ["## GPU", "", f"{args.gpu_images} JPEGs of 500x375.", ""]
+        lines += gpu_rows(gpu_images, args.gpu_images, args.workers) + [""]
     else:
         lines += ["GPU rows: skipped, CUDA is not available on this machine.", ""]
     table = "\n".join(lines)

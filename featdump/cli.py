@@ -184,7 +184,7 @@ def _read_config(ctx: click.Context, param, path: Path | None):
 @click.option("--precision", type=click.Choice(PRECISIONS), default="fp32", show_default=True,
               help="Autocast precision of the forward pass.")
 @click.option("--decode", type=click.Choice(DECODERS), default="auto", show_default=True,
-              help="Decode JPEGs on the cpu (workers) or the gpu (nvjpeg); auto picks gpu on CUDA.")
+              help="Decode JPEGs on the cpu (workers) or the gpu (nvjpeg); auto is cpu until the GPU path is measured.")
 @click.option("--fast-decode", is_flag=True,
               help="Decode large JPEGs at a reduced scale (1/2-1/8, never below twice the resize size) before "
                    "the exact resize: several times faster on camera photos, features within about 1%.")

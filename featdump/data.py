@@ -25,7 +25,7 @@ from torchvision.transforms import Resize
 from torchvision.transforms import functional as F
 from torchvision.transforms._presets import ImageClassification
 
-from featdump.errors import NoImages
+from featdump.errors import DeviceFailure, NoImages
 
 IMAGE_EXTENSIONS = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff"})
 JPEG_EXTENSIONS = frozenset({".jpg", ".jpeg"})
@@ -237,10 +237,20 @@ class Preprocess:
         return F.center_crop(image, t.crop_size)
 
     def normalize(self, batch: torch.Tensor) -> torch.Tensor:
+        """uint8 (N, C, H, W) -> normalised float, as convert_image_dtype + normalize compute it, with the
+        mean and std kept on the batch's device (no host copies, no read-back per batch)."""
         if not self.split:
             return batch.float()
-        batch = F.convert_image_dtype(batch, torch.float)
-        return F.normalize(batch, mean=self.transforms.mean, std=self.transforms.std)
+        mean, std = self._constants(batch.device)
+        return (batch.float() / 255.0).sub_(mean).div_(std)
+
+    def _constants(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        cached = self.__dict__.setdefault("_on_device", {})
+        if device not in cached:
+            mean = torch.tensor(self.transforms.mean, dtype=torch.float32).view(-1, 1, 1)
+            std = torch.tensor(self.transforms.std, dtype=torch.float32).view(-1, 1, 1)
+            cached[device] = (mean.to(device), std.to(device))
+        return cached[device]
 
 
 @dataclass
@@ -342,11 +352,12 @@ def to_device_inputs(batch: Batch, preprocess: Preprocess, images: ImageList, de
         if decoded is not None:
             crops[position] = preprocess.resize_and_crop(decoded)
             continue
-        try:
+        try:  # only this image's decoding may fail it; a device error below stops the run
             pixels = preprocess.pixels(open_rgb(images.root / images.paths[position], preprocess.draft))
-            crops[position] = torch.from_numpy(pixels).to(device)
         except Exception as error:  # recorded like a worker's failure
             batch.failures.append((position, describe_failure(error)))
+            continue
+        crops[position] = torch.from_numpy(pixels).to(device)
     batch.encoded = []
     batch.positions = sorted(crops)
     if not crops:
@@ -361,18 +372,36 @@ def _decode_on_gpu(encoded: list[tuple[int, np.ndarray]], device: torch.device):
     from torchvision.io import ImageReadMode, decode_jpeg
 
     tensors = [torch.from_numpy(data) for _, data in encoded]
+    if device.type == "cuda":
+        # nvJPEG's hardware decoder does not wait for work queued on the stream, and its outputs come from
+        # the caching allocator: memory the queued forward still uses could be handed to it and overwritten.
+        torch.cuda.current_stream(device).synchronize()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)
         try:
             decoded = decode_jpeg(tensors, mode=ImageReadMode.RGB, device=device)
-        except RuntimeError:  # one bad JPEG fails the batched call: decode one by one
+        except RuntimeError as error:  # one bad JPEG fails the batched call: decode one by one
+            raise_if_device_failure(error)
             decoded = []
             for tensor in tensors:
                 try:
                     decoded.append(decode_jpeg(tensor, mode=ImageReadMode.RGB, device=device))
-                except RuntimeError:
+                except RuntimeError as single:
+                    raise_if_device_failure(single)
                     decoded.append(None)
     yield from zip([position for position, _ in encoded], decoded)
+
+
+def raise_if_device_failure(error: BaseException) -> None:
+    """Re-raise as DeviceFailure an error of the device itself (out of memory, a sticky CUDA error), which no
+    image caused and which would fail every image after it; decode errors of one image pass."""
+    accelerator_error = getattr(torch, "AcceleratorError", None)
+    text = str(error)
+    if isinstance(error, torch.cuda.OutOfMemoryError) or (accelerator_error and isinstance(error, accelerator_error)) \
+            or "CUDA error" in text or "out of memory" in text:
+        raise DeviceFailure(f"The GPU failed while decoding images ({text.strip().splitlines()[0]}); committed rows "
+                            "are kept: fix the cause (a smaller --batch-size for out of memory) and run the same "
+                            "command again to resume.") from error
 
 
 class _Batches:

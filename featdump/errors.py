@@ -69,6 +69,10 @@ class NotEnoughSpace(FeatdumpError):
     """The expected output is larger than the free disk space."""
 
 
+class DeviceFailure(FeatdumpError):
+    """The GPU itself failed (out of memory, a CUDA error): not an image's fault; the run stops, resumable."""
+
+
 class BadImage(FeatdumpError):
     """An image could not be decoded and --on-error fail was given."""
 

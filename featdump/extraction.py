@@ -242,21 +242,22 @@ def _run_batches(settings, images, preprocess, capture, device, writer, progress
     dataset = ImageDataset(images, preprocess, gpu_jpegs=resolve_decode(settings.decode, device, preprocess) == "gpu")
     loader = make_loader(dataset, start, settings.batch_size, choose_workers(settings.num_workers),
                          pin_memory=device.type == "cuda", owned_files=owned_files)
-    autocast = _autocast(settings.precision, device)
     waiting = computing = 0.0
-    with WriteBehind(writer, base, record) as sink:
+    # Autocast is entered once for the loop (leaving it clears its cache of cast weights); the inputs are made
+    # outside it, in a nested disabled region (which leaves the cache alone).
+    with WriteBehind(writer, base, record) as sink, _autocast(settings.precision, device):
         tick = time.perf_counter()
         # A plain for loop: on an error the iterator goes with the frame's stack and shuts its workers down.
         for batch in loader:
             tock = time.perf_counter()
-            inputs = to_device_inputs(batch, preprocess, images, device)
+            with torch.autocast(device.type, enabled=False):
+                inputs = to_device_inputs(batch, preprocess, images, device)
             _check_failures(batch, images, settings.on_error)
             features = {}
             if inputs is not None:
                 if device.type == "cuda":
                     inputs = inputs.contiguous(memory_format=torch.channels_last)
-                with autocast:
-                    features = capture.run(inputs)
+                features = capture.run(inputs)
             sink.put(features, batch, images, device)
             waiting, computing = waiting + tock - tick, computing + time.perf_counter() - tock
             progress.advance(batch.size)
@@ -387,6 +388,8 @@ def resolve_device(name: str) -> torch.device:
             raise UsageProblem(f"Device {name!r} asked for, but CUDA is not available here; use --device cpu.")
         if device.index is not None and device.index >= torch.cuda.device_count():
             raise UsageProblem(f"Device {name!r} does not exist: this machine has {torch.cuda.device_count()} GPU(s).")
+        # cuda:N is the current device: events, streams and the loader's pinning thread all use it.
+        torch.cuda.set_device(device)
         torch.backends.cudnn.benchmark = True
     elif device.type != "cpu":
         raise UsageProblem(f"Unsupported device {name!r}: use auto, cpu, cuda or cuda:N.")
@@ -394,13 +397,13 @@ def resolve_device(name: str) -> torch.device:
 
 
 def resolve_decode(decode: str, device: torch.device, preprocess: Preprocess) -> str:
-    """cpu or gpu: auto means gpu on CUDA when the preprocessing can run there."""
+    """cpu or gpu: auto means cpu for now (gpu decoding is asked for by name)."""
     if decode == "gpu" and device.type != "cuda":
         raise UsageProblem("--decode gpu needs a CUDA device; use --decode cpu (or auto).")
     if decode == "gpu" and not preprocess.split:
         raise UsageProblem("--decode gpu needs torchvision's ImageClassification preprocessing; use --decode cpu.")
-    if decode == "auto":
-        return "gpu" if device.type == "cuda" and preprocess.split else "cpu"
+    if decode == "auto":  # the CPU decoder until the GPU path (nvJPEG behind its barrier) is measured on a GPU
+        return "cpu"
     return decode
 
 

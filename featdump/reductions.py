@@ -20,9 +20,8 @@ def snapshot(reduce: str, dtype: str) -> Snapshot:
     storage = getattr(torch, dtype)
 
     def take(output: torch.Tensor, batch_dim: int = 0) -> torch.Tensor:
-        if batch_dim == 0:
-            return _REDUCERS[reduce](output).to(storage, copy=True)
-        reduced = _REDUCERS[reduce](output.movedim(batch_dim, 0))
+        reduced = _REDUCERS[reduce](output.movedim(batch_dim, 0) if batch_dim else output)
+        # Contiguous (a channels_last output is transposed here, on the device, not by h5py on the host).
         return reduced.to(storage, copy=True, memory_format=torch.contiguous_format)
 
     return take
@@ -47,10 +46,15 @@ def _pool(output: torch.Tensor, pool) -> torch.Tensor:
     return output
 
 
+def _mean_in_float32(output: torch.Tensor, dim: int) -> torch.Tensor:
+    """A mean accumulated in float32 also for bf16/fp16 outputs (autocast), which lose digits summing."""
+    return torch.mean(output, dim=dim, dtype=torch.float32)
+
+
 _REDUCERS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "none": lambda output: output,
     "flatten": lambda output: output.flatten(1),
-    "avgpool": lambda output: _pool(output, torch.mean),
+    "avgpool": lambda output: _pool(output, _mean_in_float32),
     "maxpool": lambda output: _pool(output, torch.amax),
     "cls": lambda output: output[:, 0],
 }

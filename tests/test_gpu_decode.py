@@ -81,3 +81,64 @@ def test_cuda_fp32_matches_cpu_features(tmp_path):
     with h5py.File(outputs["cpu"]) as cpu, h5py.File(outputs["cuda"]) as cuda:
         for name in ("layer2.0.bn1", "fc"):
             np.testing.assert_allclose(cuda["features"][name][:], cpu["features"][name][:], rtol=2e-2, atol=2e-2)
+
+
+def test_auto_decodes_on_the_cpu_until_the_gpu_path_is_measured():
+    from featdump.errors import UsageProblem
+    from featdump.extraction import resolve_decode
+
+    preprocess = Preprocess(get_model_weights("resnet18").DEFAULT.transforms())
+    assert resolve_decode("auto", torch.device("cuda"), preprocess) == "cpu"
+    assert resolve_decode("gpu", torch.device("cuda"), preprocess) == "gpu"
+    with pytest.raises(UsageProblem, match="--decode gpu needs a CUDA device"):
+        resolve_decode("gpu", torch.device("cpu"), preprocess)
+
+
+def test_normalize_keeps_its_constants_on_the_device_and_equals_torchvision():
+    from torchvision.transforms import functional as F
+
+    transforms = get_model_weights("resnet18").DEFAULT.transforms()
+    preprocess = Preprocess(transforms)
+    batch = torch.randint(0, 256, (3, 3, 16, 16), dtype=torch.uint8)
+    expected = F.normalize(F.convert_image_dtype(batch, torch.float), mean=transforms.mean, std=transforms.std)
+    assert torch.equal(preprocess.normalize(batch), expected)  # bit for bit
+    first = preprocess._constants(batch.device)
+    assert preprocess._constants(batch.device)[0] is first[0]  # made once per device, not per batch
+
+
+def test_device_errors_stop_the_run_and_decode_errors_do_not():
+    from featdump.data import raise_if_device_failure
+    from featdump.errors import DeviceFailure
+
+    raise_if_device_failure(RuntimeError("nvjpegDecodeJpeg failed: not a JPEG"))  # the image's fault: passes
+    for error in (torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"),
+                  RuntimeError("CUDA error: an illegal memory access was encountered")):
+        with pytest.raises(DeviceFailure, match="The GPU failed while decoding images"):
+            raise_if_device_failure(error)
+
+
+def test_pooled_half_precision_outputs_accumulate_in_float32_and_snapshots_are_contiguous():
+    from featdump.reductions import snapshot
+
+    output = (torch.rand(2, 8, 64, 64) * 4 + 100).to(torch.bfloat16)  # large sums lose digits in bf16
+    pooled = snapshot("avgpool", "float32")(output)
+    assert torch.equal(pooled, output.float().mean(dim=(2, 3)))
+    assert not torch.equal(pooled, output.mean(dim=(2, 3)).float())  # what a bf16 mean gives
+    channels_last = torch.rand(2, 8, 4, 4).contiguous(memory_format=torch.channels_last)
+    assert snapshot("none", "float32")(channels_last).is_contiguous()
+
+
+@needs_cuda
+def test_cuda_gpu_decode_rows_do_not_depend_on_the_batch_size(tmp_path):
+    """Many batches through nvJPEG: memory the previous forward still used must never be decoded into."""
+    images = tmp_path / "images"
+    write_images(images, {"a": 400, "b": 400}, size=(300, 260))
+    rows = {}
+    for batch_size in (2, 64):
+        output = tmp_path / f"b{batch_size}.h5"
+        result = run_featdump("extract", "-m", "resnet50", "-w", "none", "-l", "avgpool", "--device", "cuda",
+                              "--decode", "gpu", "-b", str(batch_size), images, output)
+        assert result.returncode == 0, result.stderr
+        with h5py.File(output) as h5file:
+            rows[batch_size] = h5file["features/avgpool"][:]
+    np.testing.assert_allclose(rows[2], rows[64], rtol=1e-4, atol=1e-5)
