@@ -261,13 +261,19 @@ class Batch:
     pixels: torch.Tensor | None  # (n, C, H, W), uint8 when the preprocessing is split
     failures: list[tuple[int, str]]  # (source position, reason) of images that could not be used
     end: int  # one past the last source position of this batch
-    encoded: list[tuple[int, np.ndarray]] = field(default_factory=list)  # JPEG bytes left to the GPU
+    jpeg_bytes: torch.Tensor | None = None  # the JPEGs left to the GPU, end to end: one shared-memory tensor
+    jpeg_index: list[tuple[int, int, int]] = field(default_factory=list)  # (position, start, stop) in jpeg_bytes
     file_stats: dict[int, tuple[int, int]] = field(default_factory=dict)  # position: (size, mtime_ns) when read
+
+    @property
+    def encoded(self) -> list[tuple[int, torch.Tensor]]:
+        """(position, that JPEG's bytes: a view into jpeg_bytes)."""
+        return [(position, self.jpeg_bytes[start:stop]) for position, start, stop in self.jpeg_index]
 
     @property
     def size(self) -> int:
         """How many source images this batch covers."""
-        return len(self.positions) + len(self.failures) + len(self.encoded)
+        return len(self.positions) + len(self.failures) + len(self.jpeg_index)
 
     def pin_memory(self) -> Batch:
         """Called by the DataLoader's pinning thread, so the copy to the GPU can be asynchronous."""
@@ -325,12 +331,15 @@ def collate(items) -> Batch:
     """Stack the decoded images into one tensor (one shared-memory handle per batch, not per image)."""
     decoded = [(position, payload) for position, kind, payload, _ in items if kind == "pixels"]
     pixels = torch.from_numpy(np.stack([payload for _, payload in decoded])) if decoded else None
+    jpegs = [(position, payload) for position, kind, payload, _ in items if kind == "jpeg"]
+    ends = np.cumsum([len(payload) for _, payload in jpegs]).tolist()
     return Batch(
         positions=[position for position, _ in decoded],
         pixels=pixels,
         failures=[(position, payload) for position, kind, payload, _ in items if kind == "failed"],
         end=items[-1][0] + 1,
-        encoded=[(position, payload) for position, kind, payload, _ in items if kind == "jpeg"],
+        jpeg_bytes=torch.from_numpy(np.concatenate([payload for _, payload in jpegs])) if jpegs else None,
+        jpeg_index=[(position, end - len(payload), end) for (position, payload), end in zip(jpegs, ends)],
         file_stats={position: file_stat for position, _, _, file_stat in items},
     )
 
@@ -342,7 +351,7 @@ def to_device_inputs(batch: Batch, preprocess: Preprocess, images: ImageList, de
     that nvjpeg cannot decode is decoded on the CPU alone, and recorded as failed if that fails too.
     Afterwards `batch.positions` are the rows of the inputs and nothing is left encoded.
     """
-    if not batch.encoded:
+    if not batch.jpeg_index:
         return None if batch.pixels is None else preprocess.normalize(batch.pixels.to(device, non_blocking=True))
     crops = {}
     if batch.pixels is not None:
@@ -358,38 +367,41 @@ def to_device_inputs(batch: Batch, preprocess: Preprocess, images: ImageList, de
             batch.failures.append((position, describe_failure(error)))
             continue
         crops[position] = torch.from_numpy(pixels).to(device)
-    batch.encoded = []
+    batch.jpeg_bytes, batch.jpeg_index = None, []
     batch.positions = sorted(crops)
     if not crops:
         return None
     return preprocess.normalize(torch.stack([crops[p] for p in batch.positions]))
 
 
-def _decode_on_gpu(encoded: list[tuple[int, np.ndarray]], device: torch.device):
+def _decode_on_gpu(encoded: list[tuple[int, torch.Tensor]], device: torch.device):
     """Yield (position, uint8 CHW tensor on DEVICE or None when nvjpeg failed on it)."""
     if not encoded:
         return
     from torchvision.io import ImageReadMode, decode_jpeg
 
-    tensors = [torch.from_numpy(data) for _, data in encoded]
+    tensors = [data for _, data in encoded]
     if device.type == "cuda":
         # nvJPEG's hardware decoder does not wait for work queued on the stream, and its outputs come from
         # the caching allocator: memory the queued forward still uses could be handed to it and overwritten.
         torch.cuda.current_stream(device).synchronize()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)
-        try:
-            decoded = decode_jpeg(tensors, mode=ImageReadMode.RGB, device=device)
-        except RuntimeError as error:  # one bad JPEG fails the batched call: decode one by one
-            raise_if_device_failure(error)
-            decoded = []
-            for tensor in tensors:
-                try:
-                    decoded.append(decode_jpeg(tensor, mode=ImageReadMode.RGB, device=device))
-                except RuntimeError as single:
-                    raise_if_device_failure(single)
-                    decoded.append(None)
+        decoded = _decode_halving(tensors, lambda part: decode_jpeg(part, mode=ImageReadMode.RGB, device=device))
     yield from zip([position for position, _ in encoded], decoded)
+
+
+def _decode_halving(tensors: list[torch.Tensor], decode) -> list[torch.Tensor | None]:
+    """DECODE(list) on all of TENSORS; when one bad JPEG fails the batched call, the halves are decoded again
+    (k bad JPEGs cost about 2k log2(n) calls, not n), and a bad one alone gives None."""
+    try:
+        return list(decode(tensors))
+    except RuntimeError as error:
+        raise_if_device_failure(error)
+        if len(tensors) == 1:
+            return [None]
+        half = len(tensors) // 2
+        return _decode_halving(tensors[:half], decode) + _decode_halving(tensors[half:], decode)
 
 
 def raise_if_device_failure(error: BaseException) -> None:

@@ -255,9 +255,10 @@ def _run_batches(settings, images, preprocess, capture, device, writer, progress
             _check_failures(batch, images, settings.on_error)
             features = {}
             if inputs is not None:
-                if device.type == "cuda":
-                    inputs = inputs.contiguous(memory_format=torch.channels_last)
-                features = capture.run(inputs)
+                count = inputs.shape[0]
+                if device.type == "cuda":  # one shape for cudnn.benchmark: the last batch and gappy ones padded
+                    inputs = padded(inputs, settings.batch_size).contiguous(memory_format=torch.channels_last)
+                features = {name: values[:count] for name, values in capture.run(inputs).items()}
             sink.put(features, batch, images, device)
             waiting, computing = waiting + tock - tick, computing + time.perf_counter() - tock
             progress.advance(batch.size)
@@ -267,6 +268,14 @@ def _run_batches(settings, images, preprocess, capture, device, writer, progress
     log.debug("Stage times: waiting for decoded images %.2f s, forward and copies %.2f s, "
               "writing %.2f s on a background thread (%s capture).", waiting, computing, sink.seconds,
               capture.strategy)
+
+
+def padded(inputs: torch.Tensor, size: int) -> torch.Tensor:
+    """INPUTS with zero images appended up to SIZE rows (eval-mode layers compute each image on its own)."""
+    missing = size - inputs.shape[0]
+    if missing <= 0:
+        return inputs
+    return torch.cat([inputs, inputs.new_zeros((missing, *inputs.shape[1:]))])
 
 
 def _check_failures(batch: Batch, images: ImageList, on_error: str) -> None:

@@ -142,3 +142,49 @@ def test_cuda_gpu_decode_rows_do_not_depend_on_the_batch_size(tmp_path):
         with h5py.File(output) as h5file:
             rows[batch_size] = h5file["features/avgpool"][:]
     np.testing.assert_allclose(rows[2], rows[64], rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")
+def test_one_bad_jpeg_does_not_serialise_the_batch(tmp_path):
+    from torchvision.io import ImageReadMode, decode_jpeg
+
+    from featdump.data import _decode_halving
+
+    write_images(tmp_path, {"a": 16}, size=(64, 48))
+    paths = sorted((tmp_path / "a").glob("*.jpg"))
+    data = [torch.from_numpy(np.fromfile(path, dtype=np.uint8)) for path in paths]
+    data[5] = data[5][: len(data[5]) // 3]  # truncated: its header still reads, its data does not decode
+    calls = []
+
+    def decode(part):
+        calls.append(len(part))
+        return decode_jpeg(part, mode=ImageReadMode.RGB, device="cpu")
+
+    decoded = _decode_halving(data, decode)
+    assert decoded[5] is None and all(image is not None for i, image in enumerate(decoded) if i != 5)
+    assert torch.equal(decoded[0], decode_jpeg(data[0], mode=ImageReadMode.RGB))
+    assert len(calls) <= 1 + 2 * 4  # halving: log2(16) levels of two calls, not one call per image
+    # Through the batch path: the truncated JPEG falls back to PIL, fails there too, and is recorded.
+    (tmp_path / "a" / paths[5].name).write_bytes(paths[5].read_bytes()[: paths[5].stat().st_size // 3])
+    images = find_images(tmp_path)
+    preprocess = Preprocess(get_model_weights("resnet18").DEFAULT.transforms())
+    batch = collate([ImageDataset(images, preprocess, gpu_jpegs=True)[i] for i in range(len(images))])
+    assert batch.jpeg_bytes is not None and len(batch.jpeg_index) == 11  # one tensor for all the JPEGs
+    inputs = to_device_inputs(batch, preprocess, images, torch.device("cpu"))
+    assert [images.paths[p] for p, _ in batch.failures] == [f"a/{paths[5].name}"]
+    assert inputs.shape[0] == 15 and batch.jpeg_index == []
+
+
+def test_short_batches_are_padded_to_one_shape_and_rows_cut_back():
+    from torchvision.models import resnet18
+
+    from featdump.extraction import padded
+
+    torch.manual_seed(0)
+    model = resnet18().eval()
+    x = torch.randn(3, 3, 64, 64)
+    full = padded(x, 8)
+    assert full.shape == (8, 3, 64, 64) and torch.equal(full[:3], x) and not full[3:].any()
+    with torch.inference_mode():
+        np.testing.assert_allclose(model(full)[:3], model(x), rtol=1e-5, atol=1e-5)  # eval: images independent
+    assert padded(x, 2) is x
