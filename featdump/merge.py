@@ -24,6 +24,7 @@ from featdump.writer import (
     partial_path,
     raw_paths,
     write_paths,
+    write_rows,
 )
 
 log = logging.getLogger("featdump")
@@ -88,50 +89,42 @@ def _shard_problem(index: int, count: int, path: Path) -> str | None:
 
 def merge(output: Path, pattern: str | None = None, copy: bool = False, overwrite: bool = False) -> Path:
     """Write OUTPUT over its finished shards: virtual datasets pointing into them, or (COPY) a self-contained
-    file. Paths, labels, file stats and skipped images are joined in order; attributes say what was merged."""
+    file. Paths, labels, file stats and skipped images are joined in order; attributes say what was merged.
+    Shards are opened one at a time (thousands of them stay within the open-file limit)."""
     output = Path(output)
     shards = find_shards(output, pattern)
+    summaries = [_summary(index, path) for index, path in enumerate(shards)]
+    fingerprint = _common_fingerprint(shards, summaries)
     lock = OutputLock.acquire(output, overwrite)
     try:
-        with _open_all(shards) as files:
-            fingerprint = _common_fingerprint(shards, files)
-            partial = partial_path(output)
-            with h5py.File(partial, "w", locking=lock.hdf5_locking) as merged:
-                _write_merged(merged, output, shards, files, fingerprint, copy)
-            fsync_path(partial)
-            os.replace(partial, output)
-            fsync_path(output.parent)
+        partial = partial_path(output)
+        with h5py.File(partial, "w", locking=lock.hdf5_locking) as merged:
+            _write_merged(merged, output, shards, summaries, fingerprint, copy)
+        fsync_path(partial)
+        os.replace(partial, output)
+        fsync_path(output.parent)
     finally:
         lock.release()
     return output
 
 
-class _open_all:
-    """Every shard open for reading, closed together."""
-
-    def __init__(self, paths: list[Path]):
-        self.paths, self.files = paths, []
-
-    def __enter__(self) -> list[h5py.File]:
-        try:
-            for path in self.paths:
-                self.files.append(h5py.File(path, "r"))
-        except BaseException:
-            self.__exit__()
-            raise
-        return self.files
-
-    def __exit__(self, *exc_info) -> None:
-        for h5file in self.files:
-            h5file.close()
-
-
-def _common_fingerprint(paths: list[Path], files: list[h5py.File]) -> dict:
-    first = None
-    for index, (path, h5file) in enumerate(zip(paths, files)):
-        if h5file.attrs.get("format") != FORMAT or not h5file.attrs.get("complete", False):
+def _summary(index: int, path: Path) -> dict:
+    """What merging needs of one shard without keeping it open: attributes, counts, feature shapes."""
+    with h5py.File(path, "r") as h5file:
+        attrs = dict(h5file.attrs)
+        if attrs.get("format") != FORMAT or not attrs.get("complete", False):
             raise ShardProblem(f"Shard {index} ({path}) is not a finished featdump output of this version.")
-        stored = json.loads(h5file.attrs["fingerprint"])
+        features = {name: (dataset.shape[1:], dataset.dtype, dataset.chunks, dataset.compression)
+                    for name, dataset in h5file["features"].items()}
+        classes = h5file["labels"].attrs["classes"]
+    rows, _, skipped = (int(value) for value in attrs["committed"])
+    return {"attrs": attrs, "rows": rows, "skipped": skipped, "features": features, "classes": classes}
+
+
+def _common_fingerprint(paths: list[Path], summaries: list[dict]) -> dict:
+    first = None
+    for index, (path, summary) in enumerate(zip(paths, summaries)):
+        stored = json.loads(summary["attrs"]["fingerprint"])
         mine = {key: value for key, value in stored.items() if key not in SHARD_KEYS}
         if first is None:
             first = mine
@@ -143,78 +136,70 @@ def _common_fingerprint(paths: list[Path], files: list[h5py.File]) -> dict:
     return first
 
 
-def _write_merged(merged: h5py.File, output: Path, shards: list[Path], files: list[h5py.File], fingerprint: dict,
+def _write_merged(merged: h5py.File, output: Path, shards: list[Path], summaries: list[dict], fingerprint: dict,
                   copy: bool) -> None:
-    rows = [int(h5file.attrs["committed"][0]) for h5file in files]
-    skipped = [int(h5file.attrs["committed"][2]) for h5file in files]
-    for key, value in files[0].attrs.items():
+    rows = [summary["rows"] for summary in summaries]
+    skipped = [summary["skipped"] for summary in summaries]
+    for key, value in summaries[0]["attrs"].items():
         if key not in ("committed", "fingerprint", "complete", "command", "created"):
             merged.attrs[key] = value
     merged.attrs["format"] = FORMAT
-    merged.attrs["fingerprint"] = json.dumps({**fingerprint, "shards": len(files)}, sort_keys=True)
+    merged.attrs["fingerprint"] = json.dumps({**fingerprint, "shards": len(shards)}, sort_keys=True)
     merged.attrs["merged_from"] = np.array([os.path.relpath(path, output.parent) for path in shards], dtype=STRING)
-    merged.attrs["commands"] = np.array([h5file.attrs.get("command", "") for h5file in files], dtype=STRING)
+    merged.attrs["commands"] = np.array([str(summary["attrs"].get("command", "")) for summary in summaries],
+                                        dtype=STRING)
     merged.attrs["virtual"] = not copy
     features = merged.create_group("features")
-    for name, dataset in files[0]["features"].items():
-        if copy:
-            _copy_rows(features, name, [h5file["features"][name] for h5file in files], rows)
+    for name, (shape, dtype, chunks, compression) in summaries[0]["features"].items():
+        if copy:  # gzip and lzf kept; a plugin filter's file is copied uncompressed
+            features.create_dataset(name, shape=(sum(rows), *shape), maxshape=(None, *shape), dtype=dtype,
+                                    chunks=chunks, compression=compression if compression in ("gzip", "lzf") else None)
         else:
-            _virtual_rows(features, name, dataset, shards, output.parent, rows)
-    _join(merged, "", files, rows, "paths")
-    _concatenate(merged, "labels", [h5file["labels"][: count] for h5file, count in zip(files, rows)])
-    merged["labels"].attrs["classes"] = files[0]["labels"].attrs["classes"]
-    _concatenate(merged, "file_stats", [h5file["file_stats"][: count] for h5file, count in zip(files, rows)])
-    merged.create_group("skipped")
-    _join(merged, "skipped/", files, skipped, "paths")
-    reasons = [reason for h5file, count in zip(files, skipped) for reason in h5file["skipped/reasons"].asstr()[:count]]
-    merged["skipped"].create_dataset("reasons", data=np.array(reasons, dtype=object), dtype=STRING,
-                                     maxshape=(None,), chunks=(256,))
+            _virtual_rows(features, name, shape, dtype, shards, output.parent, rows)
+    create_path_datasets(merged, 4096)
+    merged.create_dataset("labels", shape=(0,), maxshape=(None,), dtype=np.int64, chunks=(4096,))
+    merged["labels"].attrs["classes"] = summaries[0]["classes"]
+    merged.create_dataset("file_stats", shape=(0, 2), maxshape=(None, 2), dtype=np.int64, chunks=(2048, 2))
+    skipped_group = merged.create_group("skipped")
+    create_path_datasets(skipped_group, 256)
+    skipped_group.create_dataset("reasons", shape=(0,), maxshape=(None,), dtype=STRING, chunks=(256,))
+    for index, path in enumerate(shards):  # one shard open at a time
+        with h5py.File(path, "r") as shard:
+            _append_shard(merged, shard, sum(rows[:index]), rows[index], sum(skipped[:index]), skipped[index], copy)
     merged.attrs["committed"] = np.array([sum(rows), sum(rows) + sum(skipped), sum(skipped)], dtype=np.int64)
     merged.attrs["complete"] = True
 
 
-def _virtual_rows(group: h5py.Group, name: str, dataset: h5py.Dataset, shards: list[Path], folder: Path,
+def _append_shard(merged: h5py.File, shard: h5py.File, row: int, rows: int, skip: int, skipped: int,
+                  copy: bool) -> None:
+    """One shard's rows (and skipped images) at their place in MERGED; its features too when COPY."""
+    if rows:
+        if copy:
+            for name, target in merged["features"].items():
+                for start in range(0, rows, _COPY_ROWS):
+                    stop = min(start + _COPY_ROWS, rows)
+                    target[row + start:row + stop] = shard["features"][name][start:stop]
+        write_paths(merged, "", row, [os.fsdecode(raw) for raw in raw_paths(shard)[:rows]])
+        write_rows(merged["labels"], row, row + rows, shard["labels"][:rows])
+        write_rows(merged["file_stats"], row, row + rows, shard["file_stats"][:rows])
+    if skipped:
+        write_paths(merged, "skipped/", skip, [os.fsdecode(raw) for raw in raw_paths(shard, "skipped/")[:skipped]])
+        write_rows(merged["skipped/reasons"], skip, skip + skipped,
+                   np.array(shard["skipped/reasons"].asstr()[:skipped], dtype=object))
+
+
+def _virtual_rows(group: h5py.Group, name: str, shape: tuple, dtype, shards: list[Path], folder: Path,
                   rows: list[int]) -> None:
     """GROUP/NAME as a virtual dataset: shard k's rows at their place, read from the shard file (a relative
     name, so the merged file and its shards can move together)."""
-    layout = h5py.VirtualLayout(shape=(sum(rows), *dataset.shape[1:]), dtype=dataset.dtype)
+    layout = h5py.VirtualLayout(shape=(sum(rows), *shape), dtype=dtype)
     offset = 0
     for path, count in zip(shards, rows):
         if count:
-            source = h5py.VirtualSource(os.path.relpath(path, folder), f"features/{name}",
-                                        shape=(count, *dataset.shape[1:]))
+            source = h5py.VirtualSource(os.path.relpath(path, folder), f"features/{name}", shape=(count, *shape))
             layout[offset:offset + count] = source
         offset += count
     group.create_virtual_dataset(name, layout)
-
-
-def _copy_rows(group: h5py.Group, name: str, sources: list[h5py.Dataset], rows: list[int]) -> None:
-    first = sources[0]
-    target = group.create_dataset(name, shape=(sum(rows), *first.shape[1:]), maxshape=(None, *first.shape[1:]),
-                                  dtype=first.dtype, chunks=first.chunks, compression=first.compression)
-    offset = 0
-    for source, count in zip(sources, rows):
-        for start in range(0, count, _COPY_ROWS):
-            stop = min(start + _COPY_ROWS, count)
-            target[offset + start:offset + stop] = source[start:stop]
-        offset += count
-
-
-def _concatenate(merged: h5py.File, name: str, parts: list[np.ndarray]) -> None:
-    values = np.concatenate(parts) if parts else np.zeros((0,))
-    merged.create_dataset(name, data=values, maxshape=(None, *values.shape[1:]),
-                          chunks=(4096, *values.shape[1:]) if len(values) else None)
-
-
-def _join(merged: h5py.File, group: str, files: list[h5py.File], counts: list[int], name: str) -> None:
-    """GROUP/paths (and raw_paths) of all shards in order."""
-    create_path_datasets(merged[group] if group else merged, 4096 if not group else 256)
-    offset = 0
-    for h5file, count in zip(files, counts):
-        if count:
-            write_paths(merged, group, offset, [os.fsdecode(raw) for raw in raw_paths(h5file, group)[:count]])
-        offset += count
 
 
 def wait_for_all_ranks(timeout: float) -> None:
