@@ -62,16 +62,18 @@ class ImageList:
         return ImageList(self.root, self.paths[start:stop], self.labels[start:stop], self.classes)
 
     def without(self, known: set[str], classes: tuple[str, ...]) -> ImageList:
-        """The images whose paths are not in KNOWN, labelled against CLASSES extended by any new class folder
-        (appended, so that labels already written keep their meaning)."""
+        """The images whose paths are not in KNOWN, labelled against CLASSES (as a file stores them: UTF-8 text)
+        extended by any new class folder (appended, so that labels already written keep their meaning)."""
+        from featdump.writer import as_text
+
         kept = [(path, label) for path, label in zip(self.paths, self.labels) if path not in known]
         paths = tuple(path for path, _ in kept)
         if not self.classes:  # labels from a list file (or none): they stay as given
             return ImageList(self.root, paths, tuple(label for _, label in kept), tuple(classes))
-        new_classes = sorted({self.classes[label] for _, label in kept if label >= 0} - set(classes))
+        new_classes = sorted({as_text(self.classes[label]) for _, label in kept if label >= 0} - set(classes))
         classes = (*classes, *new_classes)
         index = {name: i for i, name in enumerate(classes)}
-        labels = tuple(index[path.split("/", 1)[0]] for path in paths)
+        labels = tuple(index[as_text(path.split("/", 1)[0])] for path in paths)
         return ImageList(self.root, paths, labels, classes)
 
 

@@ -128,3 +128,19 @@ def test_update_over_a_list_file_keeps_its_labels_and_refuses_shards(tmp_path):
         assert list(h5file["labels"][:]) == [0, 1, 2, 7, 9]
     sharded = run_featdump(*update_args(listing, output, "--shard", "0/2"))
     assert sharded.returncode == 2 and "--update works on one run's output, not on shards" in sharded.stderr
+
+
+def test_update_with_a_class_folder_that_is_not_utf8(tmp_path):
+    images, output = tmp_path / "images", tmp_path / "out.h5"
+    folder = os.path.join(os.fsencode(images), b"caf\xe9")
+    os.makedirs(folder)
+    made = [os.fsencode(tmp_path / "tmp" / name) for name in write_images(tmp_path / "tmp", {"": 3}, size=(40, 32))]
+    for path in made[:2]:
+        os.rename(path, os.path.join(folder, os.path.basename(path)))
+    assert run_featdump(*update_args(images, output)).returncode == 0
+    os.rename(made[2], os.path.join(folder, b"new.jpg"))
+    result = run_featdump(*update_args(images, output))
+    assert result.returncode == 0, result.stderr
+    with h5py.File(output, "r") as h5file:
+        assert [str(c) for c in h5file["labels"].attrs["classes"]] == ["caf\\xe9"]  # not added a second time
+        assert list(h5file["labels"][:]) == [0, 0, 0]
