@@ -178,7 +178,7 @@ def _extract_locked(settings: Settings, images: ImageList, lock: OutputLock, pro
     stale: list[tuple[str, str]] = []
     if settings.update and settings.output.exists() and not settings.overwrite:
         writer = FeatureWriter.open_finished(settings.output, fingerprint, lock)
-        all_images, (images, stale) = images, plan_update(writer, images)
+        images, stale = plan_update(writer, images)
         _report_size(settings, specs, len(images))
         writer.begin_update({**fingerprint, "image_count": writer.committed_images + len(images)},
                             list(images.classes), stale)
@@ -186,7 +186,6 @@ def _extract_locked(settings: Settings, images: ImageList, lock: OutputLock, pro
         log.info("Updating %s: %d new images, %d rows already there%s.", settings.output, len(images),
                  writer.committed_rows, f", {len(stale)} of them stale (see featdump info)" if stale else "")
     else:
-        all_images = images
         _report_size(settings, specs, len(images))
         writer = FeatureWriter.open(
             settings.output, specs, fingerprint, _attributes(settings, loaded, layers, images.root),
@@ -213,7 +212,7 @@ def _extract_locked(settings: Settings, images: ImageList, lock: OutputLock, pro
                 stop.signal_number,
             )
         rows, skipped = writer.committed_rows, writer.committed_skipped
-        output = writer.finish(all_images.digest())
+        output = writer.finish(fingerprint["images"])  # the whole image set's (an update's records it)
     finally:
         record.remove()  # only a kill leaves it, for info to report the job as stopped
         progress.close()
