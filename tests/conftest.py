@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -41,6 +42,19 @@ def image_folder(tmp_path) -> Path:
     root = tmp_path / "images"
     write_images(root, {"cats": 4, "dogs": 3})
     return root
+
+
+@contextlib.contextmanager
+def user_project(folder: Path, module: str, source: str, layout: dict[str, int]):
+    """FOLDER holding a user's own model code (MODULE.py) and images; importable here while it lasts."""
+    (folder / f"{module}.py").write_text(source)
+    write_images(folder / "images", layout)
+    sys.path.insert(0, str(folder))
+    try:
+        yield folder
+    finally:
+        sys.path.remove(str(folder))
+        sys.modules.pop(module, None)
 
 
 def settings_for(images: Path, output: Path, **overrides) -> Settings:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import sys
 import textwrap
 
 import h5py
@@ -12,7 +11,7 @@ import pytest
 import torch
 from PIL import Image
 
-from .conftest import featdump_env, run_featdump, write_images
+from .conftest import featdump_env, run_featdump, user_project
 
 SEQUENCE_FIRST = textwrap.dedent('''
     import torch
@@ -58,12 +57,8 @@ SEQUENCE_FIRST = textwrap.dedent('''
 
 @pytest.fixture
 def project(tmp_path):
-    (tmp_path / "seqnet.py").write_text(SEQUENCE_FIRST)
-    write_images(tmp_path / "images", {"": 5})
-    sys.path.insert(0, str(tmp_path))
-    yield tmp_path
-    sys.path.remove(str(tmp_path))
-    sys.modules.pop("seqnet", None)
+    with user_project(tmp_path, "seqnet", SEQUENCE_FIRST, {"": 5}) as folder:
+        yield folder
 
 
 def extract(project, *args):

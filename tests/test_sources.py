@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import sys
 import textwrap
 
 import h5py
@@ -12,7 +11,7 @@ import pytest
 import torch
 from PIL import Image
 
-from .conftest import featdump_env, run_featdump, write_images
+from .conftest import featdump_env, run_featdump, user_project, write_images
 
 NETWORK = textwrap.dedent('''
     import torch
@@ -50,12 +49,8 @@ NETWORK = textwrap.dedent('''
 @pytest.fixture
 def project(tmp_path):
     """A folder holding a user's own model code (mynet.py) and some images; commands run from it."""
-    (tmp_path / "mynet.py").write_text(NETWORK)
-    write_images(tmp_path / "images", {"a": 3, "b": 2})
-    sys.path.insert(0, str(tmp_path))
-    yield tmp_path
-    sys.path.remove(str(tmp_path))
-    sys.modules.pop("mynet", None)
+    with user_project(tmp_path, "mynet", NETWORK, {"a": 3, "b": 2}) as folder:
+        yield folder
 
 
 def features(path) -> dict:
