@@ -21,10 +21,12 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
 from benchmarks.run import make_images  # noqa: E402
-from featdump.data import ImageDataset, Preprocess, find_images, make_loader  # noqa: E402
+from featdump.inputs import find_images  # noqa: E402
+from featdump.layout import DatasetSpec, chunk_shape, compression_filters  # noqa: E402
+from featdump.loader import ImageDataset, make_loader  # noqa: E402
 from featdump.models import default_preprocessing  # noqa: E402
+from featdump.preprocess import Preprocess  # noqa: E402
 from featdump.settings import COMPRESSIONS  # noqa: E402
-from featdump.writer import DatasetSpec, chunk_shape, compression_filters  # noqa: E402
 
 
 def activations(count: int) -> dict[str, np.ndarray]:

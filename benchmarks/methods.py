@@ -27,9 +27,13 @@ from PIL import Image, ImageOps
 from torchvision.models import get_model
 from torchvision.models.feature_extraction import create_feature_extractor
 
-from featdump.data import ImageDataset, Preprocess, find_images, make_loader, to_device_inputs
-from featdump.extraction import extract, resolve_device
+from featdump.device import resolve_device
+from featdump.gpu_decode import to_device_inputs
+from featdump.inputs import find_images
+from featdump.loader import ImageDataset, make_loader
 from featdump.models import default_preprocessing
+from featdump.preprocess import Preprocess
+from featdump.runner import extract
 from featdump.settings import Settings
 
 

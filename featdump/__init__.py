@@ -6,7 +6,7 @@
     with featdump.capture(model, ["layer4"]) as features: ...
 """
 
-__version__ = "0.2.0"
+from featdump.version import __version__
 
 _API = ("extract", "capture", "load", "Features", "Settings")
 

@@ -11,7 +11,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -22,13 +21,13 @@ import numpy as np
 import torch
 from torch import nn
 
-from featdump.errors import AmbiguousLayer, UnknownLayer
+from featdump.errors import AmbiguousLayer, NotAnOutput, UnknownLayer
 from featdump.hooks import Capture
 from featdump.layers import Layer, parse_selector
-from featdump.settings import Settings
-from featdump.writer import raw_paths
+from featdump.layout import Output
+from featdump.settings import OPTIONS, Settings
 
-_OPTIONS = {field.name for field in dataclasses.fields(Settings)} - {"images", "output", "model", "layers"}
+_KEYWORDS = set(OPTIONS) - {"model", "layers"}
 
 
 def extract(images: str | Path, output: str | Path, *, model: str, layers: str | Sequence[str], **options) -> Path:
@@ -40,14 +39,13 @@ def extract(images: str | Path, output: str | Path, *, model: str, layers: str |
     >>> featdump.extract("images/", "out.h5", model="resnet18", layers="layer3,avgpool", weights="none")
     PosixPath('out.h5')
     """
-    from featdump.extraction import extract as run
+    from featdump.runner import extract as run
 
-    unknown = sorted(set(options) - _OPTIONS)
+    unknown = sorted(set(options) - _KEYWORDS)
     if unknown:
-        raise TypeError(f"extract() got unknown option(s) {', '.join(unknown)}; allowed: {', '.join(sorted(_OPTIONS))}")
-    names = [part.strip() for part in (layers.split(",") if isinstance(layers, str) else layers) if part.strip()]
-    settings = Settings(model=model, layers=tuple(names), images=Path(images), output=Path(output), **options)
-    return run(settings).output
+        raise TypeError(f"extract() got unknown option(s) {', '.join(unknown)}; "
+                        f"allowed: {', '.join(sorted(_KEYWORDS))}")
+    return run(Settings(model=model, layers=layers, images=images, output=output, **options)).output
 
 
 @contextmanager
@@ -113,26 +111,27 @@ def load(path: str | Path, layer: str, lazy: bool | None = None) -> Features:
     Whole into memory (a numpy array) unless LAZY, which by default is chosen for layers over 2 GB:
     then `features` is an h5py dataset to slice, and `file` stays open.
     """
-    h5file = h5py.File(path, "r")
+    output = Output.open(Path(path))
     try:
-        if layer not in h5file["features"]:
-            raise UnknownLayer(f"{str(path)!r} holds no layer {layer!r}; it has {', '.join(h5file['features'])}.")
-        dataset = h5file["features"][layer]
+        if layer not in output.layers:
+            raise UnknownLayer(f"{str(path)!r} holds no layer {layer!r}; it has {', '.join(output.layers)}.")
+        dataset = output.features(layer)
         lazy = dataset.size * dataset.dtype.itemsize > 2 * 1024**3 if lazy is None else lazy
-        rows = int(h5file.attrs["committed"][0])
-        classes = [c.decode() if isinstance(c, bytes) else str(c) for c in h5file["labels"].attrs.get("classes", [])]
         loaded = Features(
-            features=dataset if lazy else dataset[:rows],
-            paths=list(h5file["paths"].asstr()[:rows]),
-            labels=h5file["labels"][:rows],
-            classes=classes,
-            raw_paths=raw_paths(h5file)[:rows],
-            attributes=dict(h5file.attrs),
-            file=h5file if lazy else None,
+            features=dataset if lazy else dataset[:output.committed.rows],
+            paths=output.paths(),
+            labels=output.labels(),
+            classes=output.classes,
+            raw_paths=output.raw_paths(),
+            attributes=dict(output.attrs),
+            file=output.file if lazy else None,
         )
+    except OSError as error:  # a file that breaks while read: one featdump error, never a traceback
+        output.close()
+        raise NotAnOutput(f"Could not read {str(path)!r}: {error}.") from error
     except BaseException:
-        h5file.close()
+        output.close()
         raise
     if not lazy:
-        h5file.close()
+        output.close()
     return loaded

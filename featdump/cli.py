@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import shlex
@@ -11,9 +12,10 @@ from pathlib import Path
 
 import click
 
-from featdump import __version__
+from featdump.version import __version__
 from featdump.errors import FeatdumpError
-from featdump.settings import COMPRESSIONS, DECODERS, DTYPES, ON_ERROR, PRECISIONS, REDUCTIONS
+from featdump.options import Option
+from featdump.settings import OPTIONS, Settings
 
 log = logging.getLogger("featdump")
 
@@ -63,12 +65,54 @@ def main(verbose: int, quiet: bool) -> None:
     _setup_logging(logging.DEBUG if verbose else logging.WARNING if quiet else logging.INFO)
 
 
+class _Checked(click.ParamType):
+    """A Click type that checks a value with its option's own declaration (the API and config files use the same)."""
+
+    def __init__(self, declared: Option):
+        self.declared = declared
+        self.name = {int: "integer", float: "float"}.get(declared.kind, "text")
+
+    def convert(self, value, param, ctx):
+        # A BadOption raised here reaches the user as the same one line the API and config files give.
+        return self.declared.from_text(value) if isinstance(value, str) else self.declared.check(value)
+
+
+def _click_option(name: str):
+    """The Click option of the extract option NAME, derived from its one declaration in Settings."""
+    declared = OPTIONS[name]
+    spellings = [*([declared.short] if declared.short else []), declared.flag]
+    keywords = {"help": declared.help}
+    if declared.kind is bool:
+        if _default(name):  # on by default: --space-check/--no-space-check
+            spellings = [f"{declared.flag}/--no-{declared.flag[2:]}"]
+        return click.option(*spellings, name, is_flag=True, default=_default(name), **keywords)
+    if declared.kind is tuple:
+        return click.option(*spellings, name, multiple=True, required=declared.required, metavar=declared.metavar,
+                            **keywords)
+    metavar = declared.metavar or ("[" + "|".join(declared.choices) + "]" if declared.choices else None)
+    default = _default(name)
+    return click.option(*spellings, name, type=_Checked(declared), required=declared.required, metavar=metavar,
+                        default=default, show_default=default is not None, **keywords)
+
+
+def _default(name: str):
+    default = Settings.__dataclass_fields__[name].default
+    return None if default is dataclasses.MISSING else default
+
+
+def _extract_options(command):
+    """Every extract option, in declaration order."""
+    for name in reversed(OPTIONS):
+        command = _click_option(name)(command)
+    return command
+
+
 @main.command("list-layers")
 @click.argument("model")
 @click.option("--depth", type=click.IntRange(min=1), help="Show modules down to this depth only.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object per module instead of a tree.")
-@click.option("--transform", metavar="MODULE:CALLABLE", help="Preprocessing (sets the input size), as for extract.")
-@click.option("--trust-pickle", is_flag=True, help="Allow MODEL to be a pickled whole-model file (runs its code).")
+@_click_option("transform")
+@_click_option("trust_pickle")
 @click.option("--match", "pattern", metavar="PATTERN",
               help="Only the layers PATTERN selects, as --layers would (layer2.*, layer2.**.conv1, relu:*).")
 def list_layers(model: str, depth: int | None, as_json: bool, transform: str | None, trust_pickle: bool,
@@ -85,7 +129,7 @@ def list_layers(model: str, depth: int | None, as_json: bool, transform: str | N
       featdump list-layers timm:convnext_tiny --json
       featdump list-layers vit_b_16 --match 'encoder.layers.*'
     """
-    from featdump.data import Preprocess
+    from featdump.preprocess import Preprocess
     from featdump.layers import match_pattern, probe
     from featdump.models import load_model
 
@@ -134,13 +178,6 @@ def _layer_line(info, width: int) -> str:
     return line
 
 
-def _split_layers(ctx, param, values: tuple[str, ...]) -> tuple[str, ...]:
-    layers = tuple(part.strip() for value in values for part in value.split(",") if part.strip())
-    if not layers:
-        raise click.BadParameter("give at least one layer path (see `featdump list-layers MODEL`).")
-    return layers
-
-
 def _read_config(ctx: click.Context, param, path: Path | None):
     """--config FILE: its options become defaults, below environment variables and the command line."""
     if path is not None:
@@ -160,48 +197,7 @@ def _read_config(ctx: click.Context, param, path: Path | None):
               expose_value=True, callback=_read_config,
               help="TOML file of options (keys: the option names with underscores); the environment "
                    "(FEATDUMP_EXTRACT_*) and the command line override it.")
-@click.option("-m", "--model", required=True,
-              help="resnet50 (torchvision), timm:NAME, package.module:callable (your factory), or a saved model file.")
-@click.option("-l", "--layers", required=True, multiple=True, callback=_split_layers,
-              help="Comma-separated layer paths (PATH or PATH:K for the K-th call); repeatable.")
-@click.option("-w", "--weights", default="DEFAULT", show_default=True,
-              help="DEFAULT, a weights name (e.g. IMAGENET1K_V2), none, or a checkpoint file.")
-@click.option("--seed", default=0, show_default=True, type=int, help="Seed of the random network for --weights none.")
-@click.option("--transform", metavar="MODULE:CALLABLE",
-              help="Preprocessing: a transform, or a function/class making one.  [default: the model's own; for "
-                   "factories and files ResNet18_Weights.DEFAULT.transforms()]")
-@click.option("--trust-pickle", is_flag=True,
-              help="Allow --model to be a whole model saved with torch.save(model): unpickling runs its code.")
-@click.option("-b", "--batch-size", default=64, show_default=True, type=click.IntRange(min=1))
-@click.option("-j", "--num-workers", type=click.IntRange(min=0),
-              help="DataLoader worker processes decoding images.  [default: the job's CPUs less one: "
-                   "SLURM_CPUS_PER_TASK, else the CPU affinity mask]")
-@click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda or cuda:N.")
-@click.option("--dtype", type=click.Choice(DTYPES), default="float32", show_default=True, help="Storage dtype.")
-@click.option("--reduce", type=click.Choice(REDUCTIONS), default="none", show_default=True,
-              help="Keep the whole output, flatten it, pool it over space (tokens), or keep the first token.")
-@click.option("--compression", type=click.Choice(COMPRESSIONS), default="none", show_default=True)
-@click.option("--precision", type=click.Choice(PRECISIONS), default="fp32", show_default=True,
-              help="Autocast precision of the forward pass.")
-@click.option("--decode", type=click.Choice(DECODERS), default="auto", show_default=True,
-              help="Decode JPEGs on the cpu (workers) or the gpu (nvjpeg); auto is cpu until the GPU path is measured.")
-@click.option("--fast-decode", is_flag=True,
-              help="Decode large JPEGs at a reduced scale (1/2-1/8, never below twice the resize size) before "
-                   "the exact resize: several times faster on camera photos, features within about 1%.")
-@click.option("--on-error", type=click.Choice(ON_ERROR), default="skip", show_default=True,
-              help="A bad image is skipped and recorded, or stops the run.")
-@click.option("--overwrite", is_flag=True, help="Replace an existing output (or partial output).")
-@click.option("--update", is_flag=True,
-              help="OUTPUT exists: extract only the images it lacks and append them (cron); rows it has stay.")
-@click.option("--shard", metavar="K/N",
-              help="Extract part K (0-based) of N of the sorted images into OUTPUT's shard file; `none` turns off "
-                   "the detection of SLURM job arrays and torchrun, which shard by themselves.")
-@click.option("--shard-pattern", metavar="PATTERN",
-              help="Shard file names with {k} and {n}, relative to OUTPUT's folder.  "
-                   "[default: OUT.shard-{k}-of-{n}.h5]")
-@click.option("--merge-timeout", type=click.FloatRange(min=1), default=3600, show_default=True,
-              help="Under torchrun, seconds rank 0 waits for every rank to finish before merging the shards.")
-@click.option("--no-space-check", is_flag=True, help="Start even if the disk looks too small for the output.")
+@_extract_options
 def extract(images: Path, output: Path, **options) -> None:
     """Extract the activations of --layers for every image in IMAGES into the HDF5 file OUTPUT.
 
@@ -215,11 +211,9 @@ def extract(images: Path, output: Path, **options) -> None:
       featdump extract -m resnet50 -l layer3,avgpool --reduce avgpool ./images feats.h5
       featdump extract --config configs/linear_probe.toml ./images feats.h5
     """
-    from featdump.extraction import extract as run_extraction
-    from featdump.settings import Settings
+    from featdump.runner import extract as run_extraction
 
     options.pop("config")
-    options["space_check"] = not options.pop("no_space_check")
     settings = Settings(images=images, output=output, command=shlex.join(["featdump", *sys.argv[1:]]), **options)
     summary = run_extraction(settings, _progress())
     click.echo(summary.line(), err=True)

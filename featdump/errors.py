@@ -13,6 +13,18 @@ class UsageProblem(FeatdumpError):
     exit_code = 2
 
 
+class BadOption(UsageProblem):
+    """An option's value is of the wrong type or not one of those allowed (CLI, config file and API alike)."""
+
+
+class ConfigProblem(UsageProblem):
+    """A config file that cannot be read, or a key or value it should not have."""
+
+
+class ShardProblem(UsageProblem):
+    """A shard is missing, unfinished, or was made differently from the others."""
+
+
 class UnknownModel(UsageProblem):
     """No torchvision classification model has this name."""
 
@@ -77,9 +89,28 @@ class BadImage(FeatdumpError):
     """An image could not be decoded and --on-error fail was given."""
 
 
+class RanksDidNotFinish(FeatdumpError):
+    """Under torchrun, not every rank reached the merge in time."""
+
+
 class Interrupted(FeatdumpError):
     """The run stopped on SIGINT or SIGTERM after committing what was done."""
 
     def __init__(self, message: str, signal_number: int):
         super().__init__(message)
         self.exit_code = 128 + signal_number
+
+
+class NotTraceable(Exception):
+    """The model cannot be traced into a pruned graph (internal: the capture falls back to hooks)."""
+
+
+class StopForward(Exception):
+    """Raised inside a hook once every requested output is captured, to skip the rest of the model (internal)."""
+
+
+def first_sentence(error: BaseException) -> str:
+    """The first sentence of an error's message (torch's can run to many lines)."""
+    text = str(getattr(error, "reason", None) or error).strip() or type(error).__name__
+    first = text.splitlines()[0]
+    return first.split(". ")[0].rstrip(".")

@@ -17,15 +17,12 @@ from collections import defaultdict
 import torch
 from torch import fx, nn
 
+from featdump.errors import NotTraceable
 from featdump.layers import Layer, first_tensor
 from featdump.reductions import Snapshot
 
 _INPLACE_OPERATORS = {operator.iadd, operator.isub, operator.imul, operator.itruediv, operator.iand, operator.ior,
                       operator.setitem}
-
-
-class NotTraceable(Exception):
-    """The model cannot be turned into a pruned graph (hooks are used instead)."""
 
 
 def _in_place(operation):

@@ -8,16 +8,12 @@ from collections import defaultdict
 import torch
 from torch import nn
 
-from featdump.errors import FeatdumpError
-from featdump.graph import NotTraceable, pruned_forward, same_outputs
+from featdump.errors import FeatdumpError, NotTraceable, StopForward
+from featdump.graph import pruned_forward, same_outputs
 from featdump.layers import Layer, first_tensor
 from featdump.reductions import Snapshot
 
 log = logging.getLogger("featdump")
-
-
-class _StopForward(Exception):
-    """Raised inside a hook once every requested output is captured, to skip the rest of the model."""
 
 
 class Capture:
@@ -102,7 +98,7 @@ class Capture:
         try:
             with torch.inference_mode():
                 self._model(inputs)
-        except _StopForward:
+        except StopForward:
             pass
         captured = self.take()
         if len(captured) != self._expected:
@@ -138,6 +134,6 @@ class Capture:
                 return
             self._captured[name] = self._snapshot(first_tensor(output), self._batch_dims[name])
             if self._stop_early and len(self._captured) == self._expected:
-                raise _StopForward
+                raise StopForward
 
         return hook

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
-import h5py
-
-from featdump.errors import NotAnOutput
+from featdump.errors import NotAnOutput, ShardProblem
+from featdump.layout import Output, partial_path, text_of
+from featdump.lock import lock_holder
 from featdump.progress import describe_running, read_record, running_lines, stopped_line
-from featdump.writer import lock_holder, partial_path
+from featdump.shards import shard_count, shard_path
 
 _SHOWN = 20  # skipped and stale images listed by name
 _PROVENANCE = ("preprocessing", "command", "featdump_version", "torch_version", "created")
@@ -28,14 +27,8 @@ def read_info(output: Path) -> dict:
         if shards:
             return shards
         raise NotAnOutput(f"No file {str(output)!r} (nor {str(partial_path(Path(output)))!r}, nor shards of it).")
-    try:
-        h5file = h5py.File(path, "r")
-    except OSError as error:
-        raise NotAnOutput(f"{str(path)!r} is not a readable HDF5 file ({error}).") from error
-    with h5file:
-        if "committed" not in h5file.attrs or "features" not in h5file:
-            raise NotAnOutput(f"{str(path)!r} is an HDF5 file, but not one featdump wrote.")
-        info = _file_info(path, h5file)
+    with Output.open(path) as output:
+        info = _file_info(output)
     if job is not None and not info["complete"]:
         info["state"], info["job"] = "stopped", job  # a writer that died: its last record
     return info
@@ -50,43 +43,34 @@ def _job_state(path: Path) -> dict | None:
     return describe_running(record, running=lock_holder(output) is not None)
 
 
-def _file_info(path: Path, h5file: h5py.File) -> dict:
-    attrs = h5file.attrs
-    rows, images_done, skipped = (int(value) for value in attrs["committed"])
-    fingerprint = json.loads(attrs.get("fingerprint", "{}"))
-    info = {
-        "state": "complete" if attrs.get("complete", False) else "partial",
-        "file": str(path),
-        "model": _text(attrs.get("model")),
-        "weights": _text(attrs.get("weights")),
+def _file_info(output: Output) -> dict:
+    attrs, committed, fingerprint = output.attrs, output.committed, output.fingerprint
+    return {
+        "state": "complete" if output.complete else "partial",
+        "file": str(output.path),
+        "model": text_of(attrs.get("model")),
+        "weights": text_of(attrs.get("weights")),
         "seed": int(attrs["seed"]) if "seed" in attrs else None,
-        "complete": bool(attrs.get("complete", False)),
-        "rows": rows,
-        "images_done": images_done,
+        "complete": output.complete,
+        "rows": committed.rows,
+        "images_done": committed.images,
         "image_count": fingerprint.get("image_count"),
-        "layers": {name: {"shape": list(dataset.shape[1:]), "dtype": str(dataset.dtype)}
-                   for name, dataset in h5file["features"].items()},
-        "classes": [_text(name) for name in h5file["labels"].attrs.get("classes", [])],
-        "skipped": skipped,
-        "skipped_examples": _named_rows(h5file, "skipped", skipped),
+        "layers": {name: {"shape": list(output.features(name).shape[1:]), "dtype": str(output.features(name).dtype)}
+                   for name in output.layers},
+        "classes": output.classes,
+        "skipped": committed.skipped,
+        "skipped_examples": output.named_rows("skipped", _SHOWN),
         "shard": fingerprint.get("shard"),
-        "merged": _merged_info(path, attrs) if "merged_from" in attrs else None,
+        "merged": _merged_info(output.path, attrs) if "merged_from" in attrs else None,
         "updating": bool(attrs.get("updating", False)),
-        "stale": len(h5file["stale/paths"]) if "stale" in h5file else 0,
-        "stale_examples": _named_rows(h5file, "stale", len(h5file["stale/paths"])) if "stale" in h5file else [],
-        "provenance": {key: _text(attrs[key]) for key in _PROVENANCE if key in attrs},
+        "stale": output.stale_count(),
+        "stale_examples": output.named_rows("stale", _SHOWN),
+        "provenance": {key: text_of(attrs[key]) for key in _PROVENANCE if key in attrs},
     }
-    return info
-
-
-def _named_rows(h5file: h5py.File, group: str, count: int) -> list[list[str]]:
-    shown = min(count, _SHOWN)
-    return [[name, reason] for name, reason in zip(h5file[f"{group}/paths"].asstr()[:shown],
-                                                   h5file[f"{group}/reasons"].asstr()[:shown])]
 
 
 def _merged_info(path: Path, attrs) -> dict:
-    shards = [_text(name) for name in attrs["merged_from"]]
+    shards = [text_of(name) for name in attrs["merged_from"]]
     virtual = bool(attrs.get("virtual", False))
     missing = [name for name in shards if virtual and not (path.parent / name).exists()]
     return {"shards": shards, "virtual": virtual, "missing": missing}
@@ -94,9 +78,6 @@ def _merged_info(path: Path, attrs) -> dict:
 
 def _shards_info(output: Path) -> dict | None:
     """For an OUTPUT not merged yet: each shard's state and the sums (None when it has no shards)."""
-    from featdump.merge import ShardProblem, shard_count
-    from featdump.shards import shard_path
-
     try:
         count = shard_count(output)
     except ShardProblem:
@@ -116,12 +97,6 @@ def _shards_info(output: Path) -> dict | None:
     return {"state": "sharded", "file": str(output), "merged": None, "shards": shards,
             "images_done": sum(shard["images_done"] for shard in shards),
             "image_count": sum(shard["image_count"] or 0 for shard in shards)}
-
-
-def _text(value) -> str | None:
-    if value is None:
-        return None
-    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 def _shard_lines(info: dict) -> list[str]:

@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from featdump.errors import InvalidWeights
+from featdump.errors import InvalidWeights, first_sentence
 from featdump.sources import factory, files, timm_models, torchvision_models
 
 log = logging.getLogger("featdump")
@@ -107,13 +107,6 @@ def file_digest(path: Path) -> str:
         while chunk := handle.read(1 << 20):
             digest.update(chunk)
     return digest.hexdigest()
-
-
-def first_sentence(error: BaseException) -> str:
-    """The first sentence of an error's message (torch's can run to many lines)."""
-    text = str(getattr(error, "reason", None) or error).strip() or type(error).__name__
-    first = text.splitlines()[0]
-    return first.split(". ")[0].rstrip(".")
 
 
 def load_checkpoint(module: nn.Module, path: Path) -> None:

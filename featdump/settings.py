@@ -1,10 +1,19 @@
-"""Settings: one dataclass holding everything a run needs, from the CLI or the Python API."""
+"""Settings: everything a run needs, each extract option declared once (type, default, allowed values, help).
+
+The CLI's options, the config file's keys and the API's keywords are derived from these declarations
+(`featdump.options`); a Settings checks every value when it is made, whichever entry point made it.
+"""
 
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import dataclass
 from pathlib import Path
+
+from featdump.errors import BadOption
+from featdump.options import Option, as_path, option, options_of
+from featdump.shards import parse_shard, shard_pattern
 
 DTYPES = ("float32", "float16")
 REDUCTIONS = ("none", "flatten", "avgpool", "maxpool", "cls")
@@ -12,55 +21,93 @@ PRECISIONS = ("fp32", "bf16", "fp16")
 DECODERS = ("auto", "cpu", "gpu")
 COMPRESSIONS = ("none", "lzf", "gzip", "zstd", "blosc")  # zstd, blosc: the hdf5plugin package
 ON_ERROR = ("skip", "fail")
-CHOICES = {"dtype": DTYPES, "reduce": REDUCTIONS, "precision": PRECISIONS, "decode": DECODERS,
-           "compression": COMPRESSIONS, "on_error": ON_ERROR}
+_DEVICE = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")
+
+
+def _device_syntax(name: str) -> None:
+    if not _DEVICE.match(name):
+        raise BadOption(f"Unknown device {name!r}: use auto, cpu, cuda or cuda:N.")
+
+
+def _callable_syntax(what: str):
+    def check(spec: str) -> None:
+        module_name, _, attribute = spec.partition(":")
+        if not module_name or not attribute:
+            raise BadOption(f"Bad {what} {spec!r}: use package.module:callable.")
+
+    return check
+
+
+def _not_empty(spec: str) -> None:
+    if not spec.strip():
+        raise BadOption("'model' must name a model, e.g. resnet50, timm:NAME or package.module:callable.")
 
 
 @dataclass(frozen=True)
 class Settings:
     """What to extract, from what, into where, and how."""
 
-    model: str  # torchvision name ("resnet18"), "timm:NAME", "package.module:callable" or a saved model file
-    layers: tuple[str, ...]  # layer selectors, "PATH" or "PATH:K"
-    images: Path  # root of the image folder
-    output: Path  # the finished HDF5 file (written as OUTPUT.partial first)
-    weights: str = "DEFAULT"  # DEFAULT, a weights enum name, "none", or a checkpoint path
-    seed: int = 0  # torch.manual_seed before building a model with weights "none"
-    transform: str | None = None  # "package.module:callable" giving the preprocessing; None: the model's own
-    trust_pickle: bool = False  # allow unpickling a whole saved model (runs the code the file holds)
-    batch_size: int = 64
-    num_workers: int | None = None  # DataLoader worker processes decoding images; None: the job's CPUs less one
-    device: str = "auto"  # auto, cpu, cuda, cuda:N
-    overwrite: bool = False  # start over even if OUTPUT or OUTPUT.partial exists
-    on_error: str = "skip"  # what a bad image does: skip (recorded) or fail
-    dtype: str = "float32"  # storage dtype of the features
-    reduce: str = "none"  # reduction applied on the device before the copy
-    compression: str = "none"  # HDF5 filter of the feature datasets
-    precision: str = "fp32"  # autocast precision of the forward pass
-    decode: str = "auto"  # where JPEGs are decoded: cpu, gpu, or auto (gpu when on CUDA)
-    fast_decode: bool = False  # decode large JPEGs at a reduced scale (DCT scaling) before the exact resize
-    space_check: bool = True  # refuse to start when the disk cannot hold the output
-    shard: str | None = None  # "K/N", "none", or None: detect a SLURM array or torchrun
-    shard_pattern: str | None = None  # shard file names, with {k} and {n}; None: OUT.shard-K-of-N.h5
-    merge_timeout: float = 3600.0  # torchrun: seconds rank 0 waits for the other ranks before merging
-    update: bool = False  # append images new since OUTPUT was finished (cron), keeping its rows
-    command: str = ""  # the command line, recorded in the output
+    model: str = option(
+        kind=str, required=True, short="-m", syntax=_not_empty,
+        help="resnet50 (torchvision), timm:NAME, package.module:callable (your factory), or a saved model file.")
+    layers: tuple[str, ...] = option(
+        kind=tuple, required=True, short="-l", metavar="LAYERS",
+        help="Comma-separated layer paths or patterns (PATH, PATH:K for the K-th call, layer2.*); repeatable.")
+    images: Path = dataclasses.field(default=None)  # a folder of images or a list file (an argument, not an option)
+    output: Path = dataclasses.field(default=None)  # the finished HDF5 file (written as OUTPUT.partial first)
+    weights: str = option("DEFAULT", short="-w", help="DEFAULT, a weights name (e.g. IMAGENET1K_V2), none, or a "
+                                                      "checkpoint file.")
+    seed: int = option(0, "Seed of the random network for --weights none.")
+    transform: str | None = option(
+        kind=str, optional=True, metavar="MODULE:CALLABLE", syntax=_callable_syntax("--transform"),
+        help="Preprocessing: a transform, or a function/class making one.  [default: the model's own; for "
+             "factories and files ResNet18_Weights.DEFAULT.transforms()]")
+    trust_pickle: bool = option(False, "Allow --model to be a whole model saved with torch.save(model): unpickling "
+                                       "runs its code.")
+    batch_size: int = option(64, "Images per forward pass.", short="-b", minimum=1)
+    num_workers: int | None = option(
+        kind=int, optional=True, short="-j", minimum=0,
+        help="DataLoader worker processes decoding images.  [default: the job's CPUs less one: "
+             "SLURM_CPUS_PER_TASK, else the CPU affinity mask]")
+    device: str = option("auto", "auto, cpu, cuda or cuda:N.", syntax=_device_syntax)
+    dtype: str = option("float32", "Storage dtype.", choices=DTYPES)
+    reduce: str = option("none", "Keep the whole output, flatten it, pool it over space (tokens), or keep the first "
+                                 "token.", choices=REDUCTIONS)
+    compression: str = option("none", "HDF5 filter of the feature datasets (zstd and blosc need hdf5plugin).",
+                              choices=COMPRESSIONS)
+    precision: str = option("fp32", "Autocast precision of the forward pass.", choices=PRECISIONS)
+    decode: str = option("auto", "Decode JPEGs on the cpu (workers) or the gpu (nvjpeg); auto is cpu until the GPU "
+                                 "path is measured.", choices=DECODERS)
+    fast_decode: bool = option(False, "Decode large JPEGs at a reduced scale (1/2-1/8, never below twice the resize "
+                                      "size) before the exact resize: several times faster on camera photos, "
+                                      "features within about 1%.")
+    on_error: str = option("skip", "A bad image is skipped and recorded, or stops the run.", choices=ON_ERROR)
+    overwrite: bool = option(False, "Replace an existing output (or partial output).")
+    update: bool = option(False, "OUTPUT exists: extract only the images it lacks and append them (cron); rows it "
+                                 "has stay.")
+    shard: str | None = option(
+        kind=str, optional=True, metavar="K/N", syntax=parse_shard,
+        help="Extract part K (0-based) of N of the sorted images into OUTPUT's shard file; `none` turns off the "
+             "detection of SLURM job arrays and torchrun, which shard by themselves.")
+    shard_pattern: str | None = option(
+        kind=str, optional=True, metavar="PATTERN", syntax=lambda pattern: shard_pattern(Path("out.h5"), pattern),
+        help="Shard file names with {k} and {n}, relative to OUTPUT's folder.  [default: OUT.shard-{k}-of-{n}.h5]")
+    merge_timeout: float = option(3600.0, "Under torchrun, seconds rank 0 waits for every rank to finish before "
+                                          "merging the shards.", minimum=1)
+    space_check: bool = option(True, "Refuse to start when the disk looks too small for the expected output "
+                                     "(--no-space-check: start anyway).")
+    command: str = ""  # the command line, recorded in the output (not an option)
+
+    def __post_init__(self):
+        for name, declared in OPTIONS.items():
+            object.__setattr__(self, name, declared.check(getattr(self, name)))
+        for name in ("images", "output"):
+            object.__setattr__(self, name, as_path(getattr(self, name), name))
 
     def effective(self) -> dict:
         """Every setting as plain JSON values: the configuration a file records."""
         return {key: (str(value) if isinstance(value, Path) else list(value) if isinstance(value, tuple) else value)
                 for key, value in dataclasses.asdict(self).items()}
 
-    def fingerprint(self) -> dict:
-        """The options that determine the rows and values written (resume compares these)."""
-        return {
-            "model": self.model,
-            "weights": self.weights,
-            "seed": self.seed,
-            "transform": self.transform,
-            "layers": list(self.layers),
-            "dtype": self.dtype,
-            "reduce": self.reduce,
-            "precision": self.precision,
-            "fast_decode": self.fast_decode,
-        }
+
+OPTIONS: dict[str, Option] = options_of(Settings)

@@ -1,13 +1,18 @@
-"""Shards: which contiguous part of the sorted image list this process owns (--shard, SLURM arrays, torchrun)."""
+"""Shards: which contiguous part of the sorted image list this process owns (--shard, SLURM arrays, torchrun),
+the shard files' names, and the barrier torchrun's ranks meet at before rank 0 merges."""
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 
-from featdump.errors import UsageProblem
+from featdump.errors import BadOption, RanksDidNotFinish, ShardProblem, UsageProblem
+
+log = logging.getLogger("featdump")
 
 _SHARD = re.compile(r"^\s*(\d+)\s*/\s*(\d+)\s*$")
 
@@ -34,7 +39,7 @@ def shard_pattern(output: Path, pattern: str | None = None) -> str:
     OUT.shard-K-of-N.h5 beside OUT (out.h5 -> out.shard-2-of-8.h5)."""
     if pattern:
         if "{k}" not in pattern or "{n}" not in pattern:
-            raise UsageProblem(f"Bad shard pattern {pattern!r}: it needs both {{k}} and {{n}}, "
+            raise BadOption(f"Bad shard pattern {pattern!r}: it needs both {{k}} and {{n}}, "
                                "e.g. part-{k}-of-{n}.h5.")
         return pattern
     output = Path(output)
@@ -52,10 +57,10 @@ def parse_shard(text: str) -> Shard | None:
         return None
     match = _SHARD.match(text)
     if not match:
-        raise UsageProblem(f"Bad --shard {text!r}: use K/N with 0 <= K < N (e.g. 3/8), or none.")
+        raise BadOption(f"Bad --shard {text!r}: use K/N with 0 <= K < N (e.g. 3/8), or none.")
     index, count = int(match[1]), int(match[2])
     if not 0 <= index < count:
-        raise UsageProblem(f"Bad --shard {text!r}: K must be in 0..N-1 (0-based), here 0..{max(count - 1, 0)}.")
+        raise BadOption(f"Bad --shard {text!r}: K must be in 0..N-1 (0-based), here 0..{max(count - 1, 0)}.")
     return Shard(index, count, "--shard")
 
 
@@ -81,3 +86,67 @@ def detect_shard(environ=os.environ) -> Shard | None:
 def choose_shard(option: str | None, environ=os.environ) -> Shard | None:
     """--shard when given (K/N or none), else what the launcher says."""
     return parse_shard(option) if option else detect_shard(environ)
+
+
+@dataclass(frozen=True)
+class ShardPlan:
+    """What a shard's run writes: its own file, its part of the images, and what its file records of the job."""
+
+    output: Path
+    images: object  # an ImageList: this shard's part
+    fingerprint: dict  # its place in the whole job
+
+
+def plan_shard(shard: Shard, output: Path, pattern: str | None, images) -> ShardPlan:
+    """The part of IMAGES (an ImageList) SHARD owns, and the file it goes to."""
+    start, stop = shard.bounds(len(images))
+    path = shard.path(output, pattern)
+    if start < stop:
+        log.info("Shard %d of %d (from %s): images %d to %d of %d, into %s.", shard.index, shard.count,
+                 shard.source, start, stop - 1, len(images), path)
+    else:
+        log.info("Shard %d of %d (from %s): no images (%d images for %d shards), into %s.", shard.index,
+                 shard.count, shard.source, len(images), shard.count, path)
+    extra = {"shard": [shard.index, shard.count], "all_images": images.digest(sizes=False),
+             "all_image_count": len(images)}
+    return ShardPlan(path, images.part(start, stop), extra)
+
+
+def shard_count(output: Path, pattern: str | None = None) -> int:
+    """N, from the names of OUTPUT's shard files (finished or partial); ShardProblem when there are none."""
+    template = Path(shard_pattern(output, pattern))
+    folder = output.parent / template.parent
+    pieces = re.split(r"(\{k\}|\{n\})", template.name)
+    name_regex = "".join({"{k}": r"(?P<k>\d+)", "{n}": r"(?P<n>\d+)"}.get(piece, re.escape(piece)) for piece in pieces)
+    counts = set()
+    for name in os.listdir(folder) if folder.is_dir() else []:
+        match = re.fullmatch(name_regex, name.removesuffix(".partial"))
+        if match:
+            counts.add(int(match["n"]))
+    if not counts:
+        raise ShardProblem(f"No shards of {str(output)!r} found (looked for {template.name} in {str(folder)!r}); "
+                           "run the sharded extract first.")
+    if len(counts) > 1:
+        raise ShardProblem(f"Shards of {str(output)!r} from runs with different shard counts ({sorted(counts)}) "
+                           "lie side by side; remove the ones of the other run.")
+    return counts.pop()
+
+
+def wait_for_all_ranks(timeout: float) -> None:
+    """A barrier over torchrun's ranks (gloo, from its environment); RanksDidNotFinish naming the late ones."""
+    import torch.distributed as dist
+
+    started_here = not dist.is_initialized()
+    if started_here:
+        dist.init_process_group("gloo", timeout=timedelta(seconds=timeout))
+    try:
+        dist.monitored_barrier(timeout=timedelta(seconds=timeout), wait_all_ranks=True)
+    except RuntimeError as error:
+        first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise RanksDidNotFinish(
+            f"Not every torchrun rank finished within {timeout:.0f} s ({first_line}). The finished shards are "
+            "kept; rerun the job to finish the others, or run `featdump merge OUT` once they are done."
+        ) from error
+    finally:
+        if started_here:
+            dist.destroy_process_group()

@@ -6,11 +6,10 @@ import math
 import os
 from pathlib import Path
 
-import h5py
 import numpy as np
 
-from featdump.errors import NotAnOutput, UnknownLayer, UsageProblem
-from featdump.writer import raw_paths
+from featdump.errors import UnknownLayer, UsageProblem
+from featdump.layout import Output
 
 
 def draw(output: Path, layer: str | None, index: int, picture: Path | None, channels: int = 16) -> Path:
@@ -41,23 +40,17 @@ def _pyplot():
 
 def _read(output: Path, layer: str | None, index: int):
     """(row INDEX of LAYER as float32, the layer's name, the input image as RGB or None if not found)."""
-    try:
-        h5file = h5py.File(output, "r")
-    except OSError as error:
-        raise NotAnOutput(f"{str(output)!r} is not a readable HDF5 file ({error}).") from error
-    with h5file:
-        if "features" not in h5file:
-            raise NotAnOutput(f"{str(output)!r} is not a featdump output.")
-        names = list(h5file["features"])
+    with Output.open(output) as opened:
+        names = opened.layers
         name = layer or names[0]
         if name not in names:
             raise UnknownLayer(f"{str(output)!r} has no layer {name!r}; it has {', '.join(names)}.")
-        rows = int(h5file.attrs["committed"][0])
+        rows = opened.committed.rows
         if index >= rows:
             raise UsageProblem(f"--index {index} is past the last row ({rows - 1}) of {str(output)!r}.")
-        values = np.asarray(h5file["features"][name][index], dtype=np.float32)
-        root = str(h5file.attrs.get("image_root", ""))
-        path = Path(os.fsdecode(os.path.join(os.fsencode(root), raw_paths(h5file)[index])))
+        values = np.asarray(opened.features(name)[index], dtype=np.float32)
+        root = str(opened.attrs.get("image_root", ""))
+        path = Path(os.fsdecode(os.path.join(os.fsencode(root), opened.raw_paths()[index])))
     return values, name, _open_image(path)
 
 

@@ -107,7 +107,7 @@ def test_the_list_content_is_part_of_the_fingerprint(tmp_path):
         def advance(self, images): raise RuntimeError("crash")
         def close(self): pass
 
-    from featdump.extraction import extract as run
+    from featdump.runner import extract as run
     from featdump.settings import Settings
 
     with pytest.raises(RuntimeError):

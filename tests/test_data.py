@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from featdump.data import find_images, open_rgb
+from featdump.decode import open_rgb
 from featdump.errors import NoImages
+from featdump.inputs import find_images
 
 from .conftest import run_featdump
 

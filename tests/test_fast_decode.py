@@ -12,10 +12,11 @@ import torch
 from PIL import Image, ImageOps
 from torchvision.models import get_model
 
-from featdump.data import Preprocess, available_memory, choose_workers, decode_bytes_per_worker, job_cpus
 from featdump.errors import ResumeMismatch
-from featdump.extraction import extract
 from featdump.models import default_preprocessing
+from featdump.preprocess import Preprocess
+from featdump.resources import available_memory, choose_workers, decode_bytes_per_worker, job_cpus
+from featdump.runner import extract
 
 from .conftest import featdump_env, run_featdump, settings_for
 from .photos import camera_photo, write_camera_photos

@@ -10,7 +10,10 @@ import torch
 from PIL import Image
 from torchvision.models import get_model_weights
 
-from featdump.data import ImageDataset, Preprocess, collate, find_images, to_device_inputs
+from featdump.gpu_decode import to_device_inputs
+from featdump.inputs import find_images
+from featdump.loader import ImageDataset, collate
+from featdump.preprocess import Preprocess
 
 from .conftest import run_featdump, write_images
 
@@ -30,7 +33,7 @@ def test_workers_leave_plain_jpegs_encoded_and_decode_the_rest(tmp_path):
     images = make_folder(tmp_path)
     preprocess = Preprocess(get_model_weights("resnet18").DEFAULT.transforms())
     dataset = ImageDataset(images, preprocess, gpu_jpegs=True)
-    kinds = {images.paths[i]: dataset[i][1] for i in range(len(images))}
+    kinds = {images.paths[i]: dataset[i].kind for i in range(len(images))}
     assert kinds == {"a/fake.jpg": "failed", "a/img_000.jpg": "jpeg", "a/img_001.jpg": "jpeg",
                      "a/img_002.png": "pixels", "a/img_003.jpg": "jpeg", "a/img_004.jpg": "jpeg",
                      "a/rotated.jpg": "pixels"}
@@ -84,8 +87,8 @@ def test_cuda_fp32_matches_cpu_features(tmp_path):
 
 
 def test_auto_decodes_on_the_cpu_until_the_gpu_path_is_measured():
+    from featdump.device import resolve_decode
     from featdump.errors import UsageProblem
-    from featdump.extraction import resolve_decode
 
     preprocess = Preprocess(get_model_weights("resnet18").DEFAULT.transforms())
     assert resolve_decode("auto", torch.device("cuda"), preprocess) == "cpu"
@@ -107,8 +110,8 @@ def test_normalize_keeps_its_constants_on_the_device_and_equals_torchvision():
 
 
 def test_device_errors_stop_the_run_and_decode_errors_do_not():
-    from featdump.data import raise_if_device_failure
     from featdump.errors import DeviceFailure
+    from featdump.gpu_decode import raise_if_device_failure
 
     raise_if_device_failure(RuntimeError("nvjpegDecodeJpeg failed: not a JPEG"))  # the image's fault: passes
     for error in (torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"),
@@ -148,7 +151,7 @@ def test_cuda_gpu_decode_rows_do_not_depend_on_the_batch_size(tmp_path):
 def test_one_bad_jpeg_does_not_serialise_the_batch(tmp_path):
     from torchvision.io import ImageReadMode, decode_jpeg
 
-    from featdump.data import _decode_halving
+    from featdump.gpu_decode import _decode_halving
 
     write_images(tmp_path, {"a": 16}, size=(64, 48))
     paths = sorted((tmp_path / "a").glob("*.jpg"))
@@ -178,7 +181,7 @@ def test_one_bad_jpeg_does_not_serialise_the_batch(tmp_path):
 def test_short_batches_are_padded_to_one_shape_and_rows_cut_back():
     from torchvision.models import resnet18
 
-    from featdump.extraction import padded
+    from featdump.device import padded
 
     torch.manual_seed(0)
     model = resnet18().eval()

@@ -8,7 +8,7 @@ import h5py
 import numpy as np
 from PIL import Image
 
-from featdump.writer import raw_paths
+from featdump.layout import raw_paths
 
 from .conftest import run_featdump
 

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from featdump.errors import ResumeMismatch
-from featdump.extraction import extract
+from featdump.runner import extract
 
 from .conftest import featdump_env, run_featdump, settings_for, write_images
 

@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 from featdump.errors import OutputExists, ResumeMismatch
-from featdump.writer import DatasetSpec, FeatureWriter, chunk_shape, partial_path
+from featdump.layout import DatasetSpec, chunk_shape, partial_path
+from featdump.writer import FeatureWriter
 
 from .conftest import featdump_env
 
@@ -116,7 +117,8 @@ def test_stale_string_references_left_by_a_kill_are_cleared(tmp_path):
 
 KILLED_APPENDER = """
 import sys, numpy as np
-from featdump.writer import DatasetSpec, FeatureWriter
+from featdump.layout import DatasetSpec
+from featdump.writer import FeatureWriter
 writer = FeatureWriter.open(sys.argv[1], {"f": DatasetSpec((64, 28, 28), "float32")}, {"image_count": 10**6},
                             {}, [], batch_size=4)
 done = writer.committed_images

@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from featdump.errors import InvalidWeights, UsageProblem
+from featdump.errors import InvalidWeights, UsageProblem, first_sentence
 
 MODEL_FILE_SUFFIXES = (".pt", ".pth", ".pt2", ".pkl", ".ckpt", ".bin")
 
@@ -36,8 +36,6 @@ def build(path_text: str, trust_pickle: bool) -> nn.Module:
     try:
         module = torch.load(path, map_location="cpu", weights_only=False)
     except Exception as error:  # unpickling fails in many ways (missing classes, a bad file)
-        from featdump.models import first_sentence
-
         raise InvalidWeights(f"Could not load the model in {path_text!r}: {first_sentence(error)}. Its classes "
                              "must be importable (run featdump where its code is).") from error
     if not isinstance(module, nn.Module):

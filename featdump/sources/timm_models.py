@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from featdump.errors import UnknownModel, UsageProblem, WeightsUnavailable
+from featdump.errors import UnknownModel, UsageProblem, WeightsUnavailable, first_sentence
 
 
 def _timm():
@@ -37,8 +37,6 @@ def build(name: str, weights: str, seed: int) -> tuple[nn.Module, nn.Module, str
         try:
             module = timm.create_model(name, pretrained=True)
         except Exception as error:  # hub errors come in many types; offline is the common one
-            from featdump.models import first_sentence
-
             raise WeightsUnavailable(
                 f"Could not get timm's pretrained weights for {name} ({first_sentence(error)}). They are read from "
                 "the Hugging Face cache when present (HF_HOME); pass --weights none for a random network, or "

@@ -10,7 +10,7 @@ import torchvision
 from torch import nn
 from torchvision.models import get_model, get_model_weights, list_models
 
-from featdump.errors import InvalidWeights, UnknownModel, UnsupportedModel, WeightsUnavailable
+from featdump.errors import InvalidWeights, UnknownModel, UnsupportedModel, WeightsUnavailable, first_sentence
 
 _OTHER_TASKS = {"detection": "an object detection", "segmentation": "a semantic segmentation",
                 "video": "a video", "optical_flow": "an optical flow", "quantization": "a quantized"}
@@ -75,8 +75,6 @@ def weights_enum(name: str, weights: str):
 
 def _pretrained(name: str, enum) -> nn.Module:
     """The model with ENUM's weights, from torch's cache or downloaded; a clear error offline."""
-    from featdump.models import first_sentence
-
     try:
         return get_model(name, weights=enum)
     except (urllib.error.URLError, OSError) as error:

@@ -1,0 +1,45 @@
+"""Folder input: every image under a folder, in sorted order of relative path, ImageFolder-style labels."""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+from featdump.errors import NoImages
+from featdump.inputs.imagelist import ImageList
+
+IMAGE_EXTENSIONS = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff"})
+log = logging.getLogger("featdump")
+
+
+def read_folder(root: Path) -> ImageList:
+    """The images under ROOT (walked recursively, symlinks followed once); labels from first-level folders."""
+    paths = sorted(_walk(root))
+    if not paths:
+        extensions = ", ".join(sorted(ext.lstrip(".") for ext in IMAGE_EXTENSIONS))
+        raise NoImages(f"No images in {str(root)!r} (looked for {extensions}, in any case, in all subfolders).")
+    in_class_folders = all("/" in path for path in paths)
+    classes = sorted({path.split("/", 1)[0] for path in paths}) if in_class_folders else []
+    index = {name: i for i, name in enumerate(classes)}
+    labels = [index[path.split("/", 1)[0]] if in_class_folders else -1 for path in paths]
+    return ImageList(root, tuple(paths), tuple(labels), tuple(classes))
+
+
+def _walk(root: Path):
+    seen_folders = set()
+
+    def unreadable(error: OSError) -> None:
+        log.warning("Cannot read folder %s (%s); its images are left out.", error.filename, error.strerror)
+
+    for folder, subfolders, files in os.walk(root, followlinks=True, onerror=unreadable):
+        real = os.path.realpath(folder)
+        if real in seen_folders:  # a symlink loop or a folder linked twice
+            subfolders.clear()
+            continue
+        seen_folders.add(real)
+        subfolders.sort()
+        relative_folder = Path(folder).relative_to(root)
+        for name in files:
+            if Path(name).suffix.lower() in IMAGE_EXTENSIONS:
+                yield (relative_folder / name).as_posix()

@@ -1,0 +1,198 @@
+"""Loader: the dataset of a job's images, its batches in source order, and the workers that decode them."""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import multiprocessing
+import os
+import signal
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from featdump.decode import JPEG_EXTENSIONS, check_regular_file, describe_failure, open_rgb, plain_jpeg
+from featdump.inputs import ImageList
+from featdump.preprocess import Preprocess
+
+
+@dataclass
+class Batch:
+    """Images of consecutive source positions: decoded, still encoded (for the GPU), or failed."""
+
+    positions: list[int]  # source positions of the decoded images, rows of `pixels`
+    pixels: torch.Tensor | None  # (n, C, H, W), uint8 when the preprocessing is split
+    failures: list[tuple[int, str]]  # (source position, reason) of images that could not be used
+    end: int  # one past the last source position of this batch
+    jpeg_bytes: torch.Tensor | None = None  # the JPEGs left to the GPU, end to end: one shared-memory tensor
+    jpeg_index: list[tuple[int, int, int]] = field(default_factory=list)  # (position, start, stop) in jpeg_bytes
+    file_stats: dict[int, tuple[int, int]] = field(default_factory=dict)  # position: (size, mtime_ns) when read
+
+    @property
+    def encoded(self) -> list[tuple[int, torch.Tensor]]:
+        """(position, that JPEG's bytes: a view into jpeg_bytes)."""
+        return [(position, self.jpeg_bytes[start:stop]) for position, start, stop in self.jpeg_index]
+
+    @property
+    def size(self) -> int:
+        """How many source images this batch covers."""
+        return len(self.positions) + len(self.failures) + len(self.jpeg_index)
+
+    def pin_memory(self) -> Batch:
+        """Called by the DataLoader's pinning thread, so the copy to the GPU can be asynchronous."""
+        if self.pixels is not None:
+            self.pixels = self.pixels.pin_memory()
+        return self
+
+
+@dataclass
+class Item:
+    """One source image as a worker hands it over: decoded pixels, its JPEG bytes left to the GPU, or why it
+    could not be used; numpy arrays, never many small tensors."""
+
+    position: int  # in the job's image list
+    file_stat: tuple[int, int] = (-1, -1)  # the file's (size, mtime_ns) when it was read
+    pixels: np.ndarray | None = None
+    jpeg: np.ndarray | None = None
+    failure: str | None = None
+
+    @property
+    def kind(self) -> str:
+        return "pixels" if self.pixels is not None else "jpeg" if self.jpeg is not None else "failed"
+
+
+class ImageDataset(Dataset):
+    """Item i of the image list: decoded by the preprocessing's pixels(), or (GPU_JPEGS) a plain JPEG's bytes."""
+
+    def __init__(self, images: ImageList, preprocess: Preprocess, gpu_jpegs: bool = False):
+        self.images = images
+        self.preprocess = preprocess
+        self.gpu_jpegs = gpu_jpegs and preprocess.split
+
+    def __len__(self) -> int:
+        return len(self.images)
+
+    def __getitem__(self, position: int) -> Item:
+        path = self.images.root / self.images.paths[position]
+        item = Item(position)
+        try:
+            found = check_regular_file(path)
+            item.file_stat = (found.st_size, found.st_mtime_ns)
+            if self.gpu_jpegs and path.suffix.lower() in JPEG_EXTENSIONS and plain_jpeg(path, self.preprocess.draft):
+                item.jpeg = np.fromfile(path, dtype=np.uint8)
+            else:
+                item.pixels = self.preprocess.pixels(open_rgb(path, self.preprocess.draft))
+        except Exception as error:  # any decoding failure is recorded, not raised
+            item.failure = describe_failure(error)
+        return item
+
+
+def collate(items: list[Item]) -> Batch:
+    """Stack the decoded images into one tensor (one shared-memory handle per batch, not per image)."""
+    decoded = [item for item in items if item.pixels is not None]
+    jpegs = [item for item in items if item.jpeg is not None]
+    ends = np.cumsum([len(item.jpeg) for item in jpegs]).tolist()
+    return Batch(
+        positions=[item.position for item in decoded],
+        pixels=torch.from_numpy(np.stack([item.pixels for item in decoded])) if decoded else None,
+        failures=[(item.position, item.failure) for item in items if item.failure is not None],
+        end=items[-1].position + 1,
+        jpeg_bytes=torch.from_numpy(np.concatenate([item.jpeg for item in jpegs])) if jpegs else None,
+        jpeg_index=[(item.position, end - len(item.jpeg), end) for item, end in zip(jpegs, ends)],
+        file_stats={item.position: item.file_stat for item in items},
+    )
+
+
+class _Batches:
+    """Consecutive batches of source positions from START to N."""
+
+    def __init__(self, start: int, count: int, batch_size: int):
+        self.start, self.count, self.batch_size = start, count, batch_size
+
+    def __iter__(self):
+        for first in range(self.start, self.count, self.batch_size):
+            yield list(range(first, min(first + self.batch_size, self.count)))
+
+    def __len__(self) -> int:
+        return max(0, -(-(self.count - self.start) // self.batch_size))
+
+
+class _WorkerStart:
+    """Run first in every loader worker: the worker belongs to the main process and holds none of its files.
+
+    Workers are forked while the main process holds the output's lock and its open HDF5 file. A worker
+    closes its copies of those descriptors (the HDF5 library's own lock on OUT.partial would otherwise
+    outlive a killed main process), is killed by the kernel the moment the main process dies, and
+    leaves SIGINT/SIGTERM to the main process, which stops it after committing.
+    """
+
+    def __init__(self, main_pid: int, owned_files: tuple[str, ...]):
+        self.main_pid, self.owned_files = main_pid, owned_files
+
+    def __call__(self, worker_id: int) -> None:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        _die_with_parent()
+        if os.getppid() != self.main_pid:  # the main process died before the line above
+            os._exit(1)
+        close_descriptors_of(self.owned_files)
+
+
+def _die_with_parent() -> None:
+    """Ask Linux to SIGKILL this process when its parent dies (prctl PR_SET_PDEATHSIG); elsewhere nothing."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # 1 = PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def close_descriptors_of(paths: tuple[str, ...]) -> list[int]:
+    """Close every descriptor of this process open on one of PATHS (absolute); returns the ones closed."""
+    wanted = set(paths)
+    closed = []
+    try:
+        descriptors = [int(name) for name in os.listdir("/proc/self/fd")]
+    except OSError:  # no /proc: nothing to look through
+        return closed
+    for descriptor in descriptors:
+        try:
+            target = os.readlink(f"/proc/self/fd/{descriptor}")
+        except OSError:
+            continue
+        if target in wanted or target.removesuffix(" (deleted)") in wanted:
+            with contextlib.suppress(OSError):
+                os.close(descriptor)
+                closed.append(descriptor)
+    return closed
+
+
+def make_loader(
+    dataset: Dataset, start: int, batch_size: int, num_workers: int, pin_memory: bool = False,
+    owned_files: tuple[Path, ...] = (),
+) -> DataLoader:
+    """A DataLoader yielding Batches in source order from position START.
+
+    Workers are forked (not spawned: no copy of the image list per worker, no second import of torch)
+    and close their inherited descriptors of OWNED_FILES (the output and its lock) first thing.
+    """
+    if num_workers == 0:
+        return DataLoader(dataset, batch_sampler=_Batches(start, len(dataset), batch_size), num_workers=0,
+                          collate_fn=collate, pin_memory=pin_memory)
+    owned = tuple(os.path.realpath(path) for path in owned_files)
+    return DataLoader(
+        dataset,
+        batch_sampler=_Batches(start, len(dataset), batch_size),
+        num_workers=num_workers,
+        collate_fn=collate,
+        pin_memory=pin_memory,
+        worker_init_fn=_WorkerStart(os.getpid(), owned),
+        multiprocessing_context="fork" if "fork" in multiprocessing.get_all_start_methods() else None,
+        prefetch_factor=4,
+    )

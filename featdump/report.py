@@ -1,0 +1,98 @@
+"""Report: what a run tells its user: the Progress it advances, the size estimate before it starts, the Summary
+after it ends."""
+
+from __future__ import annotations
+
+import logging
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+from featdump.errors import NotEnoughSpace
+from featdump.layout import DatasetSpec, Output
+
+log = logging.getLogger("featdump")
+
+
+class Progress(Protocol):
+    """What the loop reports to: the CLI's tqdm bar or log lines."""
+
+    def start(self, total: int, done: int) -> None: ...
+
+    def advance(self, images: int) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class NoProgress:
+    def start(self, total: int, done: int) -> None:
+        pass
+
+    def advance(self, images: int) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+@dataclass
+
+
+class Summary:
+    """What a finished run wrote."""
+
+    output: Path
+    rows: int  # images written (all runs of this output)
+    skipped: int  # images skipped (all runs of this output)
+    processed: int  # images this run went through
+    resumed_from: int  # source position this run started at
+    seconds: float
+    size_bytes: int
+    stale: int = 0  # rows whose image disappeared or changed (--update)
+
+    @classmethod
+    def of_finished(cls, output: Path, seconds: float) -> Summary:
+        """A finished output this run found done (a shard of a re-submitted array)."""
+        with Output.open(output) as finished:
+            committed = finished.committed
+        return cls(output, committed.rows, committed.skipped, 0, 0, seconds, output.stat().st_size)
+
+    def line(self) -> str:
+        if self.processed == 0:
+            return (f"Nothing new: {self.output} already holds {self.rows} images ({self.skipped} skipped)"
+                    f"{self._stale_note()}.")
+        rate = self.processed / self.seconds if self.seconds > 0 else 0.0
+        resumed = f", resumed at image {self.resumed_from}" if self.resumed_from else ""
+        return (
+            f"Wrote {self.rows} images ({self.skipped} skipped) to {self.output} in {self.seconds:.1f} s "
+            f"({rate:.1f} img/s{resumed}), {human_bytes(self.size_bytes)}{self._stale_note()}."
+        )
+
+    def _stale_note(self) -> str:
+        if not self.stale:
+            return ""
+        return f"; {self.stale} rows are stale (image gone or changed since; listed by featdump info)"
+
+
+def report_size(output: Path, specs: dict[str, DatasetSpec], image_count: int, space_check: bool) -> None:
+    """Log bytes per image per layer and the total; refuse when the disk is too small."""
+    for name, spec in specs.items():
+        log.info("Layer %s: %s per image, shape %s, %s.", name, human_bytes(spec.row_bytes), spec.shape, spec.dtype)
+    total = image_count * sum(spec.row_bytes for spec in specs.values())
+    free = shutil.disk_usage(output.resolve().parent).free
+    log.info("Expected output: %s for %d images (%s free).", human_bytes(total), image_count, human_bytes(free))
+    if space_check and total > free:
+        raise NotEnoughSpace(
+            f"The output needs about {human_bytes(total)} but only {human_bytes(free)} is free on "
+            f"{output.resolve().parent}; free space, use --dtype float16 or --reduce, "
+            "or pass --no-space-check."
+        )
+
+
+def human_bytes(count: float) -> str:
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if abs(count) < 1000 or unit == "TB":
+            return f"{count:.0f} {unit}" if unit == "B" else f"{count:.1f} {unit}"
+        count /= 1000
+    return f"{count:.1f} TB"

@@ -1,0 +1,80 @@
+"""Resources: the CPUs and memory this job was given, and how many loader workers fit in them."""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+from PIL import Image
+
+log = logging.getLogger("featdump")
+
+
+def job_cpus() -> tuple[int, str]:
+    """How many CPUs this job was given, and by whom: SLURM_CPUS_PER_TASK, else this process's affinity mask."""
+    slurm = os.environ.get("SLURM_CPUS_PER_TASK", "").strip()
+    if slurm.isdigit() and int(slurm) > 0:
+        return int(slurm), "SLURM_CPUS_PER_TASK"
+    try:
+        return len(os.sched_getaffinity(0)), "the CPU affinity mask"
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1, "os.cpu_count()"
+
+
+def decode_bytes_per_worker() -> int:
+    """The most memory one worker's decode can take: the largest image Pillow accepts (MAX_IMAGE_PIXELS), as
+    RGB, held about three times over (decoded, rotated or converted, resized)."""
+    return 3 * 3 * int(Image.MAX_IMAGE_PIXELS or 0)
+
+
+def available_memory() -> int | None:
+    """Bytes this job can still use: the smaller of MemAvailable and its cgroup's limit left (SLURM, containers)."""
+    values = []
+    try:
+        with open("/proc/meminfo") as handle:
+            for line in handle:
+                if line.startswith("MemAvailable:"):
+                    values.append(int(line.split()[1]) * 1024)
+    except OSError:
+        pass
+    try:
+        folder = Path("/sys/fs/cgroup") / _cgroup_path()
+        with open(folder / "memory.max") as limit, open(folder / "memory.current") as used:
+            maximum = limit.read().strip()
+            if maximum != "max":
+                values.append(int(maximum) - int(used.read()))
+    except (OSError, ValueError):
+        pass
+    return min(values) if values else None
+
+
+def _cgroup_path() -> str:
+    """This process's cgroup (v2) relative to the hierarchy's root: a SLURM job's or a container's."""
+    with open("/proc/self/cgroup") as handle:
+        for line in handle:
+            if line.startswith("0::"):
+                return line[3:].strip().lstrip("/")
+    return ""
+
+
+def choose_workers(requested: int | None) -> int:
+    """REQUESTED loader workers, or (None) the job's CPUs less one for the main process, at least one; either
+    way checked against memory: an automatic count is lowered to fit, an explicit one is warned about."""
+    if requested is None:
+        cpus, source = job_cpus()
+        workers = max(1, cpus - 1)
+        log.debug("Using %d loader workers: %d CPUs (%s), one left to the main process.", workers, cpus, source)
+    else:
+        workers = requested
+    free, per_worker = available_memory(), decode_bytes_per_worker()
+    if workers and free is not None and per_worker and workers * per_worker > free:
+        fitting = max(1, free // per_worker)
+        if requested is None:
+            log.info("Using %d loader workers instead of %d: one decode of the largest image Pillow accepts can "
+                     "take %.1f GB, and %.1f GB is available.", fitting, workers, per_worker / 1e9, free / 1e9)
+            return fitting
+        log.warning("%d loader workers could each take %.1f GB decoding the largest image Pillow accepts, and only "
+                    "%.1f GB is available: lower -j to %d to be safe from the OOM killer.",
+                    workers, per_worker / 1e9, free / 1e9, fitting)
+    return workers

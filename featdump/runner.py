@@ -1,0 +1,268 @@
+"""Runner: one extract job, in four steps: plan (images, shard, model, layers) → open (lock, writer, or an
+update's) → run (batches through the capture, written behind) → finish (rename, summary, torchrun merge)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import signal
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torchvision
+
+from featdump.version import __version__
+from featdump import fingerprint as fingerprints
+from featdump.device import autocast, padded, place_model, resolve_decode, resolve_device
+from featdump.errors import BadImage, Interrupted, UsageProblem
+from featdump.gpu_decode import to_device_inputs
+from featdump.hooks import Capture
+from featdump.inputs import ImageList, find_images
+from featdump.layers import Layer, probe, resolve
+from featdump.layout import DatasetSpec
+from featdump.loader import Batch, ImageDataset, make_loader
+from featdump.lock import OutputLock
+from featdump.merge import merge
+from featdump.models import LoadedModel, check_model_name, load_model
+from featdump.preprocess import Preprocess
+from featdump.progress import ProgressRecord
+from featdump.reductions import reduced_shape, snapshot
+from featdump.report import NoProgress, Progress, Summary, report_size
+from featdump.resources import choose_workers
+from featdump.settings import Settings
+from featdump.shards import Shard, choose_shard, plan_shard, wait_for_all_ranks
+from featdump.signals import StopSignals
+from featdump.update import plan_update
+from featdump.write_behind import WriteBehind
+from featdump.writer import FeatureWriter
+
+log = logging.getLogger("featdump")
+
+
+@dataclass
+class Plan:
+    """What this process does: its settings (a shard's own output), its images, and its place in the job."""
+
+    settings: Settings
+    images: ImageList
+    shard: Shard | None
+    whole_output: Path  # the job's output (a shard's merge target)
+    shard_fingerprint: dict  # what a shard's file records of the whole job
+
+
+@dataclass
+class Opened:
+    """The output opened for this run: the writer, the images still to do, and where the run starts."""
+
+    writer: FeatureWriter
+    images: ImageList  # an update's new images, else the plan's
+    base: int  # source images the file held before this run's list (an update's)
+    start: int  # this run's first position in IMAGES (a resume's)
+    stale: list[tuple[str, str]]
+
+
+def extract(settings: Settings, progress: Progress | None = None) -> Summary:
+    """Run SETTINGS: every image through the model, the selected layers into the HDF5 output.
+
+    Under --shard (or a SLURM array / torchrun) only this process's part of the images, into its shard
+    file; under torchrun rank 0 then merges the shards once every rank is done.
+    """
+    started = time.perf_counter()
+    plan = _plan(settings)
+    output = plan.settings.output
+    if plan.shard is not None and output.exists() and not settings.overwrite:
+        log.info("Shard %d of %d is already finished: %s.", plan.shard.index, plan.shard.count, output)
+        summary = Summary.of_finished(output, time.perf_counter() - started)
+    else:
+        with OutputLock.acquire(output, settings.overwrite or settings.update) as lock:
+            summary = _run_locked(plan, lock, progress or NoProgress(), started)
+    _merge_when_all_ranks_done(plan)
+    return summary
+
+
+def _plan(settings: Settings) -> Plan:
+    check_model_name(settings.model)
+    images = find_images(settings.images)
+    shard = choose_shard(settings.shard)
+    if shard is None:
+        return Plan(settings, images, None, settings.output, {})
+    if settings.update:
+        raise UsageProblem("--update works on one run's output, not on shards: new images would move the "
+                           "shard boundaries. Run the sharded job again over the whole folder instead.")
+    part = plan_shard(shard, settings.output, settings.shard_pattern, images)
+    return Plan(dataclasses.replace(settings, output=part.output), part.images, shard, settings.output,
+                part.fingerprint)
+
+
+def _run_locked(plan: Plan, lock: OutputLock, progress: Progress, started: float) -> Summary:
+    settings = plan.settings
+    device = resolve_device(settings.device, plan.shard.local_rank if plan.shard else None)
+    loaded, preprocess, layers = _prepare_model(settings, device)
+    specs = {layer.name: DatasetSpec(reduced_shape(settings.reduce, layer.shape, layer.name), settings.dtype,
+                                     layer.layout) for layer in layers}
+    fingerprint = fingerprints.build(settings, layers, repr(preprocess.transforms),
+                                     resolve_decode(settings.decode, device, preprocess), plan.images,
+                                     loaded.source, plan.shard_fingerprint)
+    opened = _open(plan, specs, fingerprint, _provenance(settings, loaded, layers, plan.images.root), lock)
+    writer, images = opened.writer, opened.images
+    record = ProgressRecord(settings.output, writer.path, opened.base + len(images), writer.committed_images,
+                            {name: list(spec.shape) for name, spec in specs.items()})
+    try:
+        example = torch.randn((2, 3, *preprocess.size), generator=torch.Generator().manual_seed(0)).to(device)
+        capture = Capture(loaded.module, layers, snapshot(settings.reduce, settings.dtype), prune=True,
+                          example=example)
+        with StopSignals() as stop, capture:
+            progress.start(len(images), opened.start)
+            job = _Job(settings, images, preprocess, capture, device, opened, record,
+                       owned_files=(writer.path, *([lock.path] if lock.path else [])))
+            _run_batches(job, progress, stop)
+        if stop.signal_number is not None:
+            raise Interrupted(
+                f"Stopped by {signal.Signals(stop.signal_number).name} after {writer.committed_images - opened.base} "
+                f"of {len(images)} images; run the same command again to resume.",
+                stop.signal_number,
+            )
+        committed = writer.committed
+        output = writer.finish(fingerprint["images"])  # the whole image set's (an update's records it)
+    finally:
+        record.remove()  # only a kill leaves it, for info to report the job as stopped
+        progress.close()
+        writer.close()
+    return Summary(output, committed.rows, committed.skipped, len(images) - opened.start, opened.start,
+                   time.perf_counter() - started, output.stat().st_size, stale=len(opened.stale))
+
+
+def _prepare_model(settings: Settings, device: torch.device) -> tuple[LoadedModel, Preprocess, list[Layer]]:
+    """The loaded model on DEVICE, its split preprocessing, and the validated layers."""
+    loaded = load_model(settings.model, settings.weights, settings.seed, settings.transform, settings.trust_pickle)
+    loaded.module = place_model(loaded.module, device, settings.precision)
+    preprocess = Preprocess(loaded.preprocessing, settings.fast_decode)
+    if settings.fast_decode and preprocess.draft is None:
+        log.warning("--fast-decode needs a resize in the preprocessing; decoding every image whole.")
+    layers = resolve(list(settings.layers), probe(loaded.module, (3, *preprocess.size)), settings.model)
+    for layer in layers:
+        if layer.layout:
+            log.info("Layer %s holds the batch in dimension %d: stored batch-first, %s.", layer.name,
+                     layer.batch_dim, layer.layout)
+    return loaded, preprocess, layers
+
+
+def _open(plan: Plan, specs: dict[str, DatasetSpec], fingerprint: dict, attributes: dict,
+          lock: OutputLock) -> Opened:
+    """The writer of this run: a new or resumed OUT.partial, or (--update) the finished OUT with its new images."""
+    settings, images = plan.settings, plan.images
+    if settings.update and settings.output.exists() and not settings.overwrite:
+        writer = FeatureWriter.open_finished(settings.output, fingerprint, lock.hdf5_locking)
+        try:
+            images, stale = plan_update(writer.contents(), images)
+            report_size(settings.output, specs, len(images), settings.space_check)
+            base = writer.committed_images
+            writer.begin_update({**fingerprint, "image_count": base + len(images)}, list(images.classes), stale)
+        except BaseException:
+            writer.close()
+            raise
+        log.info("Updating %s: %d new images, %d rows already there%s.", settings.output, len(images),
+                 writer.committed_rows, f", {len(stale)} of them stale (see featdump info)" if stale else "")
+        return Opened(writer, images, base, 0, stale)
+    report_size(settings.output, specs, len(images), settings.space_check)
+    writer = FeatureWriter.open(settings.output, specs, fingerprint, attributes, list(images.classes),
+                                settings.batch_size, settings.compression, settings.overwrite, lock.hdf5_locking)
+    start = writer.committed_images
+    if start:
+        log.info("Resuming at image %d of %d (%d rows committed).", start, len(images), writer.committed_rows)
+    return Opened(writer, images, 0, start, [])
+
+
+@dataclass
+class _Job:
+    """Everything the batch loop reads."""
+
+    settings: Settings
+    images: ImageList
+    preprocess: Preprocess
+    capture: Capture
+    device: torch.device
+    opened: Opened
+    record: ProgressRecord
+    owned_files: tuple[Path, ...]  # the output's files, which loader workers close
+
+
+def _run_batches(job: _Job, progress: Progress, stop: StopSignals) -> None:
+    settings, images, device = job.settings, job.images, job.device
+    gpu_jpegs = resolve_decode(settings.decode, device, job.preprocess) == "gpu"
+    loader = make_loader(ImageDataset(images, job.preprocess, gpu_jpegs), job.opened.start, settings.batch_size,
+                         choose_workers(settings.num_workers), pin_memory=device.type == "cuda",
+                         owned_files=job.owned_files)
+    waiting = computing = 0.0
+    # Autocast is entered once for the loop (leaving it clears its cache of cast weights); the inputs are made
+    # outside it, in a nested disabled region (which leaves the cache alone).
+    with WriteBehind(job.opened.writer, job.opened.base, job.record) as sink, autocast(settings.precision, device):
+        tick = time.perf_counter()
+        # A plain for loop: on an error the iterator goes with the frame's stack and shuts its workers down.
+        for batch in loader:
+            tock = time.perf_counter()
+            with torch.autocast(device.type, enabled=False):
+                inputs = to_device_inputs(batch, job.preprocess, images, device)
+            _check_failures(batch, images, settings.on_error)
+            features = {}
+            if inputs is not None:
+                count = inputs.shape[0]
+                if device.type == "cuda":  # one shape for cudnn.benchmark: the last batch and gappy ones padded
+                    inputs = padded(inputs, settings.batch_size).contiguous(memory_format=torch.channels_last)
+                features = {name: values[:count] for name, values in job.capture.run(inputs).items()}
+            sink.put(features, batch, images, device)
+            waiting, computing = waiting + tock - tick, computing + time.perf_counter() - tock
+            progress.advance(batch.size)
+            if stop.signal_number is not None:
+                break
+            tick = time.perf_counter()
+    log.debug("Stage times: waiting for decoded images %.2f s, forward and copies %.2f s, "
+              "writing %.2f s on a background thread (%s capture).", waiting, computing, sink.seconds,
+              job.capture.strategy)
+
+
+def _check_failures(batch: Batch, images: ImageList, on_error: str) -> None:
+    for position, reason in batch.failures:
+        if on_error == "fail":
+            raise BadImage(
+                f"Cannot use image {images.paths[position]!r}: {reason}. Fix or remove it, "
+                "or pass --on-error skip to record it and go on."
+            )
+        log.debug("Skipping %s: %s", images.paths[position], reason)
+
+
+def _merge_when_all_ranks_done(plan: Plan) -> None:
+    """Under torchrun: wait for every rank (a barrier with a timeout), then rank 0 merges the shards."""
+    if plan.shard is None or plan.shard.local_rank is None:
+        return
+    settings = plan.settings
+    wait_for_all_ranks(settings.merge_timeout)
+    if plan.shard.index == 0:
+        merge(plan.whole_output, settings.shard_pattern, overwrite=settings.overwrite or settings.update)
+        log.info("Merged %d shards into %s.", plan.shard.count, plan.whole_output)
+
+
+def _provenance(settings: Settings, loaded: LoadedModel, layers: list[Layer], image_root: Path) -> dict:
+    """The attributes a new output records: what made it, with which versions, from which command."""
+    return {
+        "model": settings.model,
+        "weights": loaded.weights,
+        "model_source": json.dumps(loaded.source, sort_keys=True),
+        "seed": settings.seed,
+        "layers": [layer.name for layer in layers],
+        "preprocessing": repr(loaded.preprocessing),
+        "image_root": str(Path(image_root).resolve()),
+        "dtype": settings.dtype,
+        "reduce": settings.reduce,
+        "precision": settings.precision,
+        "fast_decode": settings.fast_decode,
+        "featdump_version": __version__,
+        "torch_version": str(torch.__version__),
+        "torchvision_version": str(torchvision.__version__),
+        "command": settings.command,
+        "settings": json.dumps(settings.effective(), sort_keys=True),
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }

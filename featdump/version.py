@@ -1,0 +1,3 @@
+"""The version of featdump (one place; pyproject.toml carries the same)."""
+
+__version__ = "0.2.0"

@@ -1,0 +1,72 @@
+"""The shape of the package: featdump's modules import each other in one direction (no cycle), and the library
+never imports click."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[1] / "featdump"
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def featdump_imports(path: Path, modules: set[str]) -> set[str]:
+    """Every featdump module PATH imports, at its top or inside a function (a lazy import is still an edge)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names if alias.name.startswith("featdump")}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("featdump"):
+            submodules = {f"{node.module}.{alias.name}" for alias in node.names} & modules
+            found |= submodules or {node.module}
+    return found & modules
+
+
+def import_graph() -> dict[str, set[str]]:
+    files = {module_name(path): path for path in PACKAGE.rglob("*.py")}
+    return {name: featdump_imports(path, set(files)) - {name} for name, path in files.items()}
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    state: dict[str, str] = {}
+    stack: list[str] = []
+
+    def visit(name: str) -> list[str] | None:
+        state[name] = "open"
+        stack.append(name)
+        for target in sorted(graph[name]):
+            if state.get(target) == "open":
+                return stack[stack.index(target):] + [target]
+            if target not in state and (cycle := visit(target)):
+                return cycle
+        state[name] = "done"
+        stack.pop()
+        return None
+
+    for name in sorted(graph):
+        if name not in state and (cycle := visit(name)):
+            return cycle
+    return None
+
+
+def test_the_walker_finds_a_cycle_when_there_is_one():
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b"}, "b": set()}) is None
+
+
+def test_featdump_modules_import_each_other_without_a_cycle():
+    graph = import_graph()
+    assert len(graph) > 30 and "featdump.runner" in graph["featdump.cli"]  # the walk sees the package
+    assert find_cycle(graph) is None, " -> ".join(find_cycle(graph))
+
+
+def test_only_the_cli_imports_click():
+    importers = sorted(name for name, path in ((module_name(p), p) for p in PACKAGE.rglob("*.py"))
+                       if any(isinstance(node, (ast.Import, ast.ImportFrom)) and "click" in
+                              ([alias.name for alias in node.names] if isinstance(node, ast.Import) else [node.module])
+                              for node in ast.walk(ast.parse(path.read_text()))))
+    assert importers == ["featdump.cli"]
