@@ -12,10 +12,10 @@ from pathlib import Path
 
 import click
 
-from featdump.version import __version__
 from featdump.errors import FeatdumpError
 from featdump.options import Option
 from featdump.settings import OPTIONS, Settings
+from featdump.version import __version__
 
 log = logging.getLogger("featdump")
 
@@ -129,9 +129,9 @@ def list_layers(model: str, depth: int | None, as_json: bool, transform: str | N
       featdump list-layers timm:convnext_tiny --json
       featdump list-layers vit_b_16 --match 'encoder.layers.*'
     """
-    from featdump.preprocess import Preprocess
     from featdump.layers import match_pattern, probe
     from featdump.models import load_model
+    from featdump.preprocess import Preprocess
 
     loaded = load_model(model, weights="none", transform=transform, trust_pickle=trust_pickle)
     size = Preprocess(loaded.preprocessing).size

@@ -14,6 +14,7 @@ from featdump.layout import (
     FORMAT,
     STRING,
     Committed,
+    DatasetSpec,
     Output,
     create_layout,
     partial_path,
@@ -22,8 +23,9 @@ from featdump.layout import (
     write_rows,
 )
 from featdump.lock import OutputLock
+from featdump.report import check_space
 from featdump.shards import shard_count, shard_path
-from featdump.writer import fsync_path, write_error
+from featdump.writer import close_quietly, fsync_path, write_error
 
 _COPY_ROWS = 1024
 _NOT_COPIED = ("committed", "fingerprint", "complete", "command", "created", "format")
@@ -64,15 +66,22 @@ def merge(output: Path, pattern: str | None = None, copy: bool = False, overwrit
     shards = find_shards(output, pattern)
     summaries = [_summary(index, path) for index, path in enumerate(shards)]
     fingerprint = _common_fingerprint(shards, summaries)
+    if copy:
+        needed = sum(summary["committed"].rows * DatasetSpec(shape, str(dtype)).row_bytes
+                     for summary in summaries for shape, dtype, _, _ in summary["features"].values())
+        check_space(output, needed, "The --copy of the shards", "merge without --copy (virtual datasets, no copy)")
     with OutputLock.acquire(output, overwrite) as lock:
         partial = partial_path(output)
         try:
-            with h5py.File(partial, "w", locking=lock.hdf5_locking) as merged:
+            merged = h5py.File(partial, "w", locking=lock.hdf5_locking)
+            try:
                 _write_merged(merged, output, shards, summaries, fingerprint, copy)
+            finally:
+                close_quietly(merged)
             fsync_path(partial)
             os.replace(partial, output)
             fsync_path(output.parent)
-        except OSError as error:  # a full disk, a shard that vanished: one line, the partial file removed
+        except (OSError, RuntimeError) as error:  # a full disk (h5py says RuntimeError at times): one line
             partial.unlink(missing_ok=True)
             raise write_error(partial, error, None) from error
     return output

@@ -80,14 +80,19 @@ def report_size(output: Path, specs: dict[str, DatasetSpec], image_count: int, s
     for name, spec in specs.items():
         log.info("Layer %s: %s per image, shape %s, %s.", name, human_bytes(spec.row_bytes), spec.shape, spec.dtype)
     total = image_count * sum(spec.row_bytes for spec in specs.values())
-    free = shutil.disk_usage(output.resolve().parent).free
-    log.info("Expected output: %s for %d images (%s free).", human_bytes(total), image_count, human_bytes(free))
-    if space_check and total > free:
-        raise NotEnoughSpace(
-            f"The output needs about {human_bytes(total)} but only {human_bytes(free)} is free on "
-            f"{output.resolve().parent}; free space, use --dtype float16 or --reduce, "
-            "or pass --no-space-check."
-        )
+    log.info("Expected output: %s for %d images (%s free).", human_bytes(total), image_count,
+             human_bytes(shutil.disk_usage(output.resolve().parent).free))
+    if space_check:
+        check_space(output, total, "The output", "use --dtype float16 or --reduce, or pass --no-space-check")
+
+
+def check_space(output: Path, needed: int, what: str, advice: str) -> None:
+    """NotEnoughSpace when NEEDED bytes do not fit beside OUTPUT."""
+    folder = output.resolve().parent
+    free = shutil.disk_usage(folder).free
+    if needed > free:
+        raise NotEnoughSpace(f"{what} needs about {human_bytes(needed)} but only {human_bytes(free)} is free on "
+                             f"{folder}; free space, or {advice}.")
 
 
 def human_bytes(count: float) -> str:

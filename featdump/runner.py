@@ -14,7 +14,6 @@ from pathlib import Path
 import torch
 import torchvision
 
-from featdump.version import __version__
 from featdump import fingerprint as fingerprints
 from featdump.device import autocast, padded, place_model, resolve_decode, resolve_device
 from featdump.errors import BadImage, Interrupted, UsageProblem
@@ -36,6 +35,7 @@ from featdump.settings import Settings
 from featdump.shards import Shard, choose_shard, plan_shard, wait_for_all_ranks
 from featdump.signals import StopSignals
 from featdump.update import plan_update
+from featdump.version import __version__
 from featdump.write_behind import WriteBehind
 from featdump.writer import FeatureWriter
 

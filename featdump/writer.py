@@ -188,22 +188,30 @@ class FeatureWriter:
 
     def close(self) -> None:
         """Close without finishing: the partial file stays, resumable from its committed rows."""
-        try:
-            if self._file.id.valid:
-                self._file.close()
-        except Exception as error:  # after a failed write HDF5 may raise anything while flushing
+        error = close_quietly(self._file)
+        if error is not None:
             log.warning("Closing %s failed (%s); it stays resumable from its last commit.", self.path, error)
 
 
-def write_error(path: Path, error: OSError, committed_rows: int | None) -> OutputWriteError:
+def write_error(path: Path, error: Exception, committed_rows: int | None) -> OutputWriteError:
     """The one-line error for an OSError while writing PATH (a full disk says how to go on)."""
     done = f"; {committed_rows} rows are committed" if committed_rows is not None else ""
-    if error.errno in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT) or "space" in str(error).lower():
+    if getattr(error, "errno", None) in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT) or "space" in str(error).lower():
         return OutputWriteError(
             f"No space left while writing {str(path)!r}{done}. Free some space and run the same command "
             "again to resume."
         )
     return OutputWriteError(f"Could not write {str(path)!r}: {error}{done}.")
+
+
+def close_quietly(h5file: h5py.File) -> Exception | None:
+    """Close H5FILE; after a failed write HDF5 may raise anything while flushing: returned, not raised."""
+    try:
+        if h5file.id.valid:
+            h5file.close()
+    except Exception as error:
+        return error
+    return None
 
 
 def fsync_path(path: Path) -> None:

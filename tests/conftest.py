@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import h5py
 import numpy as np
 import pytest
 from PIL import Image
@@ -75,3 +76,66 @@ def run_featdump(*args, env=None, timeout=300, **kwargs) -> subprocess.Completed
     """Run `python -m featdump ARGS` as a real process."""
     return subprocess.run([sys.executable, "-m", "featdump", *map(str, args)], capture_output=True, text=True,
                           env=env or featdump_env(), timeout=timeout, **kwargs)
+
+
+def start_featdump(*args, env=None, stdout=subprocess.PIPE, stderr=subprocess.PIPE, **kwargs) -> subprocess.Popen:
+    """Start `python -m featdump ARGS` as a real process, to kill or to watch while it runs."""
+    return subprocess.Popen([sys.executable, "-m", "featdump", *map(str, args)], env=env or featdump_env(),
+                            stdout=stdout, stderr=stderr, text=True, **kwargs)
+
+
+def read_output(path, rows=None) -> dict:
+    """Everything an output holds, read with plain h5py: each layer's features, paths and labels (cut to ROWS,
+    e.g. a partial file's committed rows), skipped images and reasons, classes, the counters, completeness."""
+    with h5py.File(path, "r", locking=False) as h5file:
+        rows = h5file["paths"].shape[0] if rows is None else rows
+        content = {name: dataset[:rows] for name, dataset in h5file["features"].items()}
+        content["paths"] = list(h5file["paths"].asstr()[:rows])
+        content["labels"] = h5file["labels"][:rows]
+        content["skipped"] = list(h5file["skipped/paths"].asstr()[:])
+        content["reasons"] = list(h5file["skipped/reasons"].asstr()[:])
+        content["classes"] = [str(name) for name in h5file["labels"].attrs["classes"]]
+        content["committed"] = [int(value) for value in h5file.attrs["committed"]]
+        content["complete"] = bool(h5file.attrs["complete"])
+    return content
+
+
+def read_features(path) -> dict:
+    """Each layer's features of an output, by layer name."""
+    with h5py.File(path, "r", locking=False) as h5file:
+        return {name: dataset[:] for name, dataset in h5file["features"].items()}
+
+
+def committed_rows(path) -> int:
+    """The committed rows of an output or partial file; -1 while it cannot be read (being created or written)."""
+    try:
+        with h5py.File(path, "r", locking=False) as h5file:
+            return int(h5file.attrs["committed"][0])  # [rows, images, skipped]
+    except (OSError, KeyError):
+        return -1
+
+
+class CrashAfterFirstBatch:
+    """A progress reporter that crashes the run after its first batch is written: leaves a partial file."""
+
+    def start(self, total, done):
+        pass
+
+    def advance(self, images):
+        raise RuntimeError("simulated crash")
+
+    def close(self):
+        pass
+
+
+@pytest.fixture
+def small_filesystem(tmp_path):
+    """A 40 MB tmpfs (root only): a disk that fills up; `mount -o remount,size=...` grows it."""
+    mount_point = tmp_path / "small"
+    mount_point.mkdir()
+    made = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=40m", "tmpfs", str(mount_point)],
+                          capture_output=True, text=True)
+    if made.returncode != 0:
+        pytest.skip(f"cannot mount a size-limited tmpfs here ({made.stderr.strip() or 'not permitted'})")
+    yield mount_point
+    subprocess.run(["umount", "-l", str(mount_point)], check=False)

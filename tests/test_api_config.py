@@ -17,7 +17,7 @@ from torchvision.models import resnet18
 import featdump
 from featdump.errors import AmbiguousLayer, ResumeMismatch
 
-from .conftest import REPO, featdump_env, run_featdump, write_images
+from .conftest import REPO, CrashAfterFirstBatch, featdump_env, run_featdump, write_images
 
 
 def settings_of(path) -> dict:
@@ -102,16 +102,11 @@ def test_the_list_content_is_part_of_the_fingerprint(tmp_path):
     output = tmp_path / "out.h5"
     settings = dict(model="resnet18", layers="avgpool", weights="none", num_workers=0, batch_size=1)
 
-    class Crash:
-        def start(self, total, done): pass
-        def advance(self, images): raise RuntimeError("crash")
-        def close(self): pass
-
     from featdump.runner import extract as run
     from featdump.settings import Settings
 
     with pytest.raises(RuntimeError):
-        run(Settings(images=listing, output=output, **{**settings, "layers": ("avgpool",)}), Crash())
+        run(Settings(images=listing, output=output, **{**settings, "layers": ("avgpool",)}), CrashAfterFirstBatch())
     listing.write_text("path,label\n" + "".join(f"{name},1\n" for name in names))  # same files, new labels
     with pytest.raises(ResumeMismatch, match="the image set changed"):
         featdump.extract(listing, output, **settings)

@@ -18,7 +18,7 @@ from featdump.preprocess import Preprocess
 from featdump.resources import available_memory, choose_workers, decode_bytes_per_worker, job_cpus
 from featdump.runner import extract
 
-from .conftest import featdump_env, run_featdump, settings_for
+from .conftest import CrashAfterFirstBatch, featdump_env, run_featdump, settings_for
 from .photos import camera_photo, write_camera_photos
 
 
@@ -71,11 +71,6 @@ def test_fast_decode_is_close_and_exact_path_unchanged(photos, tmp_path):
 def test_fast_decode_is_part_of_the_fingerprint(photos, tmp_path):
     output = tmp_path / "out.h5"
     settings = settings_for(photos, output, fast_decode=True)
-
-    class CrashAfterFirstBatch:
-        def start(self, total, done): pass
-        def advance(self, images): raise RuntimeError("crash")
-        def close(self): pass
 
     with pytest.raises(RuntimeError):
         extract(settings, CrashAfterFirstBatch())

@@ -5,18 +5,16 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
-import sys
 import time
 
 import h5py
 
-from .conftest import featdump_env, run_featdump, write_images
+from .conftest import run_featdump, start_featdump, write_images
 
 
 def start(images, output):
     args = ["extract", "-m", "resnet50", "-w", "none", "-l", "layer4", "-b", "2", images, output]
-    return subprocess.Popen([sys.executable, "-m", "featdump", *map(str, args)], env=featdump_env(),
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    return start_featdump(*args, stdout=subprocess.DEVNULL)
 
 
 def info_json(output) -> dict:

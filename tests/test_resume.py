@@ -6,17 +6,23 @@ import os
 import random
 import signal
 import subprocess
-import sys
 import time
 
-import h5py
 import numpy as np
 import pytest
 
 from featdump.errors import ResumeMismatch
 from featdump.runner import extract
 
-from .conftest import featdump_env, run_featdump, settings_for, write_images
+from .conftest import (
+    CrashAfterFirstBatch,
+    committed_rows,
+    read_output,
+    run_featdump,
+    settings_for,
+    start_featdump,
+    write_images,
+)
 
 TRIALS = int(os.environ.get("FEATDUMP_FAULT_TRIALS", "20"))
 LAYERS = "conv1,layer1.0.relu:2"
@@ -27,26 +33,9 @@ def extract_args(images, output, *extra):
     return ["extract", "-m", "resnet18", "-w", "none", "-l", LAYERS, "-b", "4", *extra, images, output]
 
 
-def start_featdump(*args) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "featdump", *map(str, args)], env=featdump_env(),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-
-
-def read_output(path, rows=None) -> dict:
-    """Everything a file holds, cut to ROWS rows (a partial file's committed rows)."""
-    with h5py.File(path, "r", locking=False) as h5file:
-        rows = h5file["paths"].shape[0] if rows is None else rows
-        content = {"paths": list(h5file["paths"].asstr()[:rows]), "labels": h5file["labels"][:rows]}
-        for name, dataset in h5file["features"].items():
-            content[name] = dataset[:rows]
-        content["skipped"] = list(h5file["skipped/paths"].asstr()[:])
-        content["complete"] = bool(h5file.attrs["complete"])
-    return content
-
-
 def assert_same_rows(actual: dict, expected: dict, rows=None):
     for key, values in expected.items():
-        if key in ("complete", "skipped"):
+        if key in ("complete", "skipped", "reasons", "classes", "committed"):
             continue
         wanted = values[:rows] if rows is not None else values
         if isinstance(values, list):
@@ -80,11 +69,6 @@ def clean(folder, tmp_path_factory):
     return read_output(output), time.monotonic() - loop_started
 
 
-def committed_rows(partial) -> int:
-    with h5py.File(partial, "r", locking=False) as h5file:
-        return int(h5file.attrs["committed"][0])  # [rows, images, skipped]
-
-
 def test_sigkill_at_random_moments_then_resume_equals_a_clean_run(folder, clean, tmp_path):
     expected, loop_seconds = clean
     output, partial = tmp_path / "out.h5", tmp_path / "out.h5.partial"
@@ -108,6 +92,7 @@ def test_sigkill_at_random_moments_then_resume_equals_a_clean_run(folder, clean,
                 output.unlink()
             elif partial.exists():  # every kill leaves a file that opens, exact up to its committed rows
                 rows = committed_rows(partial)
+                assert rows >= 0, "the partial file opens"
                 kills_with_rows += rows > 0
                 assert_same_rows(read_output(partial, rows), expected, rows)
             continue
@@ -122,13 +107,6 @@ def test_sigkill_at_random_moments_then_resume_equals_a_clean_run(folder, clean,
     assert not partial.exists() and not (tmp_path / "out.h5.lock").exists()
     print(f"\nfault injection: {kills} SIGKILLs, {kills_with_rows} with committed rows, 0 failures")
     assert kills_with_rows >= TRIALS // 4, "too few kills landed after the first commit to test anything"
-
-
-def committed_rows_or_zero(partial) -> int:
-    try:
-        return committed_rows(partial)
-    except (OSError, KeyError):  # read while being written: try again
-        return 0
 
 
 def children(pid: int) -> list[int]:
@@ -161,7 +139,7 @@ def test_restart_right_after_a_sigkill_resumes(folder, clean, tmp_path, trial):
     output = tmp_path / "out.h5"
     process = start_featdump(*extract_args(folder, output))
     wait_for_progress(process)
-    while not committed_rows_or_zero(tmp_path / "out.h5.partial"):
+    while committed_rows(tmp_path / "out.h5.partial") <= 0:
         time.sleep(0.02)
     workers = children(process.pid)
     assert workers, "the default configuration runs loader workers"
@@ -229,20 +207,9 @@ def test_second_ctrl_c_exits_at_once_leaving_a_valid_file(folder, clean, tmp_pat
     np.testing.assert_allclose(content["conv1"], clean[0]["conv1"][:rows], rtol=1e-5, atol=1e-5)
 
 
-class _CrashAfterFirstBatch:
-    def start(self, total, done):
-        pass
-
-    def advance(self, images):
-        raise RuntimeError("simulated crash")
-
-    def close(self):
-        pass
-
-
 def make_partial(images, output, **overrides):
     with pytest.raises(RuntimeError, match="simulated crash"):
-        extract(settings_for(images, output, **overrides), _CrashAfterFirstBatch())
+        extract(settings_for(images, output, **overrides), CrashAfterFirstBatch())
     assert output.with_name(output.name + ".partial").exists()
 
 
@@ -299,18 +266,6 @@ def test_second_writer_is_refused_and_first_completes(folder, clean, tmp_path):
     final = read_output(output)
     assert final["complete"] and final["paths"] == clean[0]["paths"]
     assert final["layer4"].shape == (39, 2048, 7, 7)
-
-
-@pytest.fixture
-def small_filesystem(tmp_path):
-    mount_point = tmp_path / "small"
-    mount_point.mkdir()
-    made = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=40m", "tmpfs", str(mount_point)],
-                          capture_output=True, text=True)
-    if made.returncode != 0:
-        pytest.skip(f"cannot mount a size-limited tmpfs here ({made.stderr.strip() or 'not permitted'})")
-    yield mount_point
-    subprocess.run(["umount", "-l", str(mount_point)], check=False)
 
 
 def test_disk_full_gives_one_line_and_resumes_once_space_is_freed(folder, clean, tmp_path, small_filesystem):

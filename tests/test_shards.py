@@ -14,25 +14,13 @@ import pytest
 from featdump.errors import UsageProblem
 from featdump.shards import Shard, detect_shard, parse_shard, shard_path
 
-from .conftest import featdump_env, run_featdump, write_images
+from .conftest import featdump_env, read_output, run_featdump, start_featdump, write_images
 
 LAYERS = "layer1.0.relu:2,avgpool"
 
 
 def extract_args(images, output, *extra):
     return ["extract", "-m", "resnet18", "-w", "none", "-l", LAYERS, "-b", "4", *extra, images, output]
-
-
-def read_all(path) -> dict:
-    with h5py.File(path, "r") as h5file:
-        content = {name: dataset[:] for name, dataset in h5file["features"].items()}
-        content["paths"] = list(h5file["paths"].asstr()[:])
-        content["labels"] = h5file["labels"][:]
-        content["skipped"] = list(h5file["skipped/paths"].asstr()[:])
-        content["reasons"] = list(h5file["skipped/reasons"].asstr()[:])
-        content["classes"] = list(h5file["labels"].attrs["classes"])
-        content["committed"] = list(h5file.attrs["committed"])
-    return content
 
 
 def assert_same(actual: dict, expected: dict):
@@ -83,15 +71,31 @@ def single(folder, tmp_path_factory):
     output = tmp_path_factory.mktemp("single") / "single.h5"
     result = run_featdump(*extract_args(folder, output))
     assert result.returncode == 0, result.stderr
-    return read_all(output)
+    return read_output(output)
+
+
+def test_a_merge_copy_that_does_not_fit_is_one_line_and_writes_nothing(folder, small_filesystem):
+    output = small_filesystem / "out.h5"
+    for index in range(2):
+        result = run_featdump("extract", "-m", "resnet18", "-w", "none", "-l", "layer1", "--shard", f"{index}/2",
+                              "-j", "0", folder, output)
+        assert result.returncode == 0, result.stderr
+    free = shutil.disk_usage(small_filesystem).free
+    (small_filesystem / "filler").write_bytes(bytes(free - 2 * 1024 * 1024))  # 2 MB left: the copy cannot fit
+    result = run_featdump("merge", "--copy", output)
+    assert result.returncode == 1, result.stderr
+    assert result.stderr.startswith("Error: The --copy of the shards needs about ")
+    assert result.stderr.strip().endswith("free space, or merge without --copy (virtual datasets, no copy).")
+    assert len(result.stderr.strip().splitlines()) == 1 and "Internal error" not in result.stderr
+    assert not output.exists() and not output.with_name("out.h5.partial").exists()
+    assert not output.with_name("out.h5.lock").exists()
 
 
 def test_slurm_array_tasks_then_merge_equal_a_single_run(folder, single, tmp_path):
     output = tmp_path / "out.h5"
-    tasks = [subprocess.Popen([sys.executable, "-m", "featdump", *map(str, extract_args(folder, output))],
-                              env=featdump_env(SLURM_ARRAY_TASK_ID=str(10 + task), SLURM_ARRAY_TASK_COUNT="3",
-                                               SLURM_ARRAY_TASK_MIN="10", SLURM_JOB_ID="1"),
-                              stderr=subprocess.PIPE, text=True) for task in range(3)]
+    tasks = [start_featdump(*extract_args(folder, output), stdout=None,
+                            env=featdump_env(SLURM_ARRAY_TASK_ID=str(10 + task), SLURM_ARRAY_TASK_COUNT="3",
+                                             SLURM_ARRAY_TASK_MIN="10", SLURM_JOB_ID="1")) for task in range(3)]
     logs = [task.communicate()[1] for task in tasks]
     assert [task.returncode for task in tasks] == [0, 0, 0], logs
     assert "Shard 1 of 3 (from SLURM array task 11" in logs[1]
@@ -100,7 +104,7 @@ def test_slurm_array_tasks_then_merge_equal_a_single_run(folder, single, tmp_pat
     assert info.returncode == 0 and "not merged yet; all 3 shards are finished" in info.stdout
     merged = run_featdump("merge", output)
     assert merged.returncode == 0, merged.stderr
-    assert_same(read_all(output), single)
+    assert_same(read_output(output), single)
     again = run_featdump(*extract_args(folder, output), env=featdump_env(
         SLURM_ARRAY_TASK_ID="12", SLURM_ARRAY_TASK_COUNT="3", SLURM_ARRAY_TASK_MIN="10"))
     assert again.returncode == 0 and "Shard 2 of 3 is already finished" in again.stderr  # a re-submitted array
@@ -122,7 +126,7 @@ def test_slurm_array_tasks_then_merge_equal_a_single_run(folder, single, tmp_pat
     total, is_virtual, rows = virtual_read.stdout.split()
     assert is_virtual == "True" and copy_read.stdout.split() == [total, "False", rows]
     assert float(total) == pytest.approx(float(single["avgpool"].sum())) and int(rows) == 17
-    assert_same(read_all(moved / "copy.h5"), single)
+    assert_same(read_output(moved / "copy.h5"), single)
 
 
 def test_more_shards_than_images(tmp_path):
@@ -170,4 +174,4 @@ def test_torchrun_two_ranks_merge_to_a_single_run(folder, single, tmp_path):
     result = subprocess.run(command, env=featdump_env(), capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "torchrun rank 1 of 2" in result.stderr and "Merged 2 shards into" in result.stderr
-    assert_same(read_all(output), single)
+    assert_same(read_output(output), single)

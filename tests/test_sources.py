@@ -11,7 +11,7 @@ import pytest
 import torch
 from PIL import Image
 
-from .conftest import featdump_env, run_featdump, user_project, write_images
+from .conftest import featdump_env, read_features, run_featdump, user_project, write_images
 
 NETWORK = textwrap.dedent('''
     import torch
@@ -53,11 +53,6 @@ def project(tmp_path):
         yield folder
 
 
-def features(path) -> dict:
-    with h5py.File(path, "r") as h5file:
-        return {name: dataset[:] for name, dataset in h5file["features"].items()}
-
-
 def inputs_of(folder, transform) -> torch.Tensor:
     paths = sorted(p for p in folder.rglob("*") if p.suffix in (".jpg", ".png"))
     return torch.stack([transform(Image.open(p).convert("RGB")) for p in paths])
@@ -85,7 +80,7 @@ def test_factory_model_with_a_reused_in_place_module_and_its_transform(project):
 
     torch.manual_seed(3)
     expected = manual_net(mynet.build().eval(), inputs_of(project / "images", mynet.small()))
-    got = features(project / "out.h5")
+    got = read_features(project / "out.h5")
     for name in ("bn", "relu:1", "relu:2", "conv2"):
         np.testing.assert_allclose(got[name], expected[name].numpy(), rtol=1e-5, atol=1e-6, err_msg=name)
     with h5py.File(project / "out.h5", "r") as h5file:
@@ -112,7 +107,7 @@ def test_checkpoint_on_a_factory_model(project):
                     "-l", "pool", "images", "out.h5")
     assert result.returncode == 0, result.stderr
     expected = manual_net(trained.eval(), inputs_of(project / "images", mynet.small()))["pool"]
-    np.testing.assert_allclose(features(project / "out.h5")["pool"], expected.numpy(), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(read_features(project / "out.h5")["pool"], expected.numpy(), rtol=1e-5, atol=1e-6)
     with h5py.File(project / "out.h5", "r") as h5file:
         assert "checkpoint_sha256" in json.loads(h5file.attrs["fingerprint"])["model_source"]
 
@@ -132,7 +127,7 @@ def test_whole_model_files_need_trust_pickle_and_torchscript_is_refused(project)
                       "-l", "pool", "images", "out.h5")
     assert accepted.returncode == 0, accepted.stderr
     expected = manual_net(whole, inputs_of(project / "images", mynet.small()))["pool"]
-    np.testing.assert_allclose(features(project / "out.h5")["pool"], expected.numpy(), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(read_features(project / "out.h5")["pool"], expected.numpy(), rtol=1e-5, atol=1e-6)
 
     torch.jit.script(whole).save(str(project / "scripted.pt"))
     scripted = run_in(project, "extract", "-m", "scripted.pt", "--trust-pickle", "-l", "pool", "images", "o2.h5")
@@ -162,10 +157,8 @@ def test_list_layers_for_a_factory_model(project):
     assert rows["conv1"]["shapes"] == [[8, 32, 32]]
 
 
-timm = pytest.importorskip("timm", reason="timm is not installed (pip install 'featdump[timm]')")
-
-
 def test_timm_cnn_and_vit_against_explicit_calls(tmp_path):
+    timm = pytest.importorskip("timm", reason="timm is not installed (pip install 'featdump[timm]')")
     write_images(tmp_path / "images", {"": 3})
     for name, layer in (("resnet10t", "layer2.0.act1"), ("vit_tiny_patch16_224", "blocks.1")):
         output = tmp_path / f"{name}.h5"
@@ -185,7 +178,7 @@ def test_timm_cnn_and_vit_against_explicit_calls(tmp_path):
             else:
                 y = model.norm_pre(model.patch_drop(model._pos_embed(model.patch_embed(x))))
                 expected = model.blocks[1](model.blocks[0](y))
-        got = features(output)[layer]
+        got = read_features(output)[layer]
         np.testing.assert_allclose(got, expected.numpy(), rtol=1e-4, atol=1e-5, err_msg=name)
         with h5py.File(output, "r") as h5file:
             assert json.loads(h5file.attrs["model_source"])["timm_model"] == name

@@ -5,13 +5,12 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import time
 
 import h5py
 import numpy as np
 
-from .conftest import featdump_env, run_featdump, write_images
+from .conftest import committed_rows, run_featdump, start_featdump, write_images
 
 LAYERS = "layer1.0.relu:2,avgpool"
 
@@ -38,14 +37,6 @@ def assert_rows_kept(before: dict, after: dict):
             np.testing.assert_array_equal(after[name][0][layer], values, err_msg=f"{name} {layer}")  # bit for bit
 
 
-def committed_rows(path) -> int:
-    try:
-        with h5py.File(path, "r", locking=False) as h5file:
-            return int(h5file.attrs["committed"][0])
-    except (OSError, KeyError):
-        return -1
-
-
 def test_update_12_20_120_with_a_kill_equals_a_fresh_run(tmp_path):
     images, output = tmp_path / "images", tmp_path / "out.h5"
     write_images(images, {"cats": 6, "dogs": 6}, size=(40, 32))
@@ -68,8 +59,7 @@ def test_update_12_20_120_with_a_kill_equals_a_fresh_run(tmp_path):
     assert after["ants/img_000.jpg"][1] == "ants" and after["cats/img_000.jpg"][1] == "cats"
 
     write_images(images, {"zebras": 100}, seed=3, size=(40, 32))
-    killed = subprocess.Popen([sys.executable, "-m", "featdump", *map(str, update_args(images, output))],
-                              env=featdump_env(), stderr=subprocess.DEVNULL)
+    killed = start_featdump(*update_args(images, output), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     while committed_rows(output) <= 20 and killed.poll() is None:
         time.sleep(0.05)
     killed.send_signal(signal.SIGKILL)
