@@ -12,7 +12,7 @@ IMAGES=${IMAGES:?set IMAGES to the image folder}
 OUT=${OUT:?set OUT to the output .h5 file}
 
 featdump extract --model resnet50 --weights IMAGENET1K_V2 --layers avgpool \
-    --batch-size 256 --num-workers "${SLURM_CPUS_PER_TASK:-8}" "$IMAGES" "$OUT" &
+    --batch-size 256 --num-workers "$(( ${SLURM_CPUS_PER_TASK:-8} > 1 ? ${SLURM_CPUS_PER_TASK:-8} - 1 : 1 ))" "$IMAGES" "$OUT" &
 pid=$!
 trap 'kill -TERM "$pid"' TERM       # pass SLURM's signal on to featdump
 wait "$pid"; status=$?

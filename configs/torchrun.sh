@@ -6,7 +6,16 @@
 set -u
 IMAGES=${IMAGES:?set IMAGES to the image folder}
 OUT=${OUT:?set OUT to the merged output .h5 file}
-GPUS=${GPUS:-$(nvidia-smi -L | wc -l)}
+if [ -z "${GPUS:-}" ]; then
+    GPUS=$(nvidia-smi -L 2>/dev/null | wc -l)
+fi
+if [ "${GPUS:-0}" -lt 1 ]; then
+    echo "No GPU found (nvidia-smi): set GPUS to the number of processes to start." >&2
+    exit 2
+fi
+# Each rank decodes with the node's CPUs shared out, less one for its own main process (at least one).
+WORKERS=$(( $(nproc) / GPUS - 1 ))
+[ "$WORKERS" -ge 1 ] || WORKERS=1
 
 torchrun --nproc-per-node "$GPUS" -m featdump extract --model resnet50 --weights IMAGENET1K_V2 \
-    --layers avgpool --batch-size 256 --num-workers $(( $(nproc) / GPUS - 1 )) "$IMAGES" "$OUT"
+    --layers avgpool --batch-size 256 --num-workers "$WORKERS" "$IMAGES" "$OUT"

@@ -20,12 +20,27 @@ from featdump.version import __version__
 log = logging.getLogger("featdump")
 
 
+_NO_ARGS_IS_HELP = getattr(click.exceptions, "NoArgsIsHelpError", ())
+
+
 class _Group(click.Group):
-    """Turns featdump's errors into one-line messages with their exit codes, never a traceback."""
+    """Turns featdump's errors, and Click's usage errors, into one-line messages with their exit codes, never a
+    traceback or a usage block."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        try:
+            return super().parse_args(ctx, args)
+        except click.UsageError as error:  # `featdump nosuch`, a bad global option
+            if isinstance(error, _NO_ARGS_IS_HELP):  # plain `featdump`: the help, as Click shows it
+                raise
+            _fail(_usage_line(error, "featdump --help"), 2)
 
     def invoke(self, ctx: click.Context):
         try:
             return super().invoke(ctx)
+        except click.UsageError as error:  # a subcommand's: missing argument, bad path, unknown option
+            name = ctx.invoked_subcommand
+            _fail(_usage_line(error, f"featdump {name} --help" if name else "featdump --help"), 2)
         except FeatdumpError as error:
             _fail(str(error), error.exit_code)
         except KeyboardInterrupt:
@@ -39,6 +54,12 @@ class _Group(click.Group):
             if ctx.find_root().params.get("verbose", 0) >= 2:
                 raise
             _fail(f"Internal error: {type(error).__name__}: {error} (rerun with -vv for the traceback).", 1)
+
+
+def _usage_line(error: click.UsageError, help_command: str) -> str:
+    """Click's message in one line, with where to look: `Error: Missing option '-m' (see featdump extract --help).`"""
+    message = " ".join(error.format_message().split()).rstrip(".")
+    return f"{message} (see `{help_command}`)."
 
 
 def _fail(message: str, exit_code: int):

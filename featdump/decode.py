@@ -58,7 +58,8 @@ def describe_failure(error: BaseException) -> str:
     if isinstance(error, (Image.DecompressionBombError, Image.DecompressionBombWarning)):
         return f"decompression bomb: {error}"
     if isinstance(error, FileNotFoundError):
-        return "file not found (a broken symlink?)"
+        broken_link = error.filename and os.path.islink(error.filename)
+        return "file not found (a broken symlink?)" if broken_link else "file not found"
     text = str(error).splitlines()[0] if str(error) else ""
     return f"{type(error).__name__}: {text}" if text else type(error).__name__
 

@@ -57,6 +57,10 @@ class NoImages(UsageProblem):
     """The image folder is missing or holds no image."""
 
 
+class NothingRead(FeatdumpError):
+    """Every image a run tried was skipped: the output was written, but holds no row from this run."""
+
+
 class OutputExists(UsageProblem):
     """The output file exists and --overwrite was not given."""
 

@@ -13,6 +13,7 @@ from featdump.layout import FORMAT
 
 SHARD_KEYS = ("shard", "images", "image_count")  # the keys in which the shards of one job differ
 IMAGE_KEYS = ("images", "image_count")  # the keys an --update changes
+UPDATE_IGNORES = (*IMAGE_KEYS, "shards", "all_images", "all_image_count")  # a merged copy's are updated too
 
 
 def build(settings, layers, preprocessing: str, decode: str, images, model_source: dict, extra: dict) -> dict:

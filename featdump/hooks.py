@@ -8,7 +8,7 @@ from collections import defaultdict
 import torch
 from torch import nn
 
-from featdump.errors import FeatdumpError, NotTraceable, StopForward
+from featdump.errors import FeatdumpError, NotTraceable, StopForward, UnknownLayer
 from featdump.graph import pruned_forward, same_outputs
 from featdump.layers import Layer, first_tensor
 from featdump.reductions import Snapshot
@@ -132,7 +132,11 @@ class Capture:
             name = wanted.get(self._calls[path])
             if name is None:
                 return
-            self._captured[name] = self._snapshot(first_tensor(output), self._batch_dims[name])
+            tensor = first_tensor(output)
+            if tensor is None:
+                raise UnknownLayer(f"Layer {name!r} outputs a {type(output).__name__}, not a tensor (nor a tuple or "
+                                   "list holding one), so it cannot be captured; select a module inside it.")
+            self._captured[name] = self._snapshot(tensor, self._batch_dims[name])
             if self._stop_early and len(self._captured) == self._expected:
                 raise StopForward
 

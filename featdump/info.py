@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from featdump.errors import NotAnOutput, ShardProblem
+from featdump.errors import NotAnOutput
 from featdump.layout import Output, partial_path, text_of
 from featdump.lock import lock_holder
 from featdump.progress import describe_running, read_record, running_lines, stopped_line
-from featdump.shards import shard_count, shard_path
+from featdump.shards import shard_count, shard_counts, shard_path
+from featdump.update import staging_path
 
 _SHOWN = 20  # skipped and stale images listed by name
 _PROVENANCE = ("preprocessing", "command", "featdump_version", "torch_version", "created")
@@ -62,7 +63,7 @@ def _file_info(output: Output) -> dict:
         "skipped_examples": output.named_rows("skipped", _SHOWN),
         "shard": fingerprint.get("shard"),
         "merged": _merged_info(output.path, attrs) if "merged_from" in attrs else None,
-        "updating": bool(attrs.get("updating", False)),
+        "updating": any(path.exists() for path in (staging_path(output.path), partial_path(staging_path(output.path)))),
         "stale": output.stale_count(),
         "stale_examples": output.named_rows("stale", _SHOWN),
         "provenance": {key: text_of(attrs[key]) for key in _PROVENANCE if key in attrs},
@@ -78,10 +79,9 @@ def _merged_info(path: Path, attrs) -> dict:
 
 def _shards_info(output: Path) -> dict | None:
     """For an OUTPUT not merged yet: each shard's state and the sums (None when it has no shards)."""
-    try:
-        count = shard_count(output)
-    except ShardProblem:
+    if not shard_counts(output):
         return None
+    count = shard_count(output)  # ShardProblem naming the counts when shards of two runs lie side by side
     shards = []
     for index in range(count):
         path = shard_path(output, index, count)

@@ -69,9 +69,17 @@ def partial_path(output: Path) -> Path:
     return output.with_name(output.name + ".partial")
 
 
-def chunk_shape(spec: DatasetSpec, batch_size: int) -> tuple[int, ...]:
+def chunk_shape(spec: DatasetSpec, batch_size: int, expected_rows: int | None = None) -> tuple[int, ...]:
     """Chunks of 64 KiB to 4 MiB aligned with batches: whole batches, or an equal part of one, so that no
-    chunk is written twice; a row over 4 MiB is split along its first dimensions."""
+    chunk is written twice; a row over 4 MiB is split along its first dimensions. A file expecting fewer
+    rows than that (a small shard) gets chunks of its size, not a mostly empty chunk."""
+    chunks = _batch_aligned_chunks(spec, batch_size)
+    if expected_rows and chunks[0] > expected_rows:
+        return (expected_rows, *chunks[1:])
+    return chunks
+
+
+def _batch_aligned_chunks(spec: DatasetSpec, batch_size: int) -> tuple[int, ...]:
     row_bytes = max(spec.row_bytes, 1)
     batch_bytes = batch_size * row_bytes
     if batch_bytes < MIN_CHUNK_BYTES:
@@ -127,12 +135,13 @@ def create_layout(h5file: h5py.File, attributes: dict, classes, feature_group=No
     h5file.attrs["committed"] = np.zeros(3, dtype=np.int64)
 
 
-def create_features(group: h5py.Group, specs: dict[str, DatasetSpec], batch_size: int, compression: str) -> None:
-    """GROUP's resizable feature datasets, chunked for BATCH_SIZE."""
+def create_features(group: h5py.Group, specs: dict[str, DatasetSpec], batch_size: int, compression: str,
+                    expected_rows: int | None = None) -> None:
+    """GROUP's resizable feature datasets, chunked for BATCH_SIZE (and EXPECTED_ROWS)."""
     filters = compression_filters(compression)
     for name, spec in specs.items():
         dataset = group.create_dataset(name, shape=(0, *spec.shape), maxshape=(None, *spec.shape), dtype=spec.dtype,
-                                       chunks=chunk_shape(spec, batch_size), **filters)
+                                       chunks=chunk_shape(spec, batch_size, expected_rows), **filters)
         if spec.layout:
             dataset.attrs["layout"] = spec.layout
 

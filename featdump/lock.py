@@ -10,7 +10,7 @@ import struct
 import threading
 from pathlib import Path
 
-from featdump.errors import OutputExists, OutputLocked, OutputWriteError
+from featdump.errors import OutputExists, OutputLocked, OutputWriteError, UsageProblem
 
 log = logging.getLogger("featdump")
 
@@ -35,7 +35,7 @@ class OutputLock:
         output = Path(output)
         refuse_existing(output, overwrite)
         if not output.parent.is_dir():
-            raise OutputWriteError(f"Output folder {str(output.parent)!r} does not exist.")
+            raise UsageProblem(f"Output folder {str(output.parent)!r} does not exist; create it first.")
         if os.environ.get("HDF5_USE_FILE_LOCKING", "").upper() == "FALSE":
             log.info("HDF5_USE_FILE_LOCKING=FALSE: %s is not locked against a second writer.", output)
             return cls(None, None, False)

@@ -41,7 +41,7 @@ class Option:
         """VALUE checked (and normalised: layer lists to tuples, integer floats to floats); BadOption otherwise."""
         if value is None and (self.optional or self.required):
             if self.required:
-                raise self.bad("is required", value)
+                raise BadOption(f"'{self.name}' is required. On the command line: {self.flag}.")
             return None
         if self.kind is tuple:
             return self._check_layers(value)

@@ -40,6 +40,12 @@ class Preprocess:
                 return max(size)
         return None
 
+    def geometry(self) -> dict:
+        """The resize and centre crop the model's input comes from, when torchvision-style ({} otherwise)."""
+        if not self.split:
+            return {}
+        return {"resize": list(self.transforms.resize_size or []), "crop": list(self.transforms.crop_size)}
+
     def pixels(self, image: Image.Image) -> np.ndarray:
         if not self.split:
             return self.transforms(image).numpy()

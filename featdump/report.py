@@ -37,8 +37,6 @@ class NoProgress:
 
 
 @dataclass
-
-
 class Summary:
     """What a finished run wrote."""
 
@@ -50,6 +48,16 @@ class Summary:
     seconds: float
     size_bytes: int
     stale: int = 0  # rows whose image disappeared or changed (--update)
+    rows_before: int = 0  # rows the output held when this run started (a resume's or an update's)
+    skipped_before: int = 0
+
+    @property
+    def new_rows(self) -> int:
+        return self.rows - self.rows_before
+
+    @property
+    def new_skipped(self) -> int:
+        return self.skipped - self.skipped_before
 
     @classmethod
     def of_finished(cls, output: Path, seconds: float) -> Summary:
@@ -64,9 +72,10 @@ class Summary:
                     f"{self._stale_note()}.")
         rate = self.processed / self.seconds if self.seconds > 0 else 0.0
         resumed = f", resumed at image {self.resumed_from}" if self.resumed_from else ""
+        in_all = f", {self.rows} in all ({self.skipped} skipped)," if self.rows_before or self.skipped_before else ""
         return (
-            f"Wrote {self.rows} images ({self.skipped} skipped) to {self.output} in {self.seconds:.1f} s "
-            f"({rate:.1f} img/s{resumed}), {human_bytes(self.size_bytes)}{self._stale_note()}."
+            f"Wrote {self.new_rows} images ({self.new_skipped} skipped) to {self.output}{in_all} in "
+            f"{self.seconds:.1f} s ({rate:.1f} img/s{resumed}), {human_bytes(self.size_bytes)}{self._stale_note()}."
         )
 
     def _stale_note(self) -> str:

@@ -16,12 +16,12 @@ import torchvision
 
 from featdump import fingerprint as fingerprints
 from featdump.device import autocast, padded, place_model, resolve_decode, resolve_device
-from featdump.errors import BadImage, Interrupted, UsageProblem
+from featdump.errors import BadImage, Interrupted, NothingRead, UsageProblem
 from featdump.gpu_decode import to_device_inputs
 from featdump.hooks import Capture
 from featdump.inputs import ImageList, find_images
 from featdump.layers import Layer, probe, resolve
-from featdump.layout import DatasetSpec
+from featdump.layout import Committed, DatasetSpec, Output
 from featdump.loader import Batch, ImageDataset, make_loader
 from featdump.lock import OutputLock
 from featdump.merge import merge
@@ -34,7 +34,7 @@ from featdump.resources import choose_workers
 from featdump.settings import Settings
 from featdump.shards import Shard, choose_shard, plan_shard, wait_for_all_ranks
 from featdump.signals import StopSignals
-from featdump.update import plan_update
+from featdump.update import apply_update, discard_other_staging, plan_update, staging_path
 from featdump.version import __version__
 from featdump.write_behind import WriteBehind
 from featdump.writer import FeatureWriter
@@ -54,14 +54,14 @@ class Plan:
 
 
 @dataclass
-class Opened:
-    """The output opened for this run: the writer, the images still to do, and where the run starts."""
+class Model:
+    """The model side of a run: the loaded model on its device, its preprocessing, the layers and their datasets."""
 
-    writer: FeatureWriter
-    images: ImageList  # an update's new images, else the plan's
-    base: int  # source images the file held before this run's list (an update's)
-    start: int  # this run's first position in IMAGES (a resume's)
-    stale: list[tuple[str, str]]
+    loaded: LoadedModel
+    preprocess: Preprocess
+    layers: list[Layer]
+    specs: dict[str, DatasetSpec]
+    device: torch.device
 
 
 def extract(settings: Settings, progress: Progress | None = None) -> Summary:
@@ -99,44 +99,93 @@ def _plan(settings: Settings) -> Plan:
 
 def _run_locked(plan: Plan, lock: OutputLock, progress: Progress, started: float) -> Summary:
     settings = plan.settings
-    device = resolve_device(settings.device, plan.shard.local_rank if plan.shard else None)
-    loaded, preprocess, layers = _prepare_model(settings, device)
-    specs = {layer.name: DatasetSpec(reduced_shape(settings.reduce, layer.shape, layer.name), settings.dtype,
-                                     layer.layout) for layer in layers}
-    fingerprint = fingerprints.build(settings, layers, repr(preprocess.transforms),
-                                     resolve_decode(settings.decode, device, preprocess), plan.images,
-                                     loaded.source, plan.shard_fingerprint)
-    opened = _open(plan, specs, fingerprint, _provenance(settings, loaded, layers, plan.images.root), lock)
-    writer, images = opened.writer, opened.images
-    record = ProgressRecord(settings.output, writer.path, opened.base + len(images), writer.committed_images,
-                            {name: list(spec.shape) for name, spec in specs.items()})
+    model = _prepare_model(settings, resolve_device(settings.device, plan.shard.local_rank if plan.shard else None))
+    fingerprint = fingerprints.build(settings, model.layers, repr(model.preprocess.transforms),
+                                     resolve_decode(settings.decode, model.device, model.preprocess), plan.images,
+                                     model.loaded.source, plan.shard_fingerprint)
+    attributes = _provenance(settings, model, plan.images.root)
+    if settings.update and settings.output.exists() and not settings.overwrite:
+        return _run_update(plan, model, fingerprint, attributes, lock, progress, started)
+    report_size(settings.output, model.specs, len(plan.images), settings.space_check)
+    writer = FeatureWriter.open(settings.output, model.specs, fingerprint, attributes, list(plan.images.classes),
+                                settings.batch_size, settings.compression, settings.overwrite, lock.hdf5_locking)
+    before = writer.committed
+    if before.images:
+        log.info("Resuming at image %d of %d (%d rows committed).", before.images, len(plan.images), before.rows)
+    output = _fill(writer, plan.images, settings, model, lock, progress)
+    with Output.open(output) as finished:
+        after = finished.committed
+    return _summary(settings, output, after, before, len(plan.images) - before.images, before.images, started)
+
+
+def _run_update(plan: Plan, model: Model, fingerprint: dict, attributes: dict, lock: OutputLock,
+                progress: Progress, started: float) -> Summary:
+    """--update: the new images into the staging file (OUT stays readable meanwhile), then the final commit."""
+    settings, output = plan.settings, plan.settings.output
+    update = plan_update(output, plan.images, fingerprint)
+    discard_other_staging(output, update)
+    log.info("Updating %s: %d new images, %d rows already there%s.", output, len(update.images), update.base.rows,
+             f", {len(update.stale)} of them stale (see featdump info)" if update.stale else "")
+    staged, start = staging_path(output), 0
+    if not staged.exists():
+        report_size(output, model.specs, len(update.images), settings.space_check)
+        writer = FeatureWriter.open(staged, model.specs, update.fingerprint, attributes, list(update.images.classes),
+                                    settings.batch_size, settings.compression, locking=False)
+        start = writer.committed_images
+        _fill(writer, update.images, settings, model, lock, progress, offset=update.base.images)
+    seconds = apply_update(output, update, fingerprint["images"], lock.hdf5_locking)
+    with Output.open(output) as updated:
+        after = updated.committed
+    log.info("Final commit: %d rows appended to %s in %.2f s (the only time readers wait).",
+             after.rows - update.base.rows, output, seconds)
+    return _summary(settings, output, after, update.base, len(update.images) - start, start, started,
+                    stale=len(update.stale))
+
+
+def _fill(writer: FeatureWriter, images: ImageList, settings: Settings, model: Model, lock: OutputLock,
+          progress: Progress, offset: int = 0) -> Path:
+    """Every image of IMAGES that WRITER's file has not committed yet, through the model into it; then finish it.
+    OFFSET: the images the job's output held before this list (an update's), for the progress record."""
+    start = writer.committed_images
+    record = ProgressRecord(settings.output, writer.path, offset + len(images), offset + start,
+                            {name: list(spec.shape) for name, spec in model.specs.items()})
     try:
-        example = torch.randn((2, 3, *preprocess.size), generator=torch.Generator().manual_seed(0)).to(device)
-        capture = Capture(loaded.module, layers, snapshot(settings.reduce, settings.dtype), prune=True,
-                          example=example)
+        example = torch.randn((2, 3, *model.preprocess.size), generator=torch.Generator().manual_seed(0))
+        capture = Capture(model.loaded.module, model.layers, snapshot(settings.reduce, settings.dtype), prune=True,
+                          example=example.to(model.device))
         with StopSignals() as stop, capture:
-            progress.start(len(images), opened.start)
-            job = _Job(settings, images, preprocess, capture, device, opened, record,
+            progress.start(len(images), start)
+            job = _Job(settings, images, model, capture, writer, record, offset,
                        owned_files=(writer.path, *([lock.path] if lock.path else [])))
             _run_batches(job, progress, stop)
         if stop.signal_number is not None:
             raise Interrupted(
-                f"Stopped by {signal.Signals(stop.signal_number).name} after {writer.committed_images - opened.base} "
-                f"of {len(images)} images; run the same command again to resume.",
+                f"Stopped by {signal.Signals(stop.signal_number).name} after {writer.committed_images} of "
+                f"{len(images)} images; run the same command again to resume.",
                 stop.signal_number,
             )
-        committed = writer.committed
-        output = writer.finish(fingerprint["images"])  # the whole image set's (an update's records it)
+        return writer.finish()
     finally:
         record.remove()  # only a kill leaves it, for info to report the job as stopped
         progress.close()
         writer.close()
-    return Summary(output, committed.rows, committed.skipped, len(images) - opened.start, opened.start,
-                   time.perf_counter() - started, output.stat().st_size, stale=len(opened.stale))
 
 
-def _prepare_model(settings: Settings, device: torch.device) -> tuple[LoadedModel, Preprocess, list[Layer]]:
-    """The loaded model on DEVICE, its split preprocessing, and the validated layers."""
+def _summary(settings: Settings, output: Path, after: Committed, before: Committed, processed: int, start: int,
+             started: float, stale: int = 0) -> Summary:
+    """The summary of a finished run; NothingRead when it tried images and could read none."""
+    summary = Summary(output, after.rows, after.skipped, processed, start, time.perf_counter() - started,
+                      output.stat().st_size, stale, before.rows, before.skipped)
+    if summary.processed and not summary.new_rows:
+        raise NothingRead(
+            f"No image could be read: {summary.new_skipped} tried from {settings.images}, all skipped; "
+            f"`featdump info {output}` lists why."
+        )
+    return summary
+
+
+def _prepare_model(settings: Settings, device: torch.device) -> Model:
+    """The loaded model on DEVICE, its split preprocessing, the validated layers and their datasets."""
     loaded = load_model(settings.model, settings.weights, settings.seed, settings.transform, settings.trust_pickle)
     loaded.module = place_model(loaded.module, device, settings.precision)
     preprocess = Preprocess(loaded.preprocessing, settings.fast_decode)
@@ -147,33 +196,9 @@ def _prepare_model(settings: Settings, device: torch.device) -> tuple[LoadedMode
         if layer.layout:
             log.info("Layer %s holds the batch in dimension %d: stored batch-first, %s.", layer.name,
                      layer.batch_dim, layer.layout)
-    return loaded, preprocess, layers
-
-
-def _open(plan: Plan, specs: dict[str, DatasetSpec], fingerprint: dict, attributes: dict,
-          lock: OutputLock) -> Opened:
-    """The writer of this run: a new or resumed OUT.partial, or (--update) the finished OUT with its new images."""
-    settings, images = plan.settings, plan.images
-    if settings.update and settings.output.exists() and not settings.overwrite:
-        writer = FeatureWriter.open_finished(settings.output, fingerprint, lock.hdf5_locking)
-        try:
-            images, stale = plan_update(writer.contents(), images)
-            report_size(settings.output, specs, len(images), settings.space_check)
-            base = writer.committed_images
-            writer.begin_update({**fingerprint, "image_count": base + len(images)}, list(images.classes), stale)
-        except BaseException:
-            writer.close()
-            raise
-        log.info("Updating %s: %d new images, %d rows already there%s.", settings.output, len(images),
-                 writer.committed_rows, f", {len(stale)} of them stale (see featdump info)" if stale else "")
-        return Opened(writer, images, base, 0, stale)
-    report_size(settings.output, specs, len(images), settings.space_check)
-    writer = FeatureWriter.open(settings.output, specs, fingerprint, attributes, list(images.classes),
-                                settings.batch_size, settings.compression, settings.overwrite, lock.hdf5_locking)
-    start = writer.committed_images
-    if start:
-        log.info("Resuming at image %d of %d (%d rows committed).", start, len(images), writer.committed_rows)
-    return Opened(writer, images, 0, start, [])
+    specs = {layer.name: DatasetSpec(reduced_shape(settings.reduce, layer.shape, layer.name), settings.dtype,
+                                     layer.layout) for layer in layers}
+    return Model(loaded, preprocess, layers, specs, device)
 
 
 @dataclass
@@ -182,30 +207,30 @@ class _Job:
 
     settings: Settings
     images: ImageList
-    preprocess: Preprocess
+    model: Model
     capture: Capture
-    device: torch.device
-    opened: Opened
+    writer: FeatureWriter
     record: ProgressRecord
+    offset: int  # images the job's output held before this list (an update's): for the progress record
     owned_files: tuple[Path, ...]  # the output's files, which loader workers close
 
 
 def _run_batches(job: _Job, progress: Progress, stop: StopSignals) -> None:
-    settings, images, device = job.settings, job.images, job.device
-    gpu_jpegs = resolve_decode(settings.decode, device, job.preprocess) == "gpu"
-    loader = make_loader(ImageDataset(images, job.preprocess, gpu_jpegs), job.opened.start, settings.batch_size,
-                         choose_workers(settings.num_workers), pin_memory=device.type == "cuda",
+    settings, images, device, preprocess = job.settings, job.images, job.model.device, job.model.preprocess
+    gpu_jpegs = resolve_decode(settings.decode, device, preprocess) == "gpu"
+    loader = make_loader(ImageDataset(images, preprocess, gpu_jpegs), job.writer.committed_images,
+                         settings.batch_size, choose_workers(settings.num_workers), pin_memory=device.type == "cuda",
                          owned_files=job.owned_files)
     waiting = computing = 0.0
     # Autocast is entered once for the loop (leaving it clears its cache of cast weights); the inputs are made
     # outside it, in a nested disabled region (which leaves the cache alone).
-    with WriteBehind(job.opened.writer, job.opened.base, job.record) as sink, autocast(settings.precision, device):
+    with WriteBehind(job.writer, job.record, job.offset) as sink, autocast(settings.precision, device):
         tick = time.perf_counter()
         # A plain for loop: on an error the iterator goes with the frame's stack and shuts its workers down.
         for batch in loader:
             tock = time.perf_counter()
             with torch.autocast(device.type, enabled=False):
-                inputs = to_device_inputs(batch, job.preprocess, images, device)
+                inputs = to_device_inputs(batch, preprocess, images, device)
             _check_failures(batch, images, settings.on_error)
             features = {}
             if inputs is not None:
@@ -245,15 +270,16 @@ def _merge_when_all_ranks_done(plan: Plan) -> None:
         log.info("Merged %d shards into %s.", plan.shard.count, plan.whole_output)
 
 
-def _provenance(settings: Settings, loaded: LoadedModel, layers: list[Layer], image_root: Path) -> dict:
+def _provenance(settings: Settings, model: Model, image_root: Path) -> dict:
     """The attributes a new output records: what made it, with which versions, from which command."""
     return {
         "model": settings.model,
-        "weights": loaded.weights,
-        "model_source": json.dumps(loaded.source, sort_keys=True),
+        "weights": model.loaded.weights,
+        "model_source": json.dumps(model.loaded.source, sort_keys=True),
         "seed": settings.seed,
-        "layers": [layer.name for layer in layers],
-        "preprocessing": repr(loaded.preprocessing),
+        "layers": [layer.name for layer in model.layers],
+        "preprocessing": repr(model.loaded.preprocessing),
+        "image_geometry": json.dumps(model.preprocess.geometry()),  # how `show` lays the image under the maps
         "image_root": str(Path(image_root).resolve()),
         "dtype": settings.dtype,
         "reduce": settings.reduce,

@@ -113,7 +113,21 @@ def plan_shard(shard: Shard, output: Path, pattern: str | None, images) -> Shard
 
 
 def shard_count(output: Path, pattern: str | None = None) -> int:
-    """N, from the names of OUTPUT's shard files (finished or partial); ShardProblem when there are none."""
+    """N, from the names of OUTPUT's shard files (finished or partial); ShardProblem when there are none, or
+    shards of different counts."""
+    template = Path(shard_pattern(output, pattern))
+    counts = shard_counts(output, pattern)
+    if not counts:
+        raise ShardProblem(f"No shards of {str(output)!r} found (looked for {template.name} in "
+                           f"{str(output.parent / template.parent)!r}); run the sharded extract first.")
+    if len(counts) > 1:
+        raise ShardProblem(f"Shards of {str(output)!r} from runs with different shard counts ({sorted(counts)}) "
+                           "lie side by side; remove the ones of the other run.")
+    return counts.pop()
+
+
+def shard_counts(output: Path, pattern: str | None = None) -> set[int]:
+    """The N of every shard file of OUTPUT lying beside it (finished or partial)."""
     template = Path(shard_pattern(output, pattern))
     folder = output.parent / template.parent
     pieces = re.split(r"(\{k\}|\{n\})", template.name)
@@ -123,13 +137,7 @@ def shard_count(output: Path, pattern: str | None = None) -> int:
         match = re.fullmatch(name_regex, name.removesuffix(".partial"))
         if match:
             counts.add(int(match["n"]))
-    if not counts:
-        raise ShardProblem(f"No shards of {str(output)!r} found (looked for {template.name} in {str(folder)!r}); "
-                           "run the sharded extract first.")
-    if len(counts) > 1:
-        raise ShardProblem(f"Shards of {str(output)!r} from runs with different shard counts ({sorted(counts)}) "
-                           "lie side by side; remove the ones of the other run.")
-    return counts.pop()
+    return counts
 
 
 def wait_for_all_ranks(timeout: float) -> None:

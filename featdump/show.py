@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import os
 from pathlib import Path
@@ -15,13 +16,13 @@ from featdump.layout import Output
 def draw(output: Path, layer: str | None, index: int, picture: Path | None, channels: int = 16) -> Path:
     """Write a PNG of row INDEX of LAYER of OUTPUT (default PICTURE: OUTPUT-LAYER-INDEX.png); returns it."""
     plt = _pyplot()
-    values, name, image = _read(Path(output), layer, index)
+    values, name, image, title = _read(Path(output), layer, index)
     picture = Path(picture) if picture else Path(output).with_name(f"{Path(output).stem}-{name}-{index}.png")
     grid = _as_maps(values)
     if grid is None:
-        figure = _draw_units(plt, values.reshape(-1), image, name, index, channels)
+        figure = _draw_units(plt, values.reshape(-1), image, name, title, channels)
     else:
-        figure = _draw_maps(plt, grid, image, name, index, channels)
+        figure = _draw_maps(plt, grid, image, name, title, channels)
     figure.savefig(picture, dpi=100)
     plt.close(figure)
     return picture
@@ -39,10 +40,12 @@ def _pyplot():
 
 
 def _read(output: Path, layer: str | None, index: int):
-    """(row INDEX of LAYER as float32, the layer's name, the input image as RGB or None if not found)."""
+    """(row INDEX of LAYER as float32, the layer's name (default: the first requested), the image as the model saw
+    it (resized and centre-cropped as its preprocessing does; None if not found), and its path)."""
     with Output.open(output) as opened:
         names = opened.layers
-        name = layer or names[0]
+        requested = [str(item) for item in opened.attrs.get("layers", [])]
+        name = layer or next((item for item in requested if item in names), names[0])
         if name not in names:
             raise UnknownLayer(f"{str(output)!r} has no layer {name!r}; it has {', '.join(names)}.")
         rows = opened.committed.rows
@@ -50,18 +53,28 @@ def _read(output: Path, layer: str | None, index: int):
             raise UsageProblem(f"--index {index} is past the last row ({rows - 1}) of {str(output)!r}.")
         values = np.asarray(opened.features(name)[index], dtype=np.float32)
         root = str(opened.attrs.get("image_root", ""))
-        path = Path(os.fsdecode(os.path.join(os.fsencode(root), opened.raw_paths()[index])))
-    return values, name, _open_image(path)
+        relative = opened.raw_paths()[index]
+        path = Path(os.fsdecode(os.path.join(os.fsencode(root), relative)))
+        geometry = json.loads(opened.attrs.get("image_geometry", "{}"))
+    return values, name, _open_image(path, geometry), os.fsdecode(relative)
 
 
-def _open_image(path: Path):
+def _open_image(path: Path, geometry: dict):
+    """The image as the model saw it: resized and centre-cropped by GEOMETRY ({"resize": ..., "crop": ...}, what
+    the file records of torchvision-style preprocessing), so that the maps line up with it."""
     from PIL import Image, ImageOps
+    from torchvision.transforms import functional as F
 
     try:
         with Image.open(path) as image:
-            return np.asarray(ImageOps.exif_transpose(image).convert("RGB"))
+            image = ImageOps.exif_transpose(image).convert("RGB")
     except OSError:
         return None  # moved or gone: the features are drawn alone
+    if geometry.get("resize"):
+        image = F.resize(image, geometry["resize"])
+    if geometry.get("crop"):
+        image = F.center_crop(image, geometry["crop"])
+    return np.asarray(image)
 
 
 def _as_maps(values: np.ndarray) -> np.ndarray | None:
@@ -77,13 +90,13 @@ def _as_maps(values: np.ndarray) -> np.ndarray | None:
     return None
 
 
-def _draw_maps(plt, maps: np.ndarray, image, name: str, index: int, channels: int):
+def _draw_maps(plt, maps: np.ndarray, image, name: str, title: str, channels: int):
     strongest = np.argsort(maps.mean(axis=(1, 2)))[::-1][:channels]
     columns = math.ceil(math.sqrt(len(strongest)))
     rows_of_grid = math.ceil(len(strongest) / columns)
     figure = plt.figure(figsize=(12, 4))
     panels = figure.subfigures(1, 3, width_ratios=[1, 1, 1])
-    _image_panel(panels[0], image, index)
+    _image_panel(panels[0], image, title)
     axis = panels[1].subplots()
     shown = axis.imshow(maps.mean(axis=0), cmap="viridis")
     panels[1].colorbar(shown, ax=axis, shrink=0.8)
@@ -99,11 +112,11 @@ def _draw_maps(plt, maps: np.ndarray, image, name: str, index: int, channels: in
     return figure
 
 
-def _draw_units(plt, vector: np.ndarray, image, name: str, index: int, units: int):
+def _draw_units(plt, vector: np.ndarray, image, name: str, title: str, units: int):
     strongest = np.argsort(vector)[::-1][: max(units, 16)]
     figure = plt.figure(figsize=(12, 4))
     panels = figure.subfigures(1, 2, width_ratios=[1, 2])
-    _image_panel(panels[0], image, index)
+    _image_panel(panels[0], image, title)
     axis = panels[1].subplots()
     axis.bar(range(len(strongest)), vector[strongest])
     axis.set_xticks(range(len(strongest)), [str(unit) for unit in strongest], rotation=90, fontsize=7)
@@ -111,11 +124,11 @@ def _draw_units(plt, vector: np.ndarray, image, name: str, index: int, units: in
     return figure
 
 
-def _image_panel(panel, image, index: int) -> None:
+def _image_panel(panel, image, title: str) -> None:
     axis = panel.subplots()
     if image is not None:
         axis.imshow(image)
-        axis.set_title(f"image {index}")
+        axis.set_title(title if len(title) <= 40 else "..." + title[-37:], fontsize=9)
     else:
         axis.text(0.5, 0.5, "image not found", ha="center", va="center")
     axis.axis("off")

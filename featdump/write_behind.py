@@ -32,10 +32,11 @@ class QueuedBatch:
 class WriteBehind:
     """Writes batches on a background thread behind a bounded queue; its errors surface in the loop."""
 
-    def __init__(self, writer: FeatureWriter, base: int = 0, record: ProgressRecord | None = None, depth: int = 3):
+    def __init__(self, writer: FeatureWriter, record: ProgressRecord | None = None, record_offset: int = 0,
+                 depth: int = 3):
         self._writer = writer
         self._record = record
-        self._base = base  # images the file held before this run's list (an update's)
+        self._record_offset = record_offset  # images the job's output held before this list (an update's)
         self._queue: queue.Queue = queue.Queue(maxsize=depth)
         self._error: BaseException | None = None
         self.seconds = 0.0  # time spent writing
@@ -54,7 +55,7 @@ class WriteBehind:
             copied.record()
         item = QueuedBatch(host, copied, [images.paths[p] for p in batch.positions],
                            [images.labels[p] for p in batch.positions],
-                           [(images.paths[p], reason) for p, reason in batch.failures], self._base + batch.end,
+                           [(images.paths[p], reason) for p, reason in batch.failures], batch.end,
                            [batch.file_stats.get(p, (-1, -1)) for p in batch.positions])
         while True:
             self._raise_if_failed()
@@ -91,7 +92,7 @@ class WriteBehind:
                 self._writer.append(arrays, item.paths, item.labels, item.skipped, item.images_done, item.file_stats)
                 if self._record is not None:
                     committed = self._writer.committed
-                    self._record.update(item.images_done, committed.rows, committed.skipped)
+                    self._record.update(self._record_offset + item.images_done, committed.rows, committed.skipped)
             except BaseException as error:  # handed to the main thread, which raises it
                 self._error = error
             self.seconds += time.perf_counter() - started

@@ -18,19 +18,16 @@ import h5py
 import numpy as np
 
 from featdump import fingerprint as fingerprints
-from featdump.errors import OutputWriteError, UsageProblem
+from featdump.errors import OutputWriteError
 from featdump.layout import (
     Committed,
     DatasetSpec,
-    Output,
     as_text,
     create_features,
     create_layout,
     partial_path,
-    text_array,
     write_paths,
     write_rows,
-    write_stale,
 )
 from featdump.repair import discard_uncommitted
 
@@ -38,22 +35,17 @@ log = logging.getLogger("featdump")
 
 
 class FeatureWriter:
-    """Owns OUT.partial from open to finish; `append` writes and commits one batch.
+    """Owns OUT.partial from open to finish; `append` writes and commits one batch. The caller holds the
+    output's lock (LOCKING: whether HDF5's own file locking is on too)."""
 
-    With --update it owns a finished OUT instead, appending new rows under the same commit protocol:
-    the rows it had are never rewritten, and a kill leaves it readable with all of them. The caller holds
-    the output's lock (LOCKING: whether HDF5's own file locking is on too).
-    """
-
-    def __init__(self, output: Path, h5file: h5py.File, in_place: bool = False):
+    def __init__(self, output: Path, h5file: h5py.File):
         self.output = output
         self._file = h5file
-        self._in_place = in_place
 
     @property
     def path(self) -> Path:
-        """The file being written: OUT.partial, or OUT itself when updating."""
-        return self.output if self._in_place else partial_path(self.output)
+        """The file being written: OUT.partial."""
+        return partial_path(self.output)
 
     # -- opening ---------------------------------------------------------------------------------
 
@@ -70,40 +62,7 @@ class FeatureWriter:
             h5file = _create(partial, specs, fingerprint, attributes, classes, batch_size, compression, locking)
         return cls(output, h5file)
 
-    @classmethod
-    def open_finished(cls, output: Path, fingerprint: dict, locking: bool = True) -> FeatureWriter:
-        """Reopen a finished OUT to append rows (--update), when it was made with the same configuration."""
-        try:
-            h5file = h5py.File(output, "r+", locking=locking)
-        except OSError as error:
-            raise OutputWriteError(f"{str(output)!r} cannot be opened to update it ({error}).") from error
-        try:
-            if "merged_from" in h5file.attrs:
-                raise UsageProblem(
-                    f"{str(output)!r} is a merged view over shards; --update works on one run's output. Write it "
-                    "self-contained with `featdump merge --copy`, or run the sharded job again over the new folder."
-                )
-            fingerprints.check(h5file.attrs, output, fingerprint, ignore=fingerprints.IMAGE_KEYS)
-            discard_uncommitted(h5file, int(fingerprints.stored(h5file.attrs).get("image_count", 0)))
-        except BaseException:
-            h5file.close()
-            raise
-        return cls(output, h5file, in_place=True)
-
-    def begin_update(self, fingerprint: dict, classes: list[str], stale: list[tuple[str, str]]) -> None:
-        """Record what this update will add (new image count, classes) and the stale rows it found, durably,
-        before the first new row: a kill from here on leaves a file that the next --update finishes."""
-        fingerprints.store(self._file.attrs, fingerprint)
-        self._file["labels"].attrs["classes"] = text_array(classes)
-        self._file.attrs["updating"] = True
-        write_stale(self._file, stale)
-        self._file.flush()
-
     # -- state -----------------------------------------------------------------------------------
-
-    def contents(self) -> Output:
-        """A read view of what the file holds (the same open file)."""
-        return Output(self.path, self._file)
 
     @property
     def committed(self) -> Committed:
@@ -167,20 +126,14 @@ class FeatureWriter:
             no_space = OSError(errno.ENOSPC, "No space left on device")
             raise write_error(self.path, no_space, committed_rows)
 
-    def finish(self, images_digest: str | None = None) -> Path:
-        """Mark complete, make it durable, and atomically rename OUT.partial to OUT (an update stays in place;
-        IMAGES_DIGEST then records the image set it now covers)."""
+    def finish(self) -> Path:
+        """Mark complete, make it durable, and atomically rename OUT.partial to OUT."""
         partial = self.path
         try:
             self._file.attrs.modify("complete", True)
-            if self._in_place:
-                fingerprints.store(self._file.attrs, {**fingerprints.stored(self._file.attrs),
-                                                      "images": images_digest})
-                self._file.attrs["updating"] = False
             self._file.close()
             fsync_path(partial)
-            if not self._in_place:
-                os.replace(partial, self.output)
+            os.replace(partial, self.output)
             fsync_path(self.output.parent)
         except OSError as error:
             raise write_error(partial, error, None) from error
@@ -229,7 +182,8 @@ def _create(partial, specs, fingerprint, attributes, classes, batch_size, compre
         raise write_error(partial, error, None) from error
     try:
         create_layout(h5file, attributes, classes,
-                      lambda group: create_features(group, specs, batch_size, compression))
+                      lambda group: create_features(group, specs, batch_size, compression,
+                                                    fingerprint.get("image_count")))
         fingerprints.store(h5file.attrs, fingerprint)
         h5file.flush()
     except BaseException:
