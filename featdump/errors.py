@@ -73,6 +73,10 @@ class NotAnOutput(UsageProblem):
     """The file to describe is missing or is not a featdump output."""
 
 
+class MergedViewBroken(FeatdumpError):
+    """A merged view's shard files are missing or changed: its rows cannot be read."""
+
+
 class OutputLocked(FeatdumpError):
     """Another featdump process is writing the same output."""
 

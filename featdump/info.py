@@ -19,7 +19,7 @@ def read_info(output: Path) -> dict:
     """Everything `featdump info` reports on OUTPUT (or OUTPUT.partial, or OUTPUT's shards) as plain values."""
     path = Path(output)
     job = _job_state(path)
-    if job is not None and job["state"] == "running":
+    if job is not None and job["state"] in ("running", "starting"):
         return job  # the file is being written: everything comes from the progress record
     if not path.exists() and partial_path(path).exists():
         path = partial_path(path)
@@ -27,6 +27,9 @@ def read_info(output: Path) -> dict:
         shards = _shards_info(path)
         if shards:
             return shards
+        if job is not None:  # killed while starting: its record is all there is
+            raise NotAnOutput(f"No file {str(output)!r}: the job that started it (pid {job['pid']}) stopped before "
+                              "writing anything; run the same command again.")
         raise NotAnOutput(f"No file {str(output)!r} (nor {str(partial_path(Path(output)))!r}, nor shards of it).")
     with Output.open(path) as output:
         info = _file_info(output)
@@ -38,10 +41,12 @@ def read_info(output: Path) -> dict:
 def _job_state(path: Path) -> dict | None:
     """The running (or stopped) job writing PATH, from its progress record and its lock; None if none."""
     output = path.with_name(path.name.removesuffix(".partial"))
-    record = read_record(output)
+    record, holder = read_record(output), lock_holder(output)
     if record is None:
-        return None
-    return describe_running(record, running=lock_holder(output) is not None)
+        if holder is None:
+            return None
+        record = {"state": "starting", "pid": holder, "file": str(output)}  # between the lock and its record
+    return describe_running(record, running=holder is not None)
 
 
 def _file_info(output: Output) -> dict:
@@ -71,10 +76,8 @@ def _file_info(output: Output) -> dict:
 
 
 def _merged_info(path: Path, attrs) -> dict:
-    shards = [text_of(name) for name in attrs["merged_from"]]
-    virtual = bool(attrs.get("virtual", False))
-    missing = [name for name in shards if virtual and not (path.parent / name).exists()]
-    return {"shards": shards, "virtual": virtual, "missing": missing}
+    """What a merged file was made from (a virtual one opens only when its shards are all there, unchanged)."""
+    return {"shards": [text_of(name) for name in attrs["merged_from"]], "virtual": bool(attrs.get("virtual", False))}
 
 
 def _shards_info(output: Path) -> dict | None:
@@ -118,7 +121,7 @@ def _shard_lines(info: dict) -> list[str]:
 def describe(output: Path) -> list[str]:
     """Lines saying what OUTPUT (or OUTPUT.partial) holds and how far its run got."""
     info = read_info(output)
-    if info.get("state") == "running":
+    if info.get("state") in ("running", "starting"):
         return running_lines(info)
     if info["state"] == "sharded":
         return _shard_lines(info)
@@ -135,8 +138,6 @@ def describe(output: Path) -> list[str]:
         merged = info["merged"]
         kind = "virtual datasets reading the shards" if merged["virtual"] else "a self-contained copy"
         lines.append(f"merged:     {len(merged['shards'])} shards, {kind}")
-        if merged["missing"]:
-            lines.append(f"  missing shard files (their rows read as zeros): {', '.join(merged['missing'])}")
     if info["updating"]:
         lines.append("update:     interrupted (or running): the rows shown are valid; run the same "
                      "--update command again to finish it")

@@ -25,7 +25,7 @@ from pathlib import Path
 import h5py
 import numpy as np
 
-from featdump.errors import NotAnOutput, UsageProblem
+from featdump.errors import MergedViewBroken, NotAnOutput, UsageProblem
 
 FORMAT = "featdump/2"
 MIN_CHUNK_BYTES = 64 * 1024
@@ -253,7 +253,31 @@ class Output:
         if "committed" not in h5file.attrs or "features" not in h5file:
             h5file.close()
             raise NotAnOutput(f"{str(path)!r} is an HDF5 file, but not one featdump wrote.")
-        return cls(path, h5file)
+        output = cls(path, h5file)
+        if output.attrs.get("virtual", False):
+            problems = output.shard_problems()
+            if problems:
+                output.close()
+                raise MergedViewBroken(
+                    f"{str(path)!r} is a merged view whose shard files are {'; '.join(problems)} (beside it, in "
+                    f"{str(path.parent)!r}): its rows would read as NaN. Keep the shards beside it (move them "
+                    "together), or merge again where they are with `featdump merge --copy` for a self-contained file."
+                )
+        return output
+
+    def shard_problems(self) -> list[str]:
+        """For a virtual merged view: each shard file that is missing, or not the size it was when merged."""
+        names = [text_of(name) for name in self.attrs.get("merged_from", [])]
+        sizes = list(self.attrs.get("merged_sizes", [-1] * len(names)))
+        missing, changed = [], []
+        for name, size in zip(names, sizes):
+            shard = self.path.parent / name
+            if not shard.exists():
+                missing.append(name)
+            elif size >= 0 and shard.stat().st_size != size:
+                changed.append(name)
+        return ([f"missing: {', '.join(missing)}"] if missing else []) + \
+            ([f"changed since the merge: {', '.join(changed)}"] if changed else [])
 
     def __enter__(self) -> Output:
         return self

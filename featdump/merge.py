@@ -136,6 +136,8 @@ def _write_merged(merged: h5py.File, output: Path, shards: list[Path], summaries
     merged.attrs["commands"] = np.array([str(summary["attrs"].get("command", "")) for summary in summaries],
                                         dtype=STRING)
     merged.attrs["virtual"] = not copy
+    if not copy:  # what Output.open checks before a virtual view is read
+        merged.attrs["merged_sizes"] = np.array([path.stat().st_size for path in shards], dtype=np.int64)
     for index, path in enumerate(shards):  # one shard open at a time
         with Output.open(path) as shard:
             _append_shard(merged, shard, sum(rows[:index]), rows[index], sum(skipped[:index]), skipped[index], copy)
@@ -172,4 +174,6 @@ def _virtual_rows(group: h5py.Group, name: str, shape: tuple, dtype, shards: lis
             source = h5py.VirtualSource(os.path.relpath(path, folder), f"features/{name}", shape=(count, *shape))
             layout[offset:offset + count] = source
         offset += count
-    group.create_virtual_dataset(name, layout)
+    # A shard file missing when read gives HDF5's fill value: NaN for features, never zeros that look like data.
+    fill = np.nan if np.dtype(dtype).kind == "f" else 0
+    group.create_virtual_dataset(name, layout, fillvalue=fill)

@@ -29,9 +29,17 @@ class ProgressRecord:
         self._start = start
         self._started = time.time()
         self._written = 0.0
-        self._static = {"pid": os.getpid(), "host": socket.gethostname(), "started": self._started,
-                        "output": str(output), "file": str(partial), "image_count": total,
+        self._static = {"state": "running", "pid": os.getpid(), "host": socket.gethostname(),
+                        "started": self._started, "output": str(output), "file": str(partial), "image_count": total,
                         "resumed_from": start, "layers": layers}
+        self.update(start, 0, 0)  # at once: `info` has numbers before the first commit
+
+    @staticmethod
+    def starting(output: Path) -> None:
+        """The record of a job that holds OUTPUT's lock but is still loading its model and probing its layers."""
+        _replace(record_path(output), {"state": "starting", "pid": os.getpid(), "host": socket.gethostname(),
+                                       "started": time.time(), "updated": time.time(), "output": str(output),
+                                       "file": str(output)})
 
     def update(self, images_done: int, rows: int, skipped: int) -> None:
         """Replace the record (write a temporary file, then rename it over the old one: readers see either);
@@ -45,17 +53,25 @@ class ProgressRecord:
             size = os.path.getsize(self._partial)
         except OSError:
             size = None
-        record = {**self._static, "updated": now, "images_done": images_done, "rows": rows, "skipped": skipped,
-                  "rate": rate, "size_bytes": size}
-        temporary = self.path.with_name(self.path.name + f".{os.getpid()}.tmp")
-        try:
-            temporary.write_text(json.dumps(record))
-            os.replace(temporary, self.path)
-        except OSError:
-            temporary.unlink(missing_ok=True)  # advisory only: a full disk is reported by the writer itself
+        _replace(self.path, {**self._static, "updated": now, "images_done": images_done, "rows": rows,
+                             "skipped": skipped, "rate": rate, "size_bytes": size})
 
     def remove(self) -> None:
         self.path.unlink(missing_ok=True)
+
+
+def _replace(path: Path, record: dict) -> None:
+    """Write a temporary file, then rename it over the old record: readers see one or the other."""
+    temporary = path.with_name(path.name + f".{os.getpid()}.tmp")
+    try:
+        temporary.write_text(json.dumps(record))
+        os.replace(temporary, path)
+    except OSError:
+        temporary.unlink(missing_ok=True)  # advisory only: a full disk is reported by the writer itself
+
+
+def remove_record(output: Path) -> None:
+    record_path(output).unlink(missing_ok=True)
 
 
 def read_record(output: Path) -> dict | None:
@@ -71,7 +87,8 @@ def describe_running(record: dict, running: bool) -> dict:
     done, total = record.get("images_done", 0), record.get("image_count") or 0
     rate = record.get("rate") or 0.0
     left = (total - done) / rate if running and rate > 0 else None
-    return {"state": "running" if running else "stopped", "pid": record.get("pid"), "host": record.get("host"),
+    state = record.get("state", "running") if running else "stopped"
+    return {"state": state, "pid": record.get("pid"), "host": record.get("host"),
             "since": record.get("started"), "updated": record.get("updated"), "images_done": done,
             "image_count": total, "rows": record.get("rows"), "skipped": record.get("skipped"), "rate": rate,
             "seconds_left": left, "layers": record.get("layers"), "size_bytes": record.get("size_bytes"),
@@ -79,8 +96,12 @@ def describe_running(record: dict, running: bool) -> dict:
 
 
 def running_lines(state: dict) -> list[str]:
-    """Lines `info` prints for a job that is running."""
+    """Lines `info` prints for a job that is running (or starting)."""
     since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(state["since"])) if state["since"] else "?"
+    if state["state"] == "starting":
+        return [f"file:       {state['file']}",
+                f"starting:   pid {state['pid']} on {state['host'] or '?'} since {since} (loading the model, probing "
+                "the layers, opening the output)"]
     done, total = state["images_done"], state["image_count"]
     percent = f" ({100.0 * done / total:.1f}%)" if total else ""
     left = f", about {_duration(state['seconds_left'])} left" if state["seconds_left"] is not None else ""

@@ -27,7 +27,7 @@ from featdump.lock import OutputLock
 from featdump.merge import merge
 from featdump.models import LoadedModel, check_model_name, load_model
 from featdump.preprocess import Preprocess
-from featdump.progress import ProgressRecord
+from featdump.progress import ProgressRecord, remove_record
 from featdump.reductions import reduced_shape, snapshot
 from featdump.report import NoProgress, Progress, Summary, report_size
 from featdump.resources import choose_workers
@@ -78,7 +78,11 @@ def extract(settings: Settings, progress: Progress | None = None) -> Summary:
         summary = Summary.of_finished(output, time.perf_counter() - started)
     else:
         with OutputLock.acquire(output, settings.overwrite or settings.update) as lock:
-            summary = _run_locked(plan, lock, progress or NoProgress(), started)
+            ProgressRecord.starting(output)  # `info` answers from the moment the lock is held
+            try:
+                summary = _run_locked(plan, lock, progress or NoProgress(), started)
+            finally:
+                remove_record(output)  # only a kill leaves it, for info to report the job as stopped
     _merge_when_all_ranks_done(plan)
     return summary
 

@@ -11,7 +11,8 @@ import h5py
 import numpy as np
 import pytest
 
-from featdump.errors import UsageProblem
+import featdump
+from featdump.errors import MergedViewBroken, UsageProblem
 from featdump.shards import Shard, detect_shard, parse_shard, shard_path
 
 from .conftest import featdump_env, read_output, run_featdump, start_featdump, write_images
@@ -127,6 +128,27 @@ def test_slurm_array_tasks_then_merge_equal_a_single_run(folder, single, tmp_pat
     assert is_virtual == "True" and copy_read.stdout.split() == [total, "False", rows]
     assert float(total) == pytest.approx(float(single["avgpool"].sum())) and int(rows) == 17
     assert_same(read_output(moved / "copy.h5"), single)
+
+
+    # The merged view alone (its shards left behind): refused by featdump, NaN (never zeros) for plain h5py.
+    alone = tmp_path / "alone"
+    alone.mkdir()
+    shutil.copy(moved / "out.h5", alone / "out.h5")
+    for command in (["info", alone / "out.h5"], ["show", alone / "out.h5", "-o", tmp_path / "x.png"]):
+        result = run_featdump(*command)
+        assert result.returncode == 1 and len(result.stderr.strip().splitlines()) == 1, result.stderr
+        assert "is a merged view whose shard files are missing: out.shard-0-of-3.h5, out.shard-1-of-3.h5, " \
+               "out.shard-2-of-3.h5" in result.stderr and "featdump merge --copy" in result.stderr
+    with pytest.raises(MergedViewBroken, match="missing: out.shard-0-of-3.h5"):
+        featdump.load(alone / "out.h5", "avgpool")
+    with h5py.File(alone / "out.h5", "r") as h5file:
+        assert np.isnan(h5file["features/avgpool"][:]).all()
+    shutil.copy(moved / "out.shard-0-of-3.h5", alone)
+    shutil.copy(moved / "out.shard-1-of-3.h5", alone)
+    with open(moved / "out.shard-2-of-3.h5", "rb") as source, open(alone / "out.shard-2-of-3.h5", "wb") as target:
+        target.write(source.read() + b"\0" * 10)  # not the file that was merged
+    result = run_featdump("info", alone / "out.h5")
+    assert result.returncode == 1 and "changed since the merge: out.shard-2-of-3.h5" in result.stderr
 
 
 def test_more_shards_than_images(tmp_path):

@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import signal
 import subprocess
+import sys
 import time
 
 import h5py
 import numpy as np
 
-from .conftest import committed_rows, run_featdump, start_featdump, write_images
+from .conftest import committed_rows, featdump_env, run_featdump, start_featdump, write_images
 
 LAYERS = "layer1.0.relu:2,avgpool"
 
@@ -136,3 +139,52 @@ def test_update_with_a_class_folder_that_is_not_utf8(tmp_path):
     with h5py.File(output, "r") as h5file:
         assert [str(c) for c in h5file["labels"].attrs["classes"]] == ["caf\\xe9"]  # not added a second time
         assert list(h5file["labels"][:]) == [0, 0, 0]
+
+
+READER = """
+import json, sys, time
+import h5py
+import featdump
+
+path, stop = sys.argv[1], sys.argv[2]
+reads = []
+while True:
+    finished = __import__("os").path.exists(stop)
+    try:
+        with h5py.File(path, "r") as f:
+            rows = int(f.attrs["committed"][0])
+            paths = len(f["paths"].asstr()[:rows])
+        loaded = featdump.load(path, "avgpool")
+        reads.append([time.time(), rows, paths, len(loaded.features), None])
+    except Exception as error:
+        reads.append([time.time(), None, None, None, type(error).__name__ + ": " + str(error)[:80]])
+    if finished:
+        break
+    time.sleep(0.02)
+print(json.dumps(reads))
+"""
+
+
+def test_the_output_stays_readable_while_an_update_runs(tmp_path):
+    images, output, stop = tmp_path / "images", tmp_path / "out.h5", tmp_path / "stop"
+    write_images(images, {"a": 16}, size=(40, 32))
+    args = ["extract", "-m", "resnet18", "-w", "none", "-l", "avgpool", "--update", images, output]
+    assert run_featdump(*args).returncode == 0
+    write_images(images, {"b": 48}, seed=4, size=(40, 32))
+    reader = subprocess.Popen([sys.executable, "-c", READER, str(output), str(stop)], stdout=subprocess.PIPE,
+                              text=True, env=featdump_env())
+    update = run_featdump(*args)  # the default workers and batch size, as cron runs it
+    stop.touch()
+    reads = json.loads(reader.communicate(timeout=60)[0])
+    assert update.returncode == 0, update.stderr
+    assert f"Wrote 48 images (0 skipped) to {output}, 64 in all (0 skipped)," in update.stderr
+    commit = re.search(r"Final commit: 48 rows appended to .* in ([0-9.]+) s", update.stderr)
+    assert commit, update.stderr
+    good = [read for read in reads if read[4] is None]
+    refused = [read for read in reads if read[4] is not None]
+    assert all(read[1] in (16, 64) and read[1] == read[2] == read[3] for read in good)  # old rows or all rows
+    assert sum(read[1] == 16 for read in good) >= 10  # read on while the new rows were being extracted
+    assert good[-1][1] == 64
+    # Only the final commit keeps readers out: at most the reads that fit in it (one every 20 ms or more).
+    assert len(refused) <= 2 + float(commit[1]) / 0.02, refused
+    assert all("lock" in read[4] or "Unable" in read[4] for read in refused), refused
