@@ -15,7 +15,7 @@ import torch
 from torchvision.models import resnet18
 
 import featdump
-from featdump.errors import AmbiguousLayer, ResumeMismatch
+from featdump.errors import AmbiguousLayer, ResumeMismatch, UnknownLayer
 
 from .conftest import REPO, CrashAfterFirstBatch, featdump_env, run_featdump, write_images
 
@@ -200,3 +200,52 @@ def test_zstd_output_reads_with_plain_h5py_and_hdf5plugin(image_folder, tmp_path
             for path in (plain, packed)]
     assert sums[0] and sums[0] == sums[1]
     assert packed.stat().st_size < plain.stat().st_size
+
+
+def test_capture_of_a_module_returning_a_dict_is_a_clear_error():
+    class DictOut(torch.nn.Module):
+        def forward(self, x):
+            return {"mean": x.mean(dim=1), "max": x.amax(dim=1)}
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.dictmod = DictOut()
+
+        def forward(self, x):
+            return self.dictmod(x)["mean"]
+
+    net = Net()
+    with featdump.capture(net, ["dictmod"]), pytest.raises(UnknownLayer) as raised:
+        net(torch.zeros(2, 3, 4))
+    assert str(raised.value) == ("Layer 'dictmod' outputs a dict, not a tensor (nor a tuple or list holding one), "
+                                 "so it cannot be captured; select a module inside it.")
+
+
+def test_show_draws_the_image_as_the_model_saw_it_titled_with_its_path(image_folder, tmp_path):
+    from featdump.show import _read
+
+    output = featdump.extract(image_folder, tmp_path / "out.h5", model="resnet18", layers="layer2,avgpool",
+                              weights="none", num_workers=0)
+    values, layer, image, title = _read(output, None, 3)
+    assert layer == "layer2"  # the first requested, not the alphabetically first
+    assert image.shape == (224, 224, 3)  # resized and centre-cropped like the model's input
+    assert title == "cats/img_003.jpg" and values.shape == (128, 28, 28)
+
+
+def test_shipped_scripts_choose_workers_and_need_a_gpu_count(tmp_path):
+    bin_folder = tmp_path / "bin"
+    bin_folder.mkdir()
+    (bin_folder / "torchrun").write_text('#!/bin/sh\necho "torchrun $*"\n')  # shows what the script would run
+    (bin_folder / "nproc").write_text("#!/bin/sh\necho 2\n")
+    for tool in ("torchrun", "nproc"):
+        (bin_folder / tool).chmod(0o755)
+    env = {"PATH": f"{bin_folder}:/usr/bin:/bin", "IMAGES": "imgs", "OUT": "out.h5"}
+    no_gpu = subprocess.run(["bash", REPO / "configs" / "torchrun.sh"], env=env, capture_output=True, text=True)
+    assert no_gpu.returncode == 2 and "No GPU found" in no_gpu.stderr
+    four = subprocess.run(["bash", REPO / "configs" / "torchrun.sh"], env={**env, "GPUS": "4"}, capture_output=True,
+                          text=True)
+    assert four.returncode == 0 and "--nproc-per-node 4" in four.stdout and "--num-workers 1 " in four.stdout
+    slurm = (REPO / "configs" / "slurm_extract.sh").read_text()
+    assert '--num-workers "$(( ${SLURM_CPUS_PER_TASK:-8} > 1 ? ${SLURM_CPUS_PER_TASK:-8} - 1 : 1 ))"' in slurm
+    assert "cron mails" not in (REPO / "configs" / "crontab.example").read_text().split("drop the")[0]

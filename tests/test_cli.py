@@ -166,3 +166,42 @@ def test_unreadable_checkpoint_and_missing_info_file(image_folder, tmp_path):
     assert result.exit_code == 2
     assert result.output.strip() == (f"Error: No file '{tmp_path / 'none.h5'}' (nor '{tmp_path / 'none.h5.partial'}', "
                                      "nor shards of it).")
+
+
+@pytest.mark.parametrize("arguments, message", [
+    (["extract", "-m", "resnet18", "-l", "avgpool", "{images}", "{tmp}"],
+     "Invalid value for 'OUTPUT': File '{tmp}' is a directory (see `featdump extract --help`)."),
+    (["extract", "-m", "resnet18", "-l", "avgpool", "-b", "0", "{images}", "{tmp}/o.h5"],
+     "'batch_size' must be at least 1, not 0. On the command line: --batch-size."),
+    (["extract", "-m", "resnet18", "-l", "avgpool", "{tmp}/nowhere", "{tmp}/o.h5"],
+     "Invalid value for 'IMAGES': Path '{tmp}/nowhere' does not exist (see `featdump extract --help`)."),
+    (["extract", "-c", "{tmp}/none.toml", "{images}", "{tmp}/o.h5"],
+     "Invalid value for '-c' / '--config': File '{tmp}/none.toml' does not exist (see `featdump extract --help`)."),
+    (["extract", "-m", "resnet18", "-w", "none", "-l", "avgpool", "{images}", "{tmp}/missing/o.h5"],
+     "Output folder '{tmp}/missing' does not exist; create it first."),
+    (["extract", "--bogus"], "No such option '--bogus' (see `featdump extract --help`)."),
+    (["nosuch"], "No such command 'nosuch' (see `featdump --help`)."),
+])
+def test_usage_errors_are_one_line_with_exit_code_2(image_folder, tmp_path, arguments, message):
+    result = run_featdump(*[argument.format(images=image_folder, tmp=tmp_path) for argument in arguments])
+    assert result.returncode == 2
+    assert result.stderr == f"Error: {message.format(tmp=tmp_path)}\n"
+
+
+def test_a_run_that_reads_no_image_exits_1_in_one_line(tmp_path):
+    folder = tmp_path / "images"
+    folder.mkdir()
+    for name in ("a.jpg", "b.png", "c.jpg"):
+        (folder / name).write_bytes(b"not an image")
+    output = tmp_path / "out.h5"
+    result = run_featdump("extract", "-m", "resnet18", "-w", "none", "-l", "avgpool", folder, output)
+    assert result.returncode == 1
+    errors = [line for line in result.stderr.splitlines() if "Error" in line or "Wrote" in line]
+    assert errors == [f"Error: No image could be read: 3 tried from {folder}, all skipped; "
+                      f"`featdump info {output}` lists why."]
+    listing = tmp_path / "list.txt"
+    listing.write_text("gone/1.jpg\ngone/2.jpg\n")
+    result = run_featdump("extract", "-m", "resnet18", "-w", "none", "-l", "avgpool", listing, tmp_path / "l.h5")
+    assert result.returncode == 1 and "No image could be read: 2 tried" in result.stderr
+    info = run_featdump("info", tmp_path / "l.h5").stdout
+    assert "  gone/1.jpg: file not found" in info and "symlink" not in info

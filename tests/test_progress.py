@@ -55,7 +55,7 @@ def test_info_after_a_sigkill_says_stopped_and_how_to_resume(tmp_path):
     write_images(images, {"a": 12})
     job = start(images, output)
     record = tmp_path / "out.h5.progress.json"
-    while job.poll() is None and not (record.exists() and json.loads(record.read_text())["images_done"] > 0):
+    while job.poll() is None and not (record.exists() and json.loads(record.read_text()).get("images_done", 0) > 0):
         time.sleep(0.05)
     job.send_signal(signal.SIGKILL)
     job.wait()
@@ -65,3 +65,28 @@ def test_info_after_a_sigkill_says_stopped_and_how_to_resume(tmp_path):
     text = run_featdump("info", output).stdout
     assert f"stopped:    the job (pid {job.pid} on " in text and "run the same command again to resume" in text
     assert "complete:   no" in text  # the partial file itself, readable now that nobody holds it
+
+
+def test_info_answers_from_the_moment_the_job_holds_its_lock(tmp_path):
+    images, output = tmp_path / "images", tmp_path / "out.h5"
+    write_images(images, {"a": 8})
+    job = start(images, output)
+    lock = tmp_path / "out.h5.lock"
+    while not lock.exists() and job.poll() is None:
+        time.sleep(0.01)
+    states = []
+    while job.poll() is None:
+        result = run_featdump("info", "--json", output, timeout=60)
+        if job.poll() is not None:
+            break  # the job ended while info ran: it may have seen either side
+        assert result.returncode == 0, result.stderr  # never "No file", never "not readable"
+        state = json.loads(result.stdout)
+        states.append(state["state"])
+        if state["state"] == "starting":
+            assert state["pid"] == job.pid
+            text = run_featdump("info", output, timeout=60).stdout
+            assert f"starting:   pid {job.pid} on " in text or "running:" in text or "complete:" in text
+    assert job.wait() == 0, job.stderr.read()
+    assert "starting" in states and "running" in states, states
+    assert set(states) <= {"starting", "running", "complete"}  # complete: finished, the process still exiting
+    assert info_json(output)["state"] == "complete"

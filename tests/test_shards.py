@@ -162,6 +162,25 @@ def test_more_shards_than_images(tmp_path):
     assert run_featdump("merge", output).returncode == 0
     with h5py.File(output, "r") as h5file:
         assert h5file["features/avgpool"].shape == (2, 512, 1, 1) and len(h5file["paths"]) == 2
+    empty = run_featdump("extract", "-m", "resnet18", "-w", "none", "-l", "avgpool", "--shard", "2/4", "--overwrite",
+                         images, tmp_path / "again.h5")
+    assert "Shard 2 of 4 (from --shard): no images (2 images for 4 shards)" in empty.stderr
+    assert "images 2 to 1" not in empty.stderr
+
+
+def test_small_shards_get_chunks_of_their_size_and_info_names_mixed_shard_counts(folder, tmp_path):
+    output = tmp_path / "out.h5"
+    for shard in ("0/8", "1/4"):
+        result = run_featdump("extract", "-m", "resnet18", "-w", "none", "-l", "layer1", "-j", "0", "--shard", shard,
+                              folder, output)
+        assert result.returncode == 0, result.stderr
+    with h5py.File(tmp_path / "out.shard-0-of-8.h5", "r") as h5file:
+        rows = len(h5file["paths"])
+        assert h5file["features/layer1"].chunks[0] <= rows  # no chunk larger than the shard
+    estimate = rows * 64 * 56 * 56 * 4
+    assert (tmp_path / "out.shard-0-of-8.h5").stat().st_size < 1.1 * estimate
+    info = run_featdump("info", output)
+    assert info.returncode == 2 and "different shard counts ([4, 8])" in info.stderr
 
 
 def test_merge_names_a_missing_an_unfinished_and_a_different_shard(folder, tmp_path):

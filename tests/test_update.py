@@ -188,3 +188,20 @@ def test_the_output_stays_readable_while_an_update_runs(tmp_path):
     # Only the final commit keeps readers out: at most the reads that fit in it (one every 20 ms or more).
     assert len(refused) <= 2 + float(commit[1]) / 0.02, refused
     assert all("lock" in read[4] or "Unable" in read[4] for read in refused), refused
+
+
+def test_update_of_a_self_contained_merged_copy(tmp_path):
+    images, output = tmp_path / "images", tmp_path / "out.h5"
+    write_images(images, {"a": 6}, size=(40, 32))
+    base = ["extract", "-m", "resnet18", "-w", "none", "-l", "avgpool", "-j", "0"]
+    for index in range(2):
+        assert run_featdump(*base, "--shard", f"{index}/2", images, output).returncode == 0
+    assert run_featdump("merge", output).returncode == 0
+    virtual = run_featdump(*base, "--update", images, output)
+    assert virtual.returncode == 2 and "is a merged view over shards" in virtual.stderr
+    assert run_featdump("merge", "--copy", "--overwrite", output).returncode == 0
+    write_images(images, {"b": 3}, seed=5, size=(40, 32))
+    updated = run_featdump(*base, "--update", images, output)
+    assert updated.returncode == 0, updated.stderr
+    assert f"Wrote 3 images (0 skipped) to {output}, 9 in all (0 skipped)," in updated.stderr
+    assert len(rows_by_path(output)) == 9
