@@ -50,21 +50,23 @@ def extract(images: str | Path, output: str | Path, *, model: str, layers: str |
 
 @contextmanager
 def capture(model: nn.Module, layers: str | Sequence[str]) -> Iterator[Mapping[str, torch.Tensor]]:
-    """Capture LAYERS ('PATH' or 'PATH:K') during every forward of MODEL that you run yourself.
+    """Capture LAYERS ('PATH', 'PATH:K', 'PATH@PART') during every forward of MODEL that you run yourself.
 
     Yields a mapping from layer name to the last forward's output, copied (detached) at hook time, so
     later in-place operations cannot change it; 'PATH:K' is the K-th call of a module that runs several
-    times per forward. The model is in eval mode inside the block and gets its mode back after it.
+    times per forward; 'PATH@0' or 'PATH@KEY' a part of a tuple, dict or ModelOutput output (a bare PATH on a
+    dict of several tensors is refused, naming them). The model is in eval mode inside the block and gets its
+    mode back after it.
     """
     names = [part.strip() for part in (layers.split(",") if isinstance(layers, str) else layers) if part.strip()]
     selected = []
     for text in names:
-        path, call = parse_selector(text)
+        path, call, part = parse_selector(text)
         try:
             model.get_submodule(path)
         except AttributeError as error:
             raise UnknownLayer(f"{type(model).__name__} has no module {path!r}.") from error
-        selected.append((Layer(text, path, call or 1, ()), call is None))
+        selected.append((Layer(text, path, call or 1, (), part=part), call is None))
     hooks = Capture(model, [layer for layer, _ in selected], _detached_copy, stop_early=False)
     latest: dict[str, torch.Tensor] = {}
 

@@ -160,7 +160,7 @@ def list_layers(model: str, depth: int | None, as_json: bool, transform: str | N
     selected = {}
     if pattern:
         for name in match_pattern(pattern, infos, model):
-            selected.setdefault(name.split(":")[0], []).append(name)
+            selected.setdefault(name.split("@")[0].split(":")[0], []).append(name)
         infos = [info for info in infos if info.path in selected]
     if as_json:
         for info in infos:
@@ -169,6 +169,10 @@ def list_layers(model: str, depth: int | None, as_json: bool, transform: str | N
                    "batch_dims": list(info.batch_dims),
                    "per_image": all(dim is not None for dim in info.batch_dims),
                    "tuple_output": info.tuple_output}
+            if any(info.parts):  # a tuple, list, dict or ModelOutput: its tensor parts, per call
+                row["kind"] = info.kind
+                row["parts"] = [[{"name": part.name, "shape": list(part.shape), "batch_dim": part.batch_dim}
+                                 for part in call] for call in info.parts]
             if pattern:
                 row["selected"] = selected[info.path]
             click.echo(json.dumps(row))
@@ -180,19 +184,39 @@ def list_layers(model: str, depth: int | None, as_json: bool, transform: str | N
     click.echo(f"{model}: {len(infos)} modules; PATH, type, calls per forward, output shape of one "
                f"(3, {size[0]}, {size[1]}) image (no batch dimension)")
     width = max(len("  " * (info.depth - 1) + info.path) for info in infos)
+    width = max([width, *(len("  " * info.depth + f"{info.path}@{part.name}") for info in infos
+                          for call in info.parts for part in call)])
     for info in infos:
-        click.echo(_layer_line(info, width))
+        for line in _layer_lines(info, width):
+            click.echo(line)
+
+
+def _layer_lines(info, width: int) -> list[str]:
+    """The module's line, then one line per tensor part of a tuple/dict output (PATH@NAME)."""
+    lines = [_layer_line(info, width)]
+    for part in dict.fromkeys(part for call in info.parts for part in call):
+        name = ("  " * info.depth + f"{info.path}@{part.name}").ljust(width)
+        note = "" if part.batch_dim == 0 else "  (not per image)" if part.batch_dim is None else \
+            f"  (batch in dimension {part.batch_dim}: stored batch-first)"
+        lines.append(f"{name}  {'part':<22}     {part.shape}{note}")
+    return lines
 
 
 def _layer_line(info, width: int) -> str:
     name = ("  " * (info.depth - 1) + info.path).ljust(width)
     shapes = " | ".join(sorted({str(shape) for shape in info.shapes})) or "(never runs)"
+    if info.kind == "dict" and any(info.parts):
+        shapes = "(its parts below)"
     line = f"{name}  {info.type_name:<22} {info.calls}x  {shapes}"
     if info.calls > 1:
         line += f"  -> select {info.path}:1 ... {info.path}:{info.calls}"
-    if info.tuple_output:
-        line += "  (tuple output: its first tensor is stored)"
-    if any(dim is None for dim in info.batch_dims):
+    if info.kind == "tuple" and any(info.parts):
+        line += "  (tuple output: its first tensor is stored, or select PATH@INDEX)"
+    elif info.kind == "dict" and any(info.parts):
+        line += "  (dict output: select PATH@KEY)" if len(info.parts[0]) > 1 else "  (dict output of one tensor)"
+    if info.kind == "dict":
+        pass  # each part says whether it follows the batch
+    elif any(dim is None for dim in info.batch_dims):
         line += "  (not per image: the output does not follow the batch)"
     elif any(info.batch_dims):
         line += f"  (batch in dimension {max(info.batch_dims)}: stored batch-first)"

@@ -18,7 +18,7 @@ import torch
 from torch import fx, nn
 
 from featdump.errors import NotTraceable
-from featdump.layers import Layer, first_tensor
+from featdump.layers import Layer, take_part
 from featdump.reductions import Snapshot
 
 _INPLACE_OPERATORS = {operator.iadd, operator.isub, operator.imul, operator.itruediv, operator.iand, operator.ior,
@@ -75,7 +75,7 @@ def pruned_forward(model: nn.Module, layers: list[Layer], snapshot: Snapshot) ->
             raise NotTraceable(f"{layer.name} is not a call of the traced graph")
         node = calls[layer.path][layer.call - 1]
         with graph.inserting_after(node):
-            tensor = graph.call_function(first_tensor, (node,))
+            tensor = graph.call_function(take_part, (node, layer.part, layer.name))
         with graph.inserting_after(tensor):
             outputs[layer.name] = graph.call_function(snapshot, (tensor, layer.batch_dim))
     for node in [node for node in graph.nodes if node.op == "output"]:

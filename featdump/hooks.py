@@ -8,9 +8,9 @@ from collections import defaultdict
 import torch
 from torch import nn
 
-from featdump.errors import FeatdumpError, NotTraceable, StopForward, UnknownLayer
+from featdump.errors import FeatdumpError, NotTraceable, StopForward
 from featdump.graph import pruned_forward, same_outputs
-from featdump.layers import Layer, first_tensor
+from featdump.layers import Layer, take_part
 from featdump.reductions import Snapshot
 
 log = logging.getLogger("featdump")
@@ -38,10 +38,9 @@ class Capture:
         self.strategy = "hooks"  # or "graph" once a pruned graph is checked and in use
         self._snapshot = snapshot
         self._stop_early = stop_early
-        self._names_by_call: dict[str, dict[int, str]] = defaultdict(dict)
-        self._batch_dims = {layer.name: layer.batch_dim for layer in layers}
+        self._layers_by_call: dict[str, dict[int, list[Layer]]] = defaultdict(lambda: defaultdict(list))
         for layer in layers:
-            self._names_by_call[layer.path][layer.call] = layer.name
+            self._layers_by_call[layer.path][layer.call].append(layer)
         self._expected = len(layers)
         self._handles: list = []
         self._calls: dict[str, int] = defaultdict(int)
@@ -60,7 +59,7 @@ class Capture:
         self._model.train(self._was_training)
 
     def _add_hooks(self) -> None:
-        for path in self._names_by_call:
+        for path in self._layers_by_call:
             module = self._model.get_submodule(path)
             self._handles.append(module.register_forward_hook(self._hook_for(path)))
 
@@ -121,22 +120,16 @@ class Capture:
         return self._calls[path]
 
     def _all_names(self):
-        for names in self._names_by_call.values():
-            yield from names.values()
+        return [layer.name for layer in self._layers]
 
     def _hook_for(self, path: str):
-        wanted = self._names_by_call[path]
+        wanted = self._layers_by_call[path]
 
         def hook(module, args, output):
             self._calls[path] += 1
-            name = wanted.get(self._calls[path])
-            if name is None:
-                return
-            tensor = first_tensor(output)
-            if tensor is None:
-                raise UnknownLayer(f"Layer {name!r} outputs a {type(output).__name__}, not a tensor (nor a tuple or "
-                                   "list holding one), so it cannot be captured; select a module inside it.")
-            self._captured[name] = self._snapshot(tensor, self._batch_dims[name])
+            for layer in wanted.get(self._calls[path], ()):
+                tensor = take_part(output, layer.part, layer.name)
+                self._captured[layer.name] = self._snapshot(tensor, layer.batch_dim)
             if self._stop_early and len(self._captured) == self._expected:
                 raise StopForward
 

@@ -1,4 +1,5 @@
-"""Layers: parse selectors (PATH, PATH:K), probe a model's modules with one dry forward, resolve and validate."""
+"""Layers: parse selectors (PATH, PATH:K, PATH@PART), probe a model's modules with dry forwards, resolve and
+validate. A module whose output is a tuple, a list, a dict or a ModelOutput has parts: PATH@0, PATH@KEY."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import difflib
 import fnmatch
 import logging
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
@@ -14,7 +16,16 @@ from torch import nn
 from featdump.errors import AmbiguousLayer, NotPerImage, UnknownLayer
 
 log = logging.getLogger("featdump")
-_SELECTOR = re.compile(r"^(?P<path>[^:\s]+)(?::(?P<call>\d+))?$")
+_SELECTOR = re.compile(r"^(?P<path>[^:@\s]+)(?::(?P<call>\d+))?(?:@(?P<part>[^:@\s]+))?$")
+
+
+@dataclass(frozen=True)
+class Part:
+    """One tensor of a module's output that is not a tensor itself: PATH@NAME."""
+
+    name: str  # "0" for a tuple's first item, "last_hidden_state" for a dict's or ModelOutput's key
+    shape: tuple[int, ...]  # without the batch dimension
+    batch_dim: int | None
 
 
 @dataclass(frozen=True)
@@ -27,6 +38,8 @@ class LayerInfo:
     shapes: tuple  # output shape of each call, without the batch dimension (None: not a tensor)
     tuple_output: bool  # the output is a tuple/list; its first tensor is what gets stored
     batch_dims: tuple = ()  # per call: the dimension that follows the batch (None: none does, not per image)
+    parts: tuple = ()  # per call: the Parts of a tuple/list/dict output (empty for a tensor)
+    kind: str = "tensor"  # what the module returns: tensor, tuple (or list), dict (or ModelOutput), other
 
     @property
     def depth(self) -> int:
@@ -42,6 +55,7 @@ class Layer:
     call: int
     shape: tuple[int, ...]  # per image, batch dimension removed
     batch_dim: int = 0  # where the module's output holds the batch (moved first when stored)
+    part: str | None = None  # the part of a tuple/dict output stored (None: the output, or a tuple's first tensor)
 
     @property
     def layout(self) -> str | None:
@@ -62,6 +76,47 @@ def first_tensor(output):
     return None
 
 
+def output_kind(output) -> str:
+    if isinstance(output, torch.Tensor):
+        return "tensor"
+    if isinstance(output, Mapping):  # a dict, or transformers' ModelOutput (an OrderedDict)
+        return "dict"
+    return "tuple" if isinstance(output, (tuple, list)) else "other"
+
+
+def tensor_parts(output) -> list[tuple[str, torch.Tensor]]:
+    """(name, tensor) of each tensor in a tuple/list/dict/ModelOutput output (None and other items left out)."""
+    kind = output_kind(output)
+    if kind == "dict":
+        return [(str(key), value) for key, value in output.items() if isinstance(value, torch.Tensor)]
+    if kind == "tuple":
+        return [(str(index), item) for index, item in enumerate(output) if isinstance(item, torch.Tensor)]
+    return []
+
+
+def take_part(output, part: str | None, name: str = "") -> torch.Tensor:
+    """PART of a module's OUTPUT (None: the output itself, a tuple's first tensor, or a dict's only tensor);
+    UnknownLayer, naming what there is, when it holds no such tensor."""
+    if part is None:
+        tensor = first_tensor(output)
+        if tensor is not None:
+            return tensor
+        parts = tensor_parts(output)
+        if len(parts) == 1:
+            return parts[0][1]
+        if parts:
+            raise UnknownLayer(f"Layer {name!r} outputs a {type(output).__name__} with several tensors: select one "
+                               f"as {', '.join(f'{name}@{key}' for key, _ in parts)}.")
+        raise UnknownLayer(f"Layer {name!r} outputs a {type(output).__name__}, not a tensor (nor a tuple, list or "
+                           "dict holding one), so it cannot be captured; select a module inside it.")
+    found = dict(tensor_parts(output))
+    if part not in found:
+        offered = ", ".join(found) or "none"
+        raise UnknownLayer(f"Layer {name!r}: the output ({type(output).__name__}) has no tensor part {part!r}; "
+                           f"its tensor parts: {offered}.")
+    return found[part]
+
+
 def probe(model: nn.Module, input_shape: tuple[int, ...]) -> list[LayerInfo]:
     """Run forwards on zeros of INPUT_SHAPE (C, H, W) with batches of 2 and 3 and record every module's calls,
     output shapes and batch dimension (the one dimension whose size follows the batch)."""
@@ -69,31 +124,41 @@ def probe(model: nn.Module, input_shape: tuple[int, ...]) -> list[LayerInfo]:
     modules = dict(model.named_modules())
     infos = []
     for path in runs[0][0]:
-        shapes, batch_dims = [], []
+        shapes, batch_dims, parts = [], [], []
         for first, second in zip(runs[0][0][path], runs[1][0][path]):
-            batch_dim = _batch_dim(first, second)
-            shapes.append(None if first is None else
-                          tuple(size for axis, size in enumerate(first) if axis != batch_dim))
+            shape, batch_dim = _per_image(first.get(None), second.get(None))
+            shapes.append(shape)
             batch_dims.append(batch_dim)
-        infos.append(LayerInfo(path, type(modules[path]).__name__, len(shapes), tuple(shapes), path in runs[0][1],
-                               tuple(batch_dims)))
+            parts.append(tuple(Part(name, *_per_image(size, second.get(name)))
+                               for name, size in first.items() if name is not None))
+        kinds = runs[0][1][path]
+        infos.append(LayerInfo(path, type(modules[path]).__name__, len(shapes), tuple(shapes), "tuple" in kinds,
+                               tuple(batch_dims), tuple(parts), kinds[0] if kinds else "tensor"))
     return infos
+
+
+def _per_image(first: tuple | None, second: tuple | None) -> tuple[tuple | None, int | None]:
+    """(the shape without the batch dimension, the batch dimension) from one output's shapes at batches 2 and 3."""
+    batch_dim = _batch_dim(first, second)
+    return (None if first is None else tuple(size for axis, size in enumerate(first) if axis != batch_dim)), batch_dim
 
 
 _PROBE_BATCHES = (2, 3)
 
 
 def _record_calls(model: nn.Module, input_shape: tuple[int, ...], batch: int):
-    """({path: full output shape of each call}, {paths with tuple outputs}) for one forward of BATCH zeros."""
+    """({path: per call, {None: the shape of the output's (first) tensor, part name: its shape}},
+    {path: per call, the kind of output}) for one forward of BATCH zeros."""
     records: dict[str, list] = {path: [] for path, _ in model.named_modules() if path}
-    tuple_outputs: set[str] = set()
+    kinds: dict[str, list] = {path: [] for path in records}
 
     def recorder(path):
         def hook(module, args, output):
             tensor = first_tensor(output)
-            records[path].append(tuple(tensor.shape) if tensor is not None else None)
-            if not isinstance(output, torch.Tensor):
-                tuple_outputs.add(path)
+            shapes = {None: tuple(tensor.shape) if tensor is not None else None}
+            shapes.update((name, tuple(part.shape)) for name, part in tensor_parts(output))
+            records[path].append(shapes)
+            kinds[path].append(output_kind(output))
 
         return hook
 
@@ -106,7 +171,7 @@ def _record_calls(model: nn.Module, input_shape: tuple[int, ...], batch: int):
     finally:
         for handle in handles:
             handle.remove()
-    return records, tuple_outputs
+    return records, kinds
 
 
 def _batch_dim(first: tuple | None, second: tuple | None) -> int | None:
@@ -157,10 +222,12 @@ def match_pattern(text: str, infos: list[LayerInfo], model_name: str) -> list[st
 
     In the path, * and ? and [...] match within one dotted component, ** any number of components (at
     the end, at least one: layer2.** is everything inside layer2);
-    PATH:* selects every call, PATH:K the K-th. Modules that never run, or whose output is not a tensor
-    or not per image, are left out. UnknownLayer when nothing matches or the pattern is malformed.
+    PATH:* selects every call, PATH:K the K-th; @PART (with * ? [...]) parts of tuple or dict outputs.
+    Modules that never run, or whose output is not a tensor or not per image, are left out. UnknownLayer
+    when nothing matches or the pattern is malformed.
     """
     hint = f"Run `featdump list-layers {model_name} --match PATTERN` to try patterns."
+    text, _, part_pattern = text.partition("@")
     path_pattern, _, call = text.partition(":")
     components = path_pattern.split(".")
     if not path_pattern or "" in components or any("**" in part and part != "**" for part in components) \
@@ -171,21 +238,33 @@ def match_pattern(text: str, infos: list[LayerInfo], model_name: str) -> list[st
     for info in infos:
         if not _components_match(components, info.path.split(".")):
             continue
-        calls = [index for index in range(1, info.calls + 1)
-                 if info.shapes[index - 1] is not None and (not info.batch_dims or info.batch_dims[index - 1]
-                                                            is not None)]
+        calls = [index for index in range(1, info.calls + 1) if part_pattern or _default_stored(info, index)]
         if call.isdigit():
             calls = [index for index in calls if index == int(call)]
-        if info.calls == 1 and calls and not call:
-            names.append(info.path)
-        else:
-            names += [f"{info.path}:{index}" for index in calls]
+        for index in calls:
+            name = info.path if info.calls == 1 and not call else f"{info.path}:{index}"
+            if not part_pattern:
+                names.append(name)
+                continue
+            names += [f"{name}@{part.name}" for part in info.parts[index - 1]
+                      if fnmatch.fnmatchcase(part.name, part_pattern) and part.batch_dim is not None]
     if not names:
         literal = path_pattern.replace("**", "").replace("*", "").replace("?", "").strip(".")
         close = difflib.get_close_matches(literal, [info.path for info in infos], n=5, cutoff=0.6)
         maybe = f" Close matches: {', '.join(close)}." if close else ""
         raise UnknownLayer(f"Layer pattern {text!r} matches no layer of {model_name}.{maybe} {hint}")
     return names
+
+
+def _default_stored(info: LayerInfo, call: int) -> bool:
+    """Whether PATH alone (no @PART) names a per-image tensor of call CALL: a tensor output, a tuple's first
+    tensor, or a dict's only one."""
+    parts = info.parts[call - 1] if info.parts else ()
+    if info.kind == "tensor" or not parts:
+        return info.shapes[call - 1] is not None and (not info.batch_dims or info.batch_dims[call - 1] is not None)
+    if info.kind == "dict" and len(parts) != 1:
+        return False
+    return parts[0].batch_dim is not None
 
 
 def _components_match(pattern: list[str], path: list[str]) -> bool:
@@ -198,18 +277,18 @@ def _components_match(pattern: list[str], path: list[str]) -> bool:
     return bool(path) and fnmatch.fnmatchcase(path[0], pattern[0]) and _components_match(pattern[1:], path[1:])
 
 
-def parse_selector(text: str, hint: str = "") -> tuple[str, int | None]:
-    """'PATH' -> (PATH, None); 'PATH:K' -> (PATH, K); UnknownLayer for anything else."""
+def parse_selector(text: str, hint: str = "") -> tuple[str, int | None, str | None]:
+    """'PATH' -> (PATH, None, None); 'PATH:K@PART' -> (PATH, K, PART); UnknownLayer for anything else."""
     match = _SELECTOR.match(text.strip())
     if not match:
-        raise UnknownLayer(f"Bad layer selector {text!r}: use a module path like layer1.0.conv1, or PATH:K. {hint}"
-                           .strip())
-    return match["path"], int(match["call"]) if match["call"] is not None else None
+        raise UnknownLayer(f"Bad layer selector {text!r}: use a module path like layer1.0.conv1, PATH:K for a call, "
+                           f"PATH@0 or PATH@KEY for a part of a tuple or dict output. {hint}".strip())
+    return match["path"], int(match["call"]) if match["call"] is not None else None, match["part"]
 
 
 def _resolve_one(text: str, by_path: dict[str, LayerInfo], model_name: str) -> Layer:
     hint = f"Run `featdump list-layers {model_name}` to see every layer."
-    path, call = parse_selector(text, hint)
+    path, call, part = parse_selector(text, hint)
     info = by_path.get(path)
     if info is None:
         close = difflib.get_close_matches(path, list(by_path), n=5, cutoff=0.6)
@@ -227,13 +306,33 @@ def _resolve_one(text: str, by_path: dict[str, LayerInfo], model_name: str) -> L
         raise UnknownLayer(
             f"Layer {path!r} runs {info.calls} time(s) per forward pass, so {text!r} does not exist. {hint}"
         )
-    shape = info.shapes[index - 1]
-    if shape is None:
-        raise UnknownLayer(f"Layer {path!r} does not output a tensor, so it cannot be stored. {hint}")
-    batch_dim = info.batch_dims[index - 1] if info.batch_dims else 0
+    shape, batch_dim, part = _chosen_output(info, index, part, text, hint)
     if batch_dim is None:
         raise NotPerImage(
             f"Layer {text!r} outputs {shape} whatever the batch size: its output does not depend on the batch "
             f"(a table or parameter, not one row per image), so it cannot be stored per image. {hint}"
         )
-    return Layer(name=text, path=path, call=index, shape=shape, batch_dim=batch_dim)
+    return Layer(name=text, path=path, call=index, shape=shape, batch_dim=batch_dim, part=part)
+
+
+def _chosen_output(info: LayerInfo, call: int, part: str | None, text: str, hint: str):
+    """(shape, batch dimension, part) of what TEXT stores of call CALL of INFO's module."""
+    parts = info.parts[call - 1] if info.parts else ()
+    names = ", ".join(f"{text.split('@')[0]}@{item.name}" for item in parts)
+    if part is not None:
+        chosen = next((item for item in parts if item.name == part), None)
+        if chosen is None:
+            offered = f"its tensor parts: {names}" if parts else f"its output is a {info.kind}, which has no parts"
+            raise UnknownLayer(f"Layer {info.path!r} has no output part {part!r}; {offered}. {hint}")
+        return chosen.shape, chosen.batch_dim, part
+    if info.kind == "tensor":
+        return info.shapes[call - 1], info.batch_dims[call - 1] if info.batch_dims else 0, None
+    if info.kind == "tuple" and parts:
+        log.info("Layer %s outputs a tuple: its first tensor (%s@%s) is stored; select another part as %s.",
+                 text, text, parts[0].name, names)
+        return parts[0].shape, parts[0].batch_dim, parts[0].name
+    if info.kind == "dict" and len(parts) == 1:
+        return parts[0].shape, parts[0].batch_dim, parts[0].name
+    if info.kind == "dict" and parts:
+        raise UnknownLayer(f"Layer {text!r} outputs a dict (or ModelOutput) of several tensors; select one: {names}.")
+    raise UnknownLayer(f"Layer {info.path!r} does not output a tensor, so it cannot be stored. {hint}")

@@ -41,6 +41,8 @@ class DatasetSpec:
     shape: tuple[int, ...]
     dtype: str
     layout: str | None = None  # "(197, N, 768) -> (N, 197, 768)" when the model's output is not batch-first
+    part: str | None = None  # the part of a tuple/dict output stored ("0", "last_hidden_state")
+    tokens: tuple[int, int, int] | None = None  # a ViT-like (L, D) output: (prefix tokens, grid rows, grid columns)
 
     @property
     def row_bytes(self) -> int:
@@ -144,6 +146,11 @@ def create_features(group: h5py.Group, specs: dict[str, DatasetSpec], batch_size
                                        chunks=chunk_shape(spec, batch_size, expected_rows), **filters)
         if spec.layout:
             dataset.attrs["layout"] = spec.layout
+        if spec.part is not None:
+            dataset.attrs["part"] = spec.part
+        if spec.tokens is not None:  # the class/register tokens come first, then the patches row by row
+            dataset.attrs["prefix_tokens"] = spec.tokens[0]
+            dataset.attrs["patch_grid"] = list(spec.tokens[1:])
 
 
 def set_attribute(h5file: h5py.File, key: str, value) -> None:

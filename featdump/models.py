@@ -2,6 +2,8 @@
 
     resnet50                   torchvision classification model   (sources/torchvision_models.py)
     timm:convnext_tiny         timm model                         (sources/timm_models.py)
+    hf:facebook/dinov2-small   transformers model (vision tower)  (sources/hf.py)
+    open_clip:ViT-B-32         open_clip image tower              (sources/open_clip_models.py)
     mypkg.nets:build           your factory returning an nn.Module (sources/factory.py)
     model.pt                   a whole saved model, --trust-pickle (sources/files.py)
 """
@@ -17,7 +19,7 @@ import torch
 from torch import nn
 
 from featdump.errors import InvalidWeights, first_sentence
-from featdump.sources import factory, files, timm_models, torchvision_models
+from featdump.sources import factory, files, hf, open_clip_models, timm_models, torchvision_models
 
 log = logging.getLogger("featdump")
 DEFAULT_TRANSFORM = "ResNet18_Weights.DEFAULT.transforms()"
@@ -31,12 +33,14 @@ class LoadedModel:
     preprocessing: nn.Module  # a callable from a PIL image to a (C, H, W) tensor
     weights: str  # what was loaded: a weights enum, "none", a checkpoint path, ...
     source: dict = field(default_factory=dict)  # recorded and part of the resume fingerprint
+    prefix_tokens: int | None = None  # tokens before the patch tokens in (N, L, D) outputs, when the model says
 
 
 def model_kind(name: str) -> str:
-    """torchvision, timm, factory or file, from the form of --model."""
-    if name.startswith("timm:"):
-        return "timm"
+    """torchvision, timm, hf, open_clip, factory or file, from the form of --model."""
+    for prefix in ("timm", "hf", "open_clip"):
+        if name.startswith(prefix + ":"):
+            return prefix
     if files.looks_like_model_file(name):
         return "file"
     if ":" in name:
@@ -51,6 +55,10 @@ def check_model_name(name: str) -> None:
         torchvision_models.check_name(name)
     elif kind == "timm":
         timm_models.check_name(name.removeprefix("timm:"))
+    elif kind == "hf":
+        hf.check_name(name.removeprefix("hf:"))
+    elif kind == "open_clip":
+        open_clip_models.check_name(name.removeprefix("open_clip:"))
     elif kind == "factory":
         factory.import_object(name, "--model")
 
@@ -70,13 +78,20 @@ def load_model(name: str, weights: str = "DEFAULT", seed: int = 0, transform: st
     kind = model_kind(name)
     checkpoint = Path(weights) if _looks_like_path(weights) else None
     build_weights = "none" if checkpoint else weights
-    preprocessing = None
+    preprocessing, prefix = None, None
     if kind == "torchvision":
         torchvision_models.check_name(name)
         module, label = torchvision_models.build(name, build_weights, seed)
         preprocessing, source = default_preprocessing(name), {"source": "torchvision"}
+        prefix = 1 if getattr(module, "class_token", None) is not None else None  # torchvision's ViTs
     elif kind == "timm":
         module, preprocessing, label, source = timm_models.build(name.removeprefix("timm:"), build_weights, seed)
+        prefix = getattr(module, "num_prefix_tokens", None)
+    elif kind == "hf":
+        module, preprocessing, label, source, prefix = hf.build(name.removeprefix("hf:"), build_weights, seed)
+    elif kind == "open_clip":
+        module, preprocessing, label, source, prefix = open_clip_models.build(
+            name.removeprefix("open_clip:"), build_weights, seed)
     elif kind == "factory":
         module, source = factory.build(name, seed)
         label = "none" if weights.lower() == "none" else "as the factory builds it"
@@ -93,7 +108,7 @@ def load_model(name: str, weights: str = "DEFAULT", seed: int = 0, transform: st
                  name, DEFAULT_TRANSFORM)
         preprocessing = default_preprocessing("resnet18")
         source = {**source, "transform": DEFAULT_TRANSFORM}
-    return LoadedModel(module.eval(), preprocessing, label, source)
+    return LoadedModel(module.eval(), preprocessing, label, source, prefix)
 
 
 def _looks_like_path(weights: str) -> bool:

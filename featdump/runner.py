@@ -28,7 +28,7 @@ from featdump.merge import merge
 from featdump.models import LoadedModel, check_model_name, load_model
 from featdump.preprocess import Preprocess
 from featdump.progress import ProgressRecord, remove_record
-from featdump.reductions import reduced_shape, snapshot
+from featdump.reductions import reduced_shape, snapshot, token_layout
 from featdump.report import NoProgress, Progress, Summary, report_size
 from featdump.resources import choose_workers
 from featdump.settings import Settings
@@ -155,7 +155,8 @@ def _fill(writer: FeatureWriter, images: ImageList, settings: Settings, model: M
                             {name: list(spec.shape) for name, spec in model.specs.items()})
     try:
         example = torch.randn((2, 3, *model.preprocess.size), generator=torch.Generator().manual_seed(0))
-        capture = Capture(model.loaded.module, model.layers, snapshot(settings.reduce, settings.dtype), prune=True,
+        capture = Capture(model.loaded.module, model.layers,
+                          snapshot(settings.reduce, settings.dtype, model.loaded.prefix_tokens), prune=True,
                           example=example.to(model.device))
         with StopSignals() as stop, capture:
             progress.start(len(images), start)
@@ -188,6 +189,13 @@ def _summary(settings: Settings, output: Path, after: Committed, before: Committ
     return summary
 
 
+def _dataset_spec(settings: Settings, layer: Layer, prefix_tokens: int | None) -> DatasetSpec:
+    """What LAYER's dataset holds per image; a token layout only where the tokens are stored as they are."""
+    shape = reduced_shape(settings.reduce, layer.shape, layer.name, prefix_tokens)
+    tokens = token_layout(layer.shape, prefix_tokens) if shape == layer.shape else None
+    return DatasetSpec(shape, settings.dtype, layer.layout, layer.part, tokens)
+
+
 def _prepare_model(settings: Settings, device: torch.device) -> Model:
     """The loaded model on DEVICE, its split preprocessing, the validated layers and their datasets."""
     loaded = load_model(settings.model, settings.weights, settings.seed, settings.transform, settings.trust_pickle)
@@ -200,8 +208,7 @@ def _prepare_model(settings: Settings, device: torch.device) -> Model:
         if layer.layout:
             log.info("Layer %s holds the batch in dimension %d: stored batch-first, %s.", layer.name,
                      layer.batch_dim, layer.layout)
-    specs = {layer.name: DatasetSpec(reduced_shape(settings.reduce, layer.shape, layer.name), settings.dtype,
-                                     layer.layout) for layer in layers}
+    specs = {layer.name: _dataset_spec(settings, layer, loaded.prefix_tokens) for layer in layers}
     return Model(loaded, preprocess, layers, specs, device)
 
 

@@ -16,7 +16,7 @@ from featdump.options import Option, as_path, option, options_of
 from featdump.shards import parse_shard, shard_pattern
 
 DTYPES = ("float32", "float16")
-REDUCTIONS = ("none", "flatten", "avgpool", "maxpool", "cls")
+REDUCTIONS = ("none", "flatten", "avgpool", "maxpool", "cls", "patchmean")
 PRECISIONS = ("fp32", "bf16", "fp16")
 DECODERS = ("auto", "cpu", "gpu")
 COMPRESSIONS = ("none", "lzf", "gzip", "zstd", "blosc")  # zstd, blosc: the hdf5plugin package
@@ -71,8 +71,9 @@ class Settings:
              "SLURM_CPUS_PER_TASK, else the CPU affinity mask]")
     device: str = option("auto", "auto, cpu, cuda or cuda:N.", syntax=_device_syntax)
     dtype: str = option("float32", "Storage dtype.", choices=DTYPES)
-    reduce: str = option("none", "Keep the whole output, flatten it, pool it over space (tokens), or keep the first "
-                                 "token.", choices=REDUCTIONS)
+    reduce: str = option("none", "Keep the whole output, flatten it, pool it over space (tokens), keep the first "
+                                 "token, or average the patch tokens (a ViT's, without its class or register "
+                                 "tokens).", choices=REDUCTIONS)
     compression: str = option("none", "HDF5 filter of the feature datasets (zstd and blosc need hdf5plugin).",
                               choices=COMPRESSIONS)
     precision: str = option("fp32", "Autocast precision of the forward pass.", choices=PRECISIONS)

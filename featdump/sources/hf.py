@@ -1,0 +1,112 @@
+"""hf:NAME_OR_PATH — a Hugging Face transformers model (AutoModel; a multimodal checkpoint's vision tower), with
+the checkpoint's own AutoImageProcessor as its preprocessing."""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from featdump.errors import UnknownModel, UsageProblem, WeightsUnavailable, first_sentence
+
+
+def _transformers():
+    try:
+        import transformers
+    except ImportError as error:
+        raise UsageProblem("hf: models need transformers: pip install 'featdump[hf]' (or pip install "
+                           "transformers).") from error
+    return transformers
+
+
+class ImageProcessorTransform:
+    """A checkpoint's AutoImageProcessor as a transform: PIL image -> (C, H, W) float tensor, exactly the
+    `pixel_values` the processor makes of that image."""
+
+    def __init__(self, processor):
+        self.processor = processor
+
+    def __call__(self, image) -> torch.Tensor:
+        return self.processor(images=image, return_tensors="pt")["pixel_values"][0]
+
+    def __repr__(self) -> str:
+        return f"{type(self.processor).__name__}({self.processor.to_json_string()})"
+
+
+def check_name(name: str) -> None:
+    _config(name)
+
+
+def build(name: str, weights: str, seed: int) -> tuple[nn.Module, ImageProcessorTransform, str, dict, int | None]:
+    """(vision module, preprocessing, what was loaded, source, prefix tokens) for weights 'none' (built from the
+    checkpoint's config after torch.manual_seed(SEED)) or DEFAULT (from_pretrained: the hub or its cache)."""
+    transformers = _transformers()
+    config = _config(name)
+    try:
+        with _quiet(transformers):
+            if weights.lower() == "none":
+                torch.manual_seed(seed)
+                model, label = transformers.AutoModel.from_config(config), "none"
+            else:
+                model, label = transformers.AutoModel.from_pretrained(name), "pretrained"
+            processor = transformers.AutoImageProcessor.from_pretrained(name)
+    except OSError as error:
+        raise WeightsUnavailable(_unavailable(name, error)) from error
+    module = vision_tower(model)
+    local = Path(name).is_dir()
+    source = {"source": "hf", "hf_model": str(Path(name).resolve()) if local else name,
+              "revision": getattr(config, "_commit_hash", None),
+              "model_type": config.model_type, "transformers_version": transformers.__version__}
+    return module.eval(), ImageProcessorTransform(processor), label, source, prefix_tokens(module.config)
+
+
+def vision_tower(model: nn.Module) -> nn.Module:
+    """A multimodal model's (CLIP, SigLIP, ...) image part; a vision model as it is."""
+    if hasattr(model, "vision_model") and (hasattr(model, "text_model") or hasattr(model, "text_config")):
+        tower = model.vision_model
+        tower.config = getattr(tower, "config", None) or model.config.vision_config
+        return tower
+    return model
+
+
+def prefix_tokens(config) -> int | None:
+    """How many tokens come before the patch tokens in the model's (N, L, D) outputs: a class token (none for
+    SigLIP), a distillation token (DeiT), register tokens (DINOv2 with registers)."""
+    model_type = str(getattr(config, "model_type", ""))
+    if "siglip" in model_type:
+        return 0
+    if not hasattr(config, "patch_size"):
+        return None
+    return 1 + (model_type == "deit") + int(getattr(config, "num_register_tokens", 0) or 0)
+
+
+@contextlib.contextmanager
+def _quiet(transformers):
+    """No progress bars or advice from transformers while featdump loads (its own log says what it loads)."""
+    logging, verbosity = transformers.utils.logging, transformers.utils.logging.get_verbosity()
+    bars = logging.is_progress_bar_enabled()
+    logging.set_verbosity_error()
+    logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        logging.set_verbosity(verbosity)
+        if bars:
+            logging.enable_progress_bar()
+
+
+def _config(name: str):
+    transformers = _transformers()
+    try:
+        return transformers.AutoConfig.from_pretrained(name)
+    except ValueError as error:  # a config transformers does not know
+        raise UnknownModel(f"hf:{name}: {first_sentence(error)}.") from error
+    except OSError as error:
+        raise WeightsUnavailable(_unavailable(name, error)) from error
+
+
+def _unavailable(name: str, error: BaseException) -> str:
+    return (f"Could not load hf:{name} ({first_sentence(error)}). Name a folder written by save_pretrained, or a "
+            "hub model already in the Hugging Face cache (HF_HOME; HF_HUB_OFFLINE=1 reads only the cache).")

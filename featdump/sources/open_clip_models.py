@@ -1,0 +1,62 @@
+"""open_clip:ARCH — an open_clip model's image tower (model.visual) with open_clip's own preprocessing."""
+
+from __future__ import annotations
+
+import difflib
+import logging
+
+import torch
+from torch import nn
+
+from featdump.errors import InvalidWeights, UnknownModel, UsageProblem, WeightsUnavailable, first_sentence
+
+
+def _open_clip():
+    try:
+        import open_clip
+    except ImportError as error:
+        raise UsageProblem("open_clip: models need open_clip: pip install 'featdump[open_clip]' (or pip install "
+                           "open_clip_torch).") from error
+    return open_clip
+
+
+def check_name(arch: str) -> None:
+    names = _open_clip().list_models()
+    if arch not in names:
+        close = difflib.get_close_matches(arch, names, n=5, cutoff=0.5)
+        hint = f" Did you mean: {', '.join('open_clip:' + name for name in close)}?" if close else ""
+        raise UnknownModel(f"open_clip has no architecture {arch!r}.{hint} `open_clip.list_models()` lists them.")
+
+
+def build(arch: str, weights: str, seed: int) -> tuple[nn.Module, nn.Module, str, dict, int | None]:
+    """(model.visual, preprocessing, what was loaded, source, prefix tokens) for weights 'none' (random, after
+    torch.manual_seed(SEED)), DEFAULT (open_clip's first pretrained tag for ARCH) or a pretrained tag."""
+    open_clip = _open_clip()
+    check_name(arch)
+    tags = open_clip.list_pretrained_tags_by_model(arch)
+    if weights.lower() == "none":
+        tag = None
+    elif weights.upper() == "DEFAULT":
+        if not tags:
+            raise InvalidWeights(f"open_clip has no pretrained weights for {arch}; pass --weights none or a file.")
+        tag = tags[0]
+    elif weights in tags:
+        tag = weights
+    else:
+        raise InvalidWeights(f"Unknown weights {weights!r} for open_clip:{arch}: use DEFAULT, none, a checkpoint "
+                             f"file, or one of {', '.join(tags) or '(none published)'}.")
+    torch.manual_seed(seed)
+    try:
+        logging.disable(logging.WARNING)  # open_clip warns on the root logger that a random model is random
+        try:
+            model, _, preprocessing = open_clip.create_model_and_transforms(arch, pretrained=tag)
+        finally:
+            logging.disable(logging.NOTSET)
+    except (OSError, RuntimeError) as error:  # the hub offline, a missing cache entry
+        raise WeightsUnavailable(f"Could not get open_clip's {arch} weights {tag!r} ({first_sentence(error)}). They "
+                                 "are read from the Hugging Face cache when present; pass --weights none for a "
+                                 "random network, or --weights PATH for a local file.") from error
+    visual = model.visual.eval()
+    source = {"source": "open_clip", "arch": arch, "pretrained": tag, "open_clip_version": open_clip.__version__}
+    prefix = 1 if getattr(visual, "class_embedding", None) is not None else None
+    return visual, preprocessing, tag or "none", source, prefix

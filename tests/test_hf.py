@@ -1,0 +1,208 @@
+"""Hugging Face and open_clip models, and outputs that are not one tensor (tuples, dicts, ModelOutputs): every
+stored row against the model's own outputs or a manual recomputation. No download: tiny models from configs."""
+
+from __future__ import annotations
+
+import json
+
+import h5py
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from torchvision.models import ResNet18_Weights
+
+import featdump
+from featdump.errors import UnknownLayer
+
+from .conftest import featdump_env, run_featdump, user_project, write_images
+
+transformers = pytest.importorskip("transformers", reason="transformers is not installed (pip install 'featdump[hf]')")
+
+
+def images_in(folder) -> list[Image.Image]:
+    with h5py.File(folder, "r") as h5file:
+        root = h5file.attrs["image_root"]
+        return [Image.open(f"{root}/{path}").convert("RGB") for path in h5file["paths"].asstr()[:]]
+
+
+def rows(path, layer) -> np.ndarray:
+    with h5py.File(path, "r") as h5file:
+        return h5file["features"][layer][:]
+
+
+def relative_error(got: np.ndarray, expected: np.ndarray) -> float:
+    return float(np.abs(got - expected).max() / np.abs(expected).max())
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    """A tiny ViT and a tiny CLIP (text and vision), each saved with save_pretrained with its processor."""
+    folder = tmp_path_factory.mktemp("hf")
+    torch.manual_seed(0)
+    vit = transformers.ViTConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
+                                 image_size=32, patch_size=8)
+    transformers.ViTModel(vit).save_pretrained(folder / "vit")
+    transformers.ViTImageProcessor(size={"height": 32, "width": 32}).save_pretrained(folder / "vit")
+    clip = transformers.CLIPConfig(
+        text_config=dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64,
+                         vocab_size=100, max_position_embeddings=16, bos_token_id=0, eos_token_id=1, pad_token_id=1),
+        vision_config=dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
+                           image_size=32, patch_size=8), projection_dim=16)
+    transformers.CLIPModel(clip).save_pretrained(folder / "clip")
+    transformers.CLIPImageProcessor(size={"shortest_edge": 40}, crop_size={"height": 32, "width": 32}) \
+        .save_pretrained(folder / "clip")
+    write_images(folder / "images", {"a": 3, "b": 2}, size=(64, 48))
+    return folder
+
+
+@pytest.mark.parametrize("name, layer, block", [("vit", "layers.1", 2), ("clip", "encoder.layers.0", 1)])
+def test_a_block_equals_the_models_own_hidden_state(saved, name, layer, block):
+    output = saved / f"{name}.h5"
+    result = run_featdump("extract", "-m", f"hf:{saved / name}", "-l", layer, "--overwrite",
+                          saved / "images", output)
+    assert result.returncode == 0, result.stderr
+    model = transformers.AutoModel.from_pretrained(saved / name).eval()
+    model = model.vision_model if name == "clip" else model  # the vision tower of a multimodal checkpoint
+    processor = transformers.AutoImageProcessor.from_pretrained(saved / name)
+    pixels = processor(images=images_in(output), return_tensors="pt")["pixel_values"]
+    with torch.inference_mode():
+        hidden = model(pixels, output_hidden_states=True).hidden_states[block].numpy()
+    assert relative_error(rows(output, layer), hidden) <= 1e-4
+    with h5py.File(output, "r") as h5file:
+        dataset = h5file["features"][layer]
+        assert dataset.attrs["prefix_tokens"] == 1 and list(dataset.attrs["patch_grid"]) == [4, 4]
+        source = json.loads(h5file.attrs["model_source"])
+        assert source["source"] == "hf" and source["transformers_version"] == transformers.__version__
+        assert json.loads(h5file.attrs["fingerprint"])["model_source"] == source
+
+
+def test_weights_none_builds_the_config_after_the_seed_and_patchmean_leaves_the_class_token_out(saved):
+    outputs = []
+    for index in range(2):
+        outputs.append(featdump.extract(saved / "images", saved / f"seeded{index}.h5", model=f"hf:{saved / 'vit'}",
+                                        layers="layers.1", weights="none", seed=3, num_workers=0, overwrite=True))
+    np.testing.assert_array_equal(rows(outputs[0], "layers.1"), rows(outputs[1], "layers.1"))
+    torch.manual_seed(3)
+    model = transformers.AutoModel.from_config(transformers.AutoConfig.from_pretrained(saved / "vit")).eval()
+    processor = transformers.AutoImageProcessor.from_pretrained(saved / "vit")
+    pixels = processor(images=images_in(outputs[0]), return_tensors="pt")["pixel_values"]
+    with torch.inference_mode():
+        hidden = model(pixels, output_hidden_states=True).hidden_states[2].numpy()
+    assert relative_error(rows(outputs[0], "layers.1"), hidden) <= 1e-4
+    pooled = featdump.extract(saved / "images", saved / "pooled.h5", model=f"hf:{saved / 'vit'}",
+                              layers="layers.1", weights="none", seed=3, num_workers=0, reduce="patchmean",
+                              overwrite=True)
+    np.testing.assert_allclose(rows(pooled, "layers.1"), hidden[:, 1:].mean(axis=1), rtol=1e-5, atol=1e-6)
+
+
+def test_open_clip_residual_block_equals_a_manual_hook_of_model_visual(tmp_path):
+    open_clip = pytest.importorskip("open_clip", reason="open_clip is not installed (pip install "
+                                                        "'featdump[open_clip]')")
+    write_images(tmp_path / "images", {"": 2}, size=(80, 60))
+    output = featdump.extract(tmp_path / "images", tmp_path / "oc.h5", model="open_clip:ViT-B-32", weights="none",
+                              seed=1, layers="transformer.resblocks.3", num_workers=0)
+    torch.manual_seed(1)
+    model, _, preprocess = open_clip.create_model_and_transforms("ViT-B-32", pretrained=None)
+    visual, seen = model.visual.eval(), {}
+    visual.transformer.resblocks[3].register_forward_hook(lambda module, args, out: seen.update(out=out.clone()))
+    with torch.inference_mode():
+        visual(torch.stack([preprocess(image) for image in images_in(output)]))
+    expected = seen["out"].numpy()
+    with h5py.File(output, "r") as h5file:
+        assert h5file["features/transformer.resblocks.3"].attrs["prefix_tokens"] == 1
+    assert relative_error(rows(output, "transformer.resblocks.3"), expected) <= 1e-4
+
+
+PARTS = '''
+import torch
+from torch import nn
+from transformers.modeling_outputs import BaseModelOutputWithPooling
+
+
+class DictOut(nn.Module):
+    def forward(self, x):
+        return {"mean": x.mean(dim=(2, 3)), "none": None, "max": x.amax(dim=(2, 3))}
+
+
+class TupleWithNone(nn.Module):
+    def forward(self, x):
+        return None, x * 2, x.flatten(1)
+
+
+class Encoder(nn.Module):
+    def forward(self, x):
+        return BaseModelOutputWithPooling(last_hidden_state=x.flatten(2).transpose(1, 2), pooler_output=x.sum((2, 3)))
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3, stride=8)
+        self.tup = TupleWithNone()
+        self.dictmod = DictOut()
+        self.encoder = Encoder()
+
+    def forward(self, x):
+        y = torch.relu_(self.conv(x))
+        _, doubled, flat = self.tup(y)
+        parts = self.dictmod(doubled)
+        out = self.encoder(doubled)
+        return parts["mean"] + out.pooler_output + flat[:, :4]
+
+
+def build():
+    return Net()
+'''
+
+
+def test_parts_of_tuple_dict_and_model_outputs_equal_a_manual_recomputation(tmp_path):
+    with user_project(tmp_path, "partsnet", PARTS, {"": 3}) as folder:
+        import partsnet
+
+        output = tmp_path / "parts.h5"
+        layers = "tup,tup@2,dictmod@*,encoder@last_hidden_state,encoder@pooler_output"
+        result = run_featdump("extract", "-m", "partsnet:build", "-l", layers, folder / "images", output,
+                              cwd=folder)
+        assert result.returncode == 0, result.stderr
+        assert "Layer tup outputs a tuple: its first tensor (tup@1) is stored" in result.stderr
+        torch.manual_seed(0)  # the factory's seed (--seed 0)
+        net = partsnet.build().eval()
+        x = torch.stack([ResNet18_Weights.DEFAULT.transforms()(image) for image in images_in(output)])
+        with torch.inference_mode():
+            y = torch.relu(net.conv(x))
+        expected = {"tup": y * 2, "tup@2": y.flatten(1), "dictmod@mean": (y * 2).mean(dim=(2, 3)),
+                    "dictmod@max": (y * 2).amax(dim=(2, 3)),
+                    "encoder@last_hidden_state": (y * 2).flatten(2).transpose(1, 2),
+                    "encoder@pooler_output": (y * 2).sum((2, 3))}
+        with h5py.File(output, "r") as h5file:
+            assert sorted(h5file["features"]) == sorted(expected)
+            assert h5file["features/tup"].attrs["part"] == "1"
+            for name, values in expected.items():
+                np.testing.assert_allclose(h5file["features"][name][:], values.numpy(), rtol=1e-5, atol=1e-6,
+                                           err_msg=name)
+        bare = run_featdump("extract", "-m", "partsnet:build", "-l", "dictmod", folder / "images", tmp_path / "b.h5",
+                            cwd=folder)
+        assert bare.returncode == 2
+        assert bare.stderr.strip().endswith("Error: Layer 'dictmod' outputs a dict (or ModelOutput) of several "
+                                            "tensors; select one: dictmod@mean, dictmod@max.")
+        listing = run_featdump("list-layers", "partsnet:build", "--json", cwd=folder)
+        by_path = {row["path"]: row for row in map(json.loads, listing.stdout.splitlines())}
+        assert [part["name"] for part in by_path["dictmod"]["parts"][0]] == ["mean", "max"]  # no None part
+        assert [part["name"] for part in by_path["tup"]["parts"][0]] == ["1", "2"]
+
+        with featdump.capture(net, ["dictmod@max", "encoder@last_hidden_state", "tup@2"]) as features:
+            net(x)
+        np.testing.assert_allclose(features["dictmod@max"].numpy(), expected["dictmod@max"].numpy(), rtol=1e-6)
+        np.testing.assert_allclose(features["tup@2"].numpy(), expected["tup@2"].numpy(), rtol=1e-6)
+        with featdump.capture(net, ["dictmod"]), pytest.raises(UnknownLayer, match="dictmod@mean, dictmod@max"):
+            net(x)
+
+
+def test_clear_refusals_for_hf_and_open_clip(tmp_path):
+    write_images(tmp_path / "images", {"": 1})
+    missing = run_featdump("list-layers", f"hf:{tmp_path / 'nothing-here'}", env=featdump_env(HF_HUB_OFFLINE="1"))
+    assert missing.returncode == 1 and len(missing.stderr.strip().splitlines()) == 1, missing.stderr
+    assert "Could not load hf:" in missing.stderr and "save_pretrained" in missing.stderr
+    unknown = run_featdump("list-layers", "open_clip:ViT-B-33")
+    assert unknown.returncode == 2 and "Did you mean: open_clip:ViT-B-32" in unknown.stderr
