@@ -90,7 +90,7 @@ def capture(model: nn.Module, layers: str | Sequence[str]) -> Iterator[Mapping[s
                 handle.remove()
 
 
-def _detached_copy(output: torch.Tensor, batch_dim: int = 0) -> torch.Tensor:
+def _detached_copy(output: torch.Tensor, batch_dim: int = 0, fold: int = 1) -> torch.Tensor:
     return output.detach().clone()
 
 

@@ -207,6 +207,9 @@ def _layer_line(info, width: int) -> str:
     shapes = " | ".join(sorted({str(shape) for shape in info.shapes})) or "(never runs)"
     if info.kind == "dict" and any(info.parts):
         shapes = "(its parts below)"
+    elif any(fold is not None and fold.contiguous for fold in info.folds):
+        shapes = " | ".join(sorted({str((fold.rows, *(size for axis, size in enumerate(shape) if axis != fold.axis)))
+                                    for fold, shape in zip(info.folds, info.shapes) if fold is not None}))
     line = f"{name}  {info.type_name:<22} {info.calls}x  {shapes}"
     if info.calls > 1:
         line += f"  -> select {info.path}:1 ... {info.path}:{info.calls}"
@@ -214,8 +217,15 @@ def _layer_line(info, width: int) -> str:
         line += "  (tuple output: its first tensor is stored, or select PATH@INDEX)"
     elif info.kind == "dict" and any(info.parts):
         line += "  (dict output: select PATH@KEY)" if len(info.parts[0]) > 1 else "  (dict output of one tensor)"
+    folds = [fold for fold in info.folds if fold is not None]
     if info.kind == "dict":
         pass  # each part says whether it follows the batch
+    elif folds and folds[0].contiguous:
+        line += f"  (the batch folded into dimension {folds[0].axis}: N x {folds[0].rows} rows, stored as N rows of " \
+                "this shape)"
+    elif folds:
+        line += f"  (the batch folded into dimension {folds[0].axis}, {folds[0].rows} rows per image, interleaved: " \
+                "not stored per image)"
     elif any(dim is None for dim in info.batch_dims):
         line += "  (not per image: the output does not follow the batch)"
     elif any(info.batch_dims):

@@ -77,7 +77,7 @@ def pruned_forward(model: nn.Module, layers: list[Layer], snapshot: Snapshot) ->
         with graph.inserting_after(node):
             tensor = graph.call_function(take_part, (node, layer.part, layer.name))
         with graph.inserting_after(tensor):
-            outputs[layer.name] = graph.call_function(snapshot, (tensor, layer.batch_dim))
+            outputs[layer.name] = graph.call_function(snapshot, (tensor, layer.batch_dim, layer.fold))
     for node in [node for node in graph.nodes if node.op == "output"]:
         graph.erase_node(node)
     graph.output(outputs)

@@ -129,7 +129,7 @@ class Capture:
             self._calls[path] += 1
             for layer in wanted.get(self._calls[path], ()):
                 tensor = take_part(output, layer.part, layer.name)
-                self._captured[layer.name] = self._snapshot(tensor, layer.batch_dim)
+                self._captured[layer.name] = self._snapshot(tensor, layer.batch_dim, layer.fold)
             if self._stop_early and len(self._captured) == self._expected:
                 raise StopForward
 

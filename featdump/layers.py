@@ -3,6 +3,7 @@ validate. A module whose output is a tuple, a list, a dict or a ModelOutput has 
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import fnmatch
 import logging
@@ -29,6 +30,16 @@ class Part:
 
 
 @dataclass(frozen=True)
+class Fold:
+    """A dimension holding ROWS rows per image, images one after another (LeViT's BatchNorm1d over
+    (batch x 49, C)), found by the probe: 2 images give 2 x ROWS rows, 3 give 3 x ROWS."""
+
+    axis: int
+    rows: int
+    contiguous: bool  # each image's rows are one block (changing one image changes only its block)
+
+
+@dataclass(frozen=True)
 class LayerInfo:
     """One module as seen in a dry forward: where it is, what it is, what it outputs, how often it runs."""
 
@@ -40,6 +51,7 @@ class LayerInfo:
     batch_dims: tuple = ()  # per call: the dimension that follows the batch (None: none does, not per image)
     parts: tuple = ()  # per call: the Parts of a tuple/list/dict output (empty for a tensor)
     kind: str = "tensor"  # what the module returns: tensor, tuple (or list), dict (or ModelOutput), other
+    folds: tuple = ()  # per call: a Fold when the batch is folded into a dimension with other rows, else None
 
     @property
     def depth(self) -> int:
@@ -56,10 +68,15 @@ class Layer:
     shape: tuple[int, ...]  # per image, batch dimension removed
     batch_dim: int = 0  # where the module's output holds the batch (moved first when stored)
     part: str | None = None  # the part of a tuple/dict output stored (None: the output, or a tuple's first tensor)
+    fold: int = 1  # rows per image folded into the batch dimension (unfolded to (N, fold, ...) when stored)
 
     @property
     def layout(self) -> str | None:
         """'(197, N, 768) -> (N, 197, 768)' for an output whose batch is not first; None otherwise."""
+        if self.fold > 1:
+            rest = [str(size) for size in self.shape[1:]]
+            folded = [*rest[: self.batch_dim], f"N*{self.fold}", *rest[self.batch_dim:]]
+            return f"({', '.join(folded)}) -> (N, {self.fold}, {', '.join(rest)})"
         if self.batch_dim == 0:
             return None
         dims = [str(size) for size in self.shape]
@@ -132,9 +149,76 @@ def probe(model: nn.Module, input_shape: tuple[int, ...]) -> list[LayerInfo]:
             parts.append(tuple(Part(name, *_per_image(size, second.get(name)))
                                for name, size in first.items() if name is not None))
         kinds = runs[0][1][path]
+        folds = tuple(_fold(first.get(None), second.get(None)) if batch_dim is None else None
+                      for first, second, batch_dim in zip(runs[0][0][path], runs[1][0][path], batch_dims))
         infos.append(LayerInfo(path, type(modules[path]).__name__, len(shapes), tuple(shapes), "tuple" in kinds,
-                               tuple(batch_dims), tuple(parts), kinds[0] if kinds else "tensor"))
-    return infos
+                               tuple(batch_dims), tuple(parts), kinds[0] if kinds else "tensor", folds))
+    return _check_folds(model, input_shape, infos)
+
+
+def _fold(first: tuple | None, second: tuple | None) -> Fold | None:
+    """The dimension that is 2k at batch 2 and 3k at batch 3 (k rows per image), if exactly one is."""
+    if first is None or second is None or len(first) != len(second):
+        return None
+    folded = [(axis, a // 2) for axis, (a, b) in enumerate(zip(first, second))
+              if a != b and a % 2 == 0 and a // 2 > 1 and b == 3 * (a // 2)]
+    unchanged = sum(a == b for a, b in zip(first, second)) == len(first) - 1
+    return Fold(folded[0][0], folded[0][1], False) if len(folded) == 1 and unchanged else None
+
+
+def _check_folds(model: nn.Module, input_shape: tuple[int, ...], infos: list[LayerInfo]) -> list[LayerInfo]:
+    """Mark each fold contiguous or not: two forwards of 2 images that differ in the second image only; an
+    image's rows are one block when exactly the second block of rows changes (in the output, or, where the
+    output does not change at all (a norm initialised to zero), in an input of the same shape)."""
+    folded = {info.path: info for info in infos if any(info.folds)}
+    if not folded:
+        return infos
+    generator = torch.Generator().manual_seed(0)
+    first, second = (torch.rand((1, *input_shape), generator=generator) for _ in range(2))
+    same = _call_outputs(model, torch.cat([first, first]), folded)
+    changed = _call_outputs(model, torch.cat([first, second]), folded)
+    checked = []
+    for info in infos:
+        if info.path in folded:
+            folds = tuple(None if fold is None else dataclasses.replace(
+                fold, contiguous=_rows_changed(same[info.path][call], changed[info.path][call], fold) ==
+                [fold.rows, 2 * fold.rows]) for call, fold in enumerate(info.folds))
+            info = dataclasses.replace(info, folds=folds)
+        checked.append(info)
+    return checked
+
+
+def _call_outputs(model: nn.Module, inputs: torch.Tensor, paths) -> dict[str, list[tuple[torch.Tensor, ...]]]:
+    """Per module, per call: (its output's tensor, its first input when a tensor)."""
+    outputs: dict[str, list] = {path: [] for path in paths}
+
+    def record(module, args, output, path):
+        given = args[0].clone() if args and isinstance(args[0], torch.Tensor) else None
+        outputs[path].append((first_tensor(output).clone(), given))
+
+    handles = [model.get_submodule(path).register_forward_hook(
+        lambda module, args, output, path=path: record(module, args, output, path)) for path in paths]
+    try:
+        parameter = next(model.parameters(), None)
+        with torch.inference_mode():
+            model(inputs.to(parameter.device if parameter is not None else "cpu"))
+    finally:
+        for handle in handles:
+            handle.remove()
+    return outputs
+
+
+def _rows_changed(before: tuple, after: tuple, fold: Fold) -> list[int]:
+    """[first, last + 1] of the rows along FOLD's axis that differ between two calls' (output, input): the
+    output's, or the input's when the output did not change and has the input's shape (empty when none)."""
+    (output_before, input_before), (output_after, input_after) = before, after
+    if torch.equal(output_before, output_after) and input_before is not None \
+            and input_before.shape == output_before.shape:
+        output_before, output_after = input_before, input_after
+    differs = (output_before != output_after).movedim(fold.axis, 0).flatten(1).any(dim=1).nonzero().flatten().tolist()
+    if not differs or differs != list(range(differs[0], differs[-1] + 1)):
+        return []
+    return [differs[0], differs[-1] + 1]
 
 
 def _per_image(first: tuple | None, second: tuple | None) -> tuple[tuple | None, int | None]:
@@ -260,8 +344,10 @@ def _default_stored(info: LayerInfo, call: int) -> bool:
     """Whether PATH alone (no @PART) names a per-image tensor of call CALL: a tensor output, a tuple's first
     tensor, or a dict's only one."""
     parts = info.parts[call - 1] if info.parts else ()
+    fold = info.folds[call - 1] if info.folds else None
     if info.kind == "tensor" or not parts:
-        return info.shapes[call - 1] is not None and (not info.batch_dims or info.batch_dims[call - 1] is not None)
+        return info.shapes[call - 1] is not None and (not info.batch_dims or info.batch_dims[call - 1] is not None
+                                                      or (fold is not None and fold.contiguous))
     if info.kind == "dict" and len(parts) != 1:
         return False
     return parts[0].batch_dim is not None
@@ -307,6 +393,15 @@ def _resolve_one(text: str, by_path: dict[str, LayerInfo], model_name: str) -> L
             f"Layer {path!r} runs {info.calls} time(s) per forward pass, so {text!r} does not exist. {hint}"
         )
     shape, batch_dim, part = _chosen_output(info, index, part, text, hint)
+    fold = info.folds[index - 1] if info.folds and part is None and batch_dim is None else None
+    if fold is not None and not fold.contiguous:
+        raise NotPerImage(f"Layer {text!r} folds the batch into dimension {fold.axis} ({fold.rows} rows per image), "
+                          "but an image's rows are not one block (they interleave with other images' rows), so they "
+                          f"cannot be stored per image. {hint}")
+    if fold is not None:  # (N x rows, C) -> (N, rows, C)
+        rest = tuple(size for axis, size in enumerate(shape) if axis != fold.axis)
+        return Layer(name=text, path=path, call=index, shape=(fold.rows, *rest), batch_dim=fold.axis, part=part,
+                     fold=fold.rows)
     if batch_dim is None:
         raise NotPerImage(
             f"Layer {text!r} outputs {shape} whatever the batch size: its output does not depend on the batch "

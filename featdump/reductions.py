@@ -17,14 +17,16 @@ def snapshot(reduce: str, dtype: str, prefix_tokens: int | None = None) -> Snaps
     """A function turning a layer output into a new tensor to store: batch first, reduced, cast, never a view.
 
     BATCH_DIM is where the output holds its images (0 for most layers, 1 for a sequence-first (L, N, E));
-    the batch is moved first, and the reduction applies to that batch-first view. PREFIX_TOKENS: the class and
+    the batch is moved first, and the reduction applies to that batch-first view. FOLD rows per image in
+    that dimension (LeViT's (N x 49, C)) are unfolded to (N, FOLD, C) first. PREFIX_TOKENS: the class and
     register tokens before the patch tokens (patchmean leaves them out).
     """
     storage = getattr(torch, dtype)
     reducer = _patch_mean(prefix_tokens or 0) if reduce == "patchmean" else _REDUCERS[reduce]
 
-    def take(output: torch.Tensor, batch_dim: int = 0) -> torch.Tensor:
-        reduced = reducer(output.movedim(batch_dim, 0) if batch_dim else output)
+    def take(output: torch.Tensor, batch_dim: int = 0, fold: int = 1) -> torch.Tensor:
+        batch_first = output.movedim(batch_dim, 0) if batch_dim else output
+        reduced = reducer(batch_first.unflatten(0, (-1, fold)) if fold > 1 else batch_first)
         # Contiguous (a channels_last output is transposed here, on the device, not by h5py on the host).
         return reduced.to(storage, copy=True, memory_format=torch.contiguous_format)
 

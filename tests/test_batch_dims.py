@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
+from torch import nn
 
-from .conftest import featdump_env, run_featdump, user_project
+from .conftest import featdump_env, run_featdump, user_project, write_images
 
 SEQUENCE_FIRST = textwrap.dedent('''
     import torch
@@ -135,3 +136,63 @@ def test_swin_v2_relative_position_table_is_refused(image_folder, tmp_path):
     assert result.returncode == 2
     assert "Error: Layer 'features.1.0.attn.cpb_mlp' outputs (1, 15, 15, 3) whatever the batch size" in result.stderr
     assert not list(tmp_path.glob("out.h5*"))
+
+
+def test_levit_rows_of_several_tokens_per_image_are_stored_per_image(tmp_path):
+    timm = pytest.importorskip("timm", reason="timm is not installed (pip install 'featdump[timm]')")
+    torch.manual_seed(0)
+    model = timm.create_model("levit_128s", pretrained=False).eval()
+    for module in model.modules():  # LeViT starts its residual norms at zero: give them weights that show
+        if isinstance(module, nn.BatchNorm1d):
+            nn.init.normal_(module.weight)
+    torch.save(model.state_dict(), tmp_path / "levit.pth")
+    write_images(tmp_path / "images", {"": 3})
+    layer = "stages.1.blocks.0.attn.proj.ln.bn"
+    result = run_featdump("extract", "-m", "timm:levit_128s", "-w", tmp_path / "levit.pth", "-l", layer, "-b", "2",
+                          tmp_path / "images", tmp_path / "out.h5")
+    assert result.returncode == 0, result.stderr
+    config = timm.data.resolve_data_config({}, model=model)
+    transform = timm.data.create_transform(**config, is_training=False)
+    paths = sorted((tmp_path / "images").iterdir())
+    seen = []
+    model.get_submodule(layer).register_forward_hook(lambda module, args, output: seen.append(output.clone()))
+    with torch.inference_mode():
+        model(torch.stack([transform(Image.open(path).convert("RGB")) for path in paths]))
+    expected = seen[0].reshape(3, -1, seen[0].shape[-1])  # (3 x 49, 256) -> (3, 49, 256)
+    with h5py.File(tmp_path / "out.h5", "r") as h5file:
+        dataset = h5file["features"][layer]
+        assert dataset.shape == (3, 49, 256) and dataset.attrs["layout"] == "(N*49, 256) -> (N, 49, 256)"
+        np.testing.assert_allclose(dataset[:], expected.numpy(), rtol=1e-4, atol=1e-5)
+
+
+INTERLEAVED = '''
+from torch import nn
+
+
+class Interleave(nn.Module):
+    def forward(self, x):
+        return x.flatten(2).permute(2, 0, 1).reshape(-1, x.shape[1])  # (H*W*N, C): the images' rows interleave
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3, stride=16)
+        self.rows = Interleave()
+
+    def forward(self, x):
+        return self.rows(self.conv(x))
+
+
+def build():
+    return Net()
+'''
+
+
+def test_interleaved_rows_are_refused_saying_what_they_are(tmp_path):
+    with user_project(tmp_path, "interleaved", INTERLEAVED, {"": 2}) as folder:
+        result = run_featdump("extract", "-m", "interleaved:build", "-l", "rows", folder / "images",
+                              tmp_path / "out.h5", cwd=folder)
+    assert result.returncode == 2
+    assert "Error: Layer 'rows' folds the batch into dimension 0 (196 rows per image), but an image's rows are not " \
+           "one block" in result.stderr
