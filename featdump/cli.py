@@ -57,9 +57,9 @@ class _Group(click.Group):
 
 
 def _usage_line(error: click.UsageError, help_command: str) -> str:
-    """Click's message in one line, with where to look: `Error: Missing option '-m' (see featdump extract --help).`"""
-    message = " ".join(error.format_message().split()).rstrip(".")
-    return f"{message} (see `{help_command}`)."
+    """Click's message in one line, with where to look: `Error: Missing option '-m'. See `featdump extract --help`.`"""
+    message = " ".join(error.format_message().split())
+    return f"{message}{'' if message.endswith('.') else '.'} See `{help_command}`."
 
 
 def _fail(message: str, exit_code: int):

@@ -114,10 +114,7 @@ def apply_update(output: Path, plan: UpdatePlan, images_digest: str, locking: bo
     """
     staged_path = staging_path(output)
     started = time.perf_counter()
-    try:
-        h5file = h5py.File(output, "r+", locking=locking)
-    except OSError as error:
-        raise write_error(output, error, None) from error
+    h5file = _open_for_writing(output, locking)
     try:
         with Output.open(staged_path, locking=False) as staged:
             _append_staged(h5file, staged, plan, images_digest)
@@ -131,6 +128,22 @@ def apply_update(output: Path, plan: UpdatePlan, images_digest: str, locking: bo
     staged_path.unlink()
     fsync_path(output.parent)
     return time.perf_counter() - started
+
+
+def _open_for_writing(output: Path, locking: bool, patience: float = 600.0) -> h5py.File:
+    """OUTPUT opened to write; while readers hold it open (HDF5's shared lock), tried again every 20-200 ms for up
+    to PATIENCE seconds: a reader's open is short, and none is refused while this waits."""
+    waited, pause = 0.0, 0.02
+    while True:
+        try:
+            return h5py.File(output, "r+", locking=locking)
+        except OSError as error:
+            if "unable to lock file" not in str(error) or waited >= patience:
+                raise write_error(output, error, None) from error
+            if waited == 0.0:
+                log.info("Waiting for the readers of %s to close it, to append the new rows.", output)
+        time.sleep(pause)
+        waited, pause = waited + pause, min(pause * 2, 0.2)
 
 
 def _append_staged(h5file: h5py.File, staged: Output, plan: UpdatePlan, images_digest: str) -> None:

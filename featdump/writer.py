@@ -29,6 +29,7 @@ from featdump.layout import (
     write_paths,
     write_rows,
 )
+from featdump.lock import refuse_existing
 from featdump.repair import discard_uncommitted
 
 log = logging.getLogger("featdump")
@@ -53,8 +54,9 @@ class FeatureWriter:
     def open(cls, output: Path, specs: dict[str, DatasetSpec], fingerprint: dict, attributes: dict,
              classes: list[str], batch_size: int, compression: str = "none", overwrite: bool = False,
              locking: bool = True) -> FeatureWriter:
-        """Create OUT.partial, or reopen it to resume when its fingerprint matches."""
+        """Create OUT.partial, or reopen it to resume when its fingerprint matches; OutputExists if OUT is there."""
         output = Path(output)
+        refuse_existing(output, overwrite)
         partial = partial_path(output)
         if partial.exists() and not overwrite:
             h5file = _reopen(partial, fingerprint, locking)

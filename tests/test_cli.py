@@ -170,17 +170,17 @@ def test_unreadable_checkpoint_and_missing_info_file(image_folder, tmp_path):
 
 @pytest.mark.parametrize("arguments, message", [
     (["extract", "-m", "resnet18", "-l", "avgpool", "{images}", "{tmp}"],
-     "Invalid value for 'OUTPUT': File '{tmp}' is a directory (see `featdump extract --help`)."),
+     "Invalid value for 'OUTPUT': File '{tmp}' is a directory. See `featdump extract --help`."),
     (["extract", "-m", "resnet18", "-l", "avgpool", "-b", "0", "{images}", "{tmp}/o.h5"],
      "'batch_size' must be at least 1, not 0. On the command line: --batch-size."),
     (["extract", "-m", "resnet18", "-l", "avgpool", "{tmp}/nowhere", "{tmp}/o.h5"],
-     "Invalid value for 'IMAGES': Path '{tmp}/nowhere' does not exist (see `featdump extract --help`)."),
+     "Invalid value for 'IMAGES': Path '{tmp}/nowhere' does not exist. See `featdump extract --help`."),
     (["extract", "-c", "{tmp}/none.toml", "{images}", "{tmp}/o.h5"],
-     "Invalid value for '-c' / '--config': File '{tmp}/none.toml' does not exist (see `featdump extract --help`)."),
+     "Invalid value for '-c' / '--config': File '{tmp}/none.toml' does not exist. See `featdump extract --help`."),
     (["extract", "-m", "resnet18", "-w", "none", "-l", "avgpool", "{images}", "{tmp}/missing/o.h5"],
      "Output folder '{tmp}/missing' does not exist; create it first."),
-    (["extract", "--bogus"], "No such option '--bogus' (see `featdump extract --help`)."),
-    (["nosuch"], "No such command 'nosuch' (see `featdump --help`)."),
+    (["extract", "--bogus"], "No such option '--bogus'. See `featdump extract --help`."),
+    (["nosuch"], "No such command 'nosuch'. See `featdump --help`."),
 ])
 def test_usage_errors_are_one_line_with_exit_code_2(image_folder, tmp_path, arguments, message):
     result = run_featdump(*[argument.format(images=image_folder, tmp=tmp_path) for argument in arguments])
