@@ -150,9 +150,10 @@ def list_layers(model: str, depth: int | None, as_json: bool, transform: str | N
       featdump list-layers timm:convnext_tiny --json
       featdump list-layers vit_b_16 --match 'encoder.layers.*'
     """
-    from featdump.layers import match_pattern, probe
     from featdump.models import load_model
+    from featdump.patterns import match_pattern
     from featdump.preprocess import Preprocess
+    from featdump.probe import probe
 
     loaded = load_model(model, weights="none", transform=transform, trust_pickle=trust_pickle)
     size = Preprocess(loaded.preprocessing).size

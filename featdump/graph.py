@@ -18,7 +18,8 @@ import torch
 from torch import fx, nn
 
 from featdump.errors import NotTraceable
-from featdump.layers import Layer, take_part
+from featdump.layers import Layer
+from featdump.probe import take_part
 from featdump.reductions import Snapshot
 
 _INPLACE_OPERATORS = {operator.iadd, operator.isub, operator.imul, operator.itruediv, operator.iand, operator.ior,

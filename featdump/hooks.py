@@ -10,7 +10,8 @@ from torch import nn
 
 from featdump.errors import FeatdumpError, NotTraceable, StopForward
 from featdump.graph import pruned_forward, same_outputs
-from featdump.layers import Layer, take_part
+from featdump.layers import Layer
+from featdump.probe import take_part
 from featdump.reductions import Snapshot
 
 log = logging.getLogger("featdump")

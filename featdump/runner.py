@@ -20,13 +20,14 @@ from featdump.errors import BadImage, Interrupted, NothingRead, UsageProblem
 from featdump.gpu_decode import to_device_inputs
 from featdump.hooks import Capture
 from featdump.inputs import ImageList, find_images
-from featdump.layers import Layer, probe, resolve
+from featdump.layers import Layer, resolve
 from featdump.layout import Committed, DatasetSpec, Output
 from featdump.loader import Batch, ImageDataset, make_loader
 from featdump.lock import OutputLock
 from featdump.merge import merge
 from featdump.models import LoadedModel, check_model_name, load_model
 from featdump.preprocess import Preprocess
+from featdump.probe import probe
 from featdump.progress import ProgressRecord, remove_record
 from featdump.reductions import reduced_shape, snapshot, token_layout
 from featdump.report import NoProgress, Progress, Summary, report_size

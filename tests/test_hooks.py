@@ -7,7 +7,8 @@ import torch
 from torch import nn
 
 from featdump.hooks import Capture
-from featdump.layers import probe, resolve
+from featdump.layers import resolve
+from featdump.probe import probe
 from featdump.reductions import reduced_shape, snapshot
 
 

@@ -8,7 +8,8 @@ from torch import nn
 from torchvision.models import get_model
 
 from featdump.errors import AmbiguousLayer, UnknownLayer
-from featdump.layers import probe, resolve
+from featdump.layers import resolve
+from featdump.probe import probe
 
 
 class TupleAndReuse(nn.Module):

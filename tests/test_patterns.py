@@ -11,7 +11,8 @@ from torchvision.models import get_model
 
 from featdump.config import read_config
 from featdump.errors import UnknownLayer
-from featdump.layers import expand, probe
+from featdump.patterns import expand
+from featdump.probe import probe
 
 from .conftest import REPO, run_featdump
 

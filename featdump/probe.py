@@ -1,0 +1,240 @@
+"""Probe: dry forwards of a model that record, for every module and every call, what it outputs: shapes, the
+dimension that follows the batch (or a batch folded with other rows), and the tensor parts of tuple, list,
+dict and ModelOutput outputs (PATH@0, PATH@KEY)."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from featdump.errors import UnknownLayer
+
+log = logging.getLogger("featdump")
+
+
+@dataclass(frozen=True)
+class Part:
+    """One tensor of a module's output that is not a tensor itself: PATH@NAME."""
+
+    name: str  # "0" for a tuple's first item, "last_hidden_state" for a dict's or ModelOutput's key
+    shape: tuple[int, ...]  # without the batch dimension
+    batch_dim: int | None
+
+
+@dataclass(frozen=True)
+class Fold:
+    """A dimension holding ROWS rows per image, images one after another (LeViT's BatchNorm1d over
+    (batch x 49, C)), found by the probe: 2 images give 2 x ROWS rows, 3 give 3 x ROWS."""
+
+    axis: int
+    rows: int
+    contiguous: bool  # each image's rows are one block (changing one image changes only its block)
+
+
+@dataclass(frozen=True)
+class LayerInfo:
+    """One module as seen in a dry forward: where it is, what it is, what it outputs, how often it runs."""
+
+    path: str  # dotted module path, e.g. "layer1.0.relu"
+    type_name: str  # class name, e.g. "ReLU"
+    calls: int  # times the module ran in one forward
+    shapes: tuple  # output shape of each call, without the batch dimension (None: not a tensor)
+    tuple_output: bool  # the output is a tuple/list; its first tensor is what gets stored
+    batch_dims: tuple = ()  # per call: the dimension that follows the batch (None: none does, not per image)
+    parts: tuple = ()  # per call: the Parts of a tuple/list/dict output (empty for a tensor)
+    kind: str = "tensor"  # what the module returns: tensor, tuple (or list), dict (or ModelOutput), other
+    folds: tuple = ()  # per call: a Fold when the batch is folded into a dimension with other rows, else None
+
+    @property
+    def depth(self) -> int:
+        return self.path.count(".") + 1
+
+
+def first_tensor(output):
+    """The tensor a module's output stands for: itself, or the first tensor of a tuple/list."""
+    if isinstance(output, torch.Tensor):
+        return output
+    if isinstance(output, (tuple, list)):
+        return next((item for item in output if isinstance(item, torch.Tensor)), None)
+    return None
+
+
+def output_kind(output) -> str:
+    if isinstance(output, torch.Tensor):
+        return "tensor"
+    if isinstance(output, Mapping):  # a dict, or transformers' ModelOutput (an OrderedDict)
+        return "dict"
+    return "tuple" if isinstance(output, (tuple, list)) else "other"
+
+
+def tensor_parts(output) -> list[tuple[str, torch.Tensor]]:
+    """(name, tensor) of each tensor in a tuple/list/dict/ModelOutput output (None and other items left out)."""
+    kind = output_kind(output)
+    if kind == "dict":
+        return [(str(key), value) for key, value in output.items() if isinstance(value, torch.Tensor)]
+    if kind == "tuple":
+        return [(str(index), item) for index, item in enumerate(output) if isinstance(item, torch.Tensor)]
+    return []
+
+
+def take_part(output, part: str | None, name: str = "") -> torch.Tensor:
+    """PART of a module's OUTPUT (None: the output itself, a tuple's first tensor, or a dict's only tensor);
+    UnknownLayer, naming what there is, when it holds no such tensor."""
+    if part is None:
+        tensor = first_tensor(output)
+        if tensor is not None:
+            return tensor
+        parts = tensor_parts(output)
+        if len(parts) == 1:
+            return parts[0][1]
+        if parts:
+            raise UnknownLayer(f"Layer {name!r} outputs a {type(output).__name__} with several tensors: select one "
+                               f"as {', '.join(f'{name}@{key}' for key, _ in parts)}.")
+        raise UnknownLayer(f"Layer {name!r} outputs a {type(output).__name__}, not a tensor (nor a tuple, list or "
+                           "dict holding one), so it cannot be captured; select a module inside it.")
+    found = dict(tensor_parts(output))
+    if part not in found:
+        offered = ", ".join(found) or "none"
+        raise UnknownLayer(f"Layer {name!r}: the output ({type(output).__name__}) has no tensor part {part!r}; "
+                           f"its tensor parts: {offered}.")
+    return found[part]
+
+
+def probe(model: nn.Module, input_shape: tuple[int, ...]) -> list[LayerInfo]:
+    """Run forwards on zeros of INPUT_SHAPE (C, H, W) with batches of 2 and 3 and record every module's calls,
+    output shapes and batch dimension (the one dimension whose size follows the batch)."""
+    runs = [_record_calls(model, input_shape, batch) for batch in _PROBE_BATCHES]
+    modules = dict(model.named_modules())
+    infos = []
+    for path in runs[0][0]:
+        shapes, batch_dims, parts = [], [], []
+        for first, second in zip(runs[0][0][path], runs[1][0][path]):
+            shape, batch_dim = _per_image(first.get(None), second.get(None))
+            shapes.append(shape)
+            batch_dims.append(batch_dim)
+            parts.append(tuple(Part(name, *_per_image(size, second.get(name)))
+                               for name, size in first.items() if name is not None))
+        kinds = runs[0][1][path]
+        folds = tuple(_fold(first.get(None), second.get(None)) if batch_dim is None else None
+                      for first, second, batch_dim in zip(runs[0][0][path], runs[1][0][path], batch_dims))
+        infos.append(LayerInfo(path, type(modules[path]).__name__, len(shapes), tuple(shapes), "tuple" in kinds,
+                               tuple(batch_dims), tuple(parts), kinds[0] if kinds else "tensor", folds))
+    return _check_folds(model, input_shape, infos)
+
+
+def _fold(first: tuple | None, second: tuple | None) -> Fold | None:
+    """The dimension that is 2k at batch 2 and 3k at batch 3 (k rows per image), if exactly one is."""
+    if first is None or second is None or len(first) != len(second):
+        return None
+    folded = [(axis, a // 2) for axis, (a, b) in enumerate(zip(first, second))
+              if a != b and a % 2 == 0 and a // 2 > 1 and b == 3 * (a // 2)]
+    unchanged = sum(a == b for a, b in zip(first, second)) == len(first) - 1
+    return Fold(folded[0][0], folded[0][1], False) if len(folded) == 1 and unchanged else None
+
+
+def _check_folds(model: nn.Module, input_shape: tuple[int, ...], infos: list[LayerInfo]) -> list[LayerInfo]:
+    """Mark each fold contiguous or not: two forwards of 2 images that differ in the second image only; an
+    image's rows are one block when exactly the second block of rows changes (in the output, or, where the
+    output does not change at all (a norm initialised to zero), in an input of the same shape)."""
+    folded = {info.path: info for info in infos if any(info.folds)}
+    if not folded:
+        return infos
+    generator = torch.Generator().manual_seed(0)
+    first, second = (torch.rand((1, *input_shape), generator=generator) for _ in range(2))
+    same = _call_outputs(model, torch.cat([first, first]), folded)
+    changed = _call_outputs(model, torch.cat([first, second]), folded)
+    checked = []
+    for info in infos:
+        if info.path in folded:
+            folds = tuple(None if fold is None else dataclasses.replace(
+                fold, contiguous=_rows_changed(same[info.path][call], changed[info.path][call], fold) ==
+                [fold.rows, 2 * fold.rows]) for call, fold in enumerate(info.folds))
+            info = dataclasses.replace(info, folds=folds)
+        checked.append(info)
+    return checked
+
+
+def _call_outputs(model: nn.Module, inputs: torch.Tensor, paths) -> dict[str, list[tuple[torch.Tensor, ...]]]:
+    """Per module, per call: (its output's tensor, its first input when a tensor)."""
+    outputs: dict[str, list] = {path: [] for path in paths}
+
+    def record(module, args, output, path):
+        given = args[0].clone() if args and isinstance(args[0], torch.Tensor) else None
+        outputs[path].append((first_tensor(output).clone(), given))
+
+    handles = [model.get_submodule(path).register_forward_hook(
+        lambda module, args, output, path=path: record(module, args, output, path)) for path in paths]
+    try:
+        parameter = next(model.parameters(), None)
+        with torch.inference_mode():
+            model(inputs.to(parameter.device if parameter is not None else "cpu"))
+    finally:
+        for handle in handles:
+            handle.remove()
+    return outputs
+
+
+def _rows_changed(before: tuple, after: tuple, fold: Fold) -> list[int]:
+    """[first, last + 1] of the rows along FOLD's axis that differ between two calls' (output, input): the
+    output's, or the input's when the output did not change and has the input's shape (empty when none)."""
+    (output_before, input_before), (output_after, input_after) = before, after
+    if torch.equal(output_before, output_after) and input_before is not None \
+            and input_before.shape == output_before.shape:
+        output_before, output_after = input_before, input_after
+    differs = (output_before != output_after).movedim(fold.axis, 0).flatten(1).any(dim=1).nonzero().flatten().tolist()
+    if not differs or differs != list(range(differs[0], differs[-1] + 1)):
+        return []
+    return [differs[0], differs[-1] + 1]
+
+
+def _per_image(first: tuple | None, second: tuple | None) -> tuple[tuple | None, int | None]:
+    """(the shape without the batch dimension, the batch dimension) from one output's shapes at batches 2 and 3."""
+    batch_dim = _batch_dim(first, second)
+    return (None if first is None else tuple(size for axis, size in enumerate(first) if axis != batch_dim)), batch_dim
+
+
+_PROBE_BATCHES = (2, 3)
+
+
+def _record_calls(model: nn.Module, input_shape: tuple[int, ...], batch: int):
+    """({path: per call, {None: the shape of the output's (first) tensor, part name: its shape}},
+    {path: per call, the kind of output}) for one forward of BATCH zeros."""
+    records: dict[str, list] = {path: [] for path, _ in model.named_modules() if path}
+    kinds: dict[str, list] = {path: [] for path in records}
+
+    def recorder(path):
+        def hook(module, args, output):
+            tensor = first_tensor(output)
+            shapes = {None: tuple(tensor.shape) if tensor is not None else None}
+            shapes.update((name, tuple(part.shape)) for name, part in tensor_parts(output))
+            records[path].append(shapes)
+            kinds[path].append(output_kind(output))
+
+        return hook
+
+    handles = [module.register_forward_hook(recorder(path)) for path, module in model.named_modules() if path]
+    try:
+        parameter = next(model.parameters(), None)
+        device = parameter.device if parameter is not None else torch.device("cpu")
+        with torch.inference_mode():
+            model(torch.zeros((batch, *input_shape), device=device))
+    finally:
+        for handle in handles:
+            handle.remove()
+    return records, kinds
+
+
+def _batch_dim(first: tuple | None, second: tuple | None) -> int | None:
+    """The first dimension that is 2 in FIRST and 3 in SECOND (the probe's batches); None if none is."""
+    if first is None or second is None or len(first) != len(second):
+        return None
+    following = [axis for axis, (a, b) in enumerate(zip(first, second)) if (a, b) == _PROBE_BATCHES]
+    if len(following) > 1:
+        log.info("Output dimensions %s all follow the batch size; taking dimension %d as the batch.",
+                 following, following[0])
+    return following[0] if following else None
