@@ -44,7 +44,7 @@ def test_config_file_then_environment_then_command_line(image_folder, tmp_path):
 @pytest.mark.parametrize("content, message", [
     ('model = "resnet18"\nbatch_sise = 3\n', "'batch_sise' is not an extract option. Allowed keys: "),
     ('batch_size = "big"\n', "'batch_size' must be an integer, not 'big'."),
-    ('reduce = "mean"\n', "'reduce' must be one of none, flatten, avgpool, maxpool, cls, not 'mean'."),
+    ('reduce = "mean"\n', "'reduce' must be one of none, flatten, avgpool, maxpool, cls, patchmean, not 'mean'."),
     ('layers = [1, 2]\n', "'layers' must be a list of layer names"),
     ('model = resnet18\n', "not valid TOML"),
 ])
@@ -218,8 +218,11 @@ def test_capture_of_a_module_returning_a_dict_is_a_clear_error():
     net = Net()
     with featdump.capture(net, ["dictmod"]), pytest.raises(UnknownLayer) as raised:
         net(torch.zeros(2, 3, 4))
-    assert str(raised.value) == ("Layer 'dictmod' outputs a dict, not a tensor (nor a tuple or list holding one), "
-                                 "so it cannot be captured; select a module inside it.")
+    assert str(raised.value) == "Layer 'dictmod' outputs a dict with several tensors: select one as dictmod@mean, " \
+                                "dictmod@max."
+    with featdump.capture(net, ["dictmod@max"]) as features:
+        net(torch.zeros(2, 3, 4))
+    assert features["dictmod@max"].shape == (2, 4)
 
 
 def test_show_draws_the_image_as_the_model_saw_it_titled_with_its_path(image_folder, tmp_path):

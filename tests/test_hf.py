@@ -201,6 +201,13 @@ def test_parts_of_tuple_dict_and_model_outputs_equal_a_manual_recomputation(tmp_
 
 def test_clear_refusals_for_hf_and_open_clip(tmp_path):
     write_images(tmp_path / "images", {"": 1})
+    bert = transformers.BertConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64)
+    transformers.BertModel(bert).save_pretrained(tmp_path / "bert")
+    transformers.ViTImageProcessor().save_pretrained(tmp_path / "bert")
+    text_only = run_featdump("list-layers", f"hf:{tmp_path / 'bert'}")
+    assert text_only.returncode == 2 and text_only.stderr.strip() == (
+        f"Error: hf:{tmp_path / 'bert'} has no vision part: its BertModel takes input_ids, not images. Name an image "
+        "model, or a multimodal one with a vision tower (CLIP, SigLIP, ...).")
     missing = run_featdump("list-layers", f"hf:{tmp_path / 'nothing-here'}", env=featdump_env(HF_HUB_OFFLINE="1"))
     assert missing.returncode == 1 and len(missing.stderr.strip().splitlines()) == 1, missing.stderr
     assert "Could not load hf:" in missing.stderr and "save_pretrained" in missing.stderr

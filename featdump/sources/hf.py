@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from featdump.errors import UnknownModel, UsageProblem, WeightsUnavailable, first_sentence
+from featdump.errors import UnknownModel, UnsupportedModel, UsageProblem, WeightsUnavailable, first_sentence
 
 
 def _transformers():
@@ -55,6 +55,10 @@ def build(name: str, weights: str, seed: int) -> tuple[nn.Module, ImageProcessor
     except OSError as error:
         raise WeightsUnavailable(_unavailable(name, error)) from error
     module = vision_tower(model)
+    takes = getattr(module, "main_input_name", "pixel_values")
+    if takes != "pixel_values":
+        raise UnsupportedModel(f"hf:{name} has no vision part: its {type(module).__name__} takes {takes}, not images. "
+                               "Name an image model, or a multimodal one with a vision tower (CLIP, SigLIP, ...).")
     local = Path(name).is_dir()
     source = {"source": "hf", "hf_model": str(Path(name).resolve()) if local else name,
               "revision": getattr(config, "_commit_hash", None),
