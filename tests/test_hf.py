@@ -9,10 +9,12 @@ import h5py
 import numpy as np
 import pytest
 import torch
+from click.testing import CliRunner
 from PIL import Image
 from torchvision.models import ResNet18_Weights
 
 import featdump
+from featdump.cli import main
 from featdump.errors import UnknownLayer
 
 from .conftest import featdump_env, run_featdump, user_project, write_images
@@ -204,12 +206,12 @@ def test_clear_refusals_for_hf_and_open_clip(tmp_path):
     bert = transformers.BertConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64)
     transformers.BertModel(bert).save_pretrained(tmp_path / "bert")
     transformers.ViTImageProcessor().save_pretrained(tmp_path / "bert")
-    text_only = run_featdump("list-layers", f"hf:{tmp_path / 'bert'}")
-    assert text_only.returncode == 2 and text_only.stderr.strip() == (
+    text_only = CliRunner().invoke(main, ["list-layers", f"hf:{tmp_path / 'bert'}"])
+    assert text_only.exit_code == 2 and text_only.stderr.strip() == (
         f"Error: hf:{tmp_path / 'bert'} has no vision part: its BertModel takes input_ids, not images. Name an image "
         "model, or a multimodal one with a vision tower (CLIP, SigLIP, ...).")
     missing = run_featdump("list-layers", f"hf:{tmp_path / 'nothing-here'}", env=featdump_env(HF_HUB_OFFLINE="1"))
     assert missing.returncode == 1 and len(missing.stderr.strip().splitlines()) == 1, missing.stderr
     assert "Could not load hf:" in missing.stderr and "save_pretrained" in missing.stderr
-    unknown = run_featdump("list-layers", "open_clip:ViT-B-33")
-    assert unknown.returncode == 2 and "Did you mean: open_clip:ViT-B-32" in unknown.stderr
+    unknown = CliRunner().invoke(main, ["list-layers", "open_clip:ViT-B-33"])
+    assert unknown.exit_code == 2 and "Did you mean: open_clip:ViT-B-32" in unknown.stderr

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 import subprocess
 import sys
@@ -13,7 +14,8 @@ import pytest
 
 import featdump
 from featdump.errors import MergedViewBroken, UsageProblem
-from featdump.shards import Shard, detect_shard, parse_shard, shard_path
+from featdump.inputs import find_images
+from featdump.shards import Shard, detect_shard, parse_shard, plan_shard, shard_path
 
 from .conftest import featdump_env, read_output, run_featdump, start_featdump, write_images
 
@@ -77,10 +79,9 @@ def single(folder, tmp_path_factory):
 
 def test_a_merge_copy_that_does_not_fit_is_one_line_and_writes_nothing(folder, small_filesystem):
     output = small_filesystem / "out.h5"
-    for index in range(2):
-        result = run_featdump("extract", "-m", "resnet18", "-w", "none", "-l", "layer1", "--shard", f"{index}/2",
-                              "-j", "0", folder, output)
-        assert result.returncode == 0, result.stderr
+    for index in range(2):  # in this process: the shards are only the setting
+        featdump.extract(folder, output, model="resnet18", weights="none", layers="layer1", shard=f"{index}/2",
+                         num_workers=0)
     free = shutil.disk_usage(small_filesystem).free
     (small_filesystem / "filler").write_bytes(bytes(free - 2 * 1024 * 1024))  # 2 MB left: the copy cannot fit
     result = run_featdump("merge", "--copy", output)
@@ -151,7 +152,7 @@ def test_slurm_array_tasks_then_merge_equal_a_single_run(folder, single, tmp_pat
     assert result.returncode == 1 and "changed since the merge: out.shard-2-of-3.h5" in result.stderr
 
 
-def test_more_shards_than_images(tmp_path):
+def test_more_shards_than_images(tmp_path, caplog):
     images = tmp_path / "images"
     write_images(images, {"": 2})
     output = tmp_path / "out.h5"
@@ -162,18 +163,17 @@ def test_more_shards_than_images(tmp_path):
     assert run_featdump("merge", output).returncode == 0
     with h5py.File(output, "r") as h5file:
         assert h5file["features/avgpool"].shape == (2, 512, 1, 1) and len(h5file["paths"]) == 2
-    empty = run_featdump("extract", "-m", "resnet18", "-w", "none", "-l", "avgpool", "--shard", "2/4", "--overwrite",
-                         images, tmp_path / "again.h5")
-    assert "Shard 2 of 4 (from --shard): no images (2 images for 4 shards)" in empty.stderr
-    assert "images 2 to 1" not in empty.stderr
+    with caplog.at_level(logging.INFO, logger="featdump"):
+        plan_shard(Shard(2, 4, "--shard"), output, None, find_images(images))
+    assert "Shard 2 of 4 (from --shard): no images (2 images for 4 shards)" in caplog.text
+    assert "images 2 to 1" not in caplog.text
 
 
 def test_small_shards_get_chunks_of_their_size_and_info_names_mixed_shard_counts(folder, tmp_path):
     output = tmp_path / "out.h5"
     for shard in ("0/8", "1/4"):
-        result = run_featdump("extract", "-m", "resnet18", "-w", "none", "-l", "layer1", "-j", "0", "--shard", shard,
-                              folder, output)
-        assert result.returncode == 0, result.stderr
+        featdump.extract(folder, output, model="resnet18", weights="none", layers="layer1", shard=shard,
+                         num_workers=0)
     with h5py.File(tmp_path / "out.shard-0-of-8.h5", "r") as h5file:
         rows = len(h5file["paths"])
         assert h5file["features/layer1"].chunks[0] <= rows  # no chunk larger than the shard

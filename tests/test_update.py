@@ -12,6 +12,11 @@ import time
 
 import h5py
 import numpy as np
+import pytest
+
+import featdump
+from featdump.errors import UsageProblem
+from featdump.merge import merge
 
 from .conftest import committed_rows, featdump_env, run_featdump, start_featdump, write_images
 
@@ -193,15 +198,16 @@ def test_the_output_stays_readable_while_an_update_runs(tmp_path):
 def test_update_of_a_self_contained_merged_copy(tmp_path):
     images, output = tmp_path / "images", tmp_path / "out.h5"
     write_images(images, {"a": 6}, size=(40, 32))
-    base = ["extract", "-m", "resnet18", "-w", "none", "-l", "avgpool", "-j", "0"]
-    for index in range(2):
-        assert run_featdump(*base, "--shard", f"{index}/2", images, output).returncode == 0
-    assert run_featdump("merge", output).returncode == 0
-    virtual = run_featdump(*base, "--update", images, output)
-    assert virtual.returncode == 2 and "is a merged view over shards" in virtual.stderr
-    assert run_featdump("merge", "--copy", "--overwrite", output).returncode == 0
+    options = dict(model="resnet18", weights="none", layers="avgpool", num_workers=0)
+    for index in range(2):  # in this process: the shards and the merge are only the setting
+        featdump.extract(images, output, shard=f"{index}/2", **options)
+    merge(output)
+    with pytest.raises(UsageProblem, match="is a merged view over shards"):
+        featdump.extract(images, output, update=True, **options)
+    merge(output, copy=True, overwrite=True)
     write_images(images, {"b": 3}, seed=5, size=(40, 32))
-    updated = run_featdump(*base, "--update", images, output)
+    updated = run_featdump("extract", "-m", "resnet18", "-w", "none", "-l", "avgpool", "-j", "0", "--update", images,
+                           output)
     assert updated.returncode == 0, updated.stderr
     assert f"Wrote 3 images (0 skipped) to {output}, 9 in all (0 skipped)," in updated.stderr
     assert len(rows_by_path(output)) == 9
