@@ -36,5 +36,5 @@ bench: install ## Run the benchmarks and print their tables (see benchmarks/READ
 	$(BIN)/python benchmarks/compression.py
 
 clean: ## Remove caches and demo output (keeps .venv)
-	rm -rf .pytest_cache .ruff_cache demo.h5 demo.h5.partial demo.png benchmarks/data
+	rm -rf .pytest_cache .ruff_cache demo.h5 demo.h5.partial demo.png tour.h5 fmap.png benchmarks/data
 	find . -name __pycache__ -not -path './$(VENV)/*' -prune -exec rm -rf {} +
