@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import shlex
@@ -104,21 +103,15 @@ def _click_option(name: str):
     spellings = [*([declared.short] if declared.short else []), declared.flag]
     keywords = {"help": declared.help}
     if declared.kind is bool:
-        if _default(name):  # on by default: --space-check/--no-space-check
+        if declared.default:  # on by default: --space-check/--no-space-check
             spellings = [f"{declared.flag}/--no-{declared.flag[2:]}"]
-        return click.option(*spellings, name, is_flag=True, default=_default(name), **keywords)
+        return click.option(*spellings, name, is_flag=True, default=declared.default, **keywords)
     if declared.kind is tuple:
         return click.option(*spellings, name, multiple=True, required=declared.required, metavar=declared.metavar,
                             **keywords)
     metavar = declared.metavar or ("[" + "|".join(declared.choices) + "]" if declared.choices else None)
-    default = _default(name)
     return click.option(*spellings, name, type=_Checked(declared), required=declared.required, metavar=metavar,
-                        default=default, show_default=default is not None, **keywords)
-
-
-def _default(name: str):
-    default = Settings.__dataclass_fields__[name].default
-    return None if default is dataclasses.MISSING else default
+                        default=declared.default, show_default=declared.default is not None, **keywords)
 
 
 def _extract_options(command):

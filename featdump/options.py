@@ -31,6 +31,7 @@ class Option:
     metavar: str | None = None
     syntax: Callable[[str], object] | None = None  # raises BadOption for a malformed str value
     required: bool = False
+    default: object = None  # the field's default (None for a required option)
 
     @property
     def flag(self) -> str:
@@ -98,7 +99,8 @@ def options_of(settings_class) -> dict[str, Option]:
         if "option" not in field.metadata:
             continue
         kind, help_text, declaration = field.metadata["option"]
-        found[field.name] = Option(field.name, kind, help_text, **declaration)
+        default = None if field.default is dataclasses.MISSING else field.default
+        found[field.name] = Option(field.name, kind, help_text, default=default, **declaration)
     return found
 
 
