@@ -67,7 +67,8 @@ def capture(model: nn.Module, layers: str | Sequence[str]) -> Iterator[Mapping[s
         except AttributeError as error:
             raise UnknownLayer(f"{type(model).__name__} has no module {path!r}.") from error
         selected.append((Layer(text, path, call or 1, (), part=part), call is None))
-    hooks = Capture(model, [layer for layer, _ in selected], _detached_copy, stop_early=False)
+    hooks = Capture(model, [layer for layer, _ in selected], {layer.name: _detached_copy for layer, _ in selected},
+                    stop_early=False)
     latest: dict[str, torch.Tensor] = {}
 
     def before_forward(module, args):
@@ -90,7 +91,7 @@ def capture(model: nn.Module, layers: str | Sequence[str]) -> Iterator[Mapping[s
                 handle.remove()
 
 
-def _detached_copy(output: torch.Tensor, batch_dim: int = 0, fold: int = 1) -> torch.Tensor:
+def _detached_copy(output: torch.Tensor) -> torch.Tensor:
     return output.detach().clone()
 
 
@@ -104,6 +105,9 @@ class Features:
     classes: list[str]
     raw_paths: list[bytes]  # the exact bytes of every path
     attributes: dict  # model, weights, preprocessing, ...
+    reduction: str = "none"  # what the layer's dataset keeps: avgpool, srp:4096, pca:256, ...
+    layer_attributes: dict | None = None  # what the reduction records (srp_seed, pca_fitted_on, ...)
+    pca_fit: dict | None = None  # a pca:K layer's fit: mean, components, explained_variance
     file: h5py.File | None = None  # open while `features` is lazy: close it when done
 
 
@@ -126,6 +130,9 @@ def load(path: str | Path, layer: str, lazy: bool | None = None) -> Features:
             classes=output.classes,
             raw_paths=output.raw_paths(),
             attributes=dict(output.attrs),
+            reduction=output.reduction(layer),
+            layer_attributes=dict(dataset.attrs),
+            pca_fit=_fit_of(output, layer),
             file=output.file if lazy else None,
         )
     except OSError as error:  # a file that breaks while read: one featdump error, never a traceback
@@ -137,3 +144,11 @@ def load(path: str | Path, layer: str, lazy: bool | None = None) -> Features:
     if not lazy:
         output.close()
     return loaded
+
+
+def _fit_of(output: Output, layer: str) -> dict | None:
+    group = output.pca_fit(layer)
+    if group is None:
+        return None
+    return {"mean": group["mean"][:], "components": group["components"][:],
+            "explained_variance": group["explained_variance"][:], **dict(group.attrs)}

@@ -16,9 +16,11 @@ IMAGE_KEYS = ("images", "image_count")  # the keys an --update changes
 UPDATE_IGNORES = (*IMAGE_KEYS, "shards", "all_images", "all_image_count")  # a merged copy's are updated too
 
 
-def build(settings, layers, preprocessing: str, decode: str, images, model_source: dict, extra: dict) -> dict:
-    """The fingerprint of a run of SETTINGS over IMAGES (an ImageList) with the resolved LAYERS, the model's
-    PREPROCESSING (its repr), the DECODE path in use, and EXTRA (a shard's place in the whole job)."""
+def build(settings, layers, reductions: dict[str, str], preprocessing: str, decode: str, images, model_source: dict,
+          extra: dict) -> dict:
+    """The fingerprint of a run of SETTINGS over IMAGES (an ImageList) with the resolved LAYERS and their
+    REDUCTIONS, the model's PREPROCESSING (its repr), the DECODE path in use, and EXTRA (a shard's place in the
+    whole job, a PCA fit's identity)."""
     return {
         "model": settings.model,
         "weights": settings.weights,
@@ -27,7 +29,7 @@ def build(settings, layers, preprocessing: str, decode: str, images, model_sourc
         "layers": [layer.name for layer in layers],  # patterns expanded
         "layouts": {layer.name: layer.layout for layer in layers if layer.layout},
         "dtype": settings.dtype,
-        "reduce": settings.reduce,
+        "reduce": reductions,
         "precision": settings.precision,
         "fast_decode": settings.fast_decode,
         "preprocessing": preprocessing,

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import operator
 from collections import defaultdict
+from collections.abc import Mapping
 
 import torch
 from torch import fx, nn
@@ -60,7 +61,7 @@ class _LeafTracer(fx.Tracer):
         return _InPlaceProxy(node, self)
 
 
-def pruned_forward(model: nn.Module, layers: list[Layer], snapshot: Snapshot) -> fx.GraphModule:
+def pruned_forward(model: nn.Module, layers: list[Layer], snapshots: Mapping[str, Snapshot]) -> fx.GraphModule:
     """A GraphModule sharing MODEL's parameters that returns {layer name: snapshot of its output}."""
     try:
         graph = _LeafTracer({layer.path for layer in layers}).trace(model)
@@ -78,7 +79,7 @@ def pruned_forward(model: nn.Module, layers: list[Layer], snapshot: Snapshot) ->
         with graph.inserting_after(node):
             tensor = graph.call_function(take_part, (node, layer.part, layer.name))
         with graph.inserting_after(tensor):
-            outputs[layer.name] = graph.call_function(snapshot, (tensor, layer.batch_dim, layer.fold))
+            outputs[layer.name] = graph.call_function(snapshots[layer.name], (tensor,))
     for node in [node for node in graph.nodes if node.op == "output"]:
         graph.erase_node(node)
     graph.output(outputs)

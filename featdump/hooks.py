@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections import defaultdict
+from collections.abc import Mapping
 
 import torch
 from torch import nn
@@ -20,8 +21,8 @@ log = logging.getLogger("featdump")
 class Capture:
     """Captures the outputs of LAYERS; `run(inputs)` returns {layer name: captured tensor}.
 
-    Each capture is a new tensor made at hook time by SNAPSHOT (a copy, maybe reduced/cast), so in-place
-    operations later in the forward cannot change it. Calls of a module are counted per forward, so
+    Each capture is a new tensor made at hook time by its layer's SNAPSHOTS entry (a copy, maybe reduced/cast), so
+    in-place operations later in the forward cannot change it. Calls of a module are counted per forward, so
     `NAME:K` picks its K-th call. With STOP_EARLY, the forward ends as soon as the last capture is taken.
     With PRUNE, a traced graph that skips all work the layers do not need replaces the hooks when the
     model traces and the graph's outputs equal the hooks' on EXAMPLE (a batch of inputs).
@@ -29,15 +30,15 @@ class Capture:
     training flag restored on exit, also on error.
     """
 
-    def __init__(self, model: nn.Module, layers: list[Layer], snapshot: Snapshot, stop_early: bool = True,
-                 prune: bool = False, example: torch.Tensor | None = None):
+    def __init__(self, model: nn.Module, layers: list[Layer], snapshots: Mapping[str, Snapshot],
+                 stop_early: bool = True, prune: bool = False, example: torch.Tensor | None = None):
         self._model = model
         self._layers = layers
         self._prune = prune
         self._example = example
         self._pruned = None
         self.strategy = "hooks"  # or "graph" once a pruned graph is checked and in use
-        self._snapshot = snapshot
+        self._snapshots = snapshots
         self._stop_early = stop_early
         self._layers_by_call: dict[str, dict[int, list[Layer]]] = defaultdict(lambda: defaultdict(list))
         for layer in layers:
@@ -72,7 +73,7 @@ class Capture:
     def _try_pruned_graph(self) -> None:
         """Use a pruned graph if the model traces and it gives what the hooks give on the example."""
         try:
-            pruned = pruned_forward(self._model, self._layers, self._snapshot)
+            pruned = pruned_forward(self._model, self._layers, self._snapshots)
         except NotTraceable as error:
             log.debug("Capturing with hooks: the model does not trace (%s).", error)
             return
@@ -130,7 +131,7 @@ class Capture:
             self._calls[path] += 1
             for layer in wanted.get(self._calls[path], ()):
                 tensor = take_part(output, layer.part, layer.name)
-                self._captured[layer.name] = self._snapshot(tensor, layer.batch_dim, layer.fold)
+                self._captured[layer.name] = self._snapshots[layer.name](tensor)
             if self._stop_early and len(self._captured) == self._expected:
                 raise StopForward
 

@@ -61,8 +61,7 @@ def _file_info(output: Output) -> dict:
         "rows": committed.rows,
         "images_done": committed.images,
         "image_count": fingerprint.get("image_count"),
-        "layers": {name: {"shape": list(output.features(name).shape[1:]), "dtype": str(output.features(name).dtype)}
-                   for name in output.layers},
+        "layers": {name: _layer(output, name) for name in output.layers},
         "classes": output.classes,
         "skipped": committed.skipped,
         "skipped_examples": output.named_rows("skipped", _SHOWN),
@@ -147,7 +146,8 @@ def describe(output: Path) -> list[str]:
         lines.append(f"progress:   {info['images_done']} of {info['image_count'] or '?'} images done; "
                      "run the same extract command again to resume")
     lines.append("layers:")
-    lines += [f"  {name}: {tuple(layer['shape'])} {layer['dtype']}" for name, layer in info["layers"].items()]
+    lines += [f"  {name}: {tuple(layer['shape'])} {layer['dtype']}{_reduction_note(layer)}"
+              for name, layer in info["layers"].items()]
     if info["classes"]:
         names = info["classes"]
         lines.append(f"classes:    {len(names)} ({', '.join(names[:8])}{', ...' if len(names) > 8 else ''})")
@@ -163,3 +163,32 @@ def describe(output: Path) -> list[str]:
     for key, value in info["provenance"].items():
         lines.append(f"{key + ':':<11} {value.replace(chr(10), ' ')}")
     return lines
+
+
+def _layer(output: Output, name: str) -> dict:
+    """A layer's shape, dtype and reduction (with what a projection records: its input size, seed, fit)."""
+    dataset = output.features(name)
+    recorded = {key: _plain(value) for key, value in dataset.attrs.items()
+                if key.startswith(("srp_", "pca_", "channels"))}
+    return {"shape": list(dataset.shape[1:]), "dtype": str(dataset.dtype), "reduction": output.reduction(name),
+            **recorded}
+
+
+def _reduction_note(layer: dict) -> str:
+    reduction = layer.get("reduction", "none")
+    if reduction == "none":
+        return ""
+    if reduction.startswith("srp:"):
+        return (f", {reduction} of {layer['srp_input_dim']} values (seed {layer['srp_seed']}, density "
+                f"{layer['srp_density']:.2g})")
+    if reduction.startswith("pca:"):
+        return (f", {reduction} of {layer['pca_input_dim']} values, fitted on {layer['pca_fitted_on']} "
+                f"({100 * layer['pca_explained_variance_ratio']:.1f}% of the variance)")
+    return f", {reduction}"
+
+
+def _plain(value):
+    """An attribute as a JSON value (numpy scalars and arrays, bytes)."""
+    if isinstance(value, bytes):
+        return text_of(value)
+    return value.tolist() if hasattr(value, "tolist") else value

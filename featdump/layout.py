@@ -1,7 +1,9 @@
 """Layout: the output file's format, its one owner: creating it, the commit counters, path text and bytes,
 and opening an output to read what it holds (info, show, load, merge and update all read through here).
 
-    /features/<layer>   (rows, *shape), chunked along rows
+    /features/<layer>   (rows, *shape), chunked along rows; attribute `reduction` (none, avgpool, srp:4096, ...)
+                        and what the reduction records (srp_seed, srp_input_dim, ..., pca_k, ...)
+    /pca/<layer>/mean, components, explained_variance   a pca:K layer's fit (`featdump.pca`)
     /paths              (rows,) UTF-8 paths relative to the image root, row-aligned with the features
     /raw_paths/rows, /raw_paths/bytes  the exact bytes of the names that are not UTF-8 (shown in /paths
                         with those bytes as \\xNN), by row
@@ -19,7 +21,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import h5py
@@ -43,6 +45,9 @@ class DatasetSpec:
     layout: str | None = None  # "(197, N, 768) -> (N, 197, 768)" when the model's output is not batch-first
     part: str | None = None  # the part of a tuple/dict output stored ("0", "last_hidden_state")
     tokens: tuple[int, int, int] | None = None  # a ViT-like (L, D) output: (prefix tokens, grid rows, grid columns)
+    reduction: str = "none"  # what is kept of the layer's output (featdump.reductions)
+    reduction_attributes: dict = field(default_factory=dict)  # what the reduction records on the dataset
+    fit: object = None  # a PCA fit (featdump.pca.PcaFit), stored in /pca/<layer>
 
     @property
     def row_bytes(self) -> int:
@@ -151,6 +156,10 @@ def create_features(group: h5py.Group, specs: dict[str, DatasetSpec], batch_size
         if spec.tokens is not None:  # the class/register tokens come first, then the patches row by row
             dataset.attrs["prefix_tokens"] = spec.tokens[0]
             dataset.attrs["patch_grid"] = list(spec.tokens[1:])
+        dataset.attrs["reduction"] = spec.reduction
+        dataset.attrs.update(spec.reduction_attributes)
+        if spec.fit is not None:
+            spec.fit.store(group.file.require_group("pca").create_group(name))
 
 
 def set_attribute(h5file: h5py.File, key: str, value) -> None:
@@ -318,6 +327,17 @@ class Output:
 
     def features(self, layer: str) -> h5py.Dataset:
         return self.file["features"][layer]
+
+    def reduction(self, layer: str) -> str:
+        """What LAYER's dataset keeps of the layer's output (files before reductions were recorded: the run's)."""
+        dataset = self.features(layer)
+        if "reduction" in dataset.attrs:
+            return text_of(dataset.attrs["reduction"])
+        return text_of(self.attrs.get("reduce", "none"))
+
+    def pca_fit(self, layer: str) -> h5py.Group | None:
+        """The group holding LAYER's PCA fit (mean, components, explained_variance), or None."""
+        return self.file.get(f"pca/{layer}")
 
     @property
     def classes(self) -> list[str]:

@@ -1,4 +1,5 @@
-"""Lock: OUT.lock, held by the one process writing OUT (taken and released by the runner and by merge)."""
+"""Lock: OUT.lock, held by the one process writing OUT (taken and released by the runner and by merge); and the
+waiting lock of a job's shared PCA fit."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import logging
 import os
 import struct
 import threading
+from contextlib import contextmanager
 from pathlib import Path
 
 from featdump.errors import OutputExists, OutputLocked, OutputWriteError, UsageProblem
@@ -135,3 +137,30 @@ def _same_file(descriptor: int, path: Path) -> bool:
         return os.path.samestat(os.fstat(descriptor), os.stat(path))
     except FileNotFoundError:
         return False
+
+
+@contextmanager
+def waiting_lock(path: Path, what: str):
+    """An exclusive record lock on PATH, waiting for another process that holds it (the PCA fit that the shards
+    of a job share: the first computes it, the others wait, then read it). The lock file stays."""
+    try:
+        descriptor = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as error:
+        raise OutputWriteError(f"Could not write {str(path)!r}: {error}.") from error
+    try:
+        _lock_waiting(descriptor, path, what)
+        yield
+    finally:
+        os.close(descriptor)  # closing drops the record lock
+
+
+def _lock_waiting(descriptor: int, path: Path, what: str) -> None:
+    try:
+        fcntl.lockf(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as error:
+        if error.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+            log.warning("This filesystem does not support file locking (%s); %s is not shared safely.",
+                        error.strerror, what)
+            return
+        log.info("Waiting for another process to finish %s (it holds %s).", what, path)
+        fcntl.lockf(descriptor, fcntl.LOCK_EX)

@@ -95,7 +95,9 @@ def _summary(index: int, path: Path) -> dict:
                 raise ShardProblem(f"Shard {index} ({path}) is not a finished featdump output of this version.")
             features = {name: (dataset.shape[1:], dataset.dtype, dataset.chunks, dataset.compression)
                         for name in shard.layers for dataset in [shard.features(name)]}
+            layer_attrs = {name: dict(shard.features(name).attrs) for name in shard.layers}
             return {"attrs": dict(shard.attrs), "committed": shard.committed, "features": features,
+                    "layer_attrs": layer_attrs,
                     "classes": shard.file["labels"].attrs["classes"], "fingerprint": shard.fingerprint}
     except NotAnOutput as error:
         raise ShardProblem(f"Shard {index} cannot be read: {error}") from error
@@ -129,6 +131,7 @@ def _write_merged(merged: h5py.File, output: Path, shards: list[Path], summaries
                                         compression=compression if compression in ("gzip", "lzf") else None)
             else:
                 _virtual_rows(features, name, shape, dtype, shards, output.parent, rows)
+            features[name].attrs.update(summaries[0]["layer_attrs"][name])  # layout, part, reduction, ...
 
     create_layout(merged, attributes, summaries[0]["classes"], feature_datasets)
     fingerprints.store(merged.attrs, {**fingerprint, "shards": len(shards)})
@@ -138,6 +141,9 @@ def _write_merged(merged: h5py.File, output: Path, shards: list[Path], summaries
     merged.attrs["virtual"] = not copy
     if not copy:  # what Output.open checks before a virtual view is read
         merged.attrs["merged_sizes"] = np.array([path.stat().st_size for path in shards], dtype=np.int64)
+    with Output.open(shards[0]) as first:
+        if "pca" in first.file:  # the PCA fits, the same in every shard (their fingerprints agree)
+            first.file.copy(first.file["pca"], merged, "pca")
     for index, path in enumerate(shards):  # one shard open at a time
         with Output.open(path) as shard:
             _append_shard(merged, shard, sum(rows[:index]), rows[index], sum(skipped[:index]), skipped[index], copy)

@@ -29,9 +29,11 @@ class Option:
     optional: bool = False  # None is allowed (and is the default)
     short: str | None = None  # the CLI's one-letter spelling: "-b"
     metavar: str | None = None
-    syntax: Callable[[str], object] | None = None  # raises BadOption for a malformed str value
+    syntax: Callable[[str], object] | None = None  # raises BadOption for a malformed str value (or list item)
+    items: str = 'layer names, e.g. ["layer3", "avgpool"]'  # what a tuple option's items are, for messages
     required: bool = False
     default: object = None  # the field's default (None for a required option)
+    table: Callable[[dict], list] | None = None  # a tuple option's items from a config file's table
 
     @property
     def flag(self) -> str:
@@ -45,7 +47,7 @@ class Option:
                 raise BadOption(f"'{self.name}' is required. On the command line: {self.flag}.")
             return None
         if self.kind is tuple:
-            return self._check_layers(value)
+            return self._check_items(value)
         if self.kind is float and isinstance(value, int) and not isinstance(value, bool):
             value = float(value)
         if not isinstance(value, self.kind) or (self.kind is not bool and isinstance(value, bool)):
@@ -69,14 +71,21 @@ class Option:
             raise self.bad(f"must be {_KINDS[self.kind]}", text) from None
         return self.check(value)
 
-    def _check_layers(self, value) -> tuple[str, ...]:
+    def _check_items(self, value) -> tuple[str, ...]:
+        """A list option (--layers, --reduce): a str or list of str, items also comma-separated."""
+        if isinstance(value, dict) and self.table is not None:
+            value = self.table(value)
         items = [value] if isinstance(value, str) else value
         if not isinstance(items, (list, tuple)) or not all(isinstance(item, str) for item in items):
-            raise self.bad('must be a list of layer names, e.g. ["layer3", "avgpool"]', value)
+            raise self.bad(f"must be a list of {self.items}", value)
         names = tuple(part.strip() for item in items for part in item.split(",") if part.strip())
-        if not names:
-            raise self.bad('must be a list of layer names, e.g. ["layer3", "avgpool"] '
-                           "(see `featdump list-layers MODEL`)", ",".join(items))
+        if not names and self.required:
+            raise self.bad(f"must be a list of {self.items} (see `featdump list-layers MODEL`)", ",".join(items))
+        for name in names if self.syntax is not None else ():
+            try:
+                self.syntax(name)
+            except ValueError as problem:  # an item's syntax says what is wrong with it
+                raise self.bad(str(problem), name) from None
         return names
 
     def bad(self, problem: str, value) -> BadOption:

@@ -6,9 +6,12 @@ from __future__ import annotations
 import difflib
 import fnmatch
 import logging
+from typing import TYPE_CHECKING
 
 from featdump.errors import UnknownLayer
-from featdump.probe import LayerInfo
+
+if TYPE_CHECKING:  # the probe needs torch; patterns are text (settings check them without it)
+    from featdump.probe import LayerInfo
 
 log = logging.getLogger("featdump")
 

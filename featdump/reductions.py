@@ -1,42 +1,98 @@
-"""Reductions: what is kept of a captured output (all of it, flattened, pooled, the CLS token, or the mean of the
-patch tokens of a ViT-like (N, L, D) output)."""
+"""Reductions: what is kept of one layer's output, computed on the device before anything is copied to the host.
+
+    none, flatten          the whole output (flattened)
+    avgpool, maxpool       pooled over space (conv maps) or tokens (sequences)
+    cls, patchmean         a ViT's first token, or the mean of its patch tokens (class/register tokens left out)
+    channels:A-B           channels A to B (inclusive) of a conv map (C, H, W), or of the last dimension
+    srp:K[:SEED]           a sparse random projection of the flattened output to K values (`featdump.srp`)
+    pca:K                  the top K principal components of a fit set (`featdump.pca`, with --pca-fit)
+
+Each is bound to one layer (`bind`) as a Reduction: the per-image shape it stores, the function applied to
+a batch-first tensor, the attributes recorded on the layer's dataset, and the device memory it holds.
+"""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import torch
 
 from featdump.errors import UsageProblem
+from featdump.reduction_rules import CHANNELS, canonical, method_of
 
-Snapshot = Callable[[torch.Tensor], torch.Tensor]
+Snapshot = Callable[[torch.Tensor], torch.Tensor]  # one layer's output -> the tensor stored for it
 
 
-def snapshot(reduce: str, dtype: str, prefix_tokens: int | None = None) -> Snapshot:
+@dataclass
+class Reduction:
+    """One layer's reduction: TEXT (canonical, as recorded), the per-image SHAPE it stores, APPLY on a
+    batch-first tensor, the ATTRIBUTES written on the dataset, DEVICE_BYTES it holds (a projection), and a
+    PCA's FIT (stored in the file beside the layer)."""
+
+    text: str
+    shape: tuple[int, ...]
+    apply: Callable[[torch.Tensor], torch.Tensor]
+    attributes: dict = field(default_factory=dict)
+    device_bytes: int = 0
+    fit: object = None
+
+
+def bind(text: str, layer_name: str, shape: tuple[int, ...], prefix_tokens: int | None = None,
+         pca_fit=None) -> Reduction:
+    """The reduction TEXT for the layer LAYER_NAME of per-image SHAPE; UsageProblem where it does not apply.
+    PCA_FIT: the layer's fit (a featdump.pca.PcaFit) for pca:K."""
+    text = canonical(text)
+    method = method_of(text)
+    if method == "srp":
+        from featdump.srp import sparse_projection
+
+        _, k, *seed = text.split(":")
+        return sparse_projection(layer_name, shape, int(k), int(seed[0]) if seed else 0)
+    if method == "pca":
+        from featdump.pca import projection
+
+        return projection(layer_name, shape, int(text.split(":")[1]), pca_fit)
+    if method == "channels":
+        return _channels(text, layer_name, shape)
+    return _simple(text, layer_name, shape, prefix_tokens)
+
+
+def snapshot(batch_dim: int, fold: int, reduction: Reduction, dtype: str) -> Snapshot:
     """A function turning a layer output into a new tensor to store: batch first, reduced, cast, never a view.
 
     BATCH_DIM is where the output holds its images (0 for most layers, 1 for a sequence-first (L, N, E));
     the batch is moved first, and the reduction applies to that batch-first view. FOLD rows per image in
-    that dimension (LeViT's (N x 49, C)) are unfolded to (N, FOLD, C) first. PREFIX_TOKENS: the class and
-    register tokens before the patch tokens (patchmean leaves them out).
+    that dimension (LeViT's (N x 49, C)) are unfolded to (N, FOLD, C) first.
     """
     storage = getattr(torch, dtype)
-    reducer = _patch_mean(prefix_tokens or 0) if reduce == "patchmean" else _REDUCERS[reduce]
 
-    def take(output: torch.Tensor, batch_dim: int = 0, fold: int = 1) -> torch.Tensor:
+    def take(output: torch.Tensor) -> torch.Tensor:
         batch_first = output.movedim(batch_dim, 0) if batch_dim else output
-        reduced = reducer(batch_first.unflatten(0, (-1, fold)) if fold > 1 else batch_first)
+        reduced = reduction.apply(batch_first.unflatten(0, (-1, fold)) if fold > 1 else batch_first)
         # Contiguous (a channels_last output is transposed here, on the device, not by h5py on the host).
         return reduced.to(storage, copy=True, memory_format=torch.contiguous_format)
 
     return take
 
 
-def reduced_shape(reduce: str, shape: tuple[int, ...], layer_name: str,
-                  prefix_tokens: int | None = None) -> tuple[int, ...]:
-    """The per-image shape stored for a layer of SHAPE, or UsageProblem if REDUCE does not apply."""
-    if reduce == "patchmean":
+def flat_in_memory_order(batch: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(N, D) values of a batch-first tensor without a copy where its memory allows, and the logical
+    (C-order) index of each of the D columns, or None when they are in C order already.
+
+    A channels_last (N, C, H, W) output flattens for free in (H, W, C) order; a projection then permutes its
+    matrix's rows once (the column order is the only difference) instead of transposing every batch.
+    """
+    if batch.dim() == 4 and not batch.is_contiguous() and batch.is_contiguous(memory_format=torch.channels_last):
+        n, c, h, w = batch.shape
+        order = torch.arange(c * h * w).reshape(c, h, w).permute(1, 2, 0).reshape(-1)
+        return batch.permute(0, 2, 3, 1).reshape(n, -1), order
+    return batch.reshape(batch.shape[0], -1), None
+
+
+def _simple(text: str, layer_name: str, shape: tuple[int, ...], prefix_tokens: int | None) -> Reduction:
+    if text == "patchmean":
         if len(shape) != 2:
             raise UsageProblem(f"--reduce patchmean averages the patch tokens of a (tokens, dim) output, but layer "
                                f"{layer_name!r} has shape {shape}; use avgpool, maxpool, flatten or none.")
@@ -44,22 +100,23 @@ def reduced_shape(reduce: str, shape: tuple[int, ...], layer_name: str,
             raise UsageProblem("--reduce patchmean must know how many class or register tokens come before the "
                                "patch tokens, and this model does not say (timm, hf:, open_clip: and torchvision "
                                "ViTs do); use avgpool (all tokens) or cls.")
-        return (shape[1],)
-    if reduce == "cls" and len(shape) != 2:
-        raise UsageProblem(
-            f"--reduce cls takes the first token of a (tokens, dim) output, but layer {layer_name!r} "
-            f"has shape {shape}; use avgpool, maxpool, flatten or none."
-        )
-    return tuple(_REDUCERS[reduce](torch.zeros((1, *shape), device="meta")).shape[1:])
+        return Reduction(text, (shape[1],), _patch_mean(prefix_tokens), {"prefix_tokens": prefix_tokens})
+    if text == "cls" and len(shape) != 2:
+        raise UsageProblem(f"--reduce cls takes the first token of a (tokens, dim) output, but layer {layer_name!r} "
+                           f"has shape {shape}; use avgpool, maxpool, flatten or none.")
+    apply = _SIMPLE[text]
+    return Reduction(text, tuple(apply(torch.zeros((1, *shape), device="meta")).shape[1:]), apply)
 
 
-def token_layout(shape: tuple[int, ...], prefix_tokens: int | None) -> tuple[int, int, int] | None:
-    """(prefix tokens, grid rows, grid columns) of a (tokens, dim) output whose tokens after the prefix fill a
-    square grid (a ViT's); None for anything else or when the model does not say its prefix."""
-    if prefix_tokens is None or len(shape) != 2 or shape[0] <= prefix_tokens:
-        return None
-    side = math.isqrt(shape[0] - prefix_tokens)
-    return (prefix_tokens, side, side) if side * side == shape[0] - prefix_tokens else None
+def _channels(text: str, layer_name: str, shape: tuple[int, ...]) -> Reduction:
+    first, last = (int(value) for value in CHANNELS.match(text).groups())
+    axis = 0 if len(shape) >= 3 else len(shape) - 1  # (C, H, W) maps: C; (tokens, dim) and (dim,): dim
+    if not shape or last >= shape[axis]:
+        raise UsageProblem(f"--reduce {text}: layer {layer_name!r} has shape {shape}, so channels run 0-"
+                           f"{shape[axis] - 1 if shape else 0}; choose a range within them.")
+    kept = (*shape[:axis], last - first + 1, *shape[axis + 1:])
+    return Reduction(text, kept, lambda batch: batch.narrow(axis + 1, first, last - first + 1),
+                     {"channels": [first, last]})
 
 
 def _pool(output: torch.Tensor, pool) -> torch.Tensor:
@@ -81,10 +138,19 @@ def _patch_mean(prefix_tokens: int) -> Callable[[torch.Tensor], torch.Tensor]:
     return lambda output: _mean_in_float32(output[:, prefix_tokens:], dim=1)
 
 
-_REDUCERS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+_SIMPLE: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "none": lambda output: output,
     "flatten": lambda output: output.flatten(1),
     "avgpool": lambda output: _pool(output, _mean_in_float32),
     "maxpool": lambda output: _pool(output, torch.amax),
     "cls": lambda output: output[:, 0],
 }
+
+
+def token_layout(shape: tuple[int, ...], prefix_tokens: int | None) -> tuple[int, int, int] | None:
+    """(prefix tokens, grid rows, grid columns) of a (tokens, dim) output whose tokens after the prefix fill a
+    square grid (a ViT's); None for anything else or when the model does not say its prefix."""
+    if prefix_tokens is None or len(shape) != 2 or shape[0] <= prefix_tokens:
+        return None
+    side = math.isqrt(shape[0] - prefix_tokens)
+    return (prefix_tokens, side, side) if side * side == shape[0] - prefix_tokens else None

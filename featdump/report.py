@@ -84,10 +84,16 @@ class Summary:
         return f"; {self.stale} rows are stale (image gone or changed since; listed by featdump info)"
 
 
-def report_size(output: Path, specs: dict[str, DatasetSpec], image_count: int, space_check: bool) -> None:
-    """Log bytes per image per layer and the total; refuse when the disk is too small."""
+def report_size(output: Path, specs: dict[str, DatasetSpec], image_count: int, space_check: bool,
+                device_bytes: int = 0) -> None:
+    """Log bytes per image per layer, the total, and DEVICE_BYTES (what projections hold on the device);
+    refuse when the disk is too small."""
     for name, spec in specs.items():
-        log.info("Layer %s: %s per image, shape %s, %s.", name, human_bytes(spec.row_bytes), spec.shape, spec.dtype)
+        reduced = "" if spec.reduction == "none" else f", {spec.reduction}"
+        log.info("Layer %s: %s per image, shape %s, %s%s.", name, human_bytes(spec.row_bytes), spec.shape,
+                 spec.dtype, reduced)
+    if device_bytes:
+        log.info("Projection matrices: %s on the device.", human_bytes(device_bytes))
     total = image_count * sum(spec.row_bytes for spec in specs.values())
     log.info("Expected output: %s for %d images (%s free).", human_bytes(total), image_count,
              human_bytes(shutil.disk_usage(output.resolve().parent).free))

@@ -1,5 +1,6 @@
-"""Runner: one extract job, in four steps: plan (images, shard, model, layers) → open (lock, writer, or an
-update's) → run (batches through the capture, written behind) → finish (rename, summary, torchrun merge)."""
+"""Runner: one extract job, in steps: plan (images, shard, model, layers, reductions) → open (lock, writer, or an
+update's) → fit (the PCA fits of pca:K layers, `fitting`) → run (batches through the capture, written behind)
+→ finish (rename, summary, torchrun merge)."""
 
 from __future__ import annotations
 
@@ -15,13 +16,14 @@ import torch
 import torchvision
 
 from featdump import fingerprint as fingerprints
+from featdump import fitting
 from featdump.device import autocast, padded, place_model, resolve_decode, resolve_device
 from featdump.errors import BadImage, Interrupted, NothingRead, UsageProblem
 from featdump.gpu_decode import to_device_inputs
 from featdump.hooks import Capture
 from featdump.inputs import ImageList, find_images
 from featdump.layers import Layer, resolve
-from featdump.layout import Committed, DatasetSpec, Output
+from featdump.layout import Committed, DatasetSpec, Output, partial_path
 from featdump.loader import Batch, ImageDataset, make_loader
 from featdump.lock import OutputLock
 from featdump.merge import merge
@@ -29,7 +31,8 @@ from featdump.models import LoadedModel, check_model_name, load_model
 from featdump.preprocess import Preprocess
 from featdump.probe import probe
 from featdump.progress import ProgressRecord, remove_record
-from featdump.reductions import reduced_shape, snapshot, token_layout
+from featdump.reduction_rules import choose, method_of
+from featdump.reductions import Reduction, Snapshot, bind, snapshot, token_layout
 from featdump.report import NoProgress, Progress, Summary, report_size
 from featdump.resources import choose_workers
 from featdump.settings import Settings
@@ -52,17 +55,37 @@ class Plan:
     shard: Shard | None
     whole_output: Path  # the job's output (a shard's merge target)
     shard_fingerprint: dict  # what a shard's file records of the whole job
+    job_images: ImageList  # the whole job's images (a shard's are part of them)
 
 
 @dataclass
 class Model:
-    """The model side of a run: the loaded model on its device, its preprocessing, the layers and their datasets."""
+    """The model side of a run: the loaded model on its device, its preprocessing, the layers, what each keeps
+    (REDUCTIONS: bound ones; a pca:K layer's is bound once its fit is known) and the storage DTYPE."""
 
     loaded: LoadedModel
     preprocess: Preprocess
     layers: list[Layer]
-    specs: dict[str, DatasetSpec]
+    chosen: dict[str, str]  # each layer's reduction, as text
+    reductions: dict[str, Reduction]
     device: torch.device
+    dtype: str
+
+    @property
+    def specs(self) -> dict[str, DatasetSpec]:
+        """Each layer's dataset."""
+        return {layer.name: _dataset_spec(layer, self.reductions.get(layer.name), self.dtype, self.loaded.prefix_tokens)
+                for layer in self.layers}
+
+    @property
+    def device_bytes(self) -> int:
+        """What the reductions hold on the device (projection matrices)."""
+        return sum(reduction.device_bytes for reduction in self.reductions.values())
+
+    def snapshots(self) -> dict[str, Snapshot]:
+        """Each layer's output to the tensor stored: reduced on the device, cast, a new tensor."""
+        return {layer.name: snapshot(layer.batch_dim, layer.fold, self.reductions[layer.name], self.dtype)
+                for layer in self.layers}
 
 
 def extract(settings: Settings, progress: Progress | None = None) -> Summary:
@@ -93,25 +116,27 @@ def _plan(settings: Settings) -> Plan:
     images = find_images(settings.images)
     shard = choose_shard(settings.shard)
     if shard is None:
-        return Plan(settings, images, None, settings.output, {})
+        return Plan(settings, images, None, settings.output, {}, images)
     if settings.update:
         raise UsageProblem("--update works on one run's output, not on shards: new images would move the "
                            "shard boundaries. Run the sharded job again over the whole folder instead.")
     part = plan_shard(shard, settings.output, settings.shard_pattern, images)
     return Plan(dataclasses.replace(settings, output=part.output), part.images, shard, settings.output,
-                part.fingerprint)
+                part.fingerprint, images)
 
 
 def _run_locked(plan: Plan, lock: OutputLock, progress: Progress, started: float) -> Summary:
     settings = plan.settings
     model = _prepare_model(settings, resolve_device(settings.device, plan.shard.local_rank if plan.shard else None))
-    fingerprint = fingerprints.build(settings, model.layers, repr(model.preprocess.transforms),
+    fingerprint = fingerprints.build(settings, model.layers, model.chosen, repr(model.preprocess.transforms),
                                      resolve_decode(settings.decode, model.device, model.preprocess), plan.images,
                                      model.loaded.source, plan.shard_fingerprint)
+    if settings.pca_fit is not None:
+        _fit_projections(plan, model, fingerprint, lock, progress)
     attributes = _provenance(settings, model, plan.images.root)
     if settings.update and settings.output.exists() and not settings.overwrite:
         return _run_update(plan, model, fingerprint, attributes, lock, progress, started)
-    report_size(settings.output, model.specs, len(plan.images), settings.space_check)
+    report_size(settings.output, model.specs, len(plan.images), settings.space_check, model.device_bytes)
     writer = FeatureWriter.open(settings.output, model.specs, fingerprint, attributes, list(plan.images.classes),
                                 settings.batch_size, settings.compression, settings.overwrite, lock.hdf5_locking)
     before = writer.committed
@@ -133,7 +158,7 @@ def _run_update(plan: Plan, model: Model, fingerprint: dict, attributes: dict, l
              f", {len(update.stale)} of them stale (see featdump info)" if update.stale else "")
     staged, start = staging_path(output), 0
     if not staged.exists():
-        report_size(output, model.specs, len(update.images), settings.space_check)
+        report_size(output, model.specs, len(update.images), settings.space_check, model.device_bytes)
         writer = FeatureWriter.open(staged, model.specs, update.fingerprint, attributes, list(update.images.classes),
                                     settings.batch_size, settings.compression, locking=False)
         start = writer.committed_images
@@ -147,6 +172,34 @@ def _run_update(plan: Plan, model: Model, fingerprint: dict, attributes: dict, l
                     stale=len(update.stale))
 
 
+def _fit_projections(plan: Plan, model: Model, fingerprint: dict, lock: OutputLock, progress: Progress) -> None:
+    """Bind every pca:K layer's reduction to its fit (read where it was made before, else made now); FINGERPRINT
+    gets the fit's identity."""
+    settings = plan.settings
+    fits = fitting.fit_set(settings.pca_fit, plan.job_images, settings.images)
+    dims = fitting.layer_dims({layer.name: layer.shape for layer in model.layers}, model.chosen)
+    fitting.check_fits(fits, dims)
+    digest = fitting.fit_digest(fingerprint, model.chosen, fits)
+    fingerprint["pca_fit"] = {"fitted_on": fits.description, "images": len(fits.images), "digest": digest}
+
+    def stage(path: Path, images: ImageList, stage_fingerprint: dict) -> Path:
+        layers = [layer for layer in model.layers if layer.name in dims]
+        staged = dataclasses.replace(model, layers=layers, dtype="float32",
+                                     reductions={layer.name: bind("flatten", layer.name, layer.shape)
+                                                 for layer in layers})
+        writer = FeatureWriter.open(path, staged.specs, stage_fingerprint, {}, list(images.classes),
+                                    settings.batch_size, locking=False)
+        return _fill(writer, images, dataclasses.replace(settings, output=path), staged, lock, progress)
+
+    update_base = [settings.output] if settings.update else []
+    made = fitting.obtain_fits(plan.whole_output, digest, dims, fits, stage,
+                               [partial_path(settings.output), *update_base])
+    for name, text in model.chosen.items():
+        if name in made:
+            layer = next(layer for layer in model.layers if layer.name == name)
+            model.reductions[name] = bind(text, name, layer.shape, pca_fit=made[name])
+
+
 def _fill(writer: FeatureWriter, images: ImageList, settings: Settings, model: Model, lock: OutputLock,
           progress: Progress, offset: int = 0) -> Path:
     """Every image of IMAGES that WRITER's file has not committed yet, through the model into it; then finish it.
@@ -156,8 +209,7 @@ def _fill(writer: FeatureWriter, images: ImageList, settings: Settings, model: M
                             {name: list(spec.shape) for name, spec in model.specs.items()})
     try:
         example = torch.randn((2, 3, *model.preprocess.size), generator=torch.Generator().manual_seed(0))
-        capture = Capture(model.loaded.module, model.layers,
-                          snapshot(settings.reduce, settings.dtype, model.loaded.prefix_tokens), prune=True,
+        capture = Capture(model.loaded.module, model.layers, model.snapshots(), prune=True,
                           example=example.to(model.device))
         with StopSignals() as stop, capture:
             progress.start(len(images), start)
@@ -190,11 +242,13 @@ def _summary(settings: Settings, output: Path, after: Committed, before: Committ
     return summary
 
 
-def _dataset_spec(settings: Settings, layer: Layer, prefix_tokens: int | None) -> DatasetSpec:
+def _dataset_spec(layer: Layer, reduction: Reduction | None, dtype: str, prefix_tokens: int | None) -> DatasetSpec:
     """What LAYER's dataset holds per image; a token layout only where the tokens are stored as they are."""
-    shape = reduced_shape(settings.reduce, layer.shape, layer.name, prefix_tokens)
-    tokens = token_layout(layer.shape, prefix_tokens) if shape == layer.shape else None
-    return DatasetSpec(shape, settings.dtype, layer.layout, layer.part, tokens)
+    if reduction is None:  # a pca:K layer before its fit
+        raise UsageProblem(f"Layer {layer.name}: its PCA fit is not made yet.")
+    tokens = token_layout(layer.shape, prefix_tokens) if reduction.shape == layer.shape else None
+    return DatasetSpec(reduction.shape, dtype, layer.layout, layer.part, tokens, reduction.text,
+                       reduction.attributes, reduction.fit)
 
 
 def _prepare_model(settings: Settings, device: torch.device) -> Model:
@@ -204,13 +258,16 @@ def _prepare_model(settings: Settings, device: torch.device) -> Model:
     preprocess = Preprocess(loaded.preprocessing, settings.fast_decode)
     if settings.fast_decode and preprocess.draft is None:
         log.warning("--fast-decode needs a resize in the preprocessing; decoding every image whole.")
-    layers = resolve(list(settings.layers), probe(loaded.module, (3, *preprocess.size)), settings.model)
+    infos = probe(loaded.module, (3, *preprocess.size))
+    layers = resolve(list(settings.layers), infos, settings.model)
     for layer in layers:
         if layer.layout:
             log.info("Layer %s holds the batch in dimension %d: stored batch-first, %s.", layer.name,
                      layer.batch_dim, layer.layout)
-    specs = {layer.name: _dataset_spec(settings, layer, loaded.prefix_tokens) for layer in layers}
-    return Model(loaded, preprocess, layers, specs, device)
+    chosen = choose(settings.reduce, [layer.name for layer in layers], infos, settings.model)
+    reductions = {layer.name: bind(chosen[layer.name], layer.name, layer.shape, loaded.prefix_tokens)
+                  for layer in layers if method_of(chosen[layer.name]) != "pca"}
+    return Model(loaded, preprocess, layers, chosen, reductions, device, settings.dtype)
 
 
 @dataclass
@@ -294,7 +351,7 @@ def _provenance(settings: Settings, model: Model, image_root: Path) -> dict:
         "image_geometry": json.dumps(model.preprocess.geometry()),  # how `show` lays the image under the maps
         "image_root": str(Path(image_root).resolve()),
         "dtype": settings.dtype,
-        "reduce": settings.reduce,
+        "reduce": json.dumps(model.chosen),
         "precision": settings.precision,
         "fast_decode": settings.fast_decode,
         "featdump_version": __version__,

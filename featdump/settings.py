@@ -13,10 +13,10 @@ from pathlib import Path
 
 from featdump.errors import BadOption
 from featdump.options import Option, as_path, option, options_of
+from featdump.reduction_rules import check_rule, rules_from_table, uses_pca
 from featdump.shards import parse_shard, shard_pattern
 
 DTYPES = ("float32", "float16")
-REDUCTIONS = ("none", "flatten", "avgpool", "maxpool", "cls", "patchmean")
 PRECISIONS = ("fp32", "bf16", "fp16")
 DECODERS = ("auto", "cpu", "gpu")
 COMPRESSIONS = ("none", "lzf", "gzip", "zstd", "blosc")  # zstd, blosc: the hdf5plugin package
@@ -36,6 +36,11 @@ def _callable_syntax(what: str):
             raise BadOption(f"Bad {what} {spec!r}: use package.module:callable.")
 
     return check
+
+
+def _pca_fit_syntax(text: str) -> None:
+    if not text.strip() or (text.strip().lstrip("-").isdigit() and int(text) < 2):
+        raise BadOption(f"--pca-fit {text!r}: give a number of images (at least 2) or a folder or list file.")
 
 
 def _not_empty(spec: str) -> None:
@@ -71,9 +76,17 @@ class Settings:
              "SLURM_CPUS_PER_TASK, else the CPU affinity mask]")
     device: str = option("auto", "auto, cpu, cuda or cuda:N.", syntax=_device_syntax)
     dtype: str = option("float32", "Storage dtype.", choices=DTYPES)
-    reduce: str = option("none", "Keep the whole output, flatten it, pool it over space (tokens), keep the first "
-                                 "token, or average the patch tokens (a ViT's, without its class or register "
-                                 "tokens).", choices=REDUCTIONS)
+    reduce: tuple[str, ...] = option(
+        (), kind=tuple, metavar="[PATTERN=]REDUCTION", syntax=check_rule, table=rules_from_table,
+        items='reductions, e.g. ["avgpool", "layer2=srp:4096"]',
+        help="What is kept of each layer, on the device: none, flatten, avgpool, maxpool, cls (first token), "
+             "patchmean (a ViT's patch tokens), channels:A-B, srp:K (sparse random projection to K values; "
+             "srp:K:SEED), pca:K (with --pca-fit). PATTERN=REDUCTION for the layers PATTERN selects (the most "
+             "specific rule wins); repeatable.  [default: none]")
+    pca_fit: str | None = option(
+        kind=str, optional=True, metavar="N|PATH", syntax=_pca_fit_syntax,
+        help="The fit set of --reduce pca:K: the first N images of IMAGES, or a folder or list file of reference "
+             "images.")
     compression: str = option("none", "HDF5 filter of the feature datasets (zstd and blosc need hdf5plugin).",
                               choices=COMPRESSIONS)
     precision: str = option("fp32", "Autocast precision of the forward pass.", choices=PRECISIONS)
@@ -104,6 +117,10 @@ class Settings:
             object.__setattr__(self, name, declared.check(getattr(self, name)))
         for name in ("images", "output"):
             object.__setattr__(self, name, as_path(getattr(self, name), name))
+        if uses_pca(self.reduce) != (self.pca_fit is not None):
+            raise BadOption("--reduce pca:K needs --pca-fit N (the first N images) or --pca-fit PATH (a folder or "
+                            "list file of reference images)." if self.pca_fit is None else
+                            "--pca-fit is the fit set of --reduce pca:K, and no --reduce rule uses pca:K.")
 
     def effective(self) -> dict:
         """Every setting as plain JSON values: the configuration a file records."""

@@ -34,7 +34,7 @@ def test_config_file_then_environment_then_command_line(image_folder, tmp_path):
                           env=featdump_env(FEATDUMP_EXTRACT_SEED="2", FEATDUMP_EXTRACT_BATCH_SIZE="4"))
     assert result.returncode == 0, result.stderr
     effective = settings_of(output)
-    assert effective["layers"] == ["layer4", "avgpool"] and effective["reduce"] == "avgpool"  # from the file
+    assert effective["layers"] == ["layer4", "avgpool"] and effective["reduce"] == ["avgpool"]  # from the file
     assert effective["seed"] == 2  # the environment beats the file
     assert effective["batch_size"] == 5  # the command line beats both
     with h5py.File(output, "r") as h5file:
@@ -44,7 +44,8 @@ def test_config_file_then_environment_then_command_line(image_folder, tmp_path):
 @pytest.mark.parametrize("content, message", [
     ('model = "resnet18"\nbatch_sise = 3\n', "'batch_sise' is not an extract option. Allowed keys: "),
     ('batch_size = "big"\n', "'batch_size' must be an integer, not 'big'."),
-    ('reduce = "mean"\n', "'reduce' must be one of none, flatten, avgpool, maxpool, cls, patchmean, not 'mean'."),
+    ('reduce = "mean"\n', "'reduce' must be REDUCTION or PATTERN=REDUCTION, REDUCTION one of none, flatten, avgpool, "
+                          "maxpool, cls, patchmean, channels:A-B, srp:K, pca:K, not 'mean'."),
     ('layers = [1, 2]\n', "'layers' must be a list of layer names"),
     ('model = resnet18\n', "not valid TOML"),
 ])

@@ -9,7 +9,18 @@ from torch import nn
 from featdump.hooks import Capture
 from featdump.layers import resolve
 from featdump.probe import probe
-from featdump.reductions import reduced_shape, snapshot
+from featdump.reductions import bind, snapshot
+
+
+def take(reduce: str, dtype: str, shape: tuple[int, ...]):
+    """The snapshot of a batch-first layer of per-image SHAPE reduced with REDUCE, stored as DTYPE."""
+    return snapshot(0, 1, bind(reduce, "x", shape), dtype)
+
+
+def copies(layers, reduce="none", dtype="float32"):
+    """Each layer's snapshot, as the runner makes them."""
+    return {layer.name: snapshot(layer.batch_dim, layer.fold, bind(reduce, layer.name, layer.shape), dtype)
+            for layer in layers}
 
 
 class InPlaceNet(nn.Module):
@@ -39,7 +50,7 @@ class CountingLinear(nn.Linear):
 
 def capture_for(model, selectors, reduce="none", dtype="float32", stop_early=True):
     layers = resolve(selectors, probe(model, (4,)), "net")
-    return Capture(model, layers, snapshot(reduce, dtype), stop_early=stop_early)
+    return Capture(model, layers, copies(layers, reduce, dtype), stop_early=stop_early)
 
 
 def test_captures_are_copies_untouched_by_later_inplace_ops():
@@ -94,9 +105,9 @@ def test_outputs_are_inference_tensors_without_grad():
     ("avgpool", (10,), (10,)),
 ])
 def test_reductions(reduce, shape, expected):
-    assert reduced_shape(reduce, shape, "x") == expected
+    assert bind(reduce, "x", shape).shape == expected
     x = torch.randn(2, *shape)
-    out = snapshot(reduce, "float16")(x)
+    out = take(reduce, "float16", shape)(x)
     assert out.shape == (2, *expected) and out.dtype == torch.float16
     if reduce == "avgpool" and len(shape) == 3:
         torch.testing.assert_close(out.float(), x.mean(dim=(2, 3)), rtol=1e-3, atol=1e-3)
@@ -106,7 +117,7 @@ def test_reductions(reduce, shape, expected):
 
 def test_snapshot_never_returns_a_view():
     x = torch.randn(2, 3)
-    out = snapshot("none", "float32")(x)
+    out = take("none", "float32", (3,))(x)
     x.zero_()
     assert out.abs().sum() > 0
 
@@ -133,7 +144,7 @@ def test_pruned_graph_skips_work_no_requested_layer_needs():
     model = SideBranch().eval()
     layers = resolve(["side"], probe(model, (4,)), "net")
     example = torch.randn(2, 4)
-    with Capture(model, layers, snapshot("none", "float32"), prune=True, example=example) as capture:
+    with Capture(model, layers, copies(layers), prune=True, example=example) as capture:
         assert capture.strategy == "graph"
         model.main.runs = 0
         out = capture.run(example)["side"]
@@ -157,7 +168,7 @@ def test_untraceable_model_falls_back_to_hooks():
     model = Branchy().eval()
     layers = resolve(["linear"], probe(model, (4,)), "net")
     x = torch.randn(3, 4)
-    with Capture(model, layers, snapshot("none", "float32"), prune=True, example=x) as capture:
+    with Capture(model, layers, copies(layers), prune=True, example=x) as capture:
         assert capture.strategy == "hooks"
         torch.testing.assert_close(capture.run(x)["linear"], model.linear(x))
 
@@ -170,11 +181,10 @@ def test_graph_and_hooks_agree_on_resnet18_inplace_victims_and_reused_modules():
     selectors = ["layer1.0.bn1", "layer1.0.relu:1", "layer1.0.relu:2", "layer1.0.bn2", "layer3.0.downsample.1"]
     layers = resolve(selectors, probe(model, (3, 224, 224)), "resnet18")
     x = torch.randn(3, 3, 224, 224)
-    take = snapshot("none", "float32")
-    with Capture(model, layers, take, prune=True, example=x[:2]) as graph:
+    with Capture(model, layers, copies(layers), prune=True, example=x[:2]) as graph:
         assert graph.strategy == "graph"
         by_graph = graph.run(x)
-    with Capture(model, layers, take) as hooks:
+    with Capture(model, layers, copies(layers)) as hooks:
         by_hooks = hooks.run(x)
     for name in selectors:
         torch.testing.assert_close(by_graph[name], by_hooks[name], rtol=1e-5, atol=1e-5)
@@ -190,7 +200,7 @@ def test_pruned_graph_does_not_run_what_follows_the_last_layer():
     layers = resolve(["0", "2"], probe(model, (4,)), "net")
     example = torch.randn(2, 4)
     tail_calls.clear()
-    with Capture(model, layers, snapshot("none", "float32"), prune=True, example=example) as capture:
+    with Capture(model, layers, copies(layers), prune=True, example=example) as capture:
         assert capture.strategy == "graph"
         tail_calls.clear()
         out = capture.run(example)
@@ -220,7 +230,7 @@ def test_pruned_graph_runs_augmented_assignments_in_place_like_the_model():
     model = AliasedAdd().eval()
     layers = resolve(["second"], probe(model, (4,)), "net")
     x = torch.randn(3, 4)
-    with Capture(model, layers, snapshot("none", "float32"), prune=True, example=x[:2]) as capture:
+    with Capture(model, layers, copies(layers), prune=True, example=x[:2]) as capture:
         assert capture.strategy == "graph"  # the graph agreed with the hooks on the example
         out = capture.run(x)["second"]
     torch.testing.assert_close(out, model.second(model.first(x) + 1.0))
@@ -235,6 +245,6 @@ def test_pruned_resnet_graph_adds_residuals_in_place():
 
     model = get_model("resnet18", weights=None).eval()
     layers = resolve(["avgpool"], probe(model, (3, 64, 64)), "resnet18")
-    graph = pruned_forward(model, layers, snapshot("none", "float32")).graph
+    graph = pruned_forward(model, layers, copies(layers)).graph
     targets = [node.target for node in graph.nodes if node.op == "call_function"]
     assert targets.count(operator.iadd) == 8 and operator.add not in targets  # one per BasicBlock

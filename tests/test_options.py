@@ -36,6 +36,7 @@ BAD = {
     "shard_pattern": ("part-{k}.h5", "part-{k}.h5"),
     "merge_timeout": (0, "0"),
     "space_check": ("off", None),
+    "pca_fit": ("1", "1"),
 }
 FREE_TEXT = {"weights"}  # any text is a weights name or a checkpoint path, checked when the model loads
 
