@@ -221,3 +221,16 @@ def test_a_fit_too_large_for_the_memory_limit_is_refused_with_the_numbers():
 
     with pytest.raises(UsageProblem, match=r"needs about [0-9.]+ GiB .* over the limit of 4\.0 GiB"):
         check_fit_fits("layer1", 20000, 802816, 16, limit=4 * 1024**3)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (none on this machine)")
+def test_projections_on_cuda_equal_the_cpus():
+    from featdump.reductions import bind
+
+    generator = torch.Generator().manual_seed(0)
+    batch = torch.relu(torch.randn(16, 128, 28, 28, generator=generator))
+    for channels_last in (False, True):
+        inputs = batch.contiguous(memory_format=torch.channels_last) if channels_last else batch
+        reduction = bind("srp:512", "layer2", (128, 28, 28))
+        on_cpu, on_cuda = reduction.apply(inputs), reduction.apply(inputs.cuda()).cpu()
+        torch.testing.assert_close(on_cuda, on_cpu, rtol=1e-5, atol=1e-5 * on_cpu.abs().max().item())
