@@ -40,7 +40,7 @@ def test_a_finished_file(images, tmp_path):
     assert lines[0] == f"file:       {output}"
     assert "model:      resnet18 (weights none, seed 0)" in lines and "complete:   yes" in lines
     assert "rows:       5" in lines and "skipped:    1" in lines
-    assert "  avgpool: (512,) float32" in lines and "  layer4: (512,) float32" in lines
+    assert "  avgpool: (512,) float32, avgpool" in lines and "  layer4: (512,) float32, avgpool" in lines
     assert "classes:    2 (cats, dogs)" in lines
     assert any(line.startswith("  dogs/broken.jpg: ") for line in lines)
     as_json = json.loads(info("--json", output)[1])
