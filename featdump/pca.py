@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from featdump.errors import UsageProblem
-from featdump.reductions import Reduction, flat_in_memory_order
+from featdump.reduction import Reduction, flat_in_memory_order
 
 MEMORY_LIMIT = int(float(os.environ.get("FEATDUMP_PCA_MEMORY_GB", "4")) * 1024**3)
 

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from featdump.errors import UsageProblem
-from featdump.reductions import Reduction, flat_in_memory_order
+from featdump.reduction import Reduction, flat_in_memory_order
 
 
 def nonzeros_per_input(dim: int, k: int) -> int:
