@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 import torch
 
@@ -31,7 +32,11 @@ def flat_in_memory_order(batch: torch.Tensor) -> tuple[torch.Tensor, torch.Tenso
     matrix's rows once (the column order is the only difference) instead of transposing every batch.
     """
     if batch.dim() == 4 and not batch.is_contiguous() and batch.is_contiguous(memory_format=torch.channels_last):
-        n, c, h, w = batch.shape
-        order = torch.arange(c * h * w).reshape(c, h, w).permute(1, 2, 0).reshape(-1)
-        return batch.permute(0, 2, 3, 1).reshape(n, -1), order
+        return batch.permute(0, 2, 3, 1).reshape(batch.shape[0], -1), _channels_last_order(*batch.shape[1:])
     return batch.reshape(batch.shape[0], -1), None
+
+
+@lru_cache(maxsize=64)
+def _channels_last_order(channels: int, height: int, width: int) -> torch.Tensor:
+    """The C-order index of each (H, W, C)-order position (made once per shape, not per batch)."""
+    return torch.arange(channels * height * width).reshape(channels, height, width).permute(1, 2, 0).reshape(-1)
