@@ -240,7 +240,7 @@ def _read_config(ctx: click.Context, param, path: Path | None):
 
 
 @main.command()
-@click.argument("images", type=click.Path(exists=True, path_type=Path))
+@click.argument("images", type=click.Path(path_type=Path))
 @click.argument("output", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("-c", "--config", type=click.Path(exists=True, dir_okay=False, path_type=Path), is_eager=True,
               expose_value=True, callback=_read_config,
@@ -252,7 +252,9 @@ def extract(images: Path, output: Path, **options) -> None:
 
     IMAGES is a folder, walked recursively in sorted order (images in first-level class folders get
     integer labels), or a list file: .txt (one path per line) or .csv (a `path` column, an optional
-    integer `label` column), rows in the list's order. OUTPUT is written as OUTPUT.partial and renamed
+    integer `label` column), rows in the list's order, or tar shards in the webdataset layout: a .tar, a
+    quoted brace pattern or glob ('shards/{00000..00099}.tar') or a list of .tar files, read in tar order
+    without unpacking (labels from .cls members). OUTPUT is written as OUTPUT.partial and renamed
     when every image is done; the same command again after an interruption resumes where it stopped.
 
     \b

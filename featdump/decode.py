@@ -7,6 +7,7 @@ import os
 import stat
 import warnings
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 from PIL import Image, ImageOps
@@ -14,7 +15,7 @@ from PIL import Image, ImageOps
 JPEG_EXTENSIONS = frozenset({".jpg", ".jpeg"})
 
 
-def open_rgb(path: Path, draft: tuple[int, int] | None = None) -> Image.Image:
+def open_rgb(path: Path | BinaryIO, draft: tuple[int, int] | None = None) -> Image.Image:
     """Decode PATH as 8-bit RGB, with EXIF orientation applied; raises on anything undecodable.
 
     Grayscale, palette, RGBA (alpha dropped, as torchvision's ImageFolder loader does), CMYK and
@@ -72,7 +73,7 @@ def check_regular_file(path: Path) -> os.stat_result:
     return found
 
 
-def plain_jpeg(path: Path, draft: tuple[int, int] | None = None) -> bool:
+def plain_jpeg(path: Path | BinaryIO, draft: tuple[int, int] | None = None) -> bool:
     """An RGB/gray JPEG without EXIF rotation, within Pillow's pixel limit, and (with DRAFT) too small for a
     reduced-scale decode, which the CPU does and nvjpeg cannot (reads the header only)."""
     with warnings.catch_warnings():

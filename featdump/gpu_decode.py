@@ -31,7 +31,7 @@ def to_device_inputs(batch: Batch, preprocess: Preprocess, images: ImageList, de
             crops[position] = preprocess.resize_and_crop(decoded)
             continue
         try:  # only this image's decoding may fail it; a device error below stops the run
-            pixels = preprocess.pixels(open_rgb(images.root / images.paths[position], preprocess.draft))
+            pixels = preprocess.pixels(open_rgb(images.open(position).source, preprocess.draft))
         except Exception as error:  # recorded like a worker's failure
             batch.failures.append((position, describe_failure(error)))
             continue

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from featdump.decode import JPEG_EXTENSIONS, check_regular_file, describe_failure, open_rgb, plain_jpeg
+from featdump.decode import JPEG_EXTENSIONS, describe_failure, open_rgb, plain_jpeg
 from featdump.inputs import ImageList
 from featdump.preprocess import Preprocess
 
@@ -77,15 +77,15 @@ class ImageDataset(Dataset):
         return len(self.images)
 
     def __getitem__(self, position: int) -> Item:
-        path = self.images.root / self.images.paths[position]
         item = Item(position)
         try:
-            found = check_regular_file(path)
-            item.file_stat = (found.st_size, found.st_mtime_ns)
-            if self.gpu_jpegs and path.suffix.lower() in JPEG_EXTENSIONS and plain_jpeg(path, self.preprocess.draft):
-                item.jpeg = np.fromfile(path, dtype=np.uint8)
+            encoded = self.images.open(position)
+            item.file_stat = encoded.file_stat
+            if self.gpu_jpegs and encoded.suffix in JPEG_EXTENSIONS and plain_jpeg(encoded.source,
+                                                                                    self.preprocess.draft):
+                item.jpeg = encoded.array()
             else:
-                item.pixels = self.preprocess.pixels(open_rgb(path, self.preprocess.draft))
+                item.pixels = self.preprocess.pixels(open_rgb(encoded.source, self.preprocess.draft))
         except Exception as error:  # any decoding failure is recorded, not raised
             item.failure = describe_failure(error)
         return item

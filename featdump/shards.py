@@ -99,7 +99,7 @@ class ShardPlan:
 
 def plan_shard(shard: Shard, output: Path, pattern: str | None, images) -> ShardPlan:
     """The part of IMAGES (an ImageList) SHARD owns, and the file it goes to."""
-    start, stop = shard.bounds(len(images))
+    start, stop = part_bounds(shard, images)
     path = shard.path(output, pattern)
     if start < stop:
         log.info("Shard %d of %d (from %s): images %d to %d of %d, into %s.", shard.index, shard.count,
@@ -110,6 +110,17 @@ def plan_shard(shard: Shard, output: Path, pattern: str | None, images) -> Shard
     extra = {"shard": [shard.index, shard.count], "all_images": images.digest(sizes=False),
              "all_image_count": len(images)}
     return ShardPlan(path, images.part(start, stop), extra)
+
+
+def part_bounds(shard: Shard, images) -> tuple[int, int]:
+    """[start, stop) of the images (an ImageList) SHARD owns: whole groups (tars) when there are at least as many
+    groups as shards, so that each process reads only its own tars; else an even split of the images."""
+    groups = images.groups()
+    if not groups or len(groups) < shard.count:
+        return shard.bounds(len(images))
+    first, last = shard.bounds(len(groups))
+    edges = [*groups, len(images)]
+    return edges[first], edges[last]
 
 
 def shard_count(output: Path, pattern: str | None = None) -> int:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import os
@@ -10,6 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from featdump.errors import UnknownLayer, UsageProblem
+from featdump.inputs.tars import read_stored
 from featdump.layout import Output
 
 
@@ -56,10 +58,18 @@ def _read(output: Path, layer: str | None, index: int):
         relative = opened.raw_paths()[index]
         path = Path(os.fsdecode(os.path.join(os.fsencode(root), relative)))
         geometry = json.loads(opened.attrs.get("image_geometry", "{}"))
-    return values, name, _open_image(path, geometry), os.fsdecode(relative)
+    return values, name, _open_image(_stored_image(path, root, os.fsdecode(relative)), geometry), os.fsdecode(relative)
 
 
-def _open_image(path: Path, geometry: dict):
+def _stored_image(path: Path, root: str, relative: str):
+    """What Pillow opens for a row: its file, or its member's bytes when the row came from a tar."""
+    if path.exists():
+        return path
+    data = read_stored(Path(root), relative)
+    return io.BytesIO(data) if data is not None else path
+
+
+def _open_image(path, geometry: dict):
     """The image as the model saw it: resized and centre-cropped by GEOMETRY ({"resize": ..., "crop": ...}, what
     the file records of torchvision-style preprocessing), so that the maps line up with it."""
     from PIL import Image, ImageOps

@@ -162,7 +162,7 @@ while True:
         loaded = featdump.load(path, "avgpool")
         reads.append([time.time(), rows, paths, len(loaded.features), None])
     except Exception as error:
-        reads.append([time.time(), None, None, None, type(error).__name__ + ": " + str(error)[:80]])
+        reads.append([time.time(), None, None, None, type(error).__name__ + ": " + str(error)[-300:]])
     if finished:
         break
     time.sleep(0.02)

@@ -1,5 +1,6 @@
-"""Inputs: the ordered list of images a job reads, from any kind of input: a folder (`inputs.folder`) or a
-list file (`inputs.listfile`); each gives the same `ImageList` (paths, labels, classes, a digest)."""
+"""Inputs: the ordered list of images a job reads, from any kind of input: a folder (`inputs.folder`), a list
+file (`inputs.listfile`) or tar shards (`inputs.tars`); each gives the same `ImageList` (paths, labels,
+classes, how to read each image's bytes, a digest)."""
 
 from __future__ import annotations
 
@@ -7,18 +8,27 @@ from pathlib import Path
 
 from featdump.errors import NoImages
 from featdump.inputs.folder import IMAGE_EXTENSIONS, read_folder
-from featdump.inputs.imagelist import ImageList
+from featdump.inputs.imagelist import Encoded, ImageList
 from featdump.inputs.listfile import read_image_list
+from featdump.inputs.tars import TAR_SUFFIX, check_tar_names, named_tars, read_tars
 
-__all__ = ["IMAGE_EXTENSIONS", "ImageList", "find_images"]
+__all__ = ["IMAGE_EXTENSIONS", "Encoded", "ImageList", "find_images"]
 
 
-def find_images(root: Path) -> ImageList:
-    """The images of ROOT: a folder walked recursively (following symlinks once), or a .txt/.csv list file;
-    NoImages if there are none."""
-    root = Path(root)
-    if root.is_file():
-        return read_image_list(root)
-    if not root.is_dir():
-        raise NoImages(f"Image folder {str(root)!r} does not exist or is not a folder.")
-    return read_folder(root)
+def find_images(source: Path) -> ImageList:
+    """The images of SOURCE: a folder walked recursively (following symlinks once), a .txt/.csv list file of
+    images or of tars, a .tar file, or a brace pattern or glob of tars; NoImages if there are none."""
+    source = Path(source)
+    tars = named_tars(source)
+    if tars is not None:
+        return read_tars(tars)
+    if source.is_file():
+        listed = read_image_list(source)
+        if any(path.lower().endswith(TAR_SUFFIX) for path in listed.paths):
+            tars = [listed.root / path for path in listed.paths]
+            return read_tars(check_tar_names(tars, f"the list {str(source)!r}"))
+        return listed
+    if not source.is_dir():
+        raise NoImages(f"IMAGES {str(source)!r} does not exist (give a folder, a list file, a .tar, or a quoted "
+                       "pattern of .tar files).")
+    return read_folder(source)

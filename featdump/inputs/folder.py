@@ -18,7 +18,9 @@ def read_folder(root: Path) -> ImageList:
     paths = sorted(_walk(root))
     if not paths:
         extensions = ", ".join(sorted(ext.lstrip(".") for ext in IMAGE_EXTENSIONS))
-        raise NoImages(f"No images in {str(root)!r} (looked for {extensions}, in any case, in all subfolders).")
+        tars = sorted(root.glob("*.tar"))
+        hint = f" It holds {len(tars)} .tar files: for tar shards, pass '{root / '*.tar'}' (quoted)." if tars else ""
+        raise NoImages(f"No images in {str(root)!r} (looked for {extensions}, in any case, in all subfolders).{hint}")
     in_class_folders = all("/" in path for path in paths)
     classes = sorted({path.split("/", 1)[0] for path in paths}) if in_class_folders else []
     index = {name: i for i, name in enumerate(classes)}

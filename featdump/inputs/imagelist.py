@@ -1,38 +1,143 @@
-"""ImageList: the ordered images of a job, whatever kind of input named them."""
+"""ImageList: the ordered images of a job, whatever kind of input named them, and how to read each one's bytes
+(`Files` for folders and list files; `inputs.tars.TarMembers` for tar shards)."""
 
 from __future__ import annotations
 
 import hashlib
+import io
 import os
-from dataclasses import dataclass
-from pathlib import Path
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import Protocol
+
+import numpy as np
+
+from featdump.decode import check_regular_file
 
 
 @dataclass(frozen=True)
-class ImageList:
-    """Every image under ROOT in sorted order of relative path, with ImageFolder-style labels."""
+class Encoded:
+    """One image's bytes as a worker gets them: a file to open, or a tar member's bytes read into memory."""
 
-    root: Path  # the folder, or the list file's folder
-    paths: tuple[str, ...]  # POSIX paths relative to root (sorted), or as a list file gives them
-    labels: tuple[int, ...]  # index into classes, or -1 when images do not sit in class folders
-    classes: tuple[str, ...]  # first-level folder names, sorted
+    name: str  # its path in the image list (its suffix tells the format)
+    file_stat: tuple[int, int]  # (size, mtime_ns) of what was read: the file, or the member and its tar's mtime
+    path: Path | None = None  # the file, or
+    data: bytes | None = None  # the bytes
 
-    def __len__(self) -> int:
-        return len(self.paths)
+    @property
+    def suffix(self) -> str:
+        return PurePosixPath(self.name).suffix.lower()
 
-    def digest(self, sizes: bool = True) -> str:
-        """A hash of the paths (and file sizes): changes when an image is added, removed (or replaced)."""
+    @property
+    def source(self) -> Path | io.BytesIO:
+        """What Pillow opens (a new stream each time it is asked)."""
+        return self.path if self.data is None else _NamedBytes(self.data, self.name)
+
+    def array(self) -> np.ndarray:
+        """The encoded bytes as uint8."""
+        if self.data is None:
+            return np.fromfile(self.path, dtype=np.uint8)
+        return np.frombuffer(self.data, dtype=np.uint8)
+
+
+class _NamedBytes(io.BytesIO):
+    """Bytes in memory that Pillow's error messages name by their path in the list, not by an address."""
+
+    def __init__(self, data: bytes, name: str):
+        super().__init__(data)
+        self.name = name
+
+    def __repr__(self) -> str:
+        return repr(self.name)
+
+
+class Storage(Protocol):
+    """Where the images of a list lie, aligned with its paths: how to read one, stat one, hash them all."""
+
+    def open(self, root: Path, relative: str, position: int) -> Encoded: ...
+
+    def stat(self, root: Path, relative: str, position: int) -> tuple[int, int] | None: ...
+
+    def select(self, positions: Sequence[int]) -> Storage: ...
+
+    def digest(self, root: Path, paths: Sequence[str], labels: Sequence[int], sizes: bool) -> str: ...
+
+    def groups(self) -> list[int] | None: ...
+
+
+class Files:
+    """Images stored as files under the list's root (a folder or a list file)."""
+
+    def open(self, root: Path, relative: str, position: int) -> Encoded:
+        path = root / relative
+        found = check_regular_file(path)
+        return Encoded(relative, (found.st_size, found.st_mtime_ns), path=path)
+
+    def stat(self, root: Path, relative: str, position: int) -> tuple[int, int] | None:
+        try:
+            found = os.stat(root / relative)
+        except OSError:
+            return None
+        return found.st_size, found.st_mtime_ns
+
+    def select(self, positions: Sequence[int]) -> Files:
+        return self
+
+    def digest(self, root: Path, paths: Sequence[str], labels: Sequence[int], sizes: bool) -> str:
+        """A hash of the paths and labels (and file sizes: a stat per file)."""
         digest = hashlib.sha256()
-        for relative, label in zip(self.paths, self.labels):
+        for relative, label in zip(paths, labels):
             size = ""
             if sizes:
                 try:
-                    size = os.stat(self.root / relative).st_size
+                    size = os.stat(root / relative).st_size
                 except OSError:
                     size = -1
             digest.update(f"{relative}\0{size}\0{label}\n".encode("utf-8", "surrogateescape"))
         return digest.hexdigest()
 
+    def groups(self) -> list[int] | None:
+        return None  # no grouping: shards split anywhere
+
+
+@dataclass(frozen=True)
+class ImageList:
+    """The images of a job in order, with their labels and where their bytes lie."""
+
+    root: Path  # the folder, the list file's folder, or the tar shards' common folder
+    paths: tuple[str, ...]  # POSIX paths relative to root (sorted), as a list file gives them, or TAR/MEMBER
+    labels: tuple[int, ...]  # index into classes, a list's or a .cls member's integer, or -1
+    classes: tuple[str, ...]  # first-level folder names, sorted
+    storage: Storage = field(default_factory=Files)
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def open(self, position: int) -> Encoded:
+        """Image POSITION's bytes (raises OSError when they cannot be read)."""
+        return self.storage.open(self.root, self.paths[position], position)
+
+    def stat(self, position: int) -> tuple[int, int] | None:
+        """Image POSITION's (size, mtime_ns) now, or None when it is gone."""
+        return self.storage.stat(self.root, self.paths[position], position)
+
+    def digest(self, sizes: bool = True) -> str:
+        """A hash of the paths (and sizes): changes when an image is added, removed (or replaced)."""
+        return self.storage.digest(self.root, self.paths, self.labels, sizes)
+
+    def groups(self) -> list[int] | None:
+        """The first position of each group that one process should read whole (a tar), or None."""
+        return self.storage.groups()
+
+    def select(self, positions: Sequence[int], labels: Sequence[int] | None = None,
+               classes: Sequence[str] | None = None) -> ImageList:
+        """The images at POSITIONS, in that order (relabelled by LABELS and CLASSES when given)."""
+        positions = list(positions)
+        return ImageList(self.root, tuple(self.paths[p] for p in positions),
+                         tuple(labels) if labels is not None else tuple(self.labels[p] for p in positions),
+                         tuple(classes) if classes is not None else self.classes, self.storage.select(positions))
+
     def part(self, start: int, stop: int) -> ImageList:
         """Images START..STOP-1 (a shard), labelled against the whole list's classes."""
-        return ImageList(self.root, self.paths[start:stop], self.labels[start:stop], self.classes)
+        return self.select(range(start, min(stop, len(self))))

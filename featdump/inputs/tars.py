@@ -1,0 +1,327 @@
+"""Tar input: the samples of webdataset-style tar shards (one .tar, a brace pattern, a glob, or a list of tars),
+in tar order, shard after shard, read straight from the tars and never unpacked.
+
+A sample is the consecutive members sharing a key (the member name up to the first dot of its last component:
+`a/b.seg.png` has key `a/b`); its image is its first member with an image extension, its label the integer in
+its `.cls` member (else -1); every other member is ignored. The tars' headers are read once, when the job
+lists its images (tarfile seeks over the data); the loader's workers then read each image's bytes with one
+pread at its offset. A corrupt or truncated tar keeps the members before the damage; the rest becomes one
+skipped entry, `TAR@OFFSET`, whose reason says what was found there.
+"""
+
+from __future__ import annotations
+
+import collections
+import glob
+import hashlib
+import logging
+import os
+import re
+import tarfile
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+
+import numpy as np
+
+from featdump.errors import NoImages
+from featdump.inputs.folder import IMAGE_EXTENSIONS
+from featdump.inputs.imagelist import Encoded, ImageList
+
+TAR_SUFFIX = ".tar"
+LABEL_SUFFIX = ".cls"
+_BLOCK = 512
+_BRACES = re.compile(r"\{([^{}]*)\}")
+_RANGE = re.compile(r"(-?\d+)\.\.(-?\d+)")
+_OPEN_TARS = 32  # tar files a process keeps open to read from
+log = logging.getLogger("featdump")
+
+
+class DamagedTar(OSError):
+    """A tar is truncated or corrupt from some offset on: the members after it cannot be read."""
+
+
+# -- which tars IMAGES names -----------------------------------------------------------------------
+
+
+def named_tars(images: Path) -> list[Path] | None:
+    """The tar files IMAGES names (one .tar, a brace pattern, a glob), in order; None when it names none of
+    these (a folder or a list file). NoImages when a pattern's tar is missing or matches no file."""
+    text = str(images)
+    if images.is_file() or images.is_dir():
+        return [images] if images.is_file() and images.suffix.lower() == TAR_SUFFIX else None
+    expanded = expand_braces(text)
+    if len(expanded) == 1 and not glob.has_magic(text):
+        return None  # a path that does not exist: the caller says so
+    paths = [Path(found) for name in expanded
+             for found in (sorted(glob.glob(name)) if glob.has_magic(name) else [name])]
+    if not paths:
+        raise NoImages(f"The pattern {text!r} matches no file.")
+    return check_tar_names(paths, f"the pattern {text!r}")
+
+
+def check_tar_names(paths: Sequence[Path], named_by: str) -> list[Path]:
+    """PATHS, refused (NoImages) unless every one is an existing .tar file."""
+    others = [str(path) for path in paths if path.suffix.lower() != TAR_SUFFIX]
+    if others:
+        raise NoImages(f"{named_by[0].upper() + named_by[1:]} names {others[0]!r}, which is not a .tar file: "
+                       "IMAGES is a folder, a list file, or tar shards (a .tar, a quoted brace pattern or glob of "
+                       "them, or a list of .tar files).")
+    missing = [str(path) for path in paths if not path.is_file()]
+    if missing:
+        shown = ", ".join(missing[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
+        raise NoImages(f"{named_by[0].upper() + named_by[1:]} names {len(paths)} tar files; {len(missing)} of them "
+                       f"are missing: {shown}. Nothing was read.")
+    return list(paths)
+
+
+def expand_braces(text: str) -> list[str]:
+    """Bash-style brace expansion: `{00000..00099}` (zero-padded when either end is) and `{a,b,c}`, any number of
+    them, left to right; braces holding neither are kept as they are."""
+    for match in _BRACES.finditer(text):
+        choices = _brace_choices(match[1])
+        if choices is not None:
+            head, tail = text[:match.start()], text[match.end():]
+            return [expanded for choice in choices for expanded in expand_braces(head + choice + tail)]
+    return [text]
+
+
+def _brace_choices(body: str) -> list[str] | None:
+    numeric = _RANGE.fullmatch(body)
+    if numeric:
+        first, last = int(numeric[1]), int(numeric[2])
+        padded = any(len(end.lstrip("-")) > 1 and end.lstrip("-").startswith("0") for end in numeric.groups())
+        width = max(len(numeric[1]), len(numeric[2])) if padded else 0
+        step = 1 if last >= first else -1
+        return [f"{value:0{width}d}" for value in range(first, last + step, step)]
+    return body.split(",") if "," in body else None
+
+
+# -- reading a tar's index -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TarShard:
+    """One tar file as the job listed it."""
+
+    name: str  # POSIX path relative to the shards' common folder
+    size: int
+    mtime_ns: int
+
+
+@dataclass
+class TarScan:
+    """What one tar's headers say: its samples, where it is damaged, what was left out."""
+
+    images: list[tuple[str, int, int, int]] = field(default_factory=list)  # (member name, data offset, size, label)
+    damage: tuple[int, str] | None = None  # (offset, what is wrong there)
+    ignored: collections.Counter = field(default_factory=collections.Counter)  # suffix -> members left out
+    without_image: int = 0  # samples that have no image member
+
+
+def scan_tar(path: Path) -> TarScan:
+    """Read PATH's member headers (seeking over the data) into its samples, stopping at any damage."""
+    scan = TarScan()
+    size = os.stat(path).st_size
+    with open(path, "rb") as handle:
+        try:
+            archive = tarfile.open(fileobj=handle, mode="r:")
+        except tarfile.ReadError as error:
+            scan.damage = (0, f"not a readable tar from its first byte ({error})")
+            return scan
+        sample: list[tarfile.TarInfo] = []
+        try:
+            for member in archive:
+                if member.offset_data + member.size > size:
+                    scan.damage = (member.offset, f"truncated: member {member.name!r} at byte {member.offset} needs "
+                                                  f"{member.size} bytes, the file ends {size - member.offset_data} "
+                                                  "bytes into them")
+                    break
+                if sample and _key(member.name) != _key(sample[0].name):
+                    _add_sample(scan, sample, handle)
+                    sample = []
+                if member.isfile():
+                    sample.append(member)
+        except (tarfile.TarError, EOFError) as error:
+            scan.damage = (archive.offset, f"unreadable from byte {archive.offset} ({error})")
+        if sample:
+            _add_sample(scan, sample, handle)
+        if scan.damage is None:
+            scan.damage = _end_damage(handle, archive.offset, size)
+    return scan
+
+
+def _key(name: str) -> str:
+    folder, _, base = name.rpartition("/")
+    stem = base.split(".", 1)[0]
+    return f"{folder}/{stem}" if folder else stem
+
+
+def _suffix(name: str) -> str:
+    base = name.rpartition("/")[2]
+    return "." + base.split(".", 1)[1].lower() if "." in base else ""
+
+
+def _add_sample(scan: TarScan, members: list[tarfile.TarInfo], handle) -> None:
+    image = next((m for m in members if PurePosixPath(m.name).suffix.lower() in IMAGE_EXTENSIONS), None)
+    if image is None:
+        scan.without_image += 1
+    label_member = next((m for m in members if _suffix(m.name) == LABEL_SUFFIX), None)
+    for member in members:
+        if member is not image and member is not label_member:
+            scan.ignored[_suffix(member.name) or "(no suffix)"] += 1
+    if image is not None:
+        scan.images.append((image.name, image.offset_data, image.size, _label(label_member, handle, scan)))
+
+
+def _label(member: tarfile.TarInfo | None, handle, scan: TarScan) -> int:
+    if member is None:
+        return -1
+    handle.seek(member.offset_data)
+    text = handle.read(min(member.size, 64)).decode("ascii", "replace").strip()
+    if not text.lstrip("-").isdigit():
+        scan.ignored[".cls that is not an integer"] += 1
+        return -1
+    return int(text)
+
+
+def _end_damage(handle, offset: int, size: int) -> tuple[int, str] | None:
+    """What follows the last member: the end-of-archive blocks (None), nothing or part of a header (truncated),
+    or bytes that are no header (corrupt)."""
+    handle.seek(offset)
+    block = handle.read(_BLOCK)
+    if len(block) == _BLOCK and not any(block):
+        return None
+    if len(block) < _BLOCK:
+        return (offset, f"truncated: the file ends at byte {size}, {len(block)} bytes into a header, without the "
+                        "end-of-archive blocks: members after it are missing")
+    return (offset, f"corrupt: the bytes at {offset} are not a tar header ({size - offset} bytes unread)")
+
+
+# -- the image list ---------------------------------------------------------------------------------------
+
+
+def read_tars(paths: Sequence[Path]) -> ImageList:
+    """The samples of the tars PATHS, in order, as an ImageList (paths TAR/MEMBER relative to the tars' common
+    folder); NoImages when they hold no image."""
+    absolute = [Path(os.path.abspath(path)) for path in paths]
+    root = Path(os.path.commonpath([str(path.parent) for path in absolute]))
+    shards, names, labels, tar_of, offsets, sizes, damage = [], [], [], [], [], [], {}
+    ignored, without_image = collections.Counter(), 0
+    for index, path in enumerate(absolute):
+        found = os.stat(path)
+        shard = TarShard(path.relative_to(root).as_posix(), found.st_size, found.st_mtime_ns)
+        shards.append(shard)
+        scan = scan_tar(path)
+        for member, offset, size, label in scan.images:
+            names.append(f"{shard.name}/{member}")
+            labels.append(label)
+            tar_of.append(index)
+            offsets.append(offset)
+            sizes.append(size)
+        if scan.damage is not None:
+            offset, reason = scan.damage
+            log.warning("Tar %s is damaged at byte %d (%s): its %d images before that are read, the rest is recorded "
+                        "as one skipped entry.", path, offset, reason, len(scan.images))
+            names.append(f"{shard.name}@{offset}")
+            labels.append(-1)
+            tar_of.append(index)
+            offsets.append(offset)
+            sizes.append(-1)
+            damage[(index, offset)] = reason
+        ignored.update(scan.ignored)
+        without_image += scan.without_image
+    _log_left_out(ignored, without_image)
+    if not names:
+        raise NoImages(f"No images in the {len(shards)} tar files from {str(paths[0])!r} (looked for members named "
+                       f"KEY.EXT with EXT one of {', '.join(sorted(ext.lstrip('.') for ext in IMAGE_EXTENSIONS))}).")
+    storage = TarMembers(tuple(shards), np.asarray(tar_of, np.int32), np.asarray(offsets, np.int64),
+                         np.asarray(sizes, np.int64), damage)
+    return ImageList(root, tuple(names), tuple(labels), (), storage)
+
+
+def _log_left_out(ignored: collections.Counter, without_image: int) -> None:
+    if without_image:
+        log.info("%d samples in the tars have no image member; they are left out.", without_image)
+    if ignored:
+        log.debug("Tar members left out: %s.", ", ".join(f"{count} {suffix}" for suffix, count in ignored.items()))
+
+
+@dataclass(frozen=True)
+class TarMembers:
+    """Where each image of a tar list lies: its tar, the offset and size of its bytes (-1: a damaged tail)."""
+
+    tars: tuple[TarShard, ...]
+    tar: np.ndarray  # int32 per image: index into tars
+    offset: np.ndarray  # int64 per image
+    size: np.ndarray  # int64 per image; -1 for the entry standing for a damaged tail
+    damage: dict[tuple[int, int], str]  # (tar, offset) -> reason
+
+    def open(self, root: Path, relative: str, position: int) -> Encoded:
+        tar, offset, size = int(self.tar[position]), int(self.offset[position]), int(self.size[position])
+        if size < 0:
+            raise DamagedTar(self.damage[(tar, offset)])
+        shard = self.tars[tar]
+        data = os.pread(_tar_descriptor(root / shard.name, shard), size, offset)
+        if len(data) != size:
+            raise DamagedTar(f"{shard.name} ends before this member's bytes (truncated after it was listed)")
+        return Encoded(relative, (size, shard.mtime_ns), data=data)
+
+    def stat(self, root: Path, relative: str, position: int) -> tuple[int, int] | None:
+        return int(self.size[position]), self.tars[int(self.tar[position])].mtime_ns  # as listed for this job
+
+    def select(self, positions: Sequence[int]) -> TarMembers:
+        chosen = np.asarray(positions, dtype=np.int64)
+        return TarMembers(self.tars, self.tar[chosen], self.offset[chosen], self.size[chosen], self.damage)
+
+    def digest(self, root: Path, paths: Sequence[str], labels: Sequence[int], sizes: bool) -> str:
+        """A hash of the member paths and labels (and each tar's name, size and mtime: no stat per member)."""
+        digest = hashlib.sha256()
+        for relative, label in zip(paths, labels):
+            digest.update(f"{relative}\0{label}\n".encode("utf-8", "surrogateescape"))
+        if sizes:
+            for index in sorted(set(self.tar.tolist())):
+                shard = self.tars[index]
+                digest.update(f"tar\0{shard.name}\0{shard.size}\0{shard.mtime_ns}\n".encode("utf-8", "surrogateescape"))
+        return digest.hexdigest()
+
+    def groups(self) -> list[int] | None:
+        if not len(self.tar):
+            return []
+        return [0, *(np.flatnonzero(np.diff(self.tar)) + 1).tolist()]
+
+
+_descriptors: collections.OrderedDict[tuple, int] = collections.OrderedDict()
+
+
+def _tar_descriptor(path: Path, shard: TarShard) -> int:
+    """A read descriptor of PATH, kept open (the last few per process); DamagedTar if it changed since listed."""
+    key = (str(path), shard.size, shard.mtime_ns, os.getpid())
+    if key in _descriptors:
+        _descriptors.move_to_end(key)
+        return _descriptors[key]
+    descriptor = os.open(path, os.O_RDONLY)
+    found = os.fstat(descriptor)
+    if (found.st_size, found.st_mtime_ns) != (shard.size, shard.mtime_ns):
+        os.close(descriptor)
+        raise DamagedTar(f"{shard.name} changed since the job listed it (size or modification time); run the job "
+                         "again to list it afresh")
+    _descriptors[key] = descriptor
+    while len(_descriptors) > _OPEN_TARS:
+        os.close(_descriptors.popitem(last=False)[1])
+    return descriptor
+
+
+def read_stored(root: Path, relative: str) -> bytes | None:
+    """The bytes of row path RELATIVE (TAR/MEMBER) from its tar under ROOT, or None if it is not there."""
+    parts = PurePosixPath(relative).parts
+    for cut in range(1, len(parts)):
+        tar = Path(root, *parts[:cut])
+        if tar.suffix.lower() == TAR_SUFFIX and tar.is_file():
+            try:
+                with tarfile.open(tar, "r:") as archive:
+                    member = archive.extractfile("/".join(parts[cut:]))
+                    return member.read() if member is not None else None
+            except (tarfile.TarError, KeyError, OSError):
+                return None
+    return None
