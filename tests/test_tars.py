@@ -264,3 +264,17 @@ def test_fast_decode_and_the_gpu_jpeg_path_read_tars_as_they_read_files(packed, 
         assert result.returncode == 0, result.stderr
         rows[name] = read_output(tmp_path / f"{name}.h5")
     assert_rows_equal_the_folder(rows["tars"], rows["folder"])
+
+
+@pytest.mark.parametrize("tar_format", [tarfile.USTAR_FORMAT, tarfile.GNU_FORMAT, tarfile.PAX_FORMAT])
+def test_headers_are_read_as_tarfile_reads_them_in_every_format(tmp_path, tar_format):
+    path = tmp_path / "formats.tar"
+    folder = "a_long_folder_name_" * 6  # a 114-character folder: a ustar prefix, a GNU long name, a pax path
+    names = ["k1.jpg", "k1.cls", f"{folder}/k2.png", f"{folder}/k2.cls", "k3.jpg"]
+    with tarfile.open(path, "w", format=tar_format) as archive:
+        for index, name in enumerate(names):
+            add_member(archive, name, str(index).encode() * (1 if name.endswith(".cls") else 700 * index + 1))
+    expected = [(m.name, m.offset_data, m.size) for m in tarfile.open(path).getmembers() if not m.name.endswith("cls")]
+    scan = scan_tar(path)
+    assert [(name, offset, size) for name, offset, size, _ in scan.images] == expected
+    assert [label for *_, label in scan.images] == [1, 3, -1] and scan.damage is None

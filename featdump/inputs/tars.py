@@ -21,6 +21,7 @@ import tarfile
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
+from typing import NamedTuple
 
 import numpy as np
 
@@ -119,36 +120,98 @@ class TarScan:
     without_image: int = 0  # samples that have no image member
 
 
+class Member(NamedTuple):
+    """One tar member as its header says."""
+
+    name: str
+    offset: int  # of its header
+    data: int  # offset of its bytes
+    size: int
+    regular: bool  # a regular file (not a folder, link or device)
+
+
+class _NotPlain(Exception):
+    """A header the plain ustar reader leaves to tarfile (pax, GNU long names, sparse, base-256 sizes)."""
+
+
 def scan_tar(path: Path) -> TarScan:
     """Read PATH's member headers (seeking over the data) into its samples, stopping at any damage."""
     scan = TarScan()
     size = os.stat(path).st_size
-    with open(path, "rb") as handle:
+    with open(path, "rb", buffering=1 << 16) as handle:
         try:
-            archive = tarfile.open(fileobj=handle, mode="r:")
-        except tarfile.ReadError as error:
-            scan.damage = (0, f"not a readable tar from its first byte ({error})")
-            return scan
-        sample: list[tarfile.TarInfo] = []
-        try:
-            for member in archive:
-                if member.offset_data + member.size > size:
-                    scan.damage = (member.offset, f"truncated: member {member.name!r} at byte {member.offset} needs "
-                                                  f"{member.size} bytes, the file ends {size - member.offset_data} "
-                                                  "bytes into them")
-                    break
-                if sample and _key(member.name) != _key(sample[0].name):
-                    _add_sample(scan, sample, handle)
-                    sample = []
-                if member.isfile():
-                    sample.append(member)
-        except (tarfile.TarError, EOFError) as error:
-            scan.damage = (archive.offset, f"unreadable from byte {archive.offset} ({error})")
+            members, scan.damage = _plain_headers(handle, size)
+        except _NotPlain:
+            handle.seek(0)
+            members, scan.damage = _tarfile_headers(handle, size)
+        sample: list[Member] = []
+        for member in members:
+            if sample and _key(member.name) != _key(sample[0].name):
+                _add_sample(scan, sample, handle)
+                sample = []
+            if member.regular:
+                sample.append(member)
         if sample:
             _add_sample(scan, sample, handle)
-        if scan.damage is None:
-            scan.damage = _end_damage(handle, archive.offset, size)
     return scan
+
+
+def _plain_headers(handle, size: int) -> tuple[list[Member], tuple[int, str] | None]:
+    """The members of a plain ustar/GNU tar, read header by header (about 20x faster than tarfile, which the
+    other kinds of header are left to); and the damage, if any, where reading stopped."""
+    members, offset = [], 0
+    while True:
+        handle.seek(offset)
+        block = handle.read(_BLOCK)
+        if len(block) < _BLOCK or not any(block):
+            return members, _end_damage(block, offset, size)
+        kind = block[156:157]
+        if kind in (b"x", b"g", b"L", b"K", b"S") or block[124] & 0x80:
+            raise _NotPlain
+        try:
+            checksum, length = _octal(block[148:156]), _octal(block[124:136])
+        except ValueError:
+            checksum, length = -1, 0
+        if checksum != sum(block) - sum(block[148:156]) + 256:
+            return members, (offset, "not a readable tar from its first byte (bad header checksum)") if offset == 0 \
+                else (offset, f"corrupt: the bytes at {offset} are not a tar header ({size - offset} bytes unread)")
+        name = block[:100].split(b"\0", 1)[0]
+        if block[257:263] == b"ustar\0" and block[345]:  # POSIX ustar: a prefix (GNU keeps times there)
+            name = block[345:500].split(b"\0", 1)[0] + b"/" + name
+        member = Member(name.decode("utf-8", "surrogateescape"), offset, offset + _BLOCK, length,
+                        kind in (b"0", b"\0", b"7"))
+        if member.data + length > size:
+            return members, _truncated_member(member, size)
+        members.append(member)
+        offset = member.data + -(-length // _BLOCK) * _BLOCK
+
+
+def _octal(field: bytes) -> int:
+    return int(field.split(b"\0", 1)[0].strip() or b"0", 8)
+
+
+def _tarfile_headers(handle, size: int) -> tuple[list[Member], tuple[int, str] | None]:
+    """The members as tarfile reads them (every header kind), and the damage where reading stopped."""
+    try:
+        archive = tarfile.open(fileobj=handle, mode="r:")
+    except tarfile.ReadError as error:
+        return [], (0, f"not a readable tar from its first byte ({error})")
+    members = []
+    try:
+        for info in archive:
+            member = Member(info.name, info.offset, info.offset_data, info.size, info.isfile())
+            if member.data + member.size > size:
+                return members, _truncated_member(member, size)
+            members.append(member)
+    except (tarfile.TarError, EOFError) as error:
+        return members, (archive.offset, f"unreadable from byte {archive.offset} ({error})")
+    handle.seek(archive.offset)
+    return members, _end_damage(handle.read(_BLOCK), archive.offset, size)
+
+
+def _truncated_member(member: Member, size: int) -> tuple[int, str]:
+    return (member.offset, f"truncated: member {member.name!r} at byte {member.offset} needs {member.size} bytes, "
+                           f"the file ends {size - member.data} bytes into them")
 
 
 def _key(name: str) -> str:
@@ -162,7 +225,7 @@ def _suffix(name: str) -> str:
     return "." + base.split(".", 1)[1].lower() if "." in base else ""
 
 
-def _add_sample(scan: TarScan, members: list[tarfile.TarInfo], handle) -> None:
+def _add_sample(scan: TarScan, members: list[Member], handle) -> None:
     image = next((m for m in members if PurePosixPath(m.name).suffix.lower() in IMAGE_EXTENSIONS), None)
     if image is None:
         scan.without_image += 1
@@ -171,13 +234,13 @@ def _add_sample(scan: TarScan, members: list[tarfile.TarInfo], handle) -> None:
         if member is not image and member is not label_member:
             scan.ignored[_suffix(member.name) or "(no suffix)"] += 1
     if image is not None:
-        scan.images.append((image.name, image.offset_data, image.size, _label(label_member, handle, scan)))
+        scan.images.append((image.name, image.data, image.size, _label(label_member, handle, scan)))
 
 
-def _label(member: tarfile.TarInfo | None, handle, scan: TarScan) -> int:
+def _label(member: Member | None, handle, scan: TarScan) -> int:
     if member is None:
         return -1
-    handle.seek(member.offset_data)
+    handle.seek(member.data)
     text = handle.read(min(member.size, 64)).decode("ascii", "replace").strip()
     if not text.lstrip("-").isdigit():
         scan.ignored[".cls that is not an integer"] += 1
@@ -185,11 +248,9 @@ def _label(member: tarfile.TarInfo | None, handle, scan: TarScan) -> int:
     return int(text)
 
 
-def _end_damage(handle, offset: int, size: int) -> tuple[int, str] | None:
-    """What follows the last member: the end-of-archive blocks (None), nothing or part of a header (truncated),
-    or bytes that are no header (corrupt)."""
-    handle.seek(offset)
-    block = handle.read(_BLOCK)
+def _end_damage(block: bytes, offset: int, size: int) -> tuple[int, str] | None:
+    """What BLOCK, read where the members end, says: the end-of-archive blocks (None), nothing or part of a
+    header (truncated), or bytes that are no header (corrupt)."""
     if len(block) == _BLOCK and not any(block):
         return None
     if len(block) < _BLOCK:
