@@ -60,11 +60,11 @@ def padded(inputs: torch.Tensor, size: int) -> torch.Tensor:
     return torch.cat([inputs, inputs.new_zeros((missing, *inputs.shape[1:]))])
 
 
-def place_model(module: nn.Module, device: torch.device, precision: str) -> nn.Module:
-    """MODULE on DEVICE; on CUDA channels_last, with TF32 only when the precision is not fp32."""
-    module = module.to(device)
+def place_model(module: nn.Module, device: torch.device, precision: str,
+                memory_format: torch.memory_format = torch.contiguous_format) -> nn.Module:
+    """MODULE on DEVICE in MEMORY_FORMAT; on CUDA with TF32 only when the precision is not fp32."""
+    module = module.to(device).to(memory_format=memory_format)
     if device.type == "cuda":
-        module = module.to(memory_format=torch.channels_last)
         # fp32 means fp32: TF32 convolutions/matmuls would drift from the CPU reference.
         torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = precision != "fp32"
     return module

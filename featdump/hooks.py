@@ -37,7 +37,7 @@ class Capture:
         self._prune = prune
         self._example = example
         self._pruned = None
-        self.strategy = "hooks"  # or "graph" once a pruned graph is checked and in use
+        self.strategy = "hooks"  # or "graph" once a pruned graph is checked and in use ("compiled graph")
         self._snapshots = snapshots
         self._stop_early = stop_early
         self._layers_by_call: dict[str, dict[int, list[Layer]]] = defaultdict(lambda: defaultdict(list))
@@ -89,6 +89,15 @@ class Capture:
             return
         self._pruned, self.strategy = pruned, "graph"
         log.debug("Capturing with a traced graph that computes only what the layers need.")
+
+    @property
+    def graph(self):
+        """The pruned graph module in use (strategy "graph"), else None."""
+        return self._pruned
+
+    def use_compiled(self, forward) -> None:
+        """Run FORWARD (the graph compiled, same outputs) in place of the graph."""
+        self._pruned, self.strategy = forward, "compiled graph"
 
     def run(self, inputs: torch.Tensor) -> dict[str, torch.Tensor]:
         """One forward pass of INPUTS in inference mode; the captured outputs by layer name."""

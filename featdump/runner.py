@@ -17,6 +17,7 @@ import torchvision
 
 from featdump import fingerprint as fingerprints
 from featdump import fitting
+from featdump.compiling import Compiled, compile_capture
 from featdump.device import autocast, padded, place_model, resolve_decode, resolve_device
 from featdump.errors import BadImage, Interrupted, NothingRead, UsageProblem
 from featdump.gpu_decode import to_device_inputs
@@ -26,6 +27,7 @@ from featdump.layers import Layer, resolve
 from featdump.layout import Committed, DatasetSpec, Output, partial_path
 from featdump.loader import Batch, ImageDataset, make_loader
 from featdump.lock import OutputLock
+from featdump.memory_format import choose_memory_format, format_name
 from featdump.merge import merge
 from featdump.models import LoadedModel, check_model_name, load_model
 from featdump.preprocess import Preprocess
@@ -70,6 +72,7 @@ class Model:
     reductions: dict[str, Reduction]
     device: torch.device
     dtype: str
+    memory_format: torch.memory_format  # of the weights and of every batch of inputs
 
     @property
     def specs(self) -> dict[str, DatasetSpec]:
@@ -210,8 +213,9 @@ def _fill(writer: FeatureWriter, images: ImageList, settings: Settings, model: M
     try:
         example = torch.randn((2, 3, *model.preprocess.size), generator=torch.Generator().manual_seed(0))
         capture = Capture(model.loaded.module, model.layers, model.snapshots(), prune=True,
-                          example=example.to(model.device))
+                          example=example.to(model.device).contiguous(memory_format=model.memory_format))
         with StopSignals() as stop, capture:
+            writer.note({"compiled": _compile(capture, settings, model).note if settings.compile else "no"})
             progress.start(len(images), start)
             job = _Job(settings, images, model, capture, writer, record, offset,
                        owned_files=(writer.path, *([lock.path] if lock.path else [])))
@@ -227,6 +231,14 @@ def _fill(writer: FeatureWriter, images: ImageList, settings: Settings, model: M
         record.remove()  # only a kill leaves it, for info to report the job as stopped
         progress.close()
         writer.close()
+
+
+def _compile(capture: Capture, settings: Settings, model: Model) -> Compiled:
+    """--compile: the capture's graph compiled for full batches of this model's inputs (or left eager)."""
+    example = torch.randn((settings.batch_size, 3, *model.preprocess.size), generator=torch.Generator().manual_seed(0))
+    example = example.to(model.device).contiguous(memory_format=model.memory_format)
+    return compile_capture(capture, example, settings.precision,
+                           Path(settings.compile_cache) if settings.compile_cache else None)
 
 
 def _summary(settings: Settings, output: Path, after: Committed, before: Committed, processed: int, start: int,
@@ -254,7 +266,9 @@ def _dataset_spec(layer: Layer, reduction: Reduction | None, dtype: str, prefix_
 def _prepare_model(settings: Settings, device: torch.device) -> Model:
     """The loaded model on DEVICE, its split preprocessing, the validated layers and their datasets."""
     loaded = load_model(settings.model, settings.weights, settings.seed, settings.transform, settings.trust_pickle)
-    loaded.module = place_model(loaded.module, device, settings.precision)
+    memory_format, why = choose_memory_format(loaded.module)
+    log.debug("Memory layout: %s (%s).", format_name(memory_format), why)
+    loaded.module = place_model(loaded.module, device, settings.precision, memory_format)
     preprocess = Preprocess(loaded.preprocessing, settings.fast_decode)
     if settings.fast_decode and preprocess.draft is None:
         log.warning("--fast-decode needs a resize in the preprocessing; decoding every image whole.")
@@ -267,7 +281,7 @@ def _prepare_model(settings: Settings, device: torch.device) -> Model:
     chosen = choose(settings.reduce, [layer.name for layer in layers], infos, settings.model)
     reductions = {layer.name: bind(chosen[layer.name], layer.name, layer.shape, loaded.prefix_tokens)
                   for layer in layers if method_of(chosen[layer.name]) != "pca"}
-    return Model(loaded, preprocess, layers, chosen, reductions, device, settings.dtype)
+    return Model(loaded, preprocess, layers, chosen, reductions, device, settings.dtype, memory_format)
 
 
 @dataclass
@@ -304,8 +318,9 @@ def _run_batches(job: _Job, progress: Progress, stop: StopSignals) -> None:
             features = {}
             if inputs is not None:
                 count = inputs.shape[0]
-                if device.type == "cuda":  # one shape for cudnn.benchmark: the last batch and gappy ones padded
-                    inputs = padded(inputs, settings.batch_size).contiguous(memory_format=torch.channels_last)
+                if device.type == "cuda" or job.capture.strategy == "compiled graph":
+                    inputs = padded(inputs, settings.batch_size)  # one shape (cudnn.benchmark, one compile)
+                inputs = inputs.contiguous(memory_format=job.model.memory_format)
                 features = {name: values[:count] for name, values in job.capture.run(inputs).items()}
             sink.put(features, batch, images, device)
             waiting, computing = waiting + tock - tick, computing + time.perf_counter() - tock

@@ -95,6 +95,13 @@ class Settings:
     fast_decode: bool = option(False, "Decode large JPEGs at a reduced scale (1/2-1/8, never below twice the resize "
                                       "size) before the exact resize: several times faster on camera photos, "
                                       "features within about 1%.")
+    compile: bool = option(False, "torch.compile the forward (the pruned graph): slower start, faster batches; "
+                                  "falls back to eager with a log line when the model does not compile.")
+    compile_cache: str | None = option(
+        kind=str, optional=True, metavar="DIR",
+        help="Folder of torch.compile's caches, shared by runs and by the tasks of an array (sets "
+             "TORCHINDUCTOR_CACHE_DIR and TRITON_CACHE_DIR).  [default: TORCHINDUCTOR_CACHE_DIR, else "
+             "/tmp/torchinductor_USER]")
     on_error: str = option("skip", "A bad image is skipped and recorded, or stops the run.", choices=ON_ERROR)
     overwrite: bool = option(False, "Replace an existing output (or partial output).")
     update: bool = option(False, "OUTPUT exists: extract only the images it lacks and append them (cron); rows it "

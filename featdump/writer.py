@@ -128,6 +128,14 @@ class FeatureWriter:
             no_space = OSError(errno.ENOSPC, "No space left on device")
             raise write_error(self.path, no_space, committed_rows)
 
+    def note(self, attributes: dict) -> None:
+        """Record ATTRIBUTES of this run on the file (how it ran, not what it holds: no commit needed)."""
+        try:
+            self._file.attrs.update(attributes)
+            self._file.flush()
+        except OSError as error:
+            raise write_error(self.path, error, self.committed_rows) from error
+
     def finish(self) -> Path:
         """Mark complete, make it durable, and atomically rename OUT.partial to OUT."""
         partial = self.path
