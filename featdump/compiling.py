@@ -58,7 +58,7 @@ def compile_capture(capture: Capture, example: torch.Tensor, precision: str, cac
     hits, misses = counters["inductor"]["fxgraph_cache_hit"], counters["inductor"]["fxgraph_cache_miss"]
     started = time.perf_counter()
     try:
-        compiled = torch.compile(capture.graph, dynamic=False)
+        compiled = torch.compile(capture.graph, dynamic=False, fullgraph=True)  # all of it, or eager
         with torch.inference_mode(), autocast(precision, example.device):
             got, expected = compiled(example), capture.graph(example)
     except Exception as error:  # compilers fail in many model-specific ways

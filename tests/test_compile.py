@@ -1,0 +1,157 @@
+"""--compile: the pruned graph compiled with inductor equals eager (in-place ops and reused modules included), a
+model that does not compile runs eager, the compile cache is reused, and the memory layout is chosen per model.
+Small models: CI has 2 cores."""
+
+from __future__ import annotations
+
+import os
+
+import h5py
+import numpy as np
+import pytest
+import torch
+from torchvision.models import VisionTransformer, resnet18
+
+from featdump.memory_format import choose_memory_format
+
+from .conftest import REPO, featdump_env, run_featdump, user_project
+
+MODELS = '''
+import torch
+from torch import nn
+from torchvision.models import VisionTransformer
+
+
+class Reused(nn.Module):
+    """A small CNN: in-place ReLUs (one rewrites the BatchNorm's output), one ReLU module called twice, and an
+    in-place residual addition that rewrites conv2's output."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, 8, 3, stride=4)
+        self.bn = nn.BatchNorm2d(8)
+        self.relu = nn.ReLU(inplace=True)
+        self.conv2 = nn.Conv2d(8, 8, 3, padding=1)
+        self.pool = nn.AdaptiveAvgPool2d(1)
+
+    def forward(self, x):
+        x = self.relu(self.bn(self.conv1(x)))
+        y = self.conv2(x)
+        y += x
+        return self.pool(self.relu(y)).flatten(1)
+
+
+def cnn():
+    torch.manual_seed(0)
+    model = Reused()
+    with torch.no_grad():
+        model.bn.running_mean.uniform_(-0.5, 0.5)
+        model.bn.running_var.uniform_(0.5, 2.0)
+    return model
+
+
+def vit():
+    torch.manual_seed(0)
+    return VisionTransformer(image_size=224, patch_size=32, num_layers=2, num_heads=2, hidden_dim=64, mlp_dim=128)
+
+
+def refuses_compilation(x):
+    if torch.compiler.is_compiling():
+        raise RuntimeError("this op has no compiled form")
+    return x * 2
+
+
+torch.fx.wrap("refuses_compilation")
+
+
+class Uncompilable(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3, stride=8)
+        self.pool = nn.AdaptiveAvgPool2d(1)
+
+    def forward(self, x):
+        return self.pool(refuses_compilation(self.conv(x)))
+
+
+class Untraceable(Uncompilable):
+    def forward(self, x):
+        x = self.conv(x)
+        return self.pool(x if x.sum() > 0 else -x)  # data-dependent: torch.fx cannot trace it
+
+
+def uncompilable():
+    torch.manual_seed(0)
+    return Uncompilable()
+
+
+def untraceable():
+    torch.manual_seed(0)
+    return Untraceable()
+'''
+
+LAYERS = {"tiny_models:cnn": "bn,relu:1,conv2,relu:2,pool",
+          "tiny_models:vit": "encoder.layers.encoder_layer_0,encoder.ln"}
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory):
+    """The models above and 6 images: batches of 4 and 2, so the last batch is short."""
+    with user_project(tmp_path_factory.mktemp("compile"), "tiny_models", MODELS, {"": 6}) as folder:
+        yield folder
+
+
+def extract(project, model: str, output, *options):
+    env = featdump_env(PYTHONPATH=f"{project}{os.pathsep}{REPO}", TORCH_LOGS="recompiles")
+    result = run_featdump("-v", "extract", "-m", model, "-w", "none", "-l", LAYERS.get(model, "pool"), "-b", "4",
+                          *options, project / "images", output, env=env)
+    assert result.returncode == 0, result.stderr
+    with h5py.File(output, "r") as h5file:
+        features = {name: dataset[:] for name, dataset in h5file["features"].items()}
+        return features, str(h5file.attrs["compiled"]), result.stderr
+
+
+@pytest.mark.parametrize("model", ["tiny_models:cnn", "tiny_models:vit"])
+def test_compiled_features_equal_eager(project, tmp_path, model):
+    eager, eager_note, _ = extract(project, model, tmp_path / "eager.h5")
+    compiled, note, log = extract(project, model, tmp_path / "compiled.h5", "--compile", "--compile-cache",
+                                  tmp_path / "cache")
+    assert eager_note == "no" and note.startswith("yes: inductor"), note
+    assert "Compiled the forward in" in log and "compiled graph capture" in log
+    assert "Recompiling" not in log  # the short last batch is padded: one compile per run
+    for name, values in eager.items():
+        scale = max(float(np.abs(values).max()), 1e-6)
+        assert float(np.abs(compiled[name] - values).max()) <= 1e-4 * scale, name
+
+
+def test_a_second_run_with_the_same_cache_hits_it(project, tmp_path):
+    cache = tmp_path / "shared-cache"
+    seconds = []
+    for run in range(2):
+        _, note, log = extract(project, "tiny_models:cnn", tmp_path / f"run{run}.h5", "--compile", "--compile-cache",
+                               cache)
+        assert f"(inductor; cache {cache}: " in log
+        seconds.append(float(note.split(", ")[1].split(" s")[0]))
+        hits = int(note.rsplit("cache ", 1)[1].split(" hits")[0])
+        assert (hits == 0) if run == 0 else (hits >= 1), note
+    assert seconds[1] < seconds[0], seconds
+    assert any(cache.iterdir())
+
+
+@pytest.mark.parametrize("model, why", [
+    ("tiny_models:uncompilable", "it does not compile (Unsupported"),
+    ("tiny_models:untraceable", "the model does not trace to a graph"),
+])
+def test_a_model_that_does_not_compile_runs_eager_and_says_why(project, tmp_path, model, why):
+    eager, _, _ = extract(project, model, tmp_path / "eager.h5")
+    features, note, log = extract(project, model, tmp_path / "out.h5", "--compile")
+    assert f"--compile: running eager, {why}" in log
+    assert note.startswith(f"no: {why}")
+    np.testing.assert_array_equal(features["pool"], eager["pool"])
+
+
+def test_memory_format_is_chosen_per_model():
+    assert choose_memory_format(resnet18())[0] == torch.channels_last
+    tiny_vit = VisionTransformer(image_size=224, patch_size=32, num_layers=1, num_heads=2, hidden_dim=32, mlp_dim=64)
+    assert choose_memory_format(tiny_vit) == (torch.contiguous_format,
+                                              "1 Conv2d layer(s): not a convolutional network")
