@@ -48,6 +48,11 @@ def _not_empty(spec: str) -> None:
         raise BadOption("'model' must name a model, e.g. resnet50, timm:NAME or package.module:callable.")
 
 
+def _cache_folder(text: str) -> None:
+    if not text.strip() or Path(text).expanduser().is_file():
+        raise BadOption(f"--compile-cache {text!r}: give a folder (made if missing) for torch.compile's caches.")
+
+
 @dataclass(frozen=True)
 class Settings:
     """What to extract, from what, into where, and how."""
@@ -98,7 +103,7 @@ class Settings:
     compile: bool = option(False, "torch.compile the forward (the pruned graph): slower start, faster batches; "
                                   "falls back to eager with a log line when the model does not compile.")
     compile_cache: str | None = option(
-        kind=str, optional=True, metavar="DIR",
+        kind=str, optional=True, metavar="DIR", syntax=_cache_folder,
         help="Folder of torch.compile's caches, shared by runs and by the tasks of an array (sets "
              "TORCHINDUCTOR_CACHE_DIR and TRITON_CACHE_DIR).  [default: TORCHINDUCTOR_CACHE_DIR, else "
              "/tmp/torchinductor_USER]")

@@ -29,6 +29,8 @@ BAD = {
     "precision": ("fp64", "fp64"),
     "decode": ("gpuu", "gpuu"),
     "fast_decode": (1, None),
+    "compile": ("yes", None),
+    "compile_cache": ("", ""),
     "on_error": ("skp", "skp"),
     "overwrite": ("no", None),
     "update": (0, None),
