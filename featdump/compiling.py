@@ -1,6 +1,6 @@
-"""Compiling (--compile): torch.compile of the forward a capture runs (its pruned graph), checked once against
-eager on a full batch, falling back to eager with one log line when it cannot compile; and the compile cache a
-cluster can share (--compile-cache: torch inductor's and triton's caches in one folder).
+"""Compiling (--compile): torch.compile of the forward a capture runs (its pruned graph), compiled and checked
+against eager at the first batch, falling back to eager with one log line when it cannot compile; and the
+compile cache a cluster can share (--compile-cache: torch inductor's and triton's caches in one folder).
 
 Shapes are static: the runner pads a short batch to the batch size, so a run compiles once.
 """
@@ -15,11 +15,13 @@ from pathlib import Path
 
 import torch
 
-from featdump.device import autocast
 from featdump.graph import same_outputs
 from featdump.hooks import Capture
 
 log = logging.getLogger("featdump")
+
+
+NOT_TRACED = "the model does not trace to a graph (featdump compiles the traced, pruned graph; hooks are not compiled)"
 
 
 @dataclass(frozen=True)
@@ -44,35 +46,80 @@ def use_cache(folder: Path | None) -> Path:
     return Path(cache_dir())
 
 
-def compile_capture(capture: Capture, example: torch.Tensor, precision: str, cache: Path | None) -> Compiled:
-    """Make CAPTURE run its graph compiled, if it compiles and gives eager's outputs on EXAMPLE (a full batch, made
-    like the real inputs: outside inference mode, in the model's memory format); else leave it eager."""
+def compile_capture(capture: Capture, cache: Path | None) -> CompiledForward | None:
+    """Make CAPTURE run its graph through a CompiledForward (compiled at the first batch); None, with a log line,
+    when there is no graph to compile."""
     if capture.strategy != "graph":
-        return _eager("the model does not trace to a graph (featdump compiles the traced, pruned graph; "
-                      "hooks are not compiled)")
-    folder = use_cache(cache)
-    if example.device.type == "cpu":  # "No CUDA runtime is found": true, and no concern of a CPU compile
-        logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
-    from torch._dynamo.utils import counters
+        _eager(NOT_TRACED)
+        return None
+    forward = CompiledForward(capture.graph, use_cache(cache))
+    capture.use_compiled(forward)
+    return forward
 
-    hits, misses = counters["inductor"]["fxgraph_cache_hit"], counters["inductor"]["fxgraph_cache_miss"]
-    started = time.perf_counter()
-    try:
-        compiled = torch.compile(capture.graph, dynamic=False, fullgraph=True)  # all of it, or eager
-        with torch.inference_mode(), autocast(precision, example.device):
-            got, expected = compiled(example), capture.graph(example)
-    except Exception as error:  # compilers fail in many model-specific ways
-        first_line = str(error).strip().splitlines()[0] if str(error).strip() else ""
-        return _eager(f"it does not compile ({type(error).__name__}: {first_line[:300]})")
-    seconds = time.perf_counter() - started
-    if not same_outputs(got, expected):
-        return _eager("its compiled outputs differ from eager's beyond 1e-4")
-    capture.use_compiled(compiled)
-    hits, misses = counters["inductor"]["fxgraph_cache_hit"] - hits, counters["inductor"]["fxgraph_cache_miss"] - misses
-    log.info("Compiled the forward in %.1f s (inductor; cache %s: %d hits, %d misses).", seconds, folder, hits, misses)
-    return Compiled(True, seconds, f"yes: inductor, {seconds:.1f} s to compile, cache {hits} hits {misses} misses")
+
+class CompiledForward:
+    """The graph, compiled at its first call (the first batch of real inputs, padded to the batch size) and
+    checked there against eager on its first two rows; eager from then on if it does not compile or differs.
+
+    On the CPU with inductor's freezing: the weights become constants, prepacked for oneDNN (1.2x on resnet50
+    here). The caller runs it under inference mode and the run's autocast.
+    """
+
+    def __init__(self, graph, cache: Path):
+        self.graph, self.cache = graph, cache
+        self._forward = None
+        self.result = Compiled(False, 0.0, "no: the run ended before its first batch")
+
+    def __call__(self, inputs: torch.Tensor) -> dict[str, torch.Tensor]:
+        if self._forward is None:
+            return self._first(inputs)
+        return self._forward(inputs)
+
+    def _first(self, inputs: torch.Tensor) -> dict[str, torch.Tensor]:
+        from torch._inductor import config
+
+        if inputs.device.type == "cpu":  # "No CUDA runtime is found": true, and no concern of a CPU compile
+            logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
+        entries = _entries(self.cache)
+        started = time.perf_counter()
+        try:
+            compiled = torch.compile(self.graph, dynamic=False, fullgraph=True)  # all of it, or eager
+            with config.patch(freezing=inputs.device.type == "cpu"):
+                got = compiled(inputs)
+        except Exception as error:  # compilers fail in many model-specific ways
+            first_line = str(error).strip().splitlines()[0] if str(error).strip() else ""
+            return self._eager(f"it does not compile ({type(error).__name__}: {first_line[:300]})", inputs)
+        seconds = time.perf_counter() - started
+        expected = self.graph(inputs[:2])
+        if not same_outputs({name: values[:2] for name, values in got.items()}, expected):
+            return self._eager("its compiled outputs differ from eager's beyond 1e-4", inputs)
+        cached = _cache_use(_entries(self.cache) - entries)
+        log.info("Compiled the forward in %.1f s, its first batch included (inductor; cache %s: %s).", seconds,
+                 self.cache, cached)
+        self._forward = compiled
+        self.result = Compiled(True, seconds, f"yes: inductor, {seconds:.1f} s to compile (the first batch "
+                                              f"included), cache {cached}")
+        return got
+
+    def _eager(self, why: str, inputs: torch.Tensor) -> dict[str, torch.Tensor]:
+        self._forward = self.graph
+        self.result = _eager(why)
+        return self.graph(inputs)
 
 
 def _eager(why: str) -> Compiled:
     log.info("--compile: running eager, %s.", why)
     return Compiled(False, 0.0, f"no: {why}")
+
+
+_COMPILED = (".so", ".cubin", ".hsaco")  # a C++ compiler's or triton's output (the wrapper .py is rewritten per run)
+
+
+def _entries(folder: Path) -> int:
+    """How many compiled kernels the cache folder holds."""
+    return sum(name.endswith(_COMPILED) for _, _, files in os.walk(folder) for name in files)
+
+
+def _cache_use(new_kernels: int) -> str:
+    """A cache that gained no kernel served every one (warm); else how many the compile built."""
+    return "warm, no kernel compiled anew" if new_kernels <= 0 else f"{new_kernels} kernels compiled into it"

@@ -17,7 +17,7 @@ import torchvision
 
 from featdump import fingerprint as fingerprints
 from featdump import fitting
-from featdump.compiling import Compiled, compile_capture
+from featdump.compiling import NOT_TRACED, compile_capture
 from featdump.device import autocast, padded, place_model, resolve_decode, resolve_device
 from featdump.errors import BadImage, Interrupted, NothingRead, UsageProblem
 from featdump.gpu_decode import to_device_inputs
@@ -215,11 +215,14 @@ def _fill(writer: FeatureWriter, images: ImageList, settings: Settings, model: M
         capture = Capture(model.loaded.module, model.layers, model.snapshots(), prune=True,
                           example=example.to(model.device).contiguous(memory_format=model.memory_format))
         with StopSignals() as stop, capture:
-            writer.note({"compiled": _compile(capture, settings, model).note if settings.compile else "no"})
+            cache = Path(settings.compile_cache) if settings.compile_cache else None
+            compiled = compile_capture(capture, cache) if settings.compile else None
             progress.start(len(images), start)
             job = _Job(settings, images, model, capture, writer, record, offset,
                        owned_files=(writer.path, *([lock.path] if lock.path else [])))
             _run_batches(job, progress, stop)
+            writer.note({"compiled": compiled.result.note if compiled else f"no: {NOT_TRACED}" if settings.compile
+                         else "no"})
         if stop.signal_number is not None:
             raise Interrupted(
                 f"Stopped by {signal.Signals(stop.signal_number).name} after {writer.committed_images} of "
@@ -231,14 +234,6 @@ def _fill(writer: FeatureWriter, images: ImageList, settings: Settings, model: M
         record.remove()  # only a kill leaves it, for info to report the job as stopped
         progress.close()
         writer.close()
-
-
-def _compile(capture: Capture, settings: Settings, model: Model) -> Compiled:
-    """--compile: the capture's graph compiled for full batches of this model's inputs (or left eager)."""
-    example = torch.randn((settings.batch_size, 3, *model.preprocess.size), generator=torch.Generator().manual_seed(0))
-    example = example.to(model.device).contiguous(memory_format=model.memory_format)
-    return compile_capture(capture, example, settings.precision,
-                           Path(settings.compile_cache) if settings.compile_cache else None)
 
 
 def _summary(settings: Settings, output: Path, after: Committed, before: Committed, processed: int, start: int,

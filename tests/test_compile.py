@@ -132,8 +132,8 @@ def test_a_second_run_with_the_same_cache_hits_it(project, tmp_path):
                                cache)
         assert f"(inductor; cache {cache}: " in log
         seconds.append(float(note.split(", ")[1].split(" s")[0]))
-        hits = int(note.rsplit("cache ", 1)[1].split(" hits")[0])
-        assert (hits == 0) if run == 0 else (hits >= 1), note
+        expected = "kernels compiled into it" if run == 0 else "cache warm, no kernel compiled anew"
+        assert note.endswith(expected), note
     assert seconds[1] < seconds[0], seconds
     assert any(cache.iterdir())
 

@@ -273,7 +273,10 @@ def read_tars(paths: Sequence[Path]) -> ImageList:
         found = os.stat(path)
         shard = TarShard(path.relative_to(root).as_posix(), found.st_size, found.st_mtime_ns)
         shards.append(shard)
-        scan = scan_tar(path)
+        try:
+            scan = scan_tar(path)
+        except OSError as error:  # unreadable (permissions, an I/O error): one skipped entry, like a bad image
+            scan = TarScan(damage=(0, f"cannot be read ({error.strerror or error})"))
         for member, offset, size, label in scan.images:
             names.append(f"{shard.name}/{member}")
             labels.append(label)
