@@ -300,6 +300,7 @@ def _run_batches(job: _Job, progress: Progress, stop: StopSignals) -> None:
                          settings.batch_size, choose_workers(settings.num_workers), pin_memory=device.type == "cuda",
                          owned_files=job.owned_files)
     waiting = computing = 0.0
+    steady = _SteadyRate()
     # Autocast is entered once for the loop (leaving it clears its cache of cast weights); the inputs are made
     # outside it, in a nested disabled region (which leaves the cache alone).
     with WriteBehind(job.writer, job.record, job.offset) as sink, autocast(settings.precision, device):
@@ -320,12 +321,32 @@ def _run_batches(job: _Job, progress: Progress, stop: StopSignals) -> None:
             sink.put(features, batch, images, device)
             waiting, computing = waiting + tock - tick, computing + time.perf_counter() - tock
             progress.advance(batch.size)
+            steady.count(batch.size)
             if stop.signal_number is not None:
                 break
             tick = time.perf_counter()
     log.debug("Stage times: waiting for decoded images %.2f s, forward and copies %.2f s, "
-              "writing %.2f s on a background thread (%s capture).", waiting, computing, sink.seconds,
-              job.capture.strategy)
+              "writing %.2f s on a background thread (%s capture); %s.", waiting, computing, sink.seconds,
+              job.capture.strategy, steady)
+
+
+class _SteadyRate:
+    """img/s after the first batch (which pays for warming up, compiling), for the -v log."""
+
+    def __init__(self):
+        self.first_done, self.images = None, 0
+
+    def count(self, images: int) -> None:
+        if self.first_done is None:
+            self.first_done = time.perf_counter()
+        else:
+            self.images += images
+
+    def __str__(self) -> str:
+        seconds = time.perf_counter() - self.first_done if self.first_done is not None else 0.0
+        if not self.images or seconds <= 0:
+            return "one batch only"
+        return f"after the first batch {self.images} images in {seconds:.2f} s, {self.images / seconds:.2f} img/s"
 
 
 def _check_failures(batch: Batch, images: ImageList, on_error: str) -> None:
