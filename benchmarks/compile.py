@@ -39,12 +39,12 @@ def extract(model: str, layer: str, images: Path, output: Path, *options: str) -
     started = time.perf_counter()
     result = subprocess.run(command, capture_output=True, text=True, env=env)
     seconds = time.perf_counter() - started
-    if result.returncode:
-        raise SystemExit(f"{model} {options} failed:\n{result.stderr[-3000:]}")
+    if result.returncode or ("--compile" in options and not re.search("Compiled the forward", result.stderr)):
+        raise SystemExit(f"{model} {options} failed or ran eager:\n{result.stderr[-3000:]}")
     log = result.stderr
     steady = re.search(r"after the first batch \d+ images in [\d.]+ s, ([\d.]+) img/s", log)
-    compiled = re.search(r"Compiled the forward in ([\d.]+) s, its first batch included \(inductor; cache .*: (.*)\)\.",
-                         log)
+    compiled = re.search(r"Compiled the forward in ([\d.]+) s, its first batch included "
+                         r"\(inductor; cache .*?: (.*?)\); it differs", log)
     with h5py.File(output, "r") as h5file:
         values = h5file["features"][layer][:]
     return {"seconds": seconds, "loop_rate": float(steady[1]), "compile": float(compiled[1]) if compiled else None,
