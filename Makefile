@@ -22,11 +22,11 @@ demo: install ## Extract two layers of a random resnet18 over the sample images 
 	$(BIN)/featdump info demo.h5
 	$(BIN)/featdump show demo.h5 --layer layer1 --index 2 -o demo.png
 
-test: install ## Run the test suite
-	$(BIN)/python -m pytest -q
+test: install ## Run the quick suite: every test but the ones marked slow (soaks, long variants)
+	$(BIN)/python -m pytest -q -m "not slow"
 
-test-all: install ## Run the test suite with the long fault-injection soak (FEATDUMP_FAULT_TRIALS=200)
-	FEATDUMP_FAULT_TRIALS=200 $(BIN)/python -m pytest -q
+test-all: install ## Run every test, the slow ones included (what CI runs; FEATDUMP_FAULT_TRIALS=200 for a longer soak)
+	$(BIN)/python -m pytest -q
 
 lint: install ## Check style with ruff
 	$(BIN)/ruff check .

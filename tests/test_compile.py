@@ -111,7 +111,7 @@ def extract(project, model: str, output, *options):
         return features, str(h5file.attrs["compiled"]), result.stderr
 
 
-@pytest.mark.parametrize("model", ["tiny_models:cnn", "tiny_models:vit"])
+@pytest.mark.parametrize("model", ["tiny_models:cnn", pytest.param("tiny_models:vit", marks=pytest.mark.slow)])
 def test_compiled_features_equal_eager(project, tmp_path, model):
     eager, eager_note, _ = extract(project, model, tmp_path / "eager.h5")
     compiled, note, log = extract(project, model, tmp_path / "compiled.h5", "--compile", "--compile-cache",
@@ -124,6 +124,7 @@ def test_compiled_features_equal_eager(project, tmp_path, model):
         assert float(np.abs(compiled[name] - values).max()) <= 1e-4 * scale, name
 
 
+@pytest.mark.slow
 def test_a_second_run_with_the_same_cache_hits_it(project, tmp_path):
     cache = tmp_path / "shared-cache"
     seconds = []

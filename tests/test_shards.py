@@ -152,6 +152,7 @@ def test_slurm_array_tasks_then_merge_equal_a_single_run(folder, single, tmp_pat
     assert result.returncode == 1 and "changed since the merge: out.shard-2-of-3.h5" in result.stderr
 
 
+@pytest.mark.slow
 def test_more_shards_than_images(tmp_path, caplog):
     images = tmp_path / "images"
     write_images(images, {"": 2})

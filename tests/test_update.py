@@ -45,6 +45,7 @@ def assert_rows_kept(before: dict, after: dict):
             np.testing.assert_array_equal(after[name][0][layer], values, err_msg=f"{name} {layer}")  # bit for bit
 
 
+@pytest.mark.slow
 def test_update_12_20_120_with_a_kill_equals_a_fresh_run(tmp_path):
     images, output = tmp_path / "images", tmp_path / "out.h5"
     write_images(images, {"cats": 6, "dogs": 6}, size=(40, 32))
