@@ -13,13 +13,10 @@ ones (max difference over the max |value| of the layer). Prints a Markdown table
 from __future__ import annotations
 
 import argparse
-import os
 import re
 import shutil
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import h5py
@@ -29,26 +26,22 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 sys.path.insert(0, str(REPO))
 
-from benchmarks.run import make_images  # noqa: E402
+from benchmarks.run import make_images, timed_featdump  # noqa: E402
 
 
 def extract(model: str, layer: str, images: Path, output: Path, *options: str) -> dict:
-    command = [sys.executable, "-m", "featdump", "-v", "extract", "-m", model, "-w", "none", "-l", layer,
-               "--overwrite", *options, str(images), str(output)]
-    env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1"}
-    started = time.perf_counter()
-    result = subprocess.run(command, capture_output=True, text=True, env=env)
-    seconds = time.perf_counter() - started
-    if result.returncode or ("--compile" in options and not re.search("Compiled the forward", result.stderr)):
-        raise SystemExit(f"{model} {options} failed or ran eager:\n{result.stderr[-3000:]}")
-    log = result.stderr
+    seconds, log = timed_featdump("-v", "extract", "-m", model, "-w", "none", "-l", layer, "--overwrite", *options,
+                                  images, output, what=f"{model} {options}")
+    if "--compile" in options and "Compiled the forward" not in log:
+        raise SystemExit(f"{model} {options} ran eager:\n{log[-3000:]}")
     steady = re.search(r"after the first batch \d+ images in [\d.]+ s, ([\d.]+) img/s", log)
     compiled = re.search(r"Compiled the forward in ([\d.]+) s, its first batch included "
                          r"\(inductor; cache .*?: (.*?)\); it differs", log)
     with h5py.File(output, "r") as h5file:
         values = h5file["features"][layer][:]
-    return {"seconds": seconds, "loop_rate": float(steady[1]), "compile": float(compiled[1]) if compiled else None,
-            "cache": compiled[2] if compiled else "", "values": values}
+    return {"seconds": seconds, "loop_rate": float(steady[1]) if steady else float("nan"),  # nan: one batch only
+            "compile": float(compiled[1]) if compiled else None, "cache": compiled[2] if compiled else "",
+            "values": values}
 
 
 def measure(model: str, layer: str, images: Path, scratch: Path) -> list[str]:

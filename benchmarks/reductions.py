@@ -12,10 +12,8 @@ fit pass (staging and fitting on --fit-images other images) apart. Prints a Mark
 from __future__ import annotations
 
 import argparse
-import os
 import re
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -25,7 +23,7 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 sys.path.insert(0, str(REPO))
 
-from benchmarks.run import make_images  # noqa: E402
+from benchmarks.run import make_images, timed_featdump  # noqa: E402
 
 CONFIGS = {
     "none": [],
@@ -39,15 +37,8 @@ CONFIGS = {
 def run(name: str, images: Path, fit: Path, folder: Path) -> dict:
     output = folder / f"{name.replace(':', '_')}.h5"
     arguments = [a.replace("{fit}", str(fit)) for a in CONFIGS[name]]
-    command = [sys.executable, "-m", "featdump", "-v", "extract", "-m", "resnet50", "-w", "none", "-l", "layer*.*",
-               *arguments, str(images), str(output)]
-    env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1"}
-    started = time.perf_counter()
-    result = subprocess.run(command, capture_output=True, text=True, env=env)
-    seconds = time.perf_counter() - started
-    if result.returncode:
-        raise SystemExit(f"{name} failed:\n{result.stderr[-3000:]}")
-    log = result.stderr
+    seconds, log = timed_featdump("-v", "extract", "-m", "resnet50", "-w", "none", "-l", "layer*.*", *arguments,
+                                  images, output, what=name)
     fit_done = re.findall(r"(\d\d:\d\d:\d\d) featdump INFO: PCA fit of", log)
     projection = re.search(r"Projection matrices: ([\d.]+ [KMG]B)", log)
     size = output.stat().st_size

@@ -45,6 +45,18 @@ def make_images(folder: Path, count: int) -> Path:
     return folder
 
 
+def timed_featdump(*arguments: str, what: str) -> tuple[float, str]:
+    """`python -m featdump ARGUMENTS` in its own process: (wall seconds, its stderr); exits naming WHAT if it fails."""
+    command = [sys.executable, "-m", "featdump", *map(str, arguments)]
+    env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1"}
+    started = time.perf_counter()
+    result = subprocess.run(command, capture_output=True, text=True, env=env)
+    seconds = time.perf_counter() - started
+    if result.returncode:
+        raise SystemExit(f"{what} failed:\n{result.stderr[-3000:]}")
+    return seconds, result.stderr
+
+
 def measure(method: str, model: str, layer: str, images: Path, workers: int, keep: Path | None = None,
             **options) -> dict:
     """One method in its own process; its output is deleted, or moved to KEEP."""

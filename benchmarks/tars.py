@@ -18,7 +18,6 @@ import io
 import os
 import re
 import statistics
-import subprocess
 import sys
 import tarfile
 import tempfile
@@ -32,7 +31,7 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 sys.path.insert(0, str(REPO))
 
-from benchmarks.run import make_images  # noqa: E402
+from benchmarks.run import make_images, timed_featdump  # noqa: E402
 from featdump.inputs import find_images  # noqa: E402
 
 
@@ -60,15 +59,9 @@ def pack(folder: Path, shards: Path, count: int) -> Path:
 
 
 def extract(images: Path | str, output: Path) -> dict:
-    command = [sys.executable, "-m", "featdump", "extract", "-m", "resnet18", "-w", "none", "-l", "avgpool",
-               "--overwrite", str(images), str(output)]
-    env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1"}
-    started = time.perf_counter()
-    result = subprocess.run(command, capture_output=True, text=True, env=env)
-    seconds = time.perf_counter() - started
-    if result.returncode:
-        raise SystemExit(f"{images} failed:\n{result.stderr[-3000:]}")
-    count = int(re.search(r"Wrote (\d+) images", result.stderr)[1])
+    seconds, log = timed_featdump("extract", "-m", "resnet18", "-w", "none", "-l", "avgpool", "--overwrite", images,
+                                  output, what=str(images))
+    count = int(re.search(r"Wrote (\d+) images", log)[1])
     return {"seconds": seconds, "rate": count / seconds, "count": count}
 
 

@@ -71,8 +71,9 @@ def check_tar_names(paths: Sequence[Path], named_by: str) -> list[Path]:
     missing = [str(path) for path in paths if not path.is_file()]
     if missing:
         shown = ", ".join(missing[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
+        verb = "is" if len(missing) == 1 else "are"
         raise NoImages(f"{named_by[0].upper() + named_by[1:]} names {len(paths)} tar files; {len(missing)} of them "
-                       f"are missing: {shown}. Nothing was read.")
+                       f"{verb} missing: {shown}. Nothing was read.")
     return list(paths)
 
 
