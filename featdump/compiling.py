@@ -108,6 +108,13 @@ class CompiledForward:
         return self.graph(inputs)
 
 
+def compiled_note(forward: CompiledForward | None, asked: bool) -> str:
+    """What the output's `compiled` attribute says of this run."""
+    if forward is not None:
+        return forward.result.note
+    return f"no: {NOT_TRACED}" if asked else "no"
+
+
 def relative_difference(got: dict[str, torch.Tensor], expected: dict[str, torch.Tensor]) -> float:
     """The largest |GOT - EXPECTED| over the layer's largest |EXPECTED|, across layers (inf if they disagree in
     layers or shapes)."""

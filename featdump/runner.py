@@ -17,7 +17,7 @@ import torchvision
 
 from featdump import fingerprint as fingerprints
 from featdump import fitting
-from featdump.compiling import NOT_TRACED, compile_capture
+from featdump.compiling import compile_capture, compiled_note
 from featdump.device import autocast, padded, place_model, resolve_decode, resolve_device
 from featdump.errors import BadImage, Interrupted, NothingRead, UsageProblem
 from featdump.gpu_decode import to_device_inputs
@@ -221,8 +221,7 @@ def _fill(writer: FeatureWriter, images: ImageList, settings: Settings, model: M
             job = _Job(settings, images, model, capture, writer, record, offset,
                        owned_files=(writer.path, *([lock.path] if lock.path else [])))
             _run_batches(job, progress, stop)
-            writer.note({"compiled": compiled.result.note if compiled else f"no: {NOT_TRACED}" if settings.compile
-                         else "no"})
+            writer.note({"compiled": compiled_note(compiled, settings.compile)})
         if stop.signal_number is not None:
             raise Interrupted(
                 f"Stopped by {signal.Signals(stop.signal_number).name} after {writer.committed_images} of "
