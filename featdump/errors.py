@@ -93,6 +93,10 @@ class DeviceFailure(FeatdumpError):
     """The GPU itself failed (out of memory, a CUDA error): not an image's fault; the run stops, resumable."""
 
 
+class MixedSizes(UsageProblem):
+    """The preprocessing makes images of different sizes, which cannot be batched."""
+
+
 class BadImage(FeatdumpError):
     """An image could not be decoded and --on-error fail was given."""
 

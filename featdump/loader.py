@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import ctypes
 import multiprocessing
+import multiprocessing.util  # registers its exit handler first, so ours (below) runs before it
 import os
 import signal
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -31,6 +34,7 @@ class Batch:
     jpeg_bytes: torch.Tensor | None = None  # the JPEGs left to the GPU, end to end: one shared-memory tensor
     jpeg_index: list[tuple[int, int, int]] = field(default_factory=list)  # (position, start, stop) in jpeg_bytes
     file_stats: dict[int, tuple[int, int]] = field(default_factory=dict)  # position: (size, mtime_ns) when read
+    mixed_sizes: dict[int, tuple[int, ...]] = field(default_factory=dict)  # position: shape, when they differ
 
     @property
     def encoded(self) -> list[tuple[int, torch.Tensor]]:
@@ -92,8 +96,13 @@ class ImageDataset(Dataset):
 
 
 def collate(items: list[Item]) -> Batch:
-    """Stack the decoded images into one tensor (one shared-memory handle per batch, not per image)."""
+    """Stack the decoded images into one tensor (one shared-memory handle per batch, not per image). Images the
+    preprocessing made in different sizes cannot be stacked: the batch then holds their shapes (`mixed_sizes`),
+    for the main process to report; no exception crosses from a worker."""
     decoded = [item for item in items if item.pixels is not None]
+    if len({item.pixels.shape for item in decoded}) > 1:
+        return Batch(positions=[], pixels=None, failures=[], end=items[-1].position + 1,
+                     mixed_sizes={item.position: tuple(item.pixels.shape) for item in decoded})
     jpegs = [item for item in items if item.jpeg is not None]
     ends = np.cumsum([len(item.jpeg) for item in jpegs]).tolist()
     return Batch(
@@ -171,6 +180,41 @@ def close_descriptors_of(paths: tuple[str, ...]) -> list[int]:
                 os.close(descriptor)
                 closed.append(descriptor)
     return closed
+
+
+@contextlib.contextmanager
+def batches_of(loader: DataLoader) -> Iterator[Iterator[Batch]]:
+    """LOADER's batches. Leaving the block (at the end, on an error, on a stop) ends its worker processes within
+    seconds: a worker left to the interpreter's exit would hold it forever (workers ignore SIGTERM)."""
+    iterator = iter(loader)
+    try:
+        yield iterator
+    finally:
+        end_workers(iterator)
+
+
+def end_workers(iterator) -> None:
+    """Shut the workers of a DataLoader ITERATOR down as the DataLoader does, then SIGKILL any still alive."""
+    workers = list(getattr(iterator, "_workers", ()))
+    shutdown = getattr(iterator, "_shutdown_workers", None)
+    if shutdown is not None:
+        shutdown()
+    _kill(workers)
+
+
+def _kill(processes) -> None:
+    for process in processes:
+        if process.is_alive():
+            with contextlib.suppress(OSError):
+                os.kill(process.pid, signal.SIGKILL)
+            process.join(timeout=5)
+
+
+@atexit.register
+def _end_children_at_exit() -> None:
+    """The last resort: no worker process outlives this one (multiprocessing's own exit handler, which runs
+    after this one, would SIGTERM them and wait forever)."""
+    _kill(multiprocessing.active_children())
 
 
 def make_loader(

@@ -20,6 +20,7 @@ from torch import nn
 
 from featdump.errors import InvalidWeights, first_sentence
 from featdump.sources import factory, files, hf, open_clip_models, timm_models, torchvision_models
+from featdump.tokens import TokenRule
 
 log = logging.getLogger("featdump")
 DEFAULT_TRANSFORM = "ResNet18_Weights.DEFAULT.transforms()"
@@ -33,7 +34,7 @@ class LoadedModel:
     preprocessing: nn.Module  # a callable from a PIL image to a (C, H, W) tensor
     weights: str  # what was loaded: a weights enum, "none", a checkpoint path, ...
     source: dict = field(default_factory=dict)  # recorded and part of the resume fingerprint
-    prefix_tokens: int | None = None  # tokens before the patch tokens in (N, L, D) outputs, when the model says
+    tokens: TokenRule | None = None  # prefix tokens and patch size of its (N, L, D) outputs, where it states them
 
 
 def model_kind(name: str) -> str:
@@ -78,19 +79,19 @@ def load_model(name: str, weights: str = "DEFAULT", seed: int = 0, transform: st
     kind = model_kind(name)
     checkpoint = Path(weights) if _looks_like_path(weights) else None
     build_weights = "none" if checkpoint else weights
-    preprocessing, prefix = None, None
+    preprocessing, tokens = None, None
     if kind == "torchvision":
         torchvision_models.check_name(name)
         module, label = torchvision_models.build(name, build_weights, seed)
         preprocessing, source = default_preprocessing(name), {"source": "torchvision"}
-        prefix = 1 if getattr(module, "class_token", None) is not None else None  # torchvision's ViTs
+        tokens = torchvision_models.token_rule(module)
     elif kind == "timm":
         module, preprocessing, label, source = timm_models.build(name.removeprefix("timm:"), build_weights, seed)
-        prefix = getattr(module, "num_prefix_tokens", None)
+        tokens = timm_models.token_rule(module)
     elif kind == "hf":
-        module, preprocessing, label, source, prefix = hf.build(name.removeprefix("hf:"), build_weights, seed)
+        module, preprocessing, label, source, tokens = hf.build(name.removeprefix("hf:"), build_weights, seed)
     elif kind == "open_clip":
-        module, preprocessing, label, source, prefix = open_clip_models.build(
+        module, preprocessing, label, source, tokens = open_clip_models.build(
             name.removeprefix("open_clip:"), build_weights, seed)
     elif kind == "factory":
         module, source = factory.build(name, seed)
@@ -108,7 +109,9 @@ def load_model(name: str, weights: str = "DEFAULT", seed: int = 0, transform: st
                  name, DEFAULT_TRANSFORM)
         preprocessing = default_preprocessing("resnet18")
         source = {**source, "transform": DEFAULT_TRANSFORM}
-    return LoadedModel(module.eval(), preprocessing, label, source, prefix)
+    if tokens is None and kind in ("factory", "file"):  # your own model may state them as timm's do
+        tokens = timm_models.token_rule(module)
+    return LoadedModel(module.eval(), preprocessing, label, source, tokens)
 
 
 def _looks_like_path(weights: str) -> bool:

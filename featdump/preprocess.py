@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import numpy as np
 import torch
 from PIL import Image
@@ -9,6 +11,8 @@ from torch import nn
 from torchvision.transforms import Resize
 from torchvision.transforms import functional as F
 from torchvision.transforms._presets import ImageClassification
+
+from featdump.errors import MixedSizes
 
 
 class Preprocess:
@@ -45,6 +49,26 @@ class Preprocess:
         if not self.split:
             return {}
         return {"resize": list(self.transforms.resize_size or []), "crop": list(self.transforms.crop_size)}
+
+    def check_sizes(self, shapes: Mapping[str, tuple[int, ...]], named: str) -> None:
+        """MixedSizes when an image (path: its (C, H, W) as preprocessed) does not come out at the model's input
+        size: a transform that resizes without a crop makes one size per aspect ratio. NAMED: the preprocessing
+        as the user knows it (`--transform mod:fn`)."""
+        odd = {path: shape[-2:] for path, shape in shapes.items() if tuple(shape[-2:]) != self.size}
+        others = {shape[-2:] for shape in shapes.values()} - {self.size}
+        if not odd and len(others) < 2:
+            return
+        path, (height, width) = next(iter(odd.items()))
+        raise MixedSizes(
+            f"{named} makes images of different sizes ({path!r} comes out {height}x{width}, a 640x480 image "
+            f"{self.size[0]}x{self.size[1]}), and a batch needs one size: {self._size_advice()}."
+        )
+
+    def _size_advice(self) -> str:
+        if hasattr(self.transforms, "processor"):  # a Hugging Face image processor
+            return ("its image processor resizes without cropping; set do_center_crop to true (with a crop_size) in "
+                    "its preprocessor_config.json, or pass a --transform that ends in a crop")
+        return "add a crop (e.g. transforms.CenterCrop(224) after the Resize) or resize to a fixed (height, width)"
 
     def pixels(self, image: Image.Image) -> np.ndarray:
         if not self.split:

@@ -13,7 +13,6 @@ a batch-first tensor, the attributes recorded on the layer's dataset, and the de
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 
 import torch
@@ -21,14 +20,16 @@ import torch
 from featdump.errors import UsageProblem
 from featdump.reduction import Reduction
 from featdump.reduction_rules import CHANNELS, canonical, method_of
+from featdump.tokens import TokenLayout
 
 Snapshot = Callable[[torch.Tensor], torch.Tensor]  # one layer's output -> the tensor stored for it
 
 
-def bind(text: str, layer_name: str, shape: tuple[int, ...], prefix_tokens: int | None = None,
-         pca_fit=None) -> Reduction:
+def bind(text: str, layer_name: str, shape: tuple[int, ...], tokens: TokenLayout | None = None,
+         pca_fit=None, tokens_unknown: str = "the model does not state its tokens") -> Reduction:
     """The reduction TEXT for the layer LAYER_NAME of per-image SHAPE; UsageProblem where it does not apply.
-    PCA_FIT: the layer's fit (a featdump.pca.PcaFit) for pca:K."""
+    TOKENS: the layer's token layout (`featdump.tokens`), else TOKENS_UNKNOWN says why there is none (cls and
+    patchmean need one). PCA_FIT: the layer's fit (a featdump.pca.PcaFit) for pca:K."""
     text = canonical(text)
     method = method_of(text)
     if method == "srp":
@@ -42,7 +43,9 @@ def bind(text: str, layer_name: str, shape: tuple[int, ...], prefix_tokens: int 
         return projection(layer_name, shape, int(text.split(":")[1]), pca_fit)
     if method == "channels":
         return _channels(text, layer_name, shape)
-    return _simple(text, layer_name, shape, prefix_tokens)
+    if text in ("cls", "patchmean"):
+        return _token_reduction(text, layer_name, shape, tokens, tokens_unknown)
+    return _simple(text, shape)
 
 
 def snapshot(batch_dim: int, fold: int, reduction: Reduction, dtype: str) -> Snapshot:
@@ -63,19 +66,21 @@ def snapshot(batch_dim: int, fold: int, reduction: Reduction, dtype: str) -> Sna
     return take
 
 
-def _simple(text: str, layer_name: str, shape: tuple[int, ...], prefix_tokens: int | None) -> Reduction:
-    if text == "patchmean":
-        if len(shape) != 2:
-            raise UsageProblem(f"--reduce patchmean averages the patch tokens of a (tokens, dim) output, but layer "
-                               f"{layer_name!r} has shape {shape}; use avgpool, maxpool, flatten or none.")
-        if prefix_tokens is None:
-            raise UsageProblem("--reduce patchmean must know how many class or register tokens come before the "
-                               "patch tokens, and this model does not say (timm, hf:, open_clip: and torchvision "
-                               "ViTs do); use avgpool (all tokens) or cls.")
-        return Reduction(text, (shape[1],), _patch_mean(prefix_tokens), {"prefix_tokens": prefix_tokens})
-    if text == "cls" and len(shape) != 2:
-        raise UsageProblem(f"--reduce cls takes the first token of a (tokens, dim) output, but layer {layer_name!r} "
-                           f"has shape {shape}; use avgpool, maxpool, flatten or none.")
+def _token_reduction(text: str, layer_name: str, shape: tuple[int, ...], tokens: TokenLayout | None,
+                     unknown: str) -> Reduction:
+    """cls (the class token) or patchmean (the mean of the patch tokens) where the layer's layout is known."""
+    if tokens is None:
+        raise UsageProblem(f"--reduce {text} on layer {layer_name!r}: featdump does not know which of its tokens are "
+                           f"class and patch tokens ({unknown}); use avgpool (all tokens), flatten or none.")
+    if text == "cls":
+        if tokens.prefix < 1:
+            raise UsageProblem(f"--reduce cls on layer {layer_name!r}: the model has no class token (its tokens are "
+                               "the patches alone); use avgpool or patchmean.")
+        return Reduction(text, (shape[1],), lambda output: output[:, 0], {"prefix_tokens": tokens.prefix})
+    return Reduction(text, (shape[1],), _patch_mean(tokens.prefix), {"prefix_tokens": tokens.prefix})
+
+
+def _simple(text: str, shape: tuple[int, ...]) -> Reduction:
     apply = _SIMPLE[text]
     return Reduction(text, tuple(apply(torch.zeros((1, *shape), device="meta")).shape[1:]), apply)
 
@@ -115,14 +120,4 @@ _SIMPLE: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "flatten": lambda output: output.flatten(1),
     "avgpool": lambda output: _pool(output, _mean_in_float32),
     "maxpool": lambda output: _pool(output, torch.amax),
-    "cls": lambda output: output[:, 0],
 }
-
-
-def token_layout(shape: tuple[int, ...], prefix_tokens: int | None) -> tuple[int, int, int] | None:
-    """(prefix tokens, grid rows, grid columns) of a (tokens, dim) output whose tokens after the prefix fill a
-    square grid (a ViT's); None for anything else or when the model does not say its prefix."""
-    if prefix_tokens is None or len(shape) != 2 or shape[0] <= prefix_tokens:
-        return None
-    side = math.isqrt(shape[0] - prefix_tokens)
-    return (prefix_tokens, side, side) if side * side == shape[0] - prefix_tokens else None

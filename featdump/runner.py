@@ -25,7 +25,7 @@ from featdump.hooks import Capture
 from featdump.inputs import ImageList, find_images
 from featdump.layers import Layer, resolve
 from featdump.layout import Committed, DatasetSpec, Output, partial_path
-from featdump.loader import Batch, ImageDataset, make_loader
+from featdump.loader import Batch, ImageDataset, batches_of, make_loader
 from featdump.lock import OutputLock
 from featdump.memory_format import choose_memory_format, format_name
 from featdump.merge import merge
@@ -34,12 +34,13 @@ from featdump.preprocess import Preprocess
 from featdump.probe import probe
 from featdump.progress import ProgressRecord, remove_record
 from featdump.reduction_rules import choose, method_of
-from featdump.reductions import Reduction, Snapshot, bind, snapshot, token_layout
+from featdump.reductions import Reduction, Snapshot, bind, snapshot
 from featdump.report import NoProgress, Progress, Summary, report_size
 from featdump.resources import choose_workers
 from featdump.settings import Settings
 from featdump.shards import Shard, choose_shard, plan_shard, wait_for_all_ranks
 from featdump.signals import StopSignals
+from featdump.tokens import TokenLayout, token_layout
 from featdump.update import apply_update, discard_other_staging, plan_update, staging_path
 from featdump.version import __version__
 from featdump.write_behind import WriteBehind
@@ -77,8 +78,12 @@ class Model:
     @property
     def specs(self) -> dict[str, DatasetSpec]:
         """Each layer's dataset."""
-        return {layer.name: _dataset_spec(layer, self.reductions.get(layer.name), self.dtype, self.loaded.prefix_tokens)
+        return {layer.name: _dataset_spec(layer, self.reductions.get(layer.name), self.dtype, self.tokens(layer)[0])
                 for layer in self.layers}
+
+    def tokens(self, layer: Layer) -> tuple[TokenLayout | None, str]:
+        """LAYER's token layout at the input size the preprocessing makes, or why it has none."""
+        return token_layout(layer.shape, self.loaded.tokens, self.preprocess.size)
 
     @property
     def device_bytes(self) -> int:
@@ -248,11 +253,11 @@ def _summary(settings: Settings, output: Path, after: Committed, before: Committ
     return summary
 
 
-def _dataset_spec(layer: Layer, reduction: Reduction | None, dtype: str, prefix_tokens: int | None) -> DatasetSpec:
+def _dataset_spec(layer: Layer, reduction: Reduction | None, dtype: str, layout: TokenLayout | None) -> DatasetSpec:
     """What LAYER's dataset holds per image; a token layout only where the tokens are stored as they are."""
     if reduction is None:  # a pca:K layer before its fit
         raise UsageProblem(f"Layer {layer.name}: its PCA fit is not made yet.")
-    tokens = token_layout(layer.shape, prefix_tokens) if reduction.shape == layer.shape else None
+    tokens = (layout.prefix, *layout.grid) if layout is not None and reduction.shape == layer.shape else None
     return DatasetSpec(reduction.shape, dtype, layer.layout, layer.part, tokens, reduction.text,
                        reduction.attributes, reduction.fit)
 
@@ -273,9 +278,13 @@ def _prepare_model(settings: Settings, device: torch.device) -> Model:
             log.info("Layer %s holds the batch in dimension %d: stored batch-first, %s.", layer.name,
                      layer.batch_dim, layer.layout)
     chosen = choose(settings.reduce, [layer.name for layer in layers], infos, settings.model)
-    reductions = {layer.name: bind(chosen[layer.name], layer.name, layer.shape, loaded.prefix_tokens)
-                  for layer in layers if method_of(chosen[layer.name]) != "pca"}
-    return Model(loaded, preprocess, layers, chosen, reductions, device, settings.dtype, memory_format)
+    model = Model(loaded, preprocess, layers, chosen, {}, device, settings.dtype, memory_format)
+    for layer in layers:
+        if method_of(chosen[layer.name]) != "pca":
+            layout, unknown = model.tokens(layer)
+            model.reductions[layer.name] = bind(chosen[layer.name], layer.name, layer.shape, layout,
+                                                tokens_unknown=unknown)
+    return model
 
 
 @dataclass
@@ -302,11 +311,12 @@ def _run_batches(job: _Job, progress: Progress, stop: StopSignals) -> None:
     steady = _SteadyRate()
     # Autocast is entered once for the loop (leaving it clears its cache of cast weights); the inputs are made
     # outside it, in a nested disabled region (which leaves the cache alone).
-    with WriteBehind(job.writer, job.record, job.offset) as sink, autocast(settings.precision, device):
+    with batches_of(loader) as batches, WriteBehind(job.writer, job.record, job.offset) as sink, \
+            autocast(settings.precision, device):
         tick = time.perf_counter()
-        # A plain for loop: on an error the iterator goes with the frame's stack and shuts its workers down.
-        for batch in loader:
+        for batch in batches:
             tock = time.perf_counter()
+            _check_sizes(batch, job)
             with torch.autocast(device.type, enabled=False):
                 inputs = to_device_inputs(batch, preprocess, images, device)
             _check_failures(batch, images, settings.on_error)
@@ -346,6 +356,16 @@ class _SteadyRate:
         if not self.images or seconds <= 0:
             return "one batch only"
         return f"after the first batch {self.images} images in {seconds:.2f} s, {self.images / seconds:.2f} img/s"
+
+
+def _check_sizes(batch: Batch, job: _Job) -> None:
+    """MixedSizes, naming the preprocessing, when the images of a batch are not all of the model's input size."""
+    sizes = batch.mixed_sizes or ({batch.positions[0]: tuple(batch.pixels.shape[1:])} if batch.pixels is not None
+                                  else {})
+    transform = job.settings.transform
+    job.model.preprocess.check_sizes({job.images.paths[position]: shape for position, shape in sizes.items()},
+                                     f"--transform {transform}" if transform else f"the preprocessing of "
+                                                                                  f"{job.settings.model}")
 
 
 def _check_failures(batch: Batch, images: ImageList, on_error: str) -> None:

@@ -18,7 +18,7 @@ import h5py
 import numpy as np
 
 from featdump import fingerprint as fingerprints
-from featdump.errors import OutputWriteError
+from featdump.errors import OutputWriteError, ResumeMismatch
 from featdump.layout import (
     Committed,
     DatasetSpec,
@@ -58,9 +58,8 @@ class FeatureWriter:
         output = Path(output)
         refuse_existing(output, overwrite)
         partial = partial_path(output)
-        if partial.exists() and not overwrite:
-            h5file = _reopen(partial, fingerprint, locking)
-        else:
+        h5file = _reopen(partial, fingerprint, locking) if partial.exists() and not overwrite else None
+        if h5file is None:
             h5file = _create(partial, specs, fingerprint, attributes, classes, batch_size, compression, locking)
         return cls(output, h5file)
 
@@ -203,7 +202,9 @@ def _create(partial, specs, fingerprint, attributes, classes, batch_size, compre
     return h5file
 
 
-def _reopen(partial: Path, fingerprint: dict, locking: bool) -> h5py.File:
+def _reopen(partial: Path, fingerprint: dict, locking: bool) -> h5py.File | None:
+    """PARTIAL reopened to resume; None when it holds nothing committed and was started differently (a run that
+    failed before its first batch: nothing to keep, and it must not block the corrected command)."""
     try:
         h5file = h5py.File(partial, "r+", locking=locking)
     except OSError as error:
@@ -211,7 +212,14 @@ def _reopen(partial: Path, fingerprint: dict, locking: bool) -> h5py.File:
             f"The partial output {str(partial)!r} cannot be opened ({error}); pass --overwrite to start over."
         ) from error
     try:
-        fingerprints.check(h5file.attrs, partial, fingerprint)
+        try:
+            fingerprints.check(h5file.attrs, partial, fingerprint)
+        except ResumeMismatch:
+            if Committed.of(h5file).images:
+                raise
+            log.info("%s holds no committed image and was started differently: starting it anew.", partial)
+            h5file.close()
+            return None
         discard_uncommitted(h5file, int(fingerprints.stored(h5file.attrs).get("image_count", 0)))
     except BaseException:
         h5file.close()

@@ -51,6 +51,13 @@ SEQUENCE_FIRST = textwrap.dedent('''
         return SequenceFirst()
 
 
+    def build_stating_tokens():
+        """The same network saying what its tokens are, as timm's ViTs do: no class token, 8-pixel patches."""
+        net = SequenceFirst()
+        net.num_prefix_tokens, net.patch_size = 0, 8
+        return net
+
+
     def small():
         return T.Compose([T.Resize(40), T.CenterCrop(32), T.ToTensor()])
 ''')
@@ -99,12 +106,24 @@ def test_sequence_first_outputs_are_stored_one_row_per_image(project):
         assert json.loads(h5file.attrs["fingerprint"])["layouts"]["norm"] == "(16, N, 16) -> (N, 16, 16)"
 
 
-def test_reduce_cls_keeps_each_images_first_token(project):
-    result = extract(project, "-l", "norm", "--reduce", "cls")
+def test_token_reductions_need_the_model_to_state_its_tokens_and_apply_per_image(project):
+    silent = extract(project, "-l", "norm", "--reduce", "cls")
+    assert silent.returncode == 2 and not (project / "out.h5").exists()
+    assert silent.stderr.strip().splitlines()[-1] == (
+        "Error: --reduce cls on layer 'norm': featdump does not know which of its tokens are class and patch tokens "
+        "(the model does not state its class/register tokens and patch size (timm, hf:, open_clip: and torchvision "
+        "ViTs do; your own model can, as num_prefix_tokens and patch_size)); use avgpool (all tokens), flatten or "
+        "none.")
+    stating = ["extract", "-m", "seqnet:build_stating_tokens", "--transform", "seqnet:small", "-w", "none", "-l",
+               "norm", "images", "out.h5"]
+    no_class = run_featdump(*stating, "--reduce", "cls", cwd=project, env=featdump_env())
+    assert no_class.returncode == 2 and "the model has no class token" in no_class.stderr
+    result = run_featdump(*stating, "--reduce", "patchmean", cwd=project, env=featdump_env())
     assert result.returncode == 0, result.stderr
     norms, _ = per_image_tokens(project)
-    with h5py.File(project / "out.h5", "r") as h5file:
-        np.testing.assert_allclose(h5file["features/norm"][:], norms[:, 0], rtol=1e-5, atol=1e-6)
+    with h5py.File(project / "out.h5", "r") as h5file:  # sequence-first (16, N, 16): each image's 16 patches
+        np.testing.assert_allclose(h5file["features/norm"][:], norms.mean(axis=1), rtol=1e-5, atol=1e-6)
+        assert h5file["features/norm"].attrs["prefix_tokens"] == 0
 
 
 def test_an_output_without_a_batch_is_refused_before_anything_is_written(project):

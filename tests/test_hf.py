@@ -98,6 +98,78 @@ def test_weights_none_builds_the_config_after_the_seed_and_patchmean_leaves_the_
     np.testing.assert_allclose(rows(pooled, "layers.1"), hidden[:, 1:].mean(axis=1), rtol=1e-5, atol=1e-6)
 
 
+@pytest.fixture(scope="module")
+def patch_models(saved):
+    """Models without a class token (Swin, I-JEPA) and with tokens after the patches (YOLOS' detection tokens)."""
+    folder = saved / "patch_models"
+    processor = transformers.ViTImageProcessor(size={"height": 32, "width": 32})
+    configs = {
+        "swin": transformers.SwinConfig(image_size=32, patch_size=4, embed_dim=16, depths=[1, 1], num_heads=[2, 2],
+                                        window_size=4),
+        "ijepa": transformers.IJepaConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                                          intermediate_size=64, image_size=32, patch_size=8),
+        "yolos": transformers.YolosConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                                          intermediate_size=64, image_size=[32, 32], patch_size=8,
+                                          num_detection_tokens=5),
+    }
+    for name, config in configs.items():
+        torch.manual_seed(0)
+        transformers.AutoModel.from_config(config).save_pretrained(folder / name)
+        processor.save_pretrained(folder / name)
+    return folder
+
+
+def tokens_of(model_folder, images_h5, layer_output):
+    """What LAYER_OUTPUT(model) returns, for the images of IMAGES_H5 through the model's own processor."""
+    model = transformers.AutoModel.from_pretrained(model_folder).eval()
+    processor = transformers.AutoImageProcessor.from_pretrained(model_folder)
+    pixels = processor(images=images_in(images_h5), return_tensors="pt")["pixel_values"]
+    seen = {}
+    layer_output(model).register_forward_hook(lambda module, args, out: seen.update(
+        out=(out[0] if isinstance(out, tuple) else out).clone()))
+    with torch.inference_mode():
+        model(pixels)
+    return seen["out"].numpy()
+
+
+def test_patchmean_keeps_every_patch_of_models_without_a_class_token(saved, patch_models):
+    for name, layer, module in (("ijepa", "layers.1", lambda model: model.layers[1]),
+                                ("swin", "embeddings", lambda model: model.embeddings)):
+        output = featdump.extract(saved / "images", saved / f"{name}-mean.h5", model=f"hf:{patch_models / name}",
+                                  layers=layer, reduce="patchmean", weights="DEFAULT", num_workers=0,
+                                  overwrite=True)
+        tokens = tokens_of(patch_models / name, output, module)
+        np.testing.assert_allclose(rows(output, layer), tokens.mean(axis=1), rtol=1e-5, atol=1e-6)
+        whole = featdump.extract(saved / "images", saved / f"{name}-whole.h5", model=f"hf:{patch_models / name}",
+                                 layers=layer, weights="DEFAULT", num_workers=0, overwrite=True)
+        with h5py.File(whole, "r") as h5file:
+            grid = [4, 4] if name == "ijepa" else [8, 8]  # 32 / patch 8, 32 / patch 4
+            assert h5file["features"][layer].attrs["prefix_tokens"] == 0
+            assert list(h5file["features"][layer].attrs["patch_grid"]) == grid
+
+
+def test_cls_and_patchmean_are_refused_where_the_tokens_are_not_known(saved, patch_models):
+    def refusal(name, layer, reduce):
+        result = CliRunner().invoke(main, ["extract", "-m", f"hf:{patch_models / name}", "-l", layer, "--reduce",
+                                           reduce, "-j", "0", str(saved / "images"), str(saved / "refused.h5")])
+        assert result.exit_code == 2 and not (saved / "refused.h5").exists()
+        return result.output.strip().splitlines()[-1]
+
+    assert refusal("ijepa", "layers.1", "cls") == (
+        "Error: --reduce cls on layer 'layers.1': the model has no class token (its tokens are the patches alone); "
+        "use avgpool or patchmean.")
+    assert refusal("swin", "encoder.layers.0@0", "patchmean") == (  # after patch merging: 4x4 patches of 8 pixels
+        "Error: --reduce patchmean on layer 'encoder.layers.0@0': featdump does not know which of its tokens are "
+        "class and patch tokens (its 16 tokens are not the model's 0 prefix tokens and the 8x8 patches of a 32x32 "
+        "input); use avgpool (all tokens), flatten or none.")
+    assert "the model does not state its class/register tokens" in refusal("yolos", "encoder.layer.1", "patchmean")
+    whole = featdump.extract(saved / "images", saved / "yolos.h5", model=f"hf:{patch_models / 'yolos'}",
+                             layers="encoder.layer.1", weights="DEFAULT", num_workers=0, overwrite=True)
+    with h5py.File(whole, "r") as h5file:  # 1 class token, 16 patches, 5 detection tokens: no layout recorded
+        assert "prefix_tokens" not in h5file["features/encoder.layer.1"].attrs
+        assert "patch_grid" not in h5file["features/encoder.layer.1"].attrs
+
+
 def test_open_clip_residual_block_equals_a_manual_hook_of_model_visual(tmp_path):
     open_clip = pytest.importorskip("open_clip", reason="open_clip is not installed (pip install "
                                                         "'featdump[open_clip]')")

@@ -10,6 +10,7 @@ from featdump.hooks import Capture
 from featdump.layers import resolve
 from featdump.probe import probe
 from featdump.reductions import bind, snapshot
+from featdump.tokens import TokenLayout
 
 
 def take(reduce: str, dtype: str, shape: tuple[int, ...]):
@@ -105,9 +106,10 @@ def test_outputs_are_inference_tensors_without_grad():
     ("avgpool", (10,), (10,)),
 ])
 def test_reductions(reduce, shape, expected):
-    assert bind(reduce, "x", shape).shape == expected
+    layout = TokenLayout(1, (14, 14)) if shape == (197, 768) else None  # a ViT-B/16's tokens
+    assert bind(reduce, "x", shape, layout).shape == expected
     x = torch.randn(2, *shape)
-    out = take(reduce, "float16", shape)(x)
+    out = snapshot(0, 1, bind(reduce, "x", shape, layout), "float16")(x)
     assert out.shape == (2, *expected) and out.dtype == torch.float16
     if reduce == "avgpool" and len(shape) == 3:
         torch.testing.assert_close(out.float(), x.mean(dim=(2, 3)), rtol=1e-3, atol=1e-3)

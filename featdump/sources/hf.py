@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from featdump.errors import UnknownModel, UnsupportedModel, UsageProblem, WeightsUnavailable, first_sentence
+from featdump.tokens import TokenRule
 
 
 def _transformers():
@@ -39,8 +40,9 @@ def check_name(name: str) -> None:
     _config(name)
 
 
-def build(name: str, weights: str, seed: int) -> tuple[nn.Module, ImageProcessorTransform, str, dict, int | None]:
-    """(vision module, preprocessing, what was loaded, source, prefix tokens) for weights 'none' (built from the
+def build(name: str, weights: str, seed: int) -> tuple[nn.Module, ImageProcessorTransform, str, dict,
+                                                      TokenRule | None]:
+    """(vision module, preprocessing, what was loaded, source, token rule) for weights 'none' (built from the
     checkpoint's config after torch.manual_seed(SEED)) or DEFAULT (from_pretrained: the hub or its cache)."""
     transformers = _transformers()
     config = _config(name)
@@ -63,7 +65,7 @@ def build(name: str, weights: str, seed: int) -> tuple[nn.Module, ImageProcessor
     source = {"source": "hf", "hf_model": str(Path(name).resolve()) if local else name,
               "revision": getattr(config, "_commit_hash", None),
               "model_type": config.model_type, "transformers_version": transformers.__version__}
-    return module.eval(), ImageProcessorTransform(processor), label, source, prefix_tokens(module.config)
+    return module.eval(), ImageProcessorTransform(processor), label, source, token_rule(module.config)
 
 
 def vision_tower(model: nn.Module) -> nn.Module:
@@ -75,15 +77,21 @@ def vision_tower(model: nn.Module) -> nn.Module:
     return model
 
 
-def prefix_tokens(config) -> int | None:
-    """How many tokens come before the patch tokens in the model's (N, L, D) outputs: a class token (none for
-    SigLIP), a distillation token (DeiT), register tokens (DINOv2 with registers)."""
+# Tokens before the patches, by model type, for the architectures whose layout is known: a class token, DeiT's
+# distillation token, none (SigLIP, I-JEPA, Swin's first stage); DINOv2's register tokens are added from the config.
+# A model type not listed states nothing: cls and patchmean are refused on it (`featdump.tokens`).
+_PREFIX_TOKENS = {"vit": 1, "deit": 2, "dinov2": 1, "dinov2_with_registers": 1, "clip_vision_model": 1, "clip": 1,
+                  "beit": 1, "data2vec-vision": 1, "vit_msn": 1, "vit_hybrid": 1, "siglip_vision_model": 0,
+                  "siglip": 0, "ijepa": 0, "swin": 0}
+
+
+def token_rule(config) -> TokenRule | None:
+    """The prefix tokens and patch size of a known architecture's (N, L, D) outputs; None for any other."""
     model_type = str(getattr(config, "model_type", ""))
-    if "siglip" in model_type:
-        return 0
-    if not hasattr(config, "patch_size"):
+    if model_type not in _PREFIX_TOKENS:
         return None
-    return 1 + (model_type == "deit") + int(getattr(config, "num_register_tokens", 0) or 0)
+    registers = int(getattr(config, "num_register_tokens", 0) or 0)
+    return TokenRule.stated(_PREFIX_TOKENS[model_type] + registers, getattr(config, "patch_size", None))
 
 
 @contextlib.contextmanager

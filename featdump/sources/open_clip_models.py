@@ -9,6 +9,8 @@ import torch
 from torch import nn
 
 from featdump.errors import InvalidWeights, UnknownModel, UsageProblem, WeightsUnavailable, first_sentence
+from featdump.sources import timm_models
+from featdump.tokens import TokenRule
 
 
 def _open_clip():
@@ -28,8 +30,8 @@ def check_name(arch: str) -> None:
         raise UnknownModel(f"open_clip has no architecture {arch!r}.{hint} `open_clip.list_models()` lists them.")
 
 
-def build(arch: str, weights: str, seed: int) -> tuple[nn.Module, nn.Module, str, dict, int | None]:
-    """(model.visual, preprocessing, what was loaded, source, prefix tokens) for weights 'none' (random, after
+def build(arch: str, weights: str, seed: int) -> tuple[nn.Module, nn.Module, str, dict, TokenRule | None]:
+    """(model.visual, preprocessing, what was loaded, source, token rule) for weights 'none' (random, after
     torch.manual_seed(SEED)), DEFAULT (open_clip's first pretrained tag for ARCH) or a pretrained tag."""
     open_clip = _open_clip()
     check_name(arch)
@@ -58,5 +60,13 @@ def build(arch: str, weights: str, seed: int) -> tuple[nn.Module, nn.Module, str
                                  "random network, or --weights PATH for a local file.") from error
     visual = model.visual.eval()
     source = {"source": "open_clip", "arch": arch, "pretrained": tag, "open_clip_version": open_clip.__version__}
-    prefix = 1 if getattr(visual, "class_embedding", None) is not None else None
-    return visual, preprocessing, tag or "none", source, prefix
+    return visual, preprocessing, tag or "none", source, token_rule(visual)
+
+
+def token_rule(visual: nn.Module) -> TokenRule | None:
+    """open_clip's VisionTransformer: a class token (`class_embedding`) and `patch_size`; a timm trunk as timm's
+    models state it; any other tower (a ResNet) has no tokens."""
+    if getattr(visual, "class_embedding", None) is not None:
+        return TokenRule.stated(1, getattr(visual, "patch_size", None))
+    trunk = getattr(visual, "trunk", None)
+    return timm_models.token_rule(trunk) if trunk is not None else None

@@ -6,6 +6,7 @@ import torch
 from torch import nn
 
 from featdump.errors import UnknownModel, UsageProblem, WeightsUnavailable, first_sentence
+from featdump.tokens import TokenRule
 
 
 def _timm():
@@ -48,6 +49,13 @@ def build(name: str, weights: str, seed: int) -> tuple[nn.Module, nn.Module, str
     preprocessing = timm.data.create_transform(**config, is_training=False)
     source = {"source": "timm", "timm_version": timm.__version__, "timm_model": name, "pretrained_tag": _tag(module)}
     return module, preprocessing, label, source
+
+
+def token_rule(module: nn.Module) -> TokenRule | None:
+    """timm's ViTs state `num_prefix_tokens` and their patch embedding's `patch_size` (a model of your own may too,
+    or a plain `patch_size`)."""
+    patch = getattr(getattr(module, "patch_embed", None), "patch_size", None) or getattr(module, "patch_size", None)
+    return TokenRule.stated(getattr(module, "num_prefix_tokens", None), patch)
 
 
 def _tag(module: nn.Module) -> str:

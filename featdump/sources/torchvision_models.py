@@ -11,9 +11,17 @@ from torch import nn
 from torchvision.models import get_model, get_model_weights, list_models
 
 from featdump.errors import InvalidWeights, UnknownModel, UnsupportedModel, WeightsUnavailable, first_sentence
+from featdump.tokens import TokenRule
 
 _OTHER_TASKS = {"detection": "an object detection", "segmentation": "a semantic segmentation",
                 "video": "a video", "optical_flow": "an optical flow", "quantization": "a quantized"}
+
+
+def token_rule(module: nn.Module) -> TokenRule | None:
+    """torchvision's ViTs: one class token before the patches, `patch_size` pixels a patch."""
+    if getattr(module, "class_token", None) is None:
+        return None
+    return TokenRule.stated(1, getattr(module, "patch_size", None))
 
 
 def classification_models() -> list[str]:
