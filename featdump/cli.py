@@ -158,7 +158,7 @@ def list_layers(model: str, depth: int | None, as_json: bool, transform: str | N
         infos = [info for info in infos if info.path in selected]
     if as_json:
         for info in infos:
-            row = {"path": info.path, "type": info.type_name, "depth": info.depth,
+            row = {"path": info.path, "selector": info.selector, "type": info.type_name, "depth": info.depth,
                    "calls": info.calls, "shapes": [list(s) if s else None for s in info.shapes],
                    "batch_dims": list(info.batch_dims),
                    "per_image": all(dim is not None for dim in info.batch_dims),
@@ -177,7 +177,7 @@ def list_layers(model: str, depth: int | None, as_json: bool, transform: str | N
                    f"{', '.join(name for names in selected.values() for name in names)}")
     click.echo(f"{model}: {len(infos)} modules; PATH, type, calls per forward, output shape of one "
                f"(3, {size[0]}, {size[1]}) image (no batch dimension)")
-    width = max(len("  " * (info.depth - 1) + info.path) for info in infos)
+    width = max(len("  " * (info.depth - 1) + info.selector) for info in infos)
     width = max([width, *(len("  " * info.depth + f"{info.path}@{part.name}") for info in infos
                           for call in info.parts for part in call)])
     for info in infos:
@@ -197,7 +197,7 @@ def _layer_lines(info, width: int) -> list[str]:
 
 
 def _layer_line(info, width: int) -> str:
-    name = ("  " * (info.depth - 1) + info.path).ljust(width)
+    name = ("  " * (info.depth - 1) + info.selector).ljust(width)
     shapes = " | ".join(sorted({str(shape) for shape in info.shapes})) or "(never runs)"
     if info.kind == "dict" and any(info.parts):
         shapes = "(its parts below)"
@@ -205,6 +205,8 @@ def _layer_line(info, width: int) -> str:
         shapes = " | ".join(sorted({str((fold.rows, *(size for axis, size in enumerate(shape) if axis != fold.axis)))
                                     for fold, shape in zip(info.folds, info.shapes) if fold is not None}))
     line = f"{name}  {info.type_name:<22} {info.calls}x  {shapes}"
+    if not info.path:
+        line += "  (the model's own output)"
     if info.calls > 1:
         line += f"  -> select {info.path}:1 ... {info.path}:{info.calls}"
     if info.kind == "tuple" and any(info.parts):

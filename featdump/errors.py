@@ -33,6 +33,10 @@ class UnsupportedModel(UsageProblem):
     """The model exists but is not one featdump can read activations from as it is."""
 
 
+class ModelFailed(UnsupportedModel):
+    """The model raised on a dry forward of inputs of the preprocessing's size."""
+
+
 class InvalidWeights(UsageProblem):
     """The --weights value is neither DEFAULT, none, a weights name nor a readable checkpoint."""
 

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import h5py
 
+from featdump import fingerprint as fingerprints
 from featdump.errors import UsageProblem
 from featdump.inputs import ImageList, find_images
 from featdump.layout import Output, partial_path
@@ -83,40 +84,78 @@ def check_fits(fits: FitSet, dims: dict[str, tuple[int, int]]) -> None:
 
 
 def obtain_fits(job_output: Path, digest: str, dims: dict[str, tuple[int, int]], fits: FitSet,
-                stage: Callable[[Path, ImageList, dict], Path], already: list[Path]) -> dict[str, PcaFit]:
+                stage: Callable[[Path, ImageList, dict], Path], already: list[Path],
+                overwrite: bool = False) -> dict[str, PcaFit]:
     """The fits of DIMS' layers: read where they are already (ALREADY: the output being resumed or updated, then
     OUT.pca.h5), else made: STAGE(path, images, fingerprint) writes the fit images' flattened activations to
-    a finished file at PATH and returns it; the fits are written to OUT.pca.h5."""
+    a finished file at PATH and returns it; the fits are written to OUT.pca.h5.
+
+    The staged activations are resumed where a kill left them (staging or fitting), discarded when made for
+    another fit or when OVERWRITE, and removed when the fit is made or refused: none blocks a later run."""
     found = _read_fits([*already, fit_path(job_output)], digest, dims)
     if found is not None:
         return found
     lock = job_output.with_name(job_output.name + ".pca.lock")
     with waiting_lock(lock, f"the PCA fit of {job_output.name}"):
-        found = _read_fits([fit_path(job_output)], digest, dims)  # a shard before us made it while we waited
-        if found is not None:
-            return found
-        staged_bytes = len(fits.images) * sum(dim * 4 for dim, _ in dims.values())
-        log.info("PCA fit: staging the activations of %s (%s on disk beside the output), then fitting %s with at "
-                 "most %s of memory (FEATDUMP_PCA_MEMORY_GB).", fits.description, human_bytes(staged_bytes),
-                 ", ".join(f"{name} ({k} of {dim})" for name, (dim, k) in dims.items()), human_bytes(MEMORY_LIMIT))
+        try:
+            return _fit_under_lock(job_output, digest, dims, fits, stage, overwrite)
+        finally:
+            lock.unlink(missing_ok=True)  # whoever waits on it then finds the fits; whoever comes later needs none
+
+
+def _fit_under_lock(job_output: Path, digest: str, dims: dict[str, tuple[int, int]], fits: FitSet,
+                    stage: Callable[[Path, ImageList, dict], Path], overwrite: bool) -> dict[str, PcaFit]:
+    found = _read_fits([fit_path(job_output)], digest, dims)  # a shard before us made it while we waited
+    if found is not None:
+        return found
+    staged_bytes = len(fits.images) * sum(dim * 4 for dim, _ in dims.values())
+    log.info("PCA fit: staging the activations of %s (%s on disk beside the output), then fitting %s with at "
+             "most %s of memory (FEATDUMP_PCA_MEMORY_GB).", fits.description, human_bytes(staged_bytes),
+             ", ".join(f"{name} ({k} of {dim})" for name, (dim, k) in dims.items()), human_bytes(MEMORY_LIMIT))
+    if overwrite:  # under the lock: no shard of the job is staging now
+        remove_staging(job_output)
+    _discard_other_staging(job_output, digest)
+    staged = stage_path(job_output)
+    if not staged.exists():  # else staged by a run killed while fitting: fitted from it now
         check_space(job_output, staged_bytes, "The PCA fit's staged activations", "use a smaller --pca-fit")
-        staged = stage(stage_path(job_output), fits.images, {"pca_stage": digest, "image_count": len(fits.images)})
+        staged = stage(staged, fits.images, {"pca_stage": digest, "image_count": len(fits.images)})
+    try:
         made = _fit_staged(staged, dims, fits.description, digest)
-        _write_fits(fit_path(job_output), made)
-        staged.unlink()
-        lock.unlink()  # whoever waits on it finds the fits; whoever comes later needs no lock
+    finally:
+        remove_staging(job_output)  # made or refused: the staged activations are not needed again
+    _write_fits(fit_path(job_output), made)
     return made
+
+
+def remove_staging(job_output: Path) -> None:
+    """OUT.pca-stage.h5 and its partial file gone."""
+    for path in (stage_path(job_output), partial_path(stage_path(job_output))):
+        path.unlink(missing_ok=True)
+
+
+def _discard_other_staging(job_output: Path, digest: str) -> None:
+    """Remove staged activations made for another fit (another K, model or fit set)."""
+    for path in (stage_path(job_output), partial_path(stage_path(job_output))):
+        try:
+            with h5py.File(path, "r", locking=False) as h5file:
+                made_for = fingerprints.stored(h5file.attrs).get("pca_stage")
+        except (OSError, ValueError):  # missing, or unreadable (a kill while creating it)
+            made_for = None
+        if made_for != digest:
+            path.unlink(missing_ok=True)
 
 
 def _fit_staged(staged: Path, dims: dict[str, tuple[int, int]], description: str, digest: str) -> dict[str, PcaFit]:
     made = {}
     with Output.open(staged) as output:
-        rows = output.committed.rows
+        rows, skipped = output.committed.rows, output.named_rows("skipped", output.committed.skipped)
+        if skipped:
+            description += f", {len(skipped)} of them skipped"
         for name, (dim, k) in dims.items():
-            check_fit_fits(name, rows, dim, k)  # bad images were skipped: the rows actually staged
+            check_fit_fits(name, rows, dim, k, skipped=len(skipped))  # the rows actually staged
             started = time.perf_counter()
             made[name] = fit(output.features(name), rows, k, description)
-            made[name].digest = digest
+            made[name].digest, made[name].skipped = digest, [tuple(entry) for entry in skipped]
             log.info("PCA fit of %s: %d components of %d values over %d images (%s), %.1f%% of the variance, "
                      "in %.1f s.", name, k, dim, rows, made[name].method,
                      100 * made[name].explained_variance.sum() / max(made[name].total_variance, 1e-30),

@@ -71,8 +71,13 @@ def pruned_forward(model: nn.Module, layers: list[Layer], snapshots: Mapping[str
     for node in graph.nodes:
         if node.op == "call_module":
             calls[node.target].append(node)
+    returned = next(node for node in graph.nodes if node.op == "output")
     outputs = {}
     for layer in layers:
+        if not layer.path:  # the model's own output: what its output node returns
+            outputs[layer.name] = graph.call_function(snapshots[layer.name], (
+                graph.call_function(take_part, (returned.args[0], layer.part, layer.name)),))
+            continue
         if len(calls[layer.path]) < layer.call:
             raise NotTraceable(f"{layer.name} is not a call of the traced graph")
         node = calls[layer.path][layer.call - 1]

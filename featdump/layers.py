@@ -14,6 +14,7 @@ from featdump.probe import LayerInfo
 
 log = logging.getLogger("featdump")
 _SELECTOR = re.compile(r"^(?P<path>[^:@\s]+)(?::(?P<call>\d+))?(?:@(?P<part>[^:@\s]+))?$")
+_MODEL_OUTPUT = re.compile(r"^@(?P<part>[^:@\s]+)?$")  # @ or @PART: the model's own output
 
 
 @dataclass(frozen=True)
@@ -53,11 +54,16 @@ def resolve(selectors: list[str], infos: list[LayerInfo], model_name: str) -> li
     return list(layers.values())
 
 def parse_selector(text: str, hint: str = "") -> tuple[str, int | None, str | None]:
-    """'PATH' -> (PATH, None, None); 'PATH:K@PART' -> (PATH, K, PART); UnknownLayer for anything else."""
+    """'PATH' -> (PATH, None, None); 'PATH:K@PART' -> (PATH, K, PART); '@PART' -> ('', None, PART) (the model's
+    own output); UnknownLayer for anything else."""
+    whole = _MODEL_OUTPUT.match(text.strip())
+    if whole:
+        return "", None, whole["part"]
     match = _SELECTOR.match(text.strip())
     if not match:
         raise UnknownLayer(f"Bad layer selector {text!r}: use a module path like layer1.0.conv1, PATH:K for a call, "
-                           f"PATH@0 or PATH@KEY for a part of a tuple or dict output. {hint}".strip())
+                           f"PATH@0 or PATH@KEY for a part of a tuple or dict output, @ for the model's own output. "
+                           f"{hint}".strip())
     return match["path"], int(match["call"]) if match["call"] is not None else None, match["part"]
 
 
@@ -107,7 +113,7 @@ def _chosen_output(info: LayerInfo, call: int, part: str | None, text: str, hint
         chosen = next((item for item in parts if item.name == part), None)
         if chosen is None:
             offered = f"its tensor parts: {names}" if parts else f"its output is a {info.kind}, which has no parts"
-            raise UnknownLayer(f"Layer {info.path!r} has no output part {part!r}; {offered}. {hint}")
+            raise UnknownLayer(f"Layer {info.selector!r} has no output part {part!r}; {offered}. {hint}")
         return chosen.shape, chosen.batch_dim, part
     if info.kind == "tensor":
         return info.shapes[call - 1], info.batch_dims[call - 1] if info.batch_dims else 0, None
@@ -119,4 +125,4 @@ def _chosen_output(info: LayerInfo, call: int, part: str | None, text: str, hint
         return parts[0].shape, parts[0].batch_dim, parts[0].name
     if info.kind == "dict" and parts:
         raise UnknownLayer(f"Layer {text!r} outputs a dict (or ModelOutput) of several tensors; select one: {names}.")
-    raise UnknownLayer(f"Layer {info.path!r} does not output a tensor, so it cannot be stored. {hint}")
+    raise UnknownLayer(f"Layer {info.selector!r} does not output a tensor, so it cannot be stored. {hint}")

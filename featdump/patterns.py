@@ -55,7 +55,7 @@ def match_pattern(text: str, infos: list[LayerInfo], model_name: str) -> list[st
                            f"names, and :* or :K for calls. {hint}")
     names = []
     for info in infos:
-        if not _components_match(components, info.path.split(".")):
+        if not info.path or not _components_match(components, info.path.split(".")):  # @ is named, not matched
             continue
         calls = [index for index in range(1, info.calls + 1) if part_pattern or _default_stored(info, index)]
         if call.isdigit():

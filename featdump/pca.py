@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import h5py
 import numpy as np
@@ -39,6 +39,7 @@ class PcaFit:
     fitted_on: str
     method: str  # "covariance" (D x D) or "gram" (N x N)
     digest: str = ""  # what the fit was made from (model, layer, K, fit images): fits are reused only on a match
+    skipped: list = field(default_factory=list)  # (path, why) of the fit images that could not be used
 
     def store(self, group: h5py.Group) -> None:
         """Write the fit into GROUP (/pca/<layer> of an output)."""
@@ -48,13 +49,19 @@ class PcaFit:
         group.create_dataset("explained_variance", data=self.explained_variance)
         group.attrs.update({"total_variance": self.total_variance, "images": self.images,
                             "fitted_on": self.fitted_on, "method": self.method, "fit_digest": self.digest})
+        text = h5py.string_dtype()
+        for name, column in (("skipped_paths", 0), ("skipped_reasons", 1)):
+            group.create_dataset(name, data=np.array([entry[column] for entry in self.skipped], dtype=object),
+                                 dtype=text)
 
     @classmethod
     def read(cls, group: h5py.Group) -> PcaFit:
         attrs = group.attrs
+        skipped = list(zip(group["skipped_paths"].asstr()[:], group["skipped_reasons"].asstr()[:])) \
+            if "skipped_paths" in group else []
         return cls(group["mean"][:], group["components"][:], group["explained_variance"][:],
                    float(attrs["total_variance"]), int(attrs["images"]), str(attrs["fitted_on"]), str(attrs["method"]),
-                   str(attrs.get("fit_digest", "")))
+                   str(attrs.get("fit_digest", "")), skipped)
 
 
 def fit_memory(images: int, dim: int, k: int) -> tuple[int, str]:
@@ -64,15 +71,17 @@ def fit_memory(images: int, dim: int, k: int) -> tuple[int, str]:
     return 2 * side * side * 8 + k * dim * 8 + 2 * dim * 8, method
 
 
-def check_fit_fits(layer_name: str, images: int, dim: int, k: int, limit: int = MEMORY_LIMIT) -> None:
+def check_fit_fits(layer_name: str, images: int, dim: int, k: int, limit: int = MEMORY_LIMIT,
+                   skipped: int = 0) -> None:
     """UsageProblem, with the numbers, when K components of the layer cannot be fitted (too few images, or
-    more memory than LIMIT)."""
+    more memory than LIMIT). SKIPPED: fit images that could not be read (IMAGES are those that could)."""
     if k >= images:
-        raise UsageProblem(f"--reduce pca:{k} needs more fit images than components: the fit set has {images} "
+        read = f"{images} that could be read ({skipped} skipped)" if skipped else f"{images}"
+        raise UsageProblem(f"--reduce pca:{k} needs more fit images than components: the fit set has {read} "
                            f"(--pca-fit); use at least {k + 1}, or a smaller K.")
     if k > dim:
         raise UsageProblem(f"--reduce pca:{k}: layer {layer_name!r} has only {dim} values per image; choose K "
-                           f"below {dim}.")
+                           f"of at most {dim}.")
     needed, method = fit_memory(images, dim, k)
     if needed > limit:
         side = f"{dim} x {dim} covariance" if method == "covariance" else f"{images} x {images} Gram matrix"

@@ -30,6 +30,7 @@ class Preprocess:
             self.size = (transforms.crop_size[0], transforms.crop_size[-1])
         else:  # any other transform: the size it makes of a photo-shaped image
             self.size = tuple(transforms(Image.new("RGB", (640, 480))).shape[-2:])
+        self._portrait_size = self.size if self.split else tuple(transforms(Image.new("RGB", (480, 640))).shape[-2:])
         resize = self._resize_target()
         self.draft = (2 * resize, 2 * resize) if fast_decode and resize else None
 
@@ -63,6 +64,10 @@ class Preprocess:
             f"{named} makes images of different sizes ({path!r} comes out {height}x{width}, a 640x480 image "
             f"{self.size[0]}x{self.size[1]}), and a batch needs one size: {self._size_advice()}."
         )
+
+    def check_one_size(self, named: str) -> None:
+        """MixedSizes when the preprocessing makes a portrait photo another size than a landscape one."""
+        self.check_sizes({"a 480x640 image": (3, *self._portrait_size)}, named)
 
     def _size_advice(self) -> str:
         if hasattr(self.transforms, "processor"):  # a Hugging Face image processor

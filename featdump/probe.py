@@ -12,9 +12,10 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from featdump.errors import UnknownLayer
+from featdump.errors import ModelFailed, UnknownLayer, first_sentence
 
 log = logging.getLogger("featdump")
+MODEL_OUTPUT = "@"  # the selector of the model's own output (@KEY, @N: its parts)
 
 
 @dataclass(frozen=True)
@@ -40,7 +41,7 @@ class Fold:
 class LayerInfo:
     """One module as seen in a dry forward: where it is, what it is, what it outputs, how often it runs."""
 
-    path: str  # dotted module path, e.g. "layer1.0.relu"
+    path: str  # dotted module path, e.g. "layer1.0.relu"; "" for the model itself (selected as @)
     type_name: str  # class name, e.g. "ReLU"
     calls: int  # times the module ran in one forward
     shapes: tuple  # output shape of each call, without the batch dimension (None: not a tensor)
@@ -52,7 +53,13 @@ class LayerInfo:
 
     @property
     def depth(self) -> int:
-        return self.path.count(".") + 1
+        """0 for the model itself, 1 for its children, ..."""
+        return self.path.count(".") + 1 if self.path else 0
+
+    @property
+    def selector(self) -> str:
+        """How --layers names this module: its path, or @ for the model's own output."""
+        return self.path or MODEL_OUTPUT
 
 
 def first_tensor(output):
@@ -204,7 +211,7 @@ _PROBE_BATCHES = (2, 3)
 def _record_calls(model: nn.Module, input_shape: tuple[int, ...], batch: int):
     """({path: per call, {None: the shape of the output's (first) tensor, part name: its shape}},
     {path: per call, the kind of output}) for one forward of BATCH zeros."""
-    records: dict[str, list] = {path: [] for path, _ in model.named_modules() if path}
+    records: dict[str, list] = {path: [] for path, _ in model.named_modules()}  # "" first: the model itself
     kinds: dict[str, list] = {path: [] for path in records}
 
     def recorder(path):
@@ -217,12 +224,15 @@ def _record_calls(model: nn.Module, input_shape: tuple[int, ...], batch: int):
 
         return hook
 
-    handles = [module.register_forward_hook(recorder(path)) for path, module in model.named_modules() if path]
+    handles = [module.register_forward_hook(recorder(path)) for path, module in model.named_modules()]
     try:
         parameter = next(model.parameters(), None)
         device = parameter.device if parameter is not None else torch.device("cpu")
         with torch.inference_mode():
             model(torch.zeros((batch, *input_shape), device=device))
+    except (RuntimeError, ValueError, TypeError, IndexError, AssertionError) as error:  # the model's own refusal
+        raise ModelFailed(f"The model fails on a batch of {batch} inputs of shape {input_shape} (the size its "
+                          f"preprocessing makes): {first_sentence(error)}.") from error
     finally:
         for handle in handles:
             handle.remove()

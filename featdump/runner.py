@@ -19,7 +19,7 @@ from featdump import fingerprint as fingerprints
 from featdump import fitting
 from featdump.compiling import compile_capture, compiled_note
 from featdump.device import autocast, padded, place_model, resolve_decode, resolve_device
-from featdump.errors import BadImage, Interrupted, NothingRead, UsageProblem
+from featdump.errors import BadImage, Interrupted, ModelFailed, NothingRead, UsageProblem
 from featdump.gpu_decode import to_device_inputs
 from featdump.hooks import Capture
 from featdump.inputs import ImageList, find_images
@@ -201,7 +201,7 @@ def _fit_projections(plan: Plan, model: Model, fingerprint: dict, lock: OutputLo
 
     update_base = [settings.output] if settings.update else []
     made = fitting.obtain_fits(plan.whole_output, digest, dims, fits, stage,
-                               [partial_path(settings.output), *update_base])
+                               [partial_path(settings.output), *update_base], settings.overwrite)
     for name, text in model.chosen.items():
         if name in made:
             layer = next(layer for layer in model.layers if layer.name == name)
@@ -271,7 +271,11 @@ def _prepare_model(settings: Settings, device: torch.device) -> Model:
     preprocess = Preprocess(loaded.preprocessing, settings.fast_decode)
     if settings.fast_decode and preprocess.draft is None:
         log.warning("--fast-decode needs a resize in the preprocessing; decoding every image whole.")
-    infos = probe(loaded.module, (3, *preprocess.size))
+    try:
+        infos = probe(loaded.module, (3, *preprocess.size))
+    except ModelFailed:
+        preprocess.check_one_size(_preprocessing_name(settings))  # the likelier cause, said instead
+        raise
     layers = resolve(list(settings.layers), infos, settings.model)
     for layer in layers:
         if layer.layout:
@@ -362,10 +366,13 @@ def _check_sizes(batch: Batch, job: _Job) -> None:
     """MixedSizes, naming the preprocessing, when the images of a batch are not all of the model's input size."""
     sizes = batch.mixed_sizes or ({batch.positions[0]: tuple(batch.pixels.shape[1:])} if batch.pixels is not None
                                   else {})
-    transform = job.settings.transform
     job.model.preprocess.check_sizes({job.images.paths[position]: shape for position, shape in sizes.items()},
-                                     f"--transform {transform}" if transform else f"the preprocessing of "
-                                                                                  f"{job.settings.model}")
+                                     _preprocessing_name(job.settings))
+
+
+def _preprocessing_name(settings: Settings) -> str:
+    """The preprocessing as the user knows it, for messages."""
+    return f"--transform {settings.transform}" if settings.transform else f"the preprocessing of {settings.model}"
 
 
 def _check_failures(batch: Batch, images: ImageList, on_error: str) -> None:

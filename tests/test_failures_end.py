@@ -109,3 +109,21 @@ def test_a_bad_image_under_on_error_fail_ends_the_job_and_leaves_no_worker(tmp_p
     assert error_lines(result.stderr) == [error_lines(result.stderr)[0]]
     assert "Cannot use image '07.jpg'" in result.stderr
     assert seconds < 60 and not left
+
+
+def test_an_hf_processor_without_a_center_crop_is_named_with_what_to_change(tmp_path):
+    transformers = __import__("pytest").importorskip("transformers")
+    import torch
+
+    torch.manual_seed(0)
+    config = transformers.ViTConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64,
+                                    image_size=32, patch_size=8)
+    transformers.ViTModel(config).save_pretrained(tmp_path / "vit")
+    transformers.CLIPImageProcessor(size={"shortest_edge": 32}, do_center_crop=False).save_pretrained(tmp_path / "vit")
+    write_aspect_ratios(tmp_path / "images", count=6)
+    result = CliRunner().invoke(main, ["extract", "-m", f"hf:{tmp_path / 'vit'}", "-l", "embeddings", "-j", "0",
+                                       str(tmp_path / "images"), str(tmp_path / "out.h5")])
+    assert result.exit_code == 2
+    line = error_lines(result.output)[0]
+    assert line.startswith(f"Error: the preprocessing of hf:{tmp_path / 'vit'} makes images of different sizes"), line
+    assert "set do_center_crop to true" in line

@@ -170,6 +170,54 @@ def test_cls_and_patchmean_are_refused_where_the_tokens_are_not_known(saved, pat
         assert "patch_grid" not in h5file["features/encoder.layer.1"].attrs
 
 
+def test_at_is_the_embedding_the_model_exists_for(saved):
+    """hf CLIP: @ equals get_image_features; SigLIP likewise; a vision model's @pooler_output its pooled output."""
+    torch.manual_seed(0)
+    siglip = transformers.SiglipConfig(
+        text_config=dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64,
+                         vocab_size=100, max_position_embeddings=16),
+        vision_config=dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
+                           image_size=32, patch_size=8))
+    transformers.SiglipModel(siglip).save_pretrained(saved / "siglip")
+    transformers.SiglipImageProcessor(size={"height": 32, "width": 32}).save_pretrained(saved / "siglip")
+    listed = CliRunner().invoke(main, ["list-layers", f"hf:{saved / 'clip'}"])
+    assert listed.output.splitlines()[1].split()[:2] == ["@", "ImageFeatures"]  # listed first
+    for name in ("clip", "siglip"):
+        output = featdump.extract(saved / "images", saved / f"{name}-at.h5", model=f"hf:{saved / name}",
+                                  layers=["@", "post_layernorm"], num_workers=0, overwrite=True)
+        model = transformers.AutoModel.from_pretrained(saved / name).eval()
+        processor = transformers.AutoImageProcessor.from_pretrained(saved / name)
+        pixels = processor(images=images_in(output), return_tensors="pt")["pixel_values"]
+        with torch.inference_mode():
+            features = model.get_image_features(pixel_values=pixels)
+        embedding = (features if isinstance(features, torch.Tensor) else features.pooler_output).numpy()
+        assert relative_error(rows(output, "@"), embedding) <= 1e-5
+    vit = featdump.extract(saved / "images", saved / "vit-at.h5", model=f"hf:{saved / 'vit'}",
+                           layers=["@pooler_output", "@last_hidden_state"], num_workers=0, overwrite=True)
+    model = transformers.AutoModel.from_pretrained(saved / "vit").eval()
+    processor = transformers.AutoImageProcessor.from_pretrained(saved / "vit")
+    with torch.inference_mode():
+        expected = model(processor(images=images_in(vit), return_tensors="pt")["pixel_values"])
+    assert relative_error(rows(vit, "@pooler_output"), expected.pooler_output.numpy()) <= 1e-5
+    assert relative_error(rows(vit, "@last_hidden_state"), expected.last_hidden_state.numpy()) <= 1e-5
+    several = CliRunner().invoke(main, ["extract", "-m", f"hf:{saved / 'vit'}", "-l", "@", "-j", "0",
+                                        str(saved / "images"), str(saved / "refused.h5")])
+    assert several.exit_code == 2 and "select one: @last_hidden_state, @pooler_output" in several.output
+
+
+def test_open_clip_at_equals_encode_image(tmp_path):
+    open_clip = pytest.importorskip("open_clip", reason="open_clip is not installed (pip install "
+                                                        "'featdump[open_clip]')")
+    write_images(tmp_path / "images", {"": 2}, size=(80, 60))
+    output = featdump.extract(tmp_path / "images", tmp_path / "oc.h5", model="open_clip:ViT-B-32", weights="none",
+                              seed=1, layers="@", num_workers=0)
+    torch.manual_seed(1)
+    model, _, preprocess = open_clip.create_model_and_transforms("ViT-B-32", pretrained=None)
+    with torch.inference_mode():
+        expected = model.eval().encode_image(torch.stack([preprocess(image) for image in images_in(output)]))
+    assert relative_error(rows(output, "@"), expected.numpy()) <= 1e-5
+
+
 def test_open_clip_residual_block_equals_a_manual_hook_of_model_visual(tmp_path):
     open_clip = pytest.importorskip("open_clip", reason="open_clip is not installed (pip install "
                                                         "'featdump[open_clip]')")

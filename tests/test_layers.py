@@ -71,3 +71,33 @@ def test_resnet18_probe_facts():
     assert infos["layer1.0.relu"].calls == 2
     assert infos["layer4.1.relu"].calls == 2
     assert infos["fc"].shapes == ((1000,),)
+
+
+def test_the_models_own_output_is_the_layer_at_and_patterns_never_select_it(tmp_path):
+    import h5py
+    import numpy as np
+    from PIL import Image
+
+    import featdump
+    from featdump.models import default_preprocessing
+    from featdump.patterns import match_pattern
+
+    from .conftest import write_images
+
+    infos = probe(TupleAndReuse(), (3, 8, 8))
+    assert infos[0].path == "" and infos[0].selector == "@" and infos[0].depth == 0
+    assert [layer.name for layer in resolve(["@"], infos, "net")] == ["@"]
+    assert "" not in match_pattern("**", infos, "net") and "@" not in match_pattern("*", infos, "net")
+    write_images(tmp_path / "images", {"": 3})
+    output = featdump.extract(tmp_path / "images", tmp_path / "out.h5", model="resnet18", weights="none",
+                              layers=["@", "layer4"], num_workers=0)
+    torch.manual_seed(0)
+    model = get_model("resnet18", weights=None).eval()
+    transform = default_preprocessing("resnet18")
+    with h5py.File(output, "r") as h5file:
+        paths = h5file["paths"].asstr()[:]
+        stored = h5file["features/@"][:]
+    pixels = torch.stack([transform(Image.open(tmp_path / "images" / path).convert("RGB")) for path in paths])
+    with torch.inference_mode():
+        logits = model(pixels).numpy()
+    np.testing.assert_allclose(stored, logits, rtol=1e-4, atol=1e-5)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from pathlib import Path
 
 import h5py
 import numpy as np
@@ -181,6 +182,55 @@ def test_a_kill_during_the_fit_and_during_the_projection_resume_to_the_same_rows
         np.testing.assert_allclose(read_features(resumed.output)["layer4"], expected, rtol=1e-5, atol=1e-5)
 
 
+class CrashAfterStaging(CrashAfterFirstBatch):
+    """Lets the fit images' activations be staged whole, then crashes before the fit (a kill between the two)."""
+
+    def advance(self, images):
+        pass
+
+    def close(self):
+        raise RuntimeError("simulated crash")
+
+
+def test_a_kill_after_staging_resumes_the_fit_and_overwrite_starts_over(images, tmp_path):
+    settings = settings_for(images, tmp_path / "straight.h5", layers=("layer4",), reduce=("pca:5",), pca_fit="24",
+                            batch_size=8)
+    expected = read_features(extract(settings).output)["layer4"]
+    for overwrite in (False, True):
+        killed = dataclasses.replace(settings, output=tmp_path / f"killed-{overwrite}.h5")
+        with pytest.raises(RuntimeError, match="simulated crash"):
+            extract(killed, CrashAfterStaging())
+        staged = tmp_path / f"killed-{overwrite}.h5.pca-stage.h5"
+        assert staged.exists() and not (tmp_path / f"killed-{overwrite}.h5.pca.h5").exists()
+        extract(dataclasses.replace(killed, overwrite=overwrite))
+        np.testing.assert_allclose(read_features(killed.output)["layer4"], expected, rtol=1e-5, atol=1e-5)
+        assert not staged.exists() and not Path(f"{staged}.partial").exists()
+
+
+def test_a_fit_refused_after_staging_leaves_nothing_and_the_record_counts_the_images_fitted(tmp_path):
+    folder = tmp_path / "images"
+    write_images(folder, {"": 8}, seed=2)
+    broken = sorted(folder.iterdir())[:3]
+    for path in broken:
+        path.write_bytes(b"not an image")
+    command = ["extract", "-m", "resnet18", "-w", "none", "-l", "avgpool", "-j", "0", "--pca-fit", "8",
+               str(folder), str(tmp_path / "out.h5")]
+    refused = CliRunner().invoke(main, [*command, "--reduce", "pca:6"])
+    assert refused.exit_code == 2
+    assert refused.stderr.strip().splitlines()[-1] == (
+        "Error: --reduce pca:6 needs more fit images than components: the fit set has 5 that could be read (3 "
+        "skipped) (--pca-fit); use at least 7, or a smaller K.")
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["images"]  # no staging, no lock, no output
+    result = CliRunner().invoke(main, [*command, "--reduce", "pca:4"])
+    assert result.exit_code == 0, result.stderr
+    with h5py.File(tmp_path / "out.h5") as h5file:
+        fitted = h5file["pca/avgpool"]
+        assert fitted.attrs["images"] == 5 and h5file["features/avgpool"].attrs["pca_fit_images"] == 5
+        assert fitted.attrs["fitted_on"] == f"the first 8 images of {folder}, 3 of them skipped"
+        assert list(fitted["skipped_paths"].asstr()[:]) == [path.name for path in broken]
+        assert all("cannot identify image file" in why for why in fitted["skipped_reasons"].asstr()[:])
+
+
 def test_rules_the_most_specific_wins_and_config_tables(images, tmp_path):
     config = tmp_path / "job.toml"
     config.write_text('model = "resnet18"\nweights = "none"\nlayers = ["layer1.*", "layer2.0"]\nbatch_size = 32\n'
@@ -219,6 +269,9 @@ def test_bad_reductions_are_one_line_exit_2_and_write_nothing(images, tmp_path, 
 def test_a_fit_too_large_for_the_memory_limit_is_refused_with_the_numbers():
     from featdump.pca import check_fit_fits
 
+    check_fit_fits("avgpool", 600, 512, 512)  # K = D: every component, accepted
+    with pytest.raises(UsageProblem, match="layer 'avgpool' has only 512 values per image; choose K of at most 512"):
+        check_fit_fits("avgpool", 600, 512, 513)
     with pytest.raises(UsageProblem, match=r"needs about [0-9.]+ GiB .* over the limit of 4\.0 GiB"):
         check_fit_fits("layer1", 20000, 802816, 16, limit=4 * 1024**3)
 
