@@ -8,16 +8,16 @@
 
 from featdump.version import __version__
 
-_API = ("extract", "capture", "load", "Features", "Settings")
+_API = ("extract", "capture", "load", "Features", "Settings", "srp_matrix")
+_HOMES = {"Settings": "featdump.settings", "srp_matrix": "featdump.srp"}  # the rest live in featdump.api
 
 
 def __getattr__(name):
     # The Python API, imported lazily so `featdump --help` does not pay for importing torch.
     if name in _API:
-        from featdump import api
-        from featdump.settings import Settings
+        import importlib
 
-        return Settings if name == "Settings" else getattr(api, name)
+        return getattr(importlib.import_module(_HOMES.get(name, "featdump.api")), name)
     raise AttributeError(f"module 'featdump' has no attribute {name!r}")
 
 

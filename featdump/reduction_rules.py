@@ -91,7 +91,15 @@ def canonical(text: str) -> str:
     if not projection or not projection[2].isdigit():
         return text
     method, k, seed = projection[1], int(projection[2]), projection[3]
-    return f"{method}:{k}" if seed is None or (seed.isdigit() and int(seed) == 0) else f"{method}:{k}:{seed}"
+    if seed is None or (seed.isdigit() and int(seed) == 0):
+        return f"{method}:{k}"
+    return f"{method}:{k}:{int(seed) if seed.isdigit() else seed}"
+
+
+def canonical_rule(item: str) -> str:
+    """A --reduce item as recorded everywhere: PATTERN=REDUCTION with the reduction canonical (srp:64:007 is
+    srp:64:7)."""
+    return str(Rule.parse(item))
 
 
 def rules_from_table(table: dict) -> list[str]:

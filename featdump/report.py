@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 import shutil
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
@@ -50,6 +50,7 @@ class Summary:
     stale: int = 0  # rows whose image disappeared or changed (--update)
     rows_before: int = 0  # rows the output held when this run started (a resume's or an update's)
     skipped_before: int = 0
+    left_out: dict = field(default_factory=dict)  # suffix: count of tar members that are no image
 
     @property
     def new_rows(self) -> int:
@@ -75,8 +76,16 @@ class Summary:
         in_all = f", {self.rows} in all ({self.skipped} skipped)," if self.rows_before or self.skipped_before else ""
         return (
             f"Wrote {self.new_rows} images ({self.new_skipped} skipped) to {self.output}{in_all} in "
-            f"{self.seconds:.1f} s ({rate:.1f} img/s{resumed}), {human_bytes(self.size_bytes)}{self._stale_note()}."
+            f"{self.seconds:.1f} s ({rate:.1f} img/s{resumed}), {human_bytes(self.size_bytes)}{self._stale_note()}"
+            f"{self._left_out_note()}."
         )
+
+    def _left_out_note(self) -> str:
+        if not self.left_out:
+            return ""
+        count = sum(self.left_out.values())
+        kinds = ", ".join(f"{number} {suffix}" for suffix, number in sorted(self.left_out.items()))
+        return f"; {count} tar member{'s' * (count != 1)} not used, not images ({kinds})"
 
     def _stale_note(self) -> str:
         if not self.stale:

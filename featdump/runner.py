@@ -153,7 +153,8 @@ def _run_locked(plan: Plan, lock: OutputLock, progress: Progress, started: float
     output = _fill(writer, plan.images, settings, model, lock, progress)
     with Output.open(output) as finished:
         after = finished.committed
-    return _summary(settings, output, after, before, len(plan.images) - before.images, before.images, started)
+    return _summary(settings, output, after, before, len(plan.images) - before.images, before.images, started,
+                    left_out=plan.images.left_out())
 
 
 def _run_update(plan: Plan, model: Model, fingerprint: dict, attributes: dict, lock: OutputLock,
@@ -177,7 +178,7 @@ def _run_update(plan: Plan, model: Model, fingerprint: dict, attributes: dict, l
     log.info("Final commit: %d rows appended to %s in %.2f s (the only time readers wait).",
              after.rows - update.base.rows, output, seconds)
     return _summary(settings, output, after, update.base, len(update.images) - start, start, started,
-                    stale=len(update.stale))
+                    stale=len(update.stale), left_out=update.images.left_out())
 
 
 def _fit_projections(plan: Plan, model: Model, fingerprint: dict, lock: OutputLock, progress: Progress) -> None:
@@ -241,10 +242,10 @@ def _fill(writer: FeatureWriter, images: ImageList, settings: Settings, model: M
 
 
 def _summary(settings: Settings, output: Path, after: Committed, before: Committed, processed: int, start: int,
-             started: float, stale: int = 0) -> Summary:
+             started: float, stale: int = 0, left_out: dict | None = None) -> Summary:
     """The summary of a finished run; NothingRead when it tried images and could read none."""
     summary = Summary(output, after.rows, after.skipped, processed, start, time.perf_counter() - started,
-                      output.stat().st_size, stale, before.rows, before.skipped)
+                      output.stat().st_size, stale, before.rows, before.skipped, left_out or {})
     if summary.processed and not summary.new_rows:
         raise NothingRead(
             f"No image could be read: {summary.new_skipped} tried from {settings.images}, all skipped; "

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from featdump.errors import BadOption
 from featdump.options import Option, as_path, option, options_of
-from featdump.reduction_rules import check_rule, rules_from_table, uses_pca
+from featdump.reduction_rules import canonical_rule, check_rule, rules_from_table, uses_pca
 from featdump.shards import parse_shard, shard_pattern
 
 DTYPES = ("float32", "float16")
@@ -129,6 +129,7 @@ class Settings:
             object.__setattr__(self, name, declared.check(getattr(self, name)))
         for name in ("images", "output"):
             object.__setattr__(self, name, as_path(getattr(self, name), name))
+        object.__setattr__(self, "reduce", tuple(canonical_rule(item) for item in self.reduce))  # one spelling
         if uses_pca(self.reduce) != (self.pca_fit is not None):
             raise BadOption("--reduce pca:K needs --pca-fit N (the first N images) or --pca-fit PATH (a folder or "
                             "list file of reference images)." if self.pca_fit is None else

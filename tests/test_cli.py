@@ -47,8 +47,8 @@ def test_list_layers_json_and_depth():
     rows = [json.loads(line) for line in result.output.splitlines()]
     assert {row["depth"] for row in rows} == {0, 1, 2}
     assert rows[0]["selector"] == "@" and rows[0]["path"] == "" and rows[0]["shapes"] == [[1000]]  # the model
-    assert {"path": "layer1.0", "type": "BasicBlock", "depth": 2, "calls": 1, "shapes": [[64, 56, 56]],
-            "batch_dims": [0], "per_image": True, "tuple_output": False} in rows
+    assert {"path": "layer1.0", "selector": "layer1.0", "type": "BasicBlock", "depth": 2, "calls": 1,
+            "shapes": [[64, 56, 56]], "batch_dims": [0], "per_image": True, "tuple_output": False} in rows
 
 
 def test_unknown_model_names_close_models():

@@ -4,6 +4,7 @@ recomputation from the whole activations, stable across batch sizes, resumes and
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 from pathlib import Path
 
@@ -58,6 +59,8 @@ def test_srp_rows_are_the_rebuilt_matrix_applied_and_keep_pairwise_distances(ima
         attrs = h5file["features/layer2"].attrs
         assert attrs["reduction"] == "srp:1024" and attrs["srp_input_dim"] == 100352 and attrs["srp_seed"] == 0
         assert attrs["srp_rebuild"] == "featdump.srp_matrix(0, 'layer2', 100352, 1024)"
+        rebuilt_as_recorded = eval(attrs["srp_rebuild"], {"featdump": featdump})  # the recipe runs as written
+        assert torch.equal(rebuilt_as_recorded.to_dense(), matrix.to_dense())
     assert featdump.load(output, "layer2").reduction == "srp:1024"
 
 
@@ -264,6 +267,24 @@ def test_bad_reductions_are_one_line_exit_2_and_write_nothing(images, tmp_path, 
     assert result.exit_code == 2, result.stderr
     assert result.stderr.startswith(f"Error: {message}") and result.stderr.count("\n") == 1, result.stderr
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_missing_or_empty_fit_set_names_pca_fit(images, tmp_path):
+    (tmp_path / "empty").mkdir()
+    for fit_set, message in ((tmp_path / "nothing", f"--pca-fit {str(tmp_path / 'nothing')!r} does not exist"),
+                             (tmp_path / "empty", f"--pca-fit {str(tmp_path / 'empty')!r}: No images in")):
+        result = CliRunner().invoke(main, ["extract", "-m", "resnet18", "-w", "none", "-l", "avgpool", "--reduce",
+                                           "pca:4", "--pca-fit", str(fit_set), str(images), str(tmp_path / "o.h5")])
+        assert result.exit_code == 2 and result.stderr.startswith(f"Error: {message}"), result.stderr
+
+
+def test_an_srp_seed_is_recorded_in_one_canonical_form(images, tmp_path):
+    output = extract(settings_for(images, tmp_path / "seeded.h5", layers=("avgpool",), reduce=("srp:64:007",)))
+    with h5py.File(output.output) as h5file:
+        assert h5file["features/avgpool"].attrs["reduction"] == "srp:64:7"
+        assert json.loads(h5file.attrs["reduce"]) == {"avgpool": "srp:64:7"}
+        assert json.loads(h5file.attrs["settings"])["reduce"] == ["srp:64:7"]
+        assert json.loads(h5file.attrs["fingerprint"])["reduce"] == {"avgpool": "srp:64:7"}
 
 
 def test_a_fit_too_large_for_the_memory_limit_is_refused_with_the_numbers():

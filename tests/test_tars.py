@@ -278,3 +278,52 @@ def test_headers_are_read_as_tarfile_reads_them_in_every_format(tmp_path, tar_fo
     scan = scan_tar(path)
     assert [(name, offset, size) for name, offset, size, _ in scan.images] == expected
     assert [label for *_, label in scan.images] == [1, 3, -1] and scan.damage is None
+
+
+def test_every_image_member_of_a_sample_is_a_row_and_the_summary_counts_what_was_not_used(packed, tmp_path):
+    """Frames of a sequence share a webdataset key (clip1/frame.0000.jpg ... frame.0003.jpg: key clip1/frame);
+    each is a row with the sample's label. Members named ./KEY.EXT are read back by show."""
+    from click.testing import CliRunner
+
+    from featdump.cli import main
+
+    frames = sorted((packed / "images" / "cats").iterdir())[:4]
+    with tarfile.open(tmp_path / "clips.tar", "w") as archive:
+        for index, source in enumerate(frames):
+            add_member(archive, f"clip1/frame.{index:04d}{source.suffix}", source.read_bytes())
+        add_member(archive, "clip1/frame.cls", b"7\n")
+        add_member(archive, "clip1/frame.json", b"{}")
+        add_member(archive, "./clip2/still.jpg", frames[0].read_bytes())
+        add_member(archive, "./clip2/still.txt", b"a caption")
+    result = CliRunner().invoke(main, [*EXTRACT, "-j", "0", str(tmp_path / "clips.tar"), str(tmp_path / "out.h5")])
+    assert result.exit_code == 0, result.output
+    content = read_output(tmp_path / "out.h5")
+    assert content["paths"] == [f"clips.tar/clip1/frame.{index:04d}{source.suffix}"
+                                for index, source in enumerate(frames)] + ["clips.tar/./clip2/still.jpg"]
+    assert content["labels"].tolist() == [7, 7, 7, 7, -1] and content["skipped"] == []
+    summary = result.output.strip().splitlines()[-1]
+    assert summary.startswith("Wrote 5 images (0 skipped)")
+    assert summary.endswith("; 2 tar members not used, not images (1 .json, 1 .txt)."), summary
+    folder = CliRunner().invoke(main, [*EXTRACT, "-j", "0", str(packed / "images" / "cats"), str(tmp_path / "f.h5")])
+    assert folder.exit_code == 0
+    by_path = dict(zip(read_output(tmp_path / "f.h5")["paths"], read_output(tmp_path / "f.h5")["avgpool"]))
+    for row, source in enumerate(frames):
+        np.testing.assert_array_equal(content["avgpool"][row], by_path[source.name])
+    _, _, image, path = _read(tmp_path / "out.h5", "avgpool", 4)
+    assert path == "clips.tar/./clip2/still.jpg" and image is not None
+
+
+def test_a_compressed_tar_is_refused_saying_why(packed, tmp_path):
+    from click.testing import CliRunner
+
+    from featdump.cli import main
+
+    with tarfile.open(tmp_path / "00000.tar.gz", "w:gz") as archive:
+        archive.add(packed / "shards" / "00000.tar", arcname="inner.tar")
+    result = CliRunner().invoke(main, [*EXTRACT, str(tmp_path / "00000.tar.gz"), str(tmp_path / "out.h5")])
+    assert result.exit_code == 2 and not (tmp_path / "out.h5").exists()
+    assert result.stderr.strip() == (
+        f"Error: {str(tmp_path / '00000.tar.gz')!r} is a gzip-compressed tar, which featdump does not read: each "
+        "image is read at its offset in the tar (to decode in parallel, resume and split into shards), and a "
+        "compressed stream has no offsets. Decompress it to a plain .tar once (e.g. gunzip -k, zstd -d) and pass "
+        "that.")

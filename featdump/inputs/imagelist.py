@@ -65,9 +65,14 @@ class Storage(Protocol):
 
     def groups(self) -> list[int] | None: ...
 
+    def left_out(self) -> dict[str, int]: ...
+
 
 class Files:
     """Images stored as files under the list's root (a folder or a list file)."""
+
+    def left_out(self) -> dict[str, int]:
+        return {}  # a folder's other files are not samples
 
     def open(self, root: Path, relative: str, position: int) -> Encoded:
         path = root / relative
@@ -129,6 +134,10 @@ class ImageList:
     def groups(self) -> list[int] | None:
         """The first position of each group that one process should read whole (a tar), or None."""
         return self.storage.groups()
+
+    def left_out(self) -> dict[str, int]:
+        """What the listing found beside the images and left out (tar members that are no image), by suffix."""
+        return self.storage.left_out()
 
     def select(self, positions: Sequence[int], labels: Sequence[int] | None = None,
                classes: Sequence[str] | None = None) -> ImageList:

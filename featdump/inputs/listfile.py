@@ -9,13 +9,13 @@ from featdump.errors import NoImages
 from featdump.inputs.imagelist import ImageList
 
 
-def read_image_list(path: Path) -> ImageList:
+def read_image_list(path: Path, named: str = "IMAGES") -> ImageList:
     """The images a list file names, in its order: .txt, one path per line (blank lines and lines starting
     with # ignored), or .csv with a `path` column and an optional integer `label` column. Relative paths
     are relative to the list's folder; a listed file that is missing becomes a skipped image later."""
     suffix = path.suffix.lower()
     if suffix not in (".txt", ".csv"):
-        raise NoImages(f"{str(path)!r} is a file: IMAGES must be a folder, a .txt list or a .csv list.")
+        raise NoImages(f"{str(path)!r} is a file: {named} must be a folder, a .txt list or a .csv list.")
     with open(path, newline="", encoding="utf-8", errors="surrogateescape") as handle:
         if suffix == ".txt":
             entries = [(line.rstrip("\r\n"), -1) for line in handle]

@@ -1,12 +1,13 @@
-"""Tar input: the samples of webdataset-style tar shards (one .tar, a brace pattern, a glob, or a list of tars),
-in tar order, shard after shard, read straight from the tars and never unpacked.
+"""Tar input: the samples of webdataset-style tar shards (one .tar, a brace pattern, a glob, or a list of tars), in
+tar order, shard after shard, read straight from the tars and never unpacked.
 
 A sample is the consecutive members sharing a key (the member name up to the first dot of its last component:
-`a/b.seg.png` has key `a/b`); its image is its first member with an image extension, its label the integer in
-its `.cls` member (else -1); every other member is ignored. The tars' headers are read once, when the job
-lists its images (tarfile seeks over the data); the loader's workers then read each image's bytes with one
-pread at its offset. A corrupt or truncated tar keeps the members before the damage; the rest becomes one
-skipped entry, `TAR@OFFSET`, whose reason says what was found there.
+`a/b.seg.png` has key `a/b`); each of its members with an image extension is a row (the frames of a sequence,
+`clip/frame.0000.jpg` ... `clip/frame.0003.jpg`, are four rows), all labelled with the integer in the sample's
+`.cls` member (else -1); every other member is left out, and counted. The tars' headers are read once, when the
+job lists its images (tarfile seeks over the data); the loader's workers then read each image's bytes with one
+pread at its offset. A corrupt or truncated tar keeps the members before the damage; the rest becomes one skipped
+entry, `TAR@OFFSET`, whose reason says what was found there.
 """
 
 from __future__ import annotations
@@ -59,6 +60,20 @@ def named_tars(images: Path) -> list[Path] | None:
     if not paths:
         raise NoImages(f"The pattern {text!r} matches no file.")
     return check_tar_names(paths, f"the pattern {text!r}")
+
+
+_COMPRESSED = {".gz": "gzip", ".tgz": "gzip", ".bz2": "bzip2", ".xz": "xz", ".zst": "zstd", ".lz4": "lz4"}
+
+
+def check_not_compressed(path: Path) -> None:
+    """NoImages, saying why and what to do, for a compressed tar (x.tar.gz, x.tgz, ...)."""
+    kind = _COMPRESSED.get(path.suffix.lower())
+    if kind is None or not (path.suffix.lower() == ".tgz" or path.stem.lower().endswith(TAR_SUFFIX)):
+        return
+    raise NoImages(f"{str(path)!r} is a {kind}-compressed tar, which featdump does not read: each image is read at "
+                   "its offset in the tar (to decode in parallel, resume and split into shards), and a compressed "
+                   "stream has no offsets. Decompress it to a plain .tar once (e.g. gunzip -k, zstd -d) and pass "
+                   "that.")
 
 
 def check_tar_names(paths: Sequence[Path], named_by: str) -> list[Path]:
@@ -227,15 +242,15 @@ def _suffix(name: str) -> str:
 
 
 def _add_sample(scan: TarScan, members: list[Member], handle) -> None:
-    image = next((m for m in members if PurePosixPath(m.name).suffix.lower() in IMAGE_EXTENSIONS), None)
-    if image is None:
+    images = [m for m in members if PurePosixPath(m.name).suffix.lower() in IMAGE_EXTENSIONS]
+    if not images:
         scan.without_image += 1
     label_member = next((m for m in members if _suffix(m.name) == LABEL_SUFFIX), None)
     for member in members:
-        if member is not image and member is not label_member:
+        if member not in images and member is not label_member:
             scan.ignored[_suffix(member.name) or "(no suffix)"] += 1
-    if image is not None:
-        scan.images.append((image.name, image.data, image.size, _label(label_member, handle, scan)))
+    label = _label(label_member, handle, scan) if images else -1
+    scan.images.extend((image.name, image.data, image.size, label) for image in images)
 
 
 def _label(member: Member | None, handle, scan: TarScan) -> int:
@@ -269,7 +284,7 @@ def read_tars(paths: Sequence[Path]) -> ImageList:
     absolute = [Path(os.path.abspath(path)) for path in paths]
     root = Path(os.path.commonpath([str(path.parent) for path in absolute]))
     shards, names, labels, tar_of, offsets, sizes, damage = [], [], [], [], [], [], {}
-    ignored, without_image = collections.Counter(), 0
+    ignored, without_image, left_out = collections.Counter(), 0, []
     for index, path in enumerate(absolute):
         found = os.stat(path)
         shard = TarShard(path.relative_to(root).as_posix(), found.st_size, found.st_mtime_ns)
@@ -295,13 +310,14 @@ def read_tars(paths: Sequence[Path]) -> ImageList:
             sizes.append(-1)
             damage[(index, offset)] = reason
         ignored.update(scan.ignored)
+        left_out += [(index, suffix, count) for suffix, count in sorted(scan.ignored.items())]
         without_image += scan.without_image
     _log_left_out(ignored, without_image)
     if not names:
         raise NoImages(f"No images in the {len(shards)} tar files from {str(paths[0])!r} (looked for members named "
                        f"KEY.EXT with EXT one of {', '.join(sorted(ext.lstrip('.') for ext in IMAGE_EXTENSIONS))}).")
     storage = TarMembers(tuple(shards), np.asarray(tar_of, np.int32), np.asarray(offsets, np.int64),
-                         np.asarray(sizes, np.int64), damage)
+                         np.asarray(sizes, np.int64), damage, tuple(left_out))
     return ImageList(root, tuple(names), tuple(labels), (), storage)
 
 
@@ -321,6 +337,7 @@ class TarMembers:
     offset: np.ndarray  # int64 per image
     size: np.ndarray  # int64 per image; -1 for the entry standing for a damaged tail
     damage: dict[tuple[int, int], str]  # (tar, offset) -> reason
+    members_left_out: tuple[tuple[int, str, int], ...] = ()  # (tar, suffix, count) of members that are no image
 
     def open(self, root: Path, relative: str, position: int) -> Encoded:
         tar, offset, size = int(self.tar[position]), int(self.offset[position]), int(self.size[position])
@@ -337,7 +354,16 @@ class TarMembers:
 
     def select(self, positions: Sequence[int]) -> TarMembers:
         chosen = np.asarray(positions, dtype=np.int64)
-        return TarMembers(self.tars, self.tar[chosen], self.offset[chosen], self.size[chosen], self.damage)
+        return TarMembers(self.tars, self.tar[chosen], self.offset[chosen], self.size[chosen], self.damage,
+                          self.members_left_out)
+
+    def left_out(self) -> dict[str, int]:
+        """Members of this list's tars that are not images, by suffix."""
+        mine, counts = set(self.tar.tolist()), collections.Counter()
+        for tar, suffix, count in self.members_left_out:
+            if tar in mine:
+                counts[suffix] += count
+        return dict(counts)
 
     def digest(self, root: Path, paths: Sequence[str], labels: Sequence[int], sizes: bool) -> str:
         """A hash of the member paths and labels (and each tar's name, size and mtime: no stat per member)."""
@@ -378,14 +404,14 @@ def _tar_descriptor(path: Path, shard: TarShard) -> int:
 
 
 def read_stored(root: Path, relative: str) -> bytes | None:
-    """The bytes of row path RELATIVE (TAR/MEMBER) from its tar under ROOT, or None if it is not there."""
-    parts = PurePosixPath(relative).parts
-    for cut in range(1, len(parts)):
-        tar = Path(root, *parts[:cut])
-        if tar.suffix.lower() == TAR_SUFFIX and tar.is_file():
+    """The bytes of row path RELATIVE (TAR/MEMBER, the member's name as the tar spells it, `./` and all) from
+    its tar under ROOT, or None if it is not there."""
+    for found in re.finditer(re.escape(TAR_SUFFIX) + "/", relative, re.IGNORECASE):
+        tar, member_name = Path(root, relative[:found.start() + len(TAR_SUFFIX)]), relative[found.end():]
+        if tar.is_file():
             try:
                 with tarfile.open(tar, "r:") as archive:
-                    member = archive.extractfile("/".join(parts[cut:]))
+                    member = archive.extractfile(member_name)
                     return member.read() if member is not None else None
             except (tarfile.TarError, KeyError, OSError):
                 return None
