@@ -72,10 +72,44 @@ def featdump_env(**extra) -> dict:
     return env
 
 
-def run_featdump(*args, env=None, timeout=300, **kwargs) -> subprocess.CompletedProcess:
-    """Run `python -m featdump ARGS` as a real process."""
-    return subprocess.run([sys.executable, "-m", "featdump", *map(str, args)], capture_output=True, text=True,
-                          env=env or featdump_env(), timeout=timeout, **kwargs)
+def run_featdump(*args, env=None, cwd=None, timeout=300, process=False) -> subprocess.CompletedProcess:
+    """featdump ARGS as a user runs it: in this process through Click's runner (torch is imported once, not per
+    test), or, with PROCESS, as a real `python -m featdump` process (for what needs one: signals, kills, locks
+    between processes, the entry point, a fresh interpreter's environment). ENV and CWD apply either way."""
+    if process:
+        return subprocess.run([sys.executable, "-m", "featdump", *map(str, args)], capture_output=True, text=True,
+                              env=env or featdump_env(), timeout=timeout, cwd=cwd)
+    return _in_process([str(arg) for arg in args], env, cwd)
+
+
+def _in_process(args: list[str], env: dict | None, cwd) -> subprocess.CompletedProcess:
+    """ARGS through the CLI in this process, with ENV's changes to os.environ, in CWD, importing user modules
+    from CWD and ENV's PYTHONPATH as a new process would (and forgetting them afterwards)."""
+    from click.testing import CliRunner
+
+    from featdump.faces.cli import main
+
+    changes = {}
+    if env is not None:
+        changes = {key: value for key, value in env.items() if os.environ.get(key) != value}
+        changes.update({key: None for key in os.environ if key not in env})
+    folders = [str(Path(cwd or os.getcwd()).resolve())]
+    folders += [entry for entry in (env or {}).get("PYTHONPATH", "").split(os.pathsep) if entry]
+    own = [folder for folder in folders if Path(folder).resolve() != REPO]  # where user modules come from
+    modules_before, path_before, directory = set(sys.modules), list(sys.path), os.getcwd()
+    sys.path[:0] = folders
+    try:
+        if cwd is not None:
+            os.chdir(cwd)
+        result = CliRunner().invoke(main, args, env=changes)
+    finally:
+        os.chdir(directory)
+        sys.path[:] = path_before
+        for name in set(sys.modules) - modules_before:
+            origin = getattr(sys.modules[name], "__file__", None) or ""
+            if any(origin.startswith(folder) for folder in own) and not name.startswith("featdump"):
+                del sys.modules[name]
+    return subprocess.CompletedProcess(["featdump", *args], result.exit_code, result.stdout, result.stderr)
 
 
 def start_featdump(*args, env=None, stdout=subprocess.PIPE, stderr=subprocess.PIPE, **kwargs) -> subprocess.Popen:

@@ -1,5 +1,6 @@
-"""The shape of the package: featdump's modules import each other in one direction (no cycle), and the library
-never imports click."""
+"""The shape of the package: sub-packages along the data's way (sources -> inputs -> capture -> reductions ->
+output), the job and the faces above them; imports only go down or sideways within a package, never in a
+cycle; the library never imports click."""
 
 from __future__ import annotations
 
@@ -60,7 +61,7 @@ def test_the_walker_finds_a_cycle_when_there_is_one():
 
 def test_featdump_modules_import_each_other_without_a_cycle():
     graph = import_graph()
-    assert len(graph) > 30 and "featdump.runner" in graph["featdump.cli"]  # the walk sees the package
+    assert len(graph) > 30 and "featdump.job.runner" in graph["featdump.faces.cli"]  # the walk sees the package
     assert find_cycle(graph) is None, " -> ".join(find_cycle(graph))
 
 
@@ -69,4 +70,45 @@ def test_only_the_cli_imports_click():
                        if any(isinstance(node, (ast.Import, ast.ImportFrom)) and "click" in
                               ([alias.name for alias in node.names] if isinstance(node, ast.Import) else [node.module])
                               for node in ast.walk(ast.parse(path.read_text()))))
-    assert importers == ["featdump.cli"]
+    assert importers == ["featdump.faces.cli"]
+
+
+# Lowest first: a module may import modules of its own rank or lower, never higher.
+RANKS = {
+    "featdump.errors": 0, "featdump.version": 0,
+    "featdump.sources": 1, "featdump.inputs": 2, "featdump.capture": 3, "featdump.reductions": 4,
+    "featdump.output": 5, "featdump.job": 6, "featdump.faces": 7, "featdump": 8, "featdump.__main__": 8,
+}
+
+
+def rank_of(module: str) -> int:
+    """The rank of MODULE's package (its longest prefix in RANKS)."""
+    for prefix in sorted(RANKS, key=len, reverse=True):
+        if module == prefix or module.startswith(prefix + "."):
+            return RANKS[prefix]
+    raise AssertionError(f"{module} is in no package of the layout")
+
+
+def upward_imports(graph: dict[str, set[str]]) -> list[str]:
+    return sorted(f"{name} -> {target}" for name, targets in graph.items() for target in targets
+                  if rank_of(target) > rank_of(name))
+
+
+def test_the_rank_check_finds_an_upward_import():
+    assert upward_imports({"featdump.capture.hooks": {"featdump.output.writer"}}) == [
+        "featdump.capture.hooks -> featdump.output.writer"]
+    assert upward_imports({"featdump.output.writer": {"featdump.capture.hooks"}}) == []
+
+
+def test_every_module_sits_in_a_package_of_the_pipeline_and_imports_only_downwards():
+    graph = import_graph()
+    flat = sorted(name for name in graph if name.count(".") == 1 and rank_of(name) not in (0, 8)
+                  and not (PACKAGE / name.split(".")[1]).is_dir())
+    assert not flat, f"modules outside the sub-packages: {flat}"
+    assert not upward_imports(graph), "\n".join(upward_imports(graph))
+
+
+def test_every_package_says_what_lives_in_it():
+    for init in PACKAGE.rglob("__init__.py"):
+        docstring = ast.get_docstring(ast.parse(init.read_text()))
+        assert docstring and len(docstring) > 80, f"{init.relative_to(PACKAGE.parent)} has no paragraph"

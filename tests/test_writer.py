@@ -80,12 +80,17 @@ def test_reopen_discards_rows_beyond_the_commit(tmp_path):
         np.testing.assert_array_equal(h5file["features/layer"][:], np.concatenate([rows(4), rows(1, 9)]))
 
 
-def test_reopen_with_another_fingerprint_is_refused(tmp_path):
+def test_reopen_with_another_fingerprint_is_refused_once_it_holds_work(tmp_path):
     output = tmp_path / "out.h5"
-    open_writer(output, {"model": "resnet18", "seed": 0}).close()
-    with pytest.raises(ResumeMismatch, match=r"seed: 0 when started, 1 now"):
-        open_writer(output, {"model": "resnet18", "seed": 1})
-    open_writer(output, {"model": "resnet18", "seed": 1}, overwrite=True).close()
+    open_writer(output, {"model": "resnet18", "seed": 0}).close()  # a run that failed before its first batch
+    empty = open_writer(output, {"model": "resnet18", "seed": 1})  # nothing to keep: started anew, not blocking
+    assert empty.committed_images == 0
+    empty.append({"layer": rows(2)}, ["a", "b"], [0, 1], [], images_done=2)
+    empty.close()
+    with pytest.raises(ResumeMismatch, match=r"seed: 1 when started, 2 now"):
+        open_writer(output, {"model": "resnet18", "seed": 2})
+    assert open_writer(output, {"model": "resnet18", "seed": 1}).committed_rows == 2  # still resumable
+    open_writer(output, {"model": "resnet18", "seed": 2}, overwrite=True).close()
 
 
 def test_existing_output_is_refused(tmp_path):
