@@ -22,11 +22,11 @@ sys.path.insert(0, str(HERE.parent))
 
 from benchmarks.run import make_images  # noqa: E402
 from featdump.inputs import find_images  # noqa: E402
-from featdump.layout import DatasetSpec, chunk_shape, compression_filters  # noqa: E402
-from featdump.loader import ImageDataset, make_loader  # noqa: E402
-from featdump.models import default_preprocessing  # noqa: E402
-from featdump.preprocess import Preprocess  # noqa: E402
-from featdump.settings import COMPRESSIONS  # noqa: E402
+from featdump.inputs.loader import ImageDataset, make_loader  # noqa: E402
+from featdump.inputs.preprocess import Preprocess  # noqa: E402
+from featdump.job.settings import COMPRESSIONS  # noqa: E402
+from featdump.output.layout import DatasetSpec, chunk_shape, compression_filters  # noqa: E402
+from featdump.sources.models import default_preprocessing  # noqa: E402
 
 
 def activations(count: int) -> dict[str, np.ndarray]:

@@ -27,14 +27,14 @@ from PIL import Image, ImageOps
 from torchvision.models import get_model
 from torchvision.models.feature_extraction import create_feature_extractor
 
-from featdump.device import resolve_device
-from featdump.gpu_decode import to_device_inputs
+from featdump.forward.device import resolve_device
 from featdump.inputs import find_images
-from featdump.loader import ImageDataset, make_loader
-from featdump.models import default_preprocessing
-from featdump.preprocess import Preprocess
-from featdump.runner import extract
-from featdump.settings import Settings
+from featdump.inputs.gpu_decode import to_device_inputs
+from featdump.inputs.loader import ImageDataset, make_loader
+from featdump.inputs.preprocess import Preprocess
+from featdump.job.runner import extract
+from featdump.job.settings import Settings
+from featdump.sources.models import default_preprocessing
 
 
 class PilImages(torch.utils.data.Dataset):

@@ -186,11 +186,11 @@ def gpu_limits(images: Path, count: int, workers: int) -> list[str]:
     sys.path.insert(0, str(REPO))
     from torchvision.models import resnet50
 
-    from featdump.gpu_decode import to_device_inputs
     from featdump.inputs import find_images
-    from featdump.loader import ImageDataset, make_loader
-    from featdump.models import default_preprocessing
-    from featdump.preprocess import Preprocess
+    from featdump.inputs.gpu_decode import to_device_inputs
+    from featdump.inputs.loader import ImageDataset, make_loader
+    from featdump.inputs.preprocess import Preprocess
+    from featdump.sources.models import default_preprocessing
 
     model = resnet50().eval().cuda().to(memory_format=torch.channels_last)
     x = torch.randn(256, 3, 224, 224, device="cuda").contiguous(memory_format=torch.channels_last)

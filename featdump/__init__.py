@@ -9,7 +9,8 @@
 from featdump.version import __version__
 
 _API = ("extract", "capture", "load", "Features", "Settings", "srp_matrix")
-_HOMES = {"Settings": "featdump.settings", "srp_matrix": "featdump.srp"}  # the rest live in featdump.api
+# Where each name lives; the rest are in featdump.faces.api.
+_HOMES = {"Settings": "featdump.job.settings", "srp_matrix": "featdump.reductions.srp"}
 
 
 def __getattr__(name):
@@ -17,7 +18,7 @@ def __getattr__(name):
     if name in _API:
         import importlib
 
-        return getattr(importlib.import_module(_HOMES.get(name, "featdump.api")), name)
+        return getattr(importlib.import_module(_HOMES.get(name, "featdump.faces.api")), name)
     raise AttributeError(f"module 'featdump' has no attribute {name!r}")
 
 

@@ -1,5 +1,5 @@
 """`python -m featdump` runs the command-line interface."""
 
-from featdump.cli import main
+from featdump.faces.cli import main
 
 main(prog_name="featdump")

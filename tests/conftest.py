@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import subprocess
 import sys
@@ -13,7 +14,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from featdump.settings import Settings
+from featdump.job.settings import Settings
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -97,6 +98,8 @@ def _in_process(args: list[str], env: dict | None, cwd) -> subprocess.CompletedP
     folders += [entry for entry in (env or {}).get("PYTHONPATH", "").split(os.pathsep) if entry]
     own = [folder for folder in folders if Path(folder).resolve() != REPO]  # where user modules come from
     modules_before, path_before, directory = set(sys.modules), list(sys.path), os.getcwd()
+    logger = logging.getLogger("featdump")  # the CLI sets it up for its run; the tests' own logging is put back
+    logging_before = (list(logger.handlers), logger.level, logger.propagate)
     sys.path[:0] = folders
     try:
         if cwd is not None:
@@ -105,6 +108,7 @@ def _in_process(args: list[str], env: dict | None, cwd) -> subprocess.CompletedP
     finally:
         os.chdir(directory)
         sys.path[:] = path_before
+        logger.handlers[:], logger.level, logger.propagate = logging_before
         for name in set(sys.modules) - modules_before:
             origin = getattr(sys.modules[name], "__file__", None) or ""
             if any(origin.startswith(folder) for folder in own) and not name.startswith("featdump"):

@@ -59,7 +59,7 @@ def test_bad_config_names_the_file_and_the_key(image_folder, tmp_path, content, 
 
 
 def test_shipped_configs_are_valid():
-    from featdump.config import read_config
+    from featdump.job.config import read_config
 
     shipped = sorted((REPO / "configs").glob("*.toml"))
     assert len(shipped) >= 3
@@ -103,8 +103,8 @@ def test_the_list_content_is_part_of_the_fingerprint(tmp_path):
     output = tmp_path / "out.h5"
     settings = dict(model="resnet18", layers="avgpool", weights="none", num_workers=0, batch_size=1)
 
-    from featdump.runner import extract as run
-    from featdump.settings import Settings
+    from featdump.job.runner import extract as run
+    from featdump.job.settings import Settings
 
     with pytest.raises(RuntimeError):
         run(Settings(images=listing, output=output, **{**settings, "layers": ("avgpool",)}), CrashAfterFirstBatch())
@@ -183,7 +183,7 @@ def test_show_without_matplotlib_says_what_to_install(image_folder, tmp_path):
                      "    def find_spec(self, name, path=None, target=None):\n"
                      "        if name.split('.')[0] == 'matplotlib': raise ImportError('No module named matplotlib')\n"
                      "sys.meta_path.insert(0, Block())\n"
-                     "from featdump.cli import main\n"
+                     "from featdump.faces.cli import main\n"
                      "main()\n")
     result = subprocess.run([sys.executable, "-c", no_matplotlib, "show", str(output)], env=featdump_env(),
                             capture_output=True, text=True)
@@ -227,7 +227,7 @@ def test_capture_of_a_module_returning_a_dict_is_a_clear_error():
 
 
 def test_show_draws_the_image_as_the_model_saw_it_titled_with_its_path(image_folder, tmp_path):
-    from featdump.show import _read
+    from featdump.faces.show import _read
 
     output = featdump.extract(image_folder, tmp_path / "out.h5", model="resnet18", layers="layer2,avgpool",
                               weights="none", num_workers=0)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import h5py
 import numpy as np
 
-from featdump.runner import extract
+from featdump.job.runner import extract
 
 from .conftest import settings_for, write_images
 

@@ -8,7 +8,7 @@ import h5py
 import pytest
 from click.testing import CliRunner
 
-from featdump.cli import main
+from featdump.faces.cli import main
 
 from .conftest import featdump_env, run_featdump
 
@@ -26,10 +26,10 @@ def test_help_on_every_command(command):
 
 
 def test_help_and_version_as_a_process():
-    result = run_featdump("--help")
+    result = run_featdump("--help", process=True)
     assert result.returncode == 0 and "list-layers" in result.stdout
-    assert run_featdump("--version").stdout.startswith("featdump, version ")
-    assert run_featdump("extract", "--help").returncode == 0
+    assert run_featdump("--version", process=True).stdout.startswith("featdump, version ")
+    assert run_featdump("extract", "--help", process=True).returncode == 0
 
 
 def test_list_layers_tree_shows_shapes_and_calls():
@@ -127,7 +127,7 @@ def test_unknown_weights_name(image_folder, tmp_path):
 def test_extract_as_a_process_writes_a_complete_file(image_folder, tmp_path):
     output = tmp_path / "o.h5"
     result = run_featdump("extract", "-m", "resnet18", "-w", "none", "-l", "layer1.0.relu:2,avgpool",
-                          "-l", "fc", "-b", "3", "-j", "2", image_folder, output)
+                          "-l", "fc", "-b", "3", "-j", "2", image_folder, output, process=True)
     assert result.returncode == 0, result.stderr
     assert "Wrote 7 images (0 skipped)" in result.stderr
     assert " featdump INFO: " in result.stderr  # plain log lines when stderr is not a terminal

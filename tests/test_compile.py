@@ -12,7 +12,7 @@ import pytest
 import torch
 from torchvision.models import VisionTransformer, resnet18
 
-from featdump.memory_format import choose_memory_format
+from featdump.forward.memory_format import choose_memory_format
 
 from .conftest import REPO, featdump_env, run_featdump, user_project
 
@@ -104,8 +104,8 @@ def project(tmp_path_factory):
 def extract(project, model: str, output, *options):
     env = featdump_env(PYTHONPATH=f"{project}{os.pathsep}{REPO}", TORCH_LOGS="recompiles")
     result = run_featdump("-v", "extract", "-m", model, "-w", "none", "-l", LAYERS.get(model, "pool"), "-b", "4",
-                          *options, project / "images", output, env=env)
-    assert result.returncode == 0, result.stderr
+                          *options, project / "images", output, env=env, process=True)  # a fresh process each:
+    assert result.returncode == 0, result.stderr  # dynamo's and inductor's in-memory caches are per process
     with h5py.File(output, "r") as h5file:
         features = {name: dataset[:] for name, dataset in h5file["features"].items()}
         return features, str(h5file.attrs["compiled"]), result.stderr

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from featdump.decode import open_rgb
 from featdump.errors import NoImages
 from featdump.inputs import find_images
+from featdump.inputs.decode import open_rgb
 
 from .conftest import run_featdump
 

@@ -13,7 +13,7 @@ import numpy as np
 from click.testing import CliRunner
 from PIL import Image
 
-from featdump.cli import main
+from featdump.faces.cli import main
 
 from .conftest import featdump_env
 

@@ -13,10 +13,10 @@ from PIL import Image, ImageOps
 from torchvision.models import get_model
 
 from featdump.errors import ResumeMismatch
-from featdump.models import default_preprocessing
-from featdump.preprocess import Preprocess
-from featdump.resources import available_memory, choose_workers, decode_bytes_per_worker, job_cpus
-from featdump.runner import extract
+from featdump.inputs.preprocess import Preprocess
+from featdump.inputs.workers import available_memory, choose_workers, decode_bytes_per_worker, job_cpus
+from featdump.job.runner import extract
+from featdump.sources.models import default_preprocessing
 
 from .conftest import CrashAfterFirstBatch, featdump_env, run_featdump, settings_for
 from .photos import camera_photo, write_camera_photos

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from PIL import Image
 from torchvision.models import get_model, get_model_weights
 
-from featdump.runner import extract
+from featdump.job.runner import extract
 
 from .conftest import settings_for, write_images
 

@@ -10,10 +10,10 @@ import torch
 from PIL import Image
 from torchvision.models import get_model_weights
 
-from featdump.gpu_decode import to_device_inputs
 from featdump.inputs import find_images
-from featdump.loader import ImageDataset, collate
-from featdump.preprocess import Preprocess
+from featdump.inputs.gpu_decode import to_device_inputs
+from featdump.inputs.loader import ImageDataset, collate
+from featdump.inputs.preprocess import Preprocess
 
 from .conftest import run_featdump, write_images
 
@@ -87,8 +87,8 @@ def test_cuda_fp32_matches_cpu_features(tmp_path):
 
 
 def test_auto_decodes_on_the_cpu_until_the_gpu_path_is_measured():
-    from featdump.device import resolve_decode
     from featdump.errors import UsageProblem
+    from featdump.forward.device import resolve_decode
 
     preprocess = Preprocess(get_model_weights("resnet18").DEFAULT.transforms())
     assert resolve_decode("auto", torch.device("cuda"), preprocess) == "cpu"
@@ -111,7 +111,7 @@ def test_normalize_keeps_its_constants_on_the_device_and_equals_torchvision():
 
 def test_device_errors_stop_the_run_and_decode_errors_do_not():
     from featdump.errors import DeviceFailure
-    from featdump.gpu_decode import raise_if_device_failure
+    from featdump.inputs.gpu_decode import raise_if_device_failure
 
     raise_if_device_failure(RuntimeError("nvjpegDecodeJpeg failed: not a JPEG"))  # the image's fault: passes
     for error in (torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"),
@@ -121,7 +121,7 @@ def test_device_errors_stop_the_run_and_decode_errors_do_not():
 
 
 def test_pooled_half_precision_outputs_accumulate_in_float32_and_snapshots_are_contiguous():
-    from featdump.reductions import bind, snapshot
+    from featdump.reductions.methods import bind, snapshot
 
     output = (torch.rand(2, 8, 64, 64) * 4 + 100).to(torch.bfloat16)  # large sums lose digits in bf16
     pooled = snapshot(0, 1, bind("avgpool", "x", (8, 64, 64)), "float32")(output)
@@ -151,7 +151,7 @@ def test_cuda_gpu_decode_rows_do_not_depend_on_the_batch_size(tmp_path):
 def test_one_bad_jpeg_does_not_serialise_the_batch(tmp_path):
     from torchvision.io import ImageReadMode, decode_jpeg
 
-    from featdump.gpu_decode import _decode_halving
+    from featdump.inputs.gpu_decode import _decode_halving
 
     write_images(tmp_path, {"a": 16}, size=(64, 48))
     paths = sorted((tmp_path / "a").glob("*.jpg"))
@@ -181,7 +181,7 @@ def test_one_bad_jpeg_does_not_serialise_the_batch(tmp_path):
 def test_short_batches_are_padded_to_one_shape_and_rows_cut_back():
     from torchvision.models import resnet18
 
-    from featdump.device import padded
+    from featdump.forward.device import padded
 
     torch.manual_seed(0)
     model = resnet18().eval()

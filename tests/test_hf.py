@@ -14,8 +14,8 @@ from PIL import Image
 from torchvision.models import ResNet18_Weights
 
 import featdump
-from featdump.cli import main
 from featdump.errors import UnknownLayer
+from featdump.faces.cli import main
 
 from .conftest import featdump_env, run_featdump, user_project, write_images
 

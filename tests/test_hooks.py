@@ -6,11 +6,11 @@ import pytest
 import torch
 from torch import nn
 
-from featdump.hooks import Capture
-from featdump.layers import resolve
-from featdump.probe import probe
-from featdump.reductions import bind, snapshot
-from featdump.tokens import TokenLayout
+from featdump.forward.hooks import Capture
+from featdump.forward.layers import resolve
+from featdump.forward.probe import probe
+from featdump.reductions.methods import bind, snapshot
+from featdump.sources.tokens import TokenLayout
 
 
 def take(reduce: str, dtype: str, shape: tuple[int, ...]):
@@ -243,7 +243,7 @@ def test_pruned_resnet_graph_adds_residuals_in_place():
 
     from torchvision.models import get_model
 
-    from featdump.graph import pruned_forward
+    from featdump.forward.graph import pruned_forward
 
     model = get_model("resnet18", weights=None).eval()
     layers = resolve(["avgpool"], probe(model, (3, 64, 64)), "resnet18")

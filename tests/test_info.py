@@ -10,10 +10,10 @@ import pytest
 from click.testing import CliRunner
 
 import featdump
-from featdump.cli import main
 from featdump.errors import NotAnOutput
-from featdump.info import read_info
-from featdump.runner import extract
+from featdump.faces.cli import main
+from featdump.faces.info import read_info
+from featdump.job.runner import extract
 
 from .conftest import CrashAfterFirstBatch, settings_for, write_images
 

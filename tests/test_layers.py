@@ -8,8 +8,8 @@ from torch import nn
 from torchvision.models import get_model
 
 from featdump.errors import AmbiguousLayer, UnknownLayer
-from featdump.layers import resolve
-from featdump.probe import probe
+from featdump.forward.layers import resolve
+from featdump.forward.probe import probe
 
 
 class TupleAndReuse(nn.Module):
@@ -79,8 +79,8 @@ def test_the_models_own_output_is_the_layer_at_and_patterns_never_select_it(tmp_
     from PIL import Image
 
     import featdump
-    from featdump.models import default_preprocessing
-    from featdump.patterns import match_pattern
+    from featdump.forward.patterns import match_pattern
+    from featdump.sources.models import default_preprocessing
 
     from .conftest import write_images
 

@@ -8,7 +8,7 @@ import h5py
 import numpy as np
 from PIL import Image
 
-from featdump.layout import raw_paths
+from featdump.output.layout import raw_paths
 
 from .conftest import run_featdump
 

@@ -9,9 +9,9 @@ import pytest
 from click.testing import CliRunner
 
 import featdump
-from featdump.cli import main
 from featdump.errors import BadOption, ConfigProblem, UsageProblem
-from featdump.settings import OPTIONS, Settings
+from featdump.faces.cli import main
+from featdump.job.settings import OPTIONS, Settings
 
 # A bad value of every option: as Python/TOML values, and as the CLI's text where the option takes one.
 BAD = {

@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 from torchvision.models import get_model
 
-from featdump.config import read_config
 from featdump.errors import UnknownLayer
-from featdump.patterns import expand
-from featdump.probe import probe
+from featdump.forward.patterns import expand
+from featdump.forward.probe import probe
+from featdump.job.config import read_config
 
 from .conftest import REPO, run_featdump
 

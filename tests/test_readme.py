@@ -11,7 +11,7 @@ import click
 import pytest
 
 import featdump
-from featdump.cli import main
+from featdump.faces.cli import main
 
 from .conftest import REPO
 

@@ -15,12 +15,12 @@ import torch
 from click.testing import CliRunner
 
 import featdump
-from featdump.cli import main
 from featdump.errors import UsageProblem
-from featdump.merge import merge
-from featdump.pca import fit
-from featdump.runner import extract
-from featdump.srp import nonzeros_per_input, srp_matrix
+from featdump.faces.cli import main
+from featdump.job.runner import extract
+from featdump.output.merge import merge
+from featdump.reductions.pca import fit
+from featdump.reductions.srp import nonzeros_per_input, srp_matrix
 
 from .conftest import CrashAfterFirstBatch, read_features, run_featdump, settings_for, write_images
 
@@ -288,7 +288,7 @@ def test_an_srp_seed_is_recorded_in_one_canonical_form(images, tmp_path):
 
 
 def test_a_fit_too_large_for_the_memory_limit_is_refused_with_the_numbers():
-    from featdump.pca import check_fit_fits
+    from featdump.reductions.pca import check_fit_fits
 
     check_fit_fits("avgpool", 600, 512, 512)  # K = D: every component, accepted
     with pytest.raises(UsageProblem, match="layer 'avgpool' has only 512 values per image; choose K of at most 512"):
@@ -299,7 +299,7 @@ def test_a_fit_too_large_for_the_memory_limit_is_refused_with_the_numbers():
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (none on this machine)")
 def test_projections_on_cuda_equal_the_cpus():
-    from featdump.reductions import bind
+    from featdump.reductions.methods import bind
 
     generator = torch.Generator().manual_seed(0)
     batch = torch.relu(torch.randn(16, 128, 28, 28, generator=generator))

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from featdump.errors import ResumeMismatch
-from featdump.runner import extract
+from featdump.job.runner import extract
 
 from .conftest import (
     CrashAfterFirstBatch,

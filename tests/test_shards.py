@@ -15,7 +15,8 @@ import pytest
 import featdump
 from featdump.errors import MergedViewBroken, UsageProblem
 from featdump.inputs import find_images
-from featdump.shards import Shard, detect_shard, parse_shard, plan_shard, shard_path
+from featdump.job.shards import Shard, detect_shard, parse_shard, plan_shard
+from featdump.output.shard_files import shard_path
 
 from .conftest import featdump_env, read_output, run_featdump, start_featdump, write_images
 

@@ -1,4 +1,4 @@
-"""The shape of the package: sub-packages along the data's way (sources -> inputs -> capture -> reductions ->
+"""The shape of the package: sub-packages along the data's way (sources -> inputs -> forward -> reductions ->
 output), the job and the faces above them; imports only go down or sideways within a package, never in a
 cycle; the library never imports click."""
 
@@ -76,7 +76,7 @@ def test_only_the_cli_imports_click():
 # Lowest first: a module may import modules of its own rank or lower, never higher.
 RANKS = {
     "featdump.errors": 0, "featdump.version": 0,
-    "featdump.sources": 1, "featdump.inputs": 2, "featdump.capture": 3, "featdump.reductions": 4,
+    "featdump.sources": 1, "featdump.inputs": 2, "featdump.forward": 3, "featdump.reductions": 4,
     "featdump.output": 5, "featdump.job": 6, "featdump.faces": 7, "featdump": 8, "featdump.__main__": 8,
 }
 
@@ -95,9 +95,9 @@ def upward_imports(graph: dict[str, set[str]]) -> list[str]:
 
 
 def test_the_rank_check_finds_an_upward_import():
-    assert upward_imports({"featdump.capture.hooks": {"featdump.output.writer"}}) == [
-        "featdump.capture.hooks -> featdump.output.writer"]
-    assert upward_imports({"featdump.output.writer": {"featdump.capture.hooks"}}) == []
+    assert upward_imports({"featdump.forward.hooks": {"featdump.output.writer"}}) == [
+        "featdump.forward.hooks -> featdump.output.writer"]
+    assert upward_imports({"featdump.output.writer": {"featdump.forward.hooks"}}) == []
 
 
 def test_every_module_sits_in_a_package_of_the_pipeline_and_imports_only_downwards():
@@ -112,3 +112,16 @@ def test_every_package_says_what_lives_in_it():
     for init in PACKAGE.rglob("__init__.py"):
         docstring = ast.get_docstring(ast.parse(init.read_text()))
         assert docstring and len(docstring) > 80, f"{init.relative_to(PACKAGE.parent)} has no paragraph"
+
+
+def test_no_package_shadows_a_name_of_the_api():
+    import importlib
+    import types
+
+    import featdump
+
+    for path in PACKAGE.rglob("*.py"):  # every module imported: each sets its name on its package
+        if path.name != "__main__.py":
+            importlib.import_module(module_name(path))
+    shadowed = [name for name in featdump.__all__ if isinstance(getattr(featdump, name), types.ModuleType)]
+    assert not shadowed, f"sub-packages hide these names of the API: {shadowed}"

@@ -16,13 +16,13 @@ import torch
 from torchvision.models import get_model_weights
 
 from featdump.errors import NoImages
-from featdump.gpu_decode import to_device_inputs
+from featdump.faces.show import _read
 from featdump.inputs import find_images
+from featdump.inputs.gpu_decode import to_device_inputs
+from featdump.inputs.loader import ImageDataset, collate
+from featdump.inputs.preprocess import Preprocess
 from featdump.inputs.tars import expand_braces, scan_tar
-from featdump.loader import ImageDataset, collate
-from featdump.merge import merge
-from featdump.preprocess import Preprocess
-from featdump.show import _read
+from featdump.output.merge import merge
 
 from .conftest import committed_rows, read_output, run_featdump, start_featdump, write_images
 
@@ -285,7 +285,7 @@ def test_every_image_member_of_a_sample_is_a_row_and_the_summary_counts_what_was
     each is a row with the sample's label. Members named ./KEY.EXT are read back by show."""
     from click.testing import CliRunner
 
-    from featdump.cli import main
+    from featdump.faces.cli import main
 
     frames = sorted((packed / "images" / "cats").iterdir())[:4]
     with tarfile.open(tmp_path / "clips.tar", "w") as archive:
@@ -316,7 +316,7 @@ def test_every_image_member_of_a_sample_is_a_row_and_the_summary_counts_what_was
 def test_a_compressed_tar_is_refused_saying_why(packed, tmp_path):
     from click.testing import CliRunner
 
-    from featdump.cli import main
+    from featdump.faces.cli import main
 
     with tarfile.open(tmp_path / "00000.tar.gz", "w:gz") as archive:
         archive.add(packed / "shards" / "00000.tar", arcname="inner.tar")

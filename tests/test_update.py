@@ -16,7 +16,7 @@ import pytest
 
 import featdump
 from featdump.errors import UsageProblem
-from featdump.merge import merge
+from featdump.output.merge import merge
 
 from .conftest import committed_rows, featdump_env, run_featdump, start_featdump, write_images
 

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from featdump.errors import OutputExists, ResumeMismatch
-from featdump.layout import DatasetSpec, chunk_shape, partial_path
-from featdump.writer import FeatureWriter
+from featdump.output.layout import DatasetSpec, chunk_shape, partial_path
+from featdump.output.writer import FeatureWriter
 
 from .conftest import featdump_env
 
@@ -122,8 +122,8 @@ def test_stale_string_references_left_by_a_kill_are_cleared(tmp_path):
 
 KILLED_APPENDER = """
 import sys, numpy as np
-from featdump.layout import DatasetSpec
-from featdump.writer import FeatureWriter
+from featdump.output.layout import DatasetSpec
+from featdump.output.writer import FeatureWriter
 writer = FeatureWriter.open(sys.argv[1], {"f": DatasetSpec((64, 28, 28), "float32")}, {"image_count": 10**6},
                             {}, [], batch_size=4)
 done = writer.committed_images

@@ -1,6 +1,9 @@
-"""Inputs: the ordered list of images a job reads, from any kind of input: a folder (`inputs.folder`), a list
-file (`inputs.listfile`) or tar shards (`inputs.tars`); each gives the same `ImageList` (paths, labels,
-classes, how to read each image's bytes, a digest)."""
+"""Inputs: images in, batches of model inputs out. `find_images` lists a job's images in order from a folder
+(`folder`), a list file (`listfile`) or tar shards (`tars`) as one `ImageList` (`imagelist`: paths, labels,
+where each image's bytes lie); `decode` opens an image, `preprocess` splits the model's preprocessing into the
+pixels made in the loader's workers and the normalisation on the device; `loader` batches them in source order
+in forked workers (`workers` chooses how many) and ends them whatever happens; `gpu_decode` finishes a batch
+whose JPEGs are left to nvjpeg."""
 
 from __future__ import annotations
 

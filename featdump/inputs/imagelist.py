@@ -13,7 +13,7 @@ from typing import Protocol
 
 import numpy as np
 
-from featdump.decode import check_regular_file
+from featdump.inputs.decode import check_regular_file
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,5 @@
-"""Model sources: each builds an nn.Module and its preprocessing from what --model names.
-
-    torchvision_models  resnet50, vit_b_16, ... (torchvision's classification models)
-    timm_models         timm:NAME
-    factory             package.module:callable (your own code)
-    files               a whole model saved with torch.save(model) (--trust-pickle)
-"""
+"""Sources: where a model comes from. `models` builds the nn.Module a --model names (torchvision, timm, hf:,
+open_clip:, your factory, a saved file) in eval mode with its weights and its own preprocessing, and records
+where it came from; one module per source does the source's part; `tokens` holds what a model states of its
+token sequences (prefix tokens, patch size), from which a layer's token layout is proven. The lowest package of
+the pipeline: it imports nothing of featdump but its errors."""

@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from featdump.errors import UnknownModel, UnsupportedModel, UsageProblem, WeightsUnavailable, first_sentence
-from featdump.tokens import TokenRule
+from featdump.sources.tokens import TokenRule
 
 
 def _transformers():
@@ -108,7 +108,7 @@ class ImageFeatures(nn.Module):
 
 # Tokens before the patches, by model type, for the architectures whose layout is known: a class token, DeiT's
 # distillation token, none (SigLIP, I-JEPA, Swin's first stage); DINOv2's register tokens are added from the config.
-# A model type not listed states nothing: cls and patchmean are refused on it (`featdump.tokens`).
+# A model type not listed states nothing: cls and patchmean are refused on it (`featdump.sources.tokens`).
 _PREFIX_TOKENS = {"vit": 1, "deit": 2, "dinov2": 1, "dinov2_with_registers": 1, "clip_vision_model": 1, "clip": 1,
                   "beit": 1, "data2vec-vision": 1, "vit_msn": 1, "vit_hybrid": 1, "siglip_vision_model": 0,
                   "siglip": 0, "ijepa": 0, "swin": 0}

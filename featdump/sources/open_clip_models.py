@@ -10,7 +10,7 @@ from torch import nn
 
 from featdump.errors import InvalidWeights, UnknownModel, UsageProblem, WeightsUnavailable, first_sentence
 from featdump.sources import timm_models
-from featdump.tokens import TokenRule
+from featdump.sources.tokens import TokenRule
 
 
 def _open_clip():

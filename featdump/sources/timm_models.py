@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 from featdump.errors import UnknownModel, UsageProblem, WeightsUnavailable, first_sentence
-from featdump.tokens import TokenRule
+from featdump.sources.tokens import TokenRule
 
 
 def _timm():

@@ -11,7 +11,7 @@ from torch import nn
 from torchvision.models import get_model, get_model_weights, list_models
 
 from featdump.errors import InvalidWeights, UnknownModel, UnsupportedModel, WeightsUnavailable, first_sentence
-from featdump.tokens import TokenRule
+from featdump.sources.tokens import TokenRule
 
 _OTHER_TASKS = {"detection": "an object detection", "segmentation": "a semantic segmentation",
                 "video": "a video", "optical_flow": "an optical flow", "quantization": "a quantized"}

@@ -1,0 +1,416 @@
+"""CLI: Click commands that parse options, call the library, and turn its errors into messages."""
+
+from __future__ import annotations
+
+import json
+import logging
+import shlex
+import sys
+import time
+from pathlib import Path
+
+import click
+
+from featdump.errors import FeatdumpError
+from featdump.job.options import Option
+from featdump.job.settings import OPTIONS, Settings
+from featdump.version import __version__
+
+log = logging.getLogger("featdump")
+
+
+_NO_ARGS_IS_HELP = getattr(click.exceptions, "NoArgsIsHelpError", ())
+
+
+class _Group(click.Group):
+    """Turns featdump's errors, and Click's usage errors, into one-line messages with their exit codes, never a
+    traceback or a usage block."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        try:
+            return super().parse_args(ctx, args)
+        except click.UsageError as error:  # `featdump nosuch`, a bad global option
+            if isinstance(error, _NO_ARGS_IS_HELP):  # plain `featdump`: the help, as Click shows it
+                raise
+            _fail(_usage_line(error, "featdump --help"), 2)
+
+    def invoke(self, ctx: click.Context):
+        try:
+            return super().invoke(ctx)
+        except click.UsageError as error:  # a subcommand's: missing argument, bad path, unknown option
+            name = ctx.invoked_subcommand
+            _fail(_usage_line(error, f"featdump {name} --help" if name else "featdump --help"), 2)
+        except FeatdumpError as error:
+            _fail(str(error), error.exit_code)
+        except KeyboardInterrupt:
+            _fail("Interrupted before any batch was written.", 130)
+        except BrokenPipeError:  # `featdump list-layers resnet50 | head`
+            sys.stderr.close()
+            ctx.exit(0)
+        except (click.exceptions.Exit, click.ClickException, click.Abort):
+            raise
+        except Exception as error:
+            if ctx.find_root().params.get("verbose", 0) >= 2:
+                raise
+            _fail(f"Internal error: {type(error).__name__}: {error} (rerun with -vv for the traceback).", 1)
+
+
+def _usage_line(error: click.UsageError, help_command: str) -> str:
+    """Click's message in one line, with where to look: `Error: Missing option '-m'. See `featdump extract --help`.`"""
+    message = " ".join(error.format_message().split())
+    return f"{message}{'' if message.endswith('.') else '.'} See `{help_command}`."
+
+
+def _fail(message: str, exit_code: int):
+    exception = click.ClickException(message)
+    exception.exit_code = exit_code
+    raise exception
+
+
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"], "auto_envvar_prefix": "FEATDUMP"})
+@click.version_option(__version__, prog_name="featdump")
+@click.option("-v", "--verbose", count=True, help="More detail: -v stage timings and skipped images, -vv tracebacks.")
+@click.option("-q", "--quiet", is_flag=True, help="Only errors and the final summary.")
+def main(verbose: int, quiet: bool) -> None:
+    """Dump intermediate activations of vision models (torchvision, timm, your own) over images into HDF5.
+
+    \b
+    featdump list-layers resnet18
+    featdump extract --model resnet18 --layers layer3.0.downsample.1,avgpool ./images out.h5
+    featdump info out.h5
+    featdump show out.h5 --layer layer3.0.downsample.1 -o fmap.png
+
+    Shell completion (bash): eval "$(_FEATDUMP_COMPLETE=bash_source featdump)"
+    """
+    _setup_logging(logging.DEBUG if verbose else logging.WARNING if quiet else logging.INFO)
+
+
+class _Checked(click.ParamType):
+    """A Click type that checks a value with its option's own declaration (the API and config files use the same)."""
+
+    def __init__(self, declared: Option):
+        self.declared = declared
+        self.name = {int: "integer", float: "float"}.get(declared.kind, "text")
+
+    def convert(self, value, param, ctx):
+        # A BadOption raised here reaches the user as the same one line the API and config files give.
+        return self.declared.from_text(value) if isinstance(value, str) else self.declared.check(value)
+
+
+def _click_option(name: str):
+    """The Click option of the extract option NAME, derived from its one declaration in Settings."""
+    declared = OPTIONS[name]
+    spellings = [*([declared.short] if declared.short else []), declared.flag]
+    keywords = {"help": declared.help}
+    if declared.kind is bool:
+        if declared.default:  # on by default: --space-check/--no-space-check
+            spellings = [f"{declared.flag}/--no-{declared.flag[2:]}"]
+        return click.option(*spellings, name, is_flag=True, default=declared.default, **keywords)
+    if declared.kind is tuple:
+        return click.option(*spellings, name, multiple=True, required=declared.required, metavar=declared.metavar,
+                            **keywords)
+    metavar = declared.metavar or ("[" + "|".join(declared.choices) + "]" if declared.choices else None)
+    return click.option(*spellings, name, type=_Checked(declared), required=declared.required, metavar=metavar,
+                        default=declared.default, show_default=declared.default is not None, **keywords)
+
+
+def _extract_options(command):
+    """Every extract option, in declaration order."""
+    for name in reversed(OPTIONS):
+        command = _click_option(name)(command)
+    return command
+
+
+@main.command("list-layers")
+@click.argument("model")
+@click.option("--depth", type=click.IntRange(min=1), help="Show modules down to this depth only.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object per module instead of a tree.")
+@_click_option("transform")
+@_click_option("trust_pickle")
+@click.option("--match", "pattern", metavar="PATTERN",
+              help="Only the layers PATTERN selects, as --layers would (layer2.*, layer2.**.conv1, relu:*).")
+def list_layers(model: str, depth: int | None, as_json: bool, transform: str | None, trust_pickle: bool,
+                pattern: str | None) -> None:
+    """List every module path of MODEL with its type, output shape and calls per forward.
+
+    Shapes come from one dry forward of a randomly initialised MODEL on a dummy batch of its
+    preprocessing's size; they exclude the batch dimension. A module that runs several times per
+    forward is selected with PATH:K.
+
+    \b
+    Example:
+      featdump list-layers resnet18 --depth 2
+      featdump list-layers timm:convnext_tiny --json
+      featdump list-layers vit_b_16 --match 'encoder.layers.*'
+    """
+    from featdump.forward.patterns import match_pattern
+    from featdump.forward.probe import probe
+    from featdump.inputs.preprocess import Preprocess
+    from featdump.sources.models import load_model
+
+    loaded = load_model(model, weights="none", transform=transform, trust_pickle=trust_pickle)
+    size = Preprocess(loaded.preprocessing).size
+    infos = [info for info in probe(loaded.module, (3, *size)) if depth is None or info.depth <= depth]
+    selected = {}
+    if pattern:
+        for name in match_pattern(pattern, infos, model):
+            selected.setdefault(name.split("@")[0].split(":")[0], []).append(name)
+        infos = [info for info in infos if info.path in selected]
+    if as_json:
+        for info in infos:
+            row = {"path": info.path, "selector": info.selector, "type": info.type_name, "depth": info.depth,
+                   "calls": info.calls, "shapes": [list(s) if s else None for s in info.shapes],
+                   "batch_dims": list(info.batch_dims),
+                   "per_image": all(dim is not None for dim in info.batch_dims),
+                   "tuple_output": info.tuple_output}
+            if any(info.parts):  # a tuple, list, dict or ModelOutput: its tensor parts, per call
+                row["kind"] = info.kind
+                row["parts"] = [[{"name": part.name, "shape": list(part.shape), "batch_dim": part.batch_dim}
+                                 for part in call] for call in info.parts]
+            if pattern:
+                row["selected"] = selected[info.path]
+            click.echo(json.dumps(row))
+        return
+    if pattern:
+        count = sum(len(names) for names in selected.values())
+        click.echo(f"{pattern!r} selects {count} layer{'s' * (count != 1)} of {model}: "
+                   f"{', '.join(name for names in selected.values() for name in names)}")
+    click.echo(f"{model}: {len(infos)} modules; PATH, type, calls per forward, output shape of one "
+               f"(3, {size[0]}, {size[1]}) image (no batch dimension)")
+    width = max(len("  " * (info.depth - 1) + info.selector) for info in infos)
+    width = max([width, *(len("  " * info.depth + f"{info.path}@{part.name}") for info in infos
+                          for call in info.parts for part in call)])
+    for info in infos:
+        for line in _layer_lines(info, width):
+            click.echo(line)
+
+
+def _layer_lines(info, width: int) -> list[str]:
+    """The module's line, then one line per tensor part of a tuple/dict output (PATH@NAME)."""
+    lines = [_layer_line(info, width)]
+    for part in dict.fromkeys(part for call in info.parts for part in call):
+        name = ("  " * info.depth + f"{info.path}@{part.name}").ljust(width)
+        note = "" if part.batch_dim == 0 else "  (not per image)" if part.batch_dim is None else \
+            f"  (batch in dimension {part.batch_dim}: stored batch-first)"
+        lines.append(f"{name}  {'part':<22}     {part.shape}{note}")
+    return lines
+
+
+def _layer_line(info, width: int) -> str:
+    name = ("  " * (info.depth - 1) + info.selector).ljust(width)
+    shapes = " | ".join(sorted({str(shape) for shape in info.shapes})) or "(never runs)"
+    if info.kind == "dict" and any(info.parts):
+        shapes = "(its parts below)"
+    elif any(fold is not None and fold.contiguous for fold in info.folds):
+        shapes = " | ".join(sorted({str((fold.rows, *(size for axis, size in enumerate(shape) if axis != fold.axis)))
+                                    for fold, shape in zip(info.folds, info.shapes) if fold is not None}))
+    line = f"{name}  {info.type_name:<22} {info.calls}x  {shapes}"
+    if not info.path:
+        line += "  (the model's own output)"
+    if info.calls > 1:
+        line += f"  -> select {info.path}:1 ... {info.path}:{info.calls}"
+    if info.kind == "tuple" and any(info.parts):
+        line += "  (tuple output: its first tensor is stored, or select PATH@INDEX)"
+    elif info.kind == "dict" and any(info.parts):
+        line += "  (dict output: select PATH@KEY)" if len(info.parts[0]) > 1 else "  (dict output of one tensor)"
+    folds = [fold for fold in info.folds if fold is not None]
+    if info.kind == "dict":
+        pass  # each part says whether it follows the batch
+    elif folds and folds[0].contiguous:
+        line += f"  (the batch folded into dimension {folds[0].axis}: N x {folds[0].rows} rows, stored as N rows of " \
+                "this shape)"
+    elif folds:
+        line += f"  (the batch folded into dimension {folds[0].axis}, {folds[0].rows} rows per image, interleaved: " \
+                "not stored per image)"
+    elif any(dim is None for dim in info.batch_dims):
+        line += "  (not per image: the output does not follow the batch)"
+    elif any(info.batch_dims):
+        line += f"  (batch in dimension {max(info.batch_dims)}: stored batch-first)"
+    return line
+
+
+def _read_config(ctx: click.Context, param, path: Path | None):
+    """--config FILE: its options become defaults, below environment variables and the command line."""
+    if path is not None:
+        from featdump.job.config import read_config
+
+        try:
+            ctx.default_map = {**(ctx.default_map or {}), **read_config(path)}
+        except FeatdumpError as error:
+            _fail(str(error), error.exit_code)
+    return path
+
+
+@main.command()
+@click.argument("images", type=click.Path(path_type=Path))
+@click.argument("output", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("-c", "--config", type=click.Path(exists=True, dir_okay=False, path_type=Path), is_eager=True,
+              expose_value=True, callback=_read_config,
+              help="TOML file of options (keys: the option names with underscores); the environment "
+                   "(FEATDUMP_EXTRACT_*) and the command line override it.")
+@_extract_options
+def extract(images: Path, output: Path, **options) -> None:
+    """Extract the activations of --layers for every image in IMAGES into the HDF5 file OUTPUT.
+
+    IMAGES is a folder, walked recursively in sorted order (images in first-level class folders get
+    integer labels), or a list file: .txt (one path per line) or .csv (a `path` column, an optional
+    integer `label` column), rows in the list's order, or tar shards in the webdataset layout: a .tar, a
+    quoted brace pattern or glob ('shards/{00000..00099}.tar') or a list of .tar files, read in tar order
+    without unpacking (labels from .cls members). OUTPUT is written as OUTPUT.partial and renamed
+    when every image is done; the same command again after an interruption resumes where it stopped.
+
+    \b
+    Example:
+      featdump extract -m resnet50 -l layer3,avgpool --reduce avgpool ./images feats.h5
+      featdump extract --config configs/linear_probe.toml ./images feats.h5
+    """
+    from featdump.job.runner import extract as run_extraction
+
+    options.pop("config")
+    settings = Settings(images=images, output=output, command=shlex.join(["featdump", *sys.argv[1:]]), **options)
+    summary = run_extraction(settings, _progress())
+    click.echo(summary.line(), err=True)
+
+
+@main.command()
+@click.argument("output", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--shard-pattern", metavar="PATTERN", help="Shard file names with {k} and {n}, as given to extract.")
+@click.option("--copy", is_flag=True, help="Write a self-contained file instead of virtual datasets over the shards.")
+@click.option("--overwrite", is_flag=True, help="Replace an existing OUTPUT.")
+def merge(output: Path, shard_pattern: str | None, copy: bool, overwrite: bool) -> None:
+    """Join the finished shards of OUTPUT (OUTPUT.shard-K-of-N.h5) into OUTPUT.
+
+    Checks that all N shards exist, are finished and were made with one configuration, then writes
+    OUTPUT with virtual datasets over the shards' features (instant; keep the shards beside it) and
+    the paths, labels and skipped images joined in order. The result reads like one run's output.
+
+    \b
+    Example:
+      featdump merge feats.h5            # feats.shard-0-of-8.h5 ... feats.shard-7-of-8.h5
+      featdump merge --copy feats.h5     # a self-contained file
+    """
+    from featdump.output.merge import merge as merge_shards
+
+    started = time.perf_counter()
+    merged = merge_shards(output, shard_pattern, copy=copy, overwrite=overwrite)
+    click.echo(f"Merged into {merged} in {time.perf_counter() - started:.1f} s"
+               f"{' (self-contained copy)' if copy else ' (virtual datasets over the shards)'}.", err=True)
+
+
+@main.command()
+@click.argument("output", type=click.Path(path_type=Path))
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object (for scripts and dashboards).")
+def info(output: Path, as_json: bool) -> None:
+    """Describe an output file (or OUTPUT.partial of an unfinished run, or OUTPUT's shards).
+
+    \b
+    Example:
+      featdump info feats.h5
+      featdump info --json feats.h5 | jq .rows
+    """
+    from featdump.faces.info import describe, read_info
+
+    if as_json:
+        click.echo(json.dumps(read_info(output), indent=2))
+        return
+    for line in describe(output):
+        click.echo(line)
+
+
+@main.command()
+@click.argument("output", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("-l", "--layer", help="Layer to draw (default: the file's first).")
+@click.option("-i", "--index", default=0, show_default=True, type=click.IntRange(min=0), help="Row (image) to draw.")
+@click.option("-o", "--out", "picture", type=click.Path(dir_okay=False, path_type=Path),
+              help="PNG to write.  [default: OUTPUT-LAYER-INDEX.png beside OUTPUT]")
+@click.option("--channels", default=16, show_default=True, type=click.IntRange(min=1, max=64),
+              help="How many of the strongest channels (or units) to draw.")
+def show(output: Path, layer: str | None, index: int, picture: Path | None, channels: int) -> None:
+    """Draw one image's features: the input image, the channel-mean map and the strongest channels
+    (a bar plot of the strongest units for pooled or vector layers). Needs matplotlib.
+
+    \b
+    Example:
+      featdump show feats.h5 --layer layer3 --index 0 -o fmap.png
+    """
+    from featdump.faces.show import draw
+
+    written = draw(output, layer, index, picture, channels)
+    click.echo(f"Wrote {written}.", err=True)
+
+
+# -- progress and logging ------------------------------------------------------------------------
+
+
+def _progress():
+    return _BarProgress() if sys.stderr.isatty() else _LogProgress()
+
+
+class _BarProgress:
+    """A tqdm bar on a terminal."""
+
+    def __init__(self):
+        self._bar = None
+
+    def start(self, total: int, done: int) -> None:
+        from tqdm import tqdm
+
+        self._bar = tqdm(total=total, initial=done, unit="img", dynamic_ncols=True, smoothing=0.1)
+
+    def advance(self, images: int) -> None:
+        self._bar.update(images)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None
+
+
+class _LogProgress:
+    """Plain log lines (about every 30 s and at 10% steps) when stderr is not a terminal."""
+
+    def __init__(self, every_seconds: float = 30.0):
+        self._every = every_seconds
+
+    def start(self, total: int, done: int) -> None:
+        self._total, self._done, self._first = total, done, done
+        self._started = self._last = time.monotonic()
+        self._next_step = done + max(1, total // 10)
+
+    def advance(self, images: int) -> None:
+        self._done += images
+        now = time.monotonic()
+        if now - self._last >= self._every or self._done >= self._next_step:
+            rate = (self._done - self._first) / max(now - self._started, 1e-9)
+            log.info("%d/%d images (%.0f%%), %.1f img/s", self._done, self._total,
+                     100.0 * self._done / max(self._total, 1), rate)
+            self._last = now
+            while self._next_step <= self._done:
+                self._next_step += max(1, self._total // 10)
+
+    def close(self) -> None:
+        pass
+
+
+class _TqdmHandler(logging.Handler):
+    """Log lines that do not tear a tqdm bar."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        from tqdm import tqdm
+
+        tqdm.write(self.format(record), file=sys.stderr)
+
+
+def _setup_logging(level: int) -> None:
+    logger = logging.getLogger("featdump")
+    logger.handlers.clear()
+    if sys.stderr.isatty():
+        handler = _TqdmHandler()
+        handler.setFormatter(logging.Formatter("%(message)s"))
+    else:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(asctime)s featdump %(levelname)s: %(message)s",
+                                               "%Y-%m-%d %H:%M:%S"))
+    logger.addHandler(handler)
+    logger.setLevel(level)
+    logger.propagate = False

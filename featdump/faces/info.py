@@ -1,0 +1,194 @@
+"""Info: what an output file holds and how far its run got, as a dict (--json) or as lines to read."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from featdump.errors import NotAnOutput
+from featdump.output.layout import Output, partial_path, text_of
+from featdump.output.lock import lock_holder
+from featdump.output.progress import describe_running, read_record, running_lines, stopped_line
+from featdump.output.shard_files import shard_count, shard_counts, shard_path
+from featdump.output.update import staging_path
+
+_SHOWN = 20  # skipped and stale images listed by name
+_PROVENANCE = ("preprocessing", "command", "featdump_version", "torch_version", "created")
+
+
+def read_info(output: Path) -> dict:
+    """Everything `featdump info` reports on OUTPUT (or OUTPUT.partial, or OUTPUT's shards) as plain values."""
+    path = Path(output)
+    job = _job_state(path)
+    if job is not None and job["state"] in ("running", "starting"):
+        return job  # the file is being written: everything comes from the progress record
+    if not path.exists() and partial_path(path).exists():
+        path = partial_path(path)
+    if not path.exists():
+        shards = _shards_info(path)
+        if shards:
+            return shards
+        if job is not None:  # killed while starting: its record is all there is
+            raise NotAnOutput(f"No file {str(output)!r}: the job that started it (pid {job['pid']}) stopped before "
+                              "writing anything; run the same command again.")
+        raise NotAnOutput(f"No file {str(output)!r} (nor {str(partial_path(Path(output)))!r}, nor shards of it).")
+    with Output.open(path) as output:
+        info = _file_info(output)
+    if job is not None and not info["complete"]:
+        info["state"], info["job"] = "stopped", job  # a writer that died: its last record
+    return info
+
+
+def _job_state(path: Path) -> dict | None:
+    """The running (or stopped) job writing PATH, from its progress record and its lock; None if none."""
+    output = path.with_name(path.name.removesuffix(".partial"))
+    record, holder = read_record(output), lock_holder(output)
+    if record is None:
+        if holder is None:
+            return None
+        record = {"state": "starting", "pid": holder, "file": str(output)}  # between the lock and its record
+    return describe_running(record, running=holder is not None)
+
+
+def _file_info(output: Output) -> dict:
+    attrs, committed, fingerprint = output.attrs, output.committed, output.fingerprint
+    return {
+        "state": "complete" if output.complete else "partial",
+        "file": str(output.path),
+        "model": text_of(attrs.get("model")),
+        "weights": text_of(attrs.get("weights")),
+        "seed": int(attrs["seed"]) if "seed" in attrs else None,
+        "complete": output.complete,
+        "rows": committed.rows,
+        "images_done": committed.images,
+        "image_count": fingerprint.get("image_count"),
+        "layers": {name: _layer(output, name) for name in output.layers},
+        "classes": output.classes,
+        "skipped": committed.skipped,
+        "skipped_examples": output.named_rows("skipped", _SHOWN),
+        "shard": fingerprint.get("shard"),
+        "merged": _merged_info(output.path, attrs) if "merged_from" in attrs else None,
+        "updating": any(path.exists() for path in (staging_path(output.path), partial_path(staging_path(output.path)))),
+        "stale": output.stale_count(),
+        "stale_examples": output.named_rows("stale", _SHOWN),
+        "provenance": {key: text_of(attrs[key]) for key in _PROVENANCE if key in attrs},
+    }
+
+
+def _merged_info(path: Path, attrs) -> dict:
+    """What a merged file was made from (a virtual one opens only when its shards are all there, unchanged)."""
+    return {"shards": [text_of(name) for name in attrs["merged_from"]], "virtual": bool(attrs.get("virtual", False))}
+
+
+def _shards_info(output: Path) -> dict | None:
+    """For an OUTPUT not merged yet: each shard's state and the sums (None when it has no shards)."""
+    if not shard_counts(output):
+        return None
+    count = shard_count(output)  # ShardProblem naming the counts when shards of two runs lie side by side
+    shards = []
+    for index in range(count):
+        path = shard_path(output, index, count)
+        try:
+            state = read_info(path)
+        except NotAnOutput:
+            shards.append({"index": index, "file": str(path), "state": "missing", "images_done": 0,
+                           "image_count": None})
+            continue
+        done = state["images_done"] if state["state"] != "complete" else state["rows"] + state["skipped"]
+        shards.append({"index": index, "file": str(path), "state": state["state"], "images_done": done,
+                       "image_count": state["image_count"] if state["state"] != "complete" else done})
+    return {"state": "sharded", "file": str(output), "merged": None, "shards": shards,
+            "images_done": sum(shard["images_done"] for shard in shards),
+            "image_count": sum(shard["image_count"] or 0 for shard in shards)}
+
+
+def _shard_lines(info: dict) -> list[str]:
+    shards = info["shards"]
+    finished = sum(shard["state"] == "complete" for shard in shards)
+    if finished == len(shards):
+        head = f"not merged yet; all {len(shards)} shards are finished: run `featdump merge {info['file']}`"
+    else:
+        head = f"not merged yet; {finished} of {len(shards)} shards finished"
+    lines = [f"{info['file']}: {head}",
+             f"progress:   {info['images_done']} images done in all shards (of {info['image_count']} known)"]
+    for shard in shards:
+        total = shard["image_count"] if shard["image_count"] is not None else "?"
+        lines.append(f"  shard {shard['index']}: {shard['state']}, {shard['images_done']} of {total} images "
+                     f"({shard['file']})")
+    return lines
+
+
+def describe(output: Path) -> list[str]:
+    """Lines saying what OUTPUT (or OUTPUT.partial) holds and how far its run got."""
+    info = read_info(output)
+    if info.get("state") in ("running", "starting"):
+        return running_lines(info)
+    if info["state"] == "sharded":
+        return _shard_lines(info)
+    lines = [
+        f"file:       {info['file']}",
+        f"model:      {info['model']} (weights {info['weights']}, seed {info['seed']})",
+        f"complete:   {'yes' if info['complete'] else 'no'}",
+        f"rows:       {info['rows']}",
+    ]
+    if info["shard"]:
+        index, count = info["shard"]
+        lines.append(f"shard:      {index} of {count} (0-based); `featdump merge` joins the shards")
+    if info["merged"]:
+        merged = info["merged"]
+        kind = "virtual datasets reading the shards" if merged["virtual"] else "a self-contained copy"
+        lines.append(f"merged:     {len(merged['shards'])} shards, {kind}")
+    if info["updating"]:
+        lines.append("update:     interrupted (or running): the rows shown are valid; run the same "
+                     "--update command again to finish it")
+    if info.get("job"):
+        lines.append(stopped_line(info["job"]))
+    if not info["complete"]:
+        lines.append(f"progress:   {info['images_done']} of {info['image_count'] or '?'} images done; "
+                     "run the same extract command again to resume")
+    lines.append("layers:")
+    lines += [f"  {name}: {tuple(layer['shape'])} {layer['dtype']}{_reduction_note(layer)}"
+              for name, layer in info["layers"].items()]
+    if info["classes"]:
+        names = info["classes"]
+        lines.append(f"classes:    {len(names)} ({', '.join(names[:8])}{', ...' if len(names) > 8 else ''})")
+    lines.append(f"skipped:    {info['skipped']}")
+    lines += [f"  {name}: {reason}" for name, reason in info["skipped_examples"]]
+    if info["stale"]:
+        lines.append(f"stale:      {info['stale']} rows whose image disappeared or changed since it was read "
+                     "(kept; --overwrite recomputes)")
+        lines += [f"  {name}: {reason}" for name, reason in info["stale_examples"]]
+    for name, count in (("skipped", info["skipped"]), ("stale", info["stale"])):
+        if count > _SHOWN:
+            lines.append(f"  ({count - _SHOWN} more {name}: h5py f['{name}/paths'], f['{name}/reasons'])")
+    for key, value in info["provenance"].items():
+        lines.append(f"{key + ':':<11} {value.replace(chr(10), ' ')}")
+    return lines
+
+
+def _layer(output: Output, name: str) -> dict:
+    """A layer's shape, dtype and reduction (with what a projection records: its input size, seed, fit)."""
+    dataset = output.features(name)
+    recorded = {key: _plain(value) for key, value in dataset.attrs.items()
+                if key.startswith(("srp_", "pca_", "channels"))}
+    return {"shape": list(dataset.shape[1:]), "dtype": str(dataset.dtype), "reduction": output.reduction(name),
+            **recorded}
+
+
+def _reduction_note(layer: dict) -> str:
+    reduction = layer.get("reduction", "none")
+    if reduction == "none":
+        return ""
+    if reduction.startswith("srp:"):
+        return (f", {reduction} of {layer['srp_input_dim']} values (seed {layer['srp_seed']}, density "
+                f"{layer['srp_density']:.2g})")
+    if reduction.startswith("pca:"):
+        return (f", {reduction} of {layer['pca_input_dim']} values, fitted on {layer['pca_fitted_on']} "
+                f"({100 * layer['pca_explained_variance_ratio']:.1f}% of the variance)")
+    return f", {reduction}"
+
+
+def _plain(value):
+    """An attribute as a JSON value (numpy scalars and arrays, bytes)."""
+    if isinstance(value, bytes):
+        return text_of(value)
+    return value.tolist() if hasattr(value, "tolist") else value

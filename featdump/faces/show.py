@@ -1,0 +1,144 @@
+"""Show: one image's features as a picture (input image, channel-mean map, strongest channels or units)."""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+import os
+from pathlib import Path
+
+import numpy as np
+
+from featdump.errors import UnknownLayer, UsageProblem
+from featdump.inputs.tars import read_stored
+from featdump.output.layout import Output
+
+
+def draw(output: Path, layer: str | None, index: int, picture: Path | None, channels: int = 16) -> Path:
+    """Write a PNG of row INDEX of LAYER of OUTPUT (default PICTURE: OUTPUT-LAYER-INDEX.png); returns it."""
+    plt = _pyplot()
+    values, name, image, title = _read(Path(output), layer, index)
+    picture = Path(picture) if picture else Path(output).with_name(f"{Path(output).stem}-{name}-{index}.png")
+    grid = _as_maps(values)
+    if grid is None:
+        figure = _draw_units(plt, values.reshape(-1), image, name, title, channels)
+    else:
+        figure = _draw_maps(plt, grid, image, name, title, channels)
+    figure.savefig(picture, dpi=100)
+    plt.close(figure)
+    return picture
+
+
+def _pyplot():
+    try:
+        import matplotlib
+    except ImportError as error:
+        raise UsageProblem("featdump show draws with matplotlib: pip install 'featdump[plot]'.") from error
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _read(output: Path, layer: str | None, index: int):
+    """(row INDEX of LAYER as float32, the layer's name (default: the first requested), the image as the model saw
+    it (resized and centre-cropped as its preprocessing does; None if not found), and its path)."""
+    with Output.open(output) as opened:
+        names = opened.layers
+        requested = [str(item) for item in opened.attrs.get("layers", [])]
+        name = layer or next((item for item in requested if item in names), names[0])
+        if name not in names:
+            raise UnknownLayer(f"{str(output)!r} has no layer {name!r}; it has {', '.join(names)}.")
+        rows = opened.committed.rows
+        if index >= rows:
+            raise UsageProblem(f"--index {index} is past the last row ({rows - 1}) of {str(output)!r}.")
+        values = np.asarray(opened.features(name)[index], dtype=np.float32)
+        root = str(opened.attrs.get("image_root", ""))
+        relative = opened.raw_paths()[index]
+        path = Path(os.fsdecode(os.path.join(os.fsencode(root), relative)))
+        geometry = json.loads(opened.attrs.get("image_geometry", "{}"))
+    return values, name, _open_image(_stored_image(path, root, os.fsdecode(relative)), geometry), os.fsdecode(relative)
+
+
+def _stored_image(path: Path, root: str, relative: str):
+    """What Pillow opens for a row: its file, or its member's bytes when the row came from a tar."""
+    if path.exists():
+        return path
+    data = read_stored(Path(root), relative)
+    return io.BytesIO(data) if data is not None else path
+
+
+def _open_image(path, geometry: dict):
+    """The image as the model saw it: resized and centre-cropped by GEOMETRY ({"resize": ..., "crop": ...}, what
+    the file records of torchvision-style preprocessing), so that the maps line up with it."""
+    from PIL import Image, ImageOps
+    from torchvision.transforms import functional as F
+
+    try:
+        with Image.open(path) as image:
+            image = ImageOps.exif_transpose(image).convert("RGB")
+    except OSError:
+        return None  # moved or gone: the features are drawn alone
+    if geometry.get("resize"):
+        image = F.resize(image, geometry["resize"])
+    if geometry.get("crop"):
+        image = F.center_crop(image, geometry["crop"])
+    return np.asarray(image)
+
+
+def _as_maps(values: np.ndarray) -> np.ndarray | None:
+    """(channels, H, W) maps: a conv layer's output, or a ViT's patch tokens laid on their grid; None for vectors."""
+    if values.ndim == 3 and values.shape[1] * values.shape[2] > 1:
+        return values
+    if values.ndim == 2:  # (tokens, dim): drop a class token if the rest is square
+        tokens = values.shape[0]
+        for skip in (0, 1):
+            side = math.isqrt(tokens - skip)
+            if side > 1 and side * side == tokens - skip:
+                return values[skip:].T.reshape(values.shape[1], side, side)
+    return None
+
+
+def _draw_maps(plt, maps: np.ndarray, image, name: str, title: str, channels: int):
+    strongest = np.argsort(maps.mean(axis=(1, 2)))[::-1][:channels]
+    columns = math.ceil(math.sqrt(len(strongest)))
+    rows_of_grid = math.ceil(len(strongest) / columns)
+    figure = plt.figure(figsize=(12, 4))
+    panels = figure.subfigures(1, 3, width_ratios=[1, 1, 1])
+    _image_panel(panels[0], image, title)
+    axis = panels[1].subplots()
+    shown = axis.imshow(maps.mean(axis=0), cmap="viridis")
+    panels[1].colorbar(shown, ax=axis, shrink=0.8)
+    axis.set_title(f"{name}: mean of {maps.shape[0]} channels")
+    axis.axis("off")
+    axes = np.atleast_1d(panels[2].subplots(rows_of_grid, columns)).reshape(-1)
+    for axis, channel in zip(axes, strongest):
+        axis.imshow(maps[channel], cmap="viridis")
+        axis.set_title(str(channel), fontsize=7)
+    for axis in axes:
+        axis.axis("off")
+    panels[2].suptitle(f"strongest {len(strongest)} channels (by mean)", fontsize=10)
+    return figure
+
+
+def _draw_units(plt, vector: np.ndarray, image, name: str, title: str, units: int):
+    strongest = np.argsort(vector)[::-1][: max(units, 16)]
+    figure = plt.figure(figsize=(12, 4))
+    panels = figure.subfigures(1, 2, width_ratios=[1, 2])
+    _image_panel(panels[0], image, title)
+    axis = panels[1].subplots()
+    axis.bar(range(len(strongest)), vector[strongest])
+    axis.set_xticks(range(len(strongest)), [str(unit) for unit in strongest], rotation=90, fontsize=7)
+    axis.set_title(f"{name}: strongest {len(strongest)} of {vector.size} units")
+    return figure
+
+
+def _image_panel(panel, image, title: str) -> None:
+    axis = panel.subplots()
+    if image is not None:
+        axis.imshow(image)
+        axis.set_title(title if len(title) <= 40 else "..." + title[-37:], fontsize=9)
+    else:
+        axis.text(0.5, 0.5, "image not found", ha="center", va="center")
+    axis.axis("off")

@@ -1,0 +1,198 @@
+"""Fitting: the PCA fit pass of a job, run before its main loop when a layer is reduced with pca:K.
+
+The fit images' activations of every pca:K layer are staged on disk (OUT.pca-stage.h5, written, committed and
+resumed like any output, so a kill during the fit resumes where it stopped); each layer is then fitted from
+them (`featdump.reductions.pca`), and the fits are kept in OUT.pca.h5 beside the job's output: the shards of a job share
+it (the first to come fits, the others wait for it and read it), later runs with the same fit set reuse it
+(delete it to fit again), and each output stores its layers' fits in /pca. The staged activations are
+removed once the fits are written.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import h5py
+
+from featdump.errors import UsageProblem
+from featdump.inputs import ImageList, find_images
+from featdump.output import fingerprint as fingerprints
+from featdump.output.layout import Output, partial_path
+from featdump.output.lock import waiting_lock
+from featdump.output.space import check_space, human_bytes
+from featdump.reductions.pca import MEMORY_LIMIT, PcaFit, check_fit_fits, fit
+
+log = logging.getLogger("featdump")
+
+# What makes a fit's activations: the fingerprint's keys that a fit depends on (not the job's images).
+_FIT_KEYS = ("model", "weights", "seed", "transform", "preprocessing", "decode", "precision", "fast_decode",
+             "model_source")
+
+
+@dataclass(frozen=True)
+class FitSet:
+    """The images a PCA is fitted on, and how the file describes them."""
+
+    images: ImageList
+    description: str
+
+
+def fit_set(pca_fit: str, job_images: ImageList, images_argument: Path) -> FitSet:
+    """--pca-fit N (the first N images of the job's list, shards and all) or --pca-fit PATH."""
+    text = pca_fit.strip()
+    if text.isdigit():
+        count = int(text)
+        if count > len(job_images):
+            raise UsageProblem(f"--pca-fit {count}: {images_argument} has only {len(job_images)} images; give at most "
+                               f"{len(job_images)}, or a folder or list file of reference images.")
+        return FitSet(job_images.part(0, count), f"the first {count} images of {images_argument}")
+    images = find_images(Path(text), named="--pca-fit")
+    return FitSet(images, f"{len(images)} images of {text}")
+
+
+def fit_digest(fingerprint: dict, reductions: dict[str, str], fits: FitSet) -> str:
+    """What a job's fits are made from: the model and its inputs' processing, each pca layer's K, the fit images."""
+    made_from = {key: fingerprint.get(key) for key in _FIT_KEYS}
+    made_from["pca"] = {name: text for name, text in reductions.items() if text.startswith("pca:")}
+    made_from["fit_images"] = fits.images.digest()
+    return hashlib.sha256(json.dumps(made_from, sort_keys=True).encode()).hexdigest()
+
+
+def fit_path(job_output: Path) -> Path:
+    """OUT.pca.h5: the fits of the job writing OUT."""
+    return job_output.with_name(job_output.name + ".pca.h5")
+
+
+def stage_path(job_output: Path) -> Path:
+    """OUT.pca-stage.h5: the fit images' activations while the fit is made."""
+    return job_output.with_name(job_output.name + ".pca-stage.h5")
+
+
+def check_fits(fits: FitSet, dims: dict[str, tuple[int, int]]) -> None:
+    """UsageProblem before anything is written when a layer's K or its fit's memory does not fit (DIMS: name ->
+    (values per image, K))."""
+    for name, (dim, k) in dims.items():
+        check_fit_fits(name, len(fits.images), dim, k)
+
+
+def obtain_fits(job_output: Path, digest: str, dims: dict[str, tuple[int, int]], fits: FitSet,
+                stage: Callable[[Path, ImageList, dict], Path], already: list[Path],
+                overwrite: bool = False) -> dict[str, PcaFit]:
+    """The fits of DIMS' layers: read where they are already (ALREADY: the output being resumed or updated, then
+    OUT.pca.h5), else made: STAGE(path, images, fingerprint) writes the fit images' flattened activations to
+    a finished file at PATH and returns it; the fits are written to OUT.pca.h5.
+
+    The staged activations are resumed where a kill left them (staging or fitting), discarded when made for
+    another fit or when OVERWRITE, and removed when the fit is made or refused: none blocks a later run."""
+    found = _read_fits([*already, fit_path(job_output)], digest, dims)
+    if found is not None:
+        return found
+    lock = job_output.with_name(job_output.name + ".pca.lock")
+    with waiting_lock(lock, f"the PCA fit of {job_output.name}"):
+        try:
+            return _fit_under_lock(job_output, digest, dims, fits, stage, overwrite)
+        finally:
+            lock.unlink(missing_ok=True)  # whoever waits on it then finds the fits; whoever comes later needs none
+
+
+def _fit_under_lock(job_output: Path, digest: str, dims: dict[str, tuple[int, int]], fits: FitSet,
+                    stage: Callable[[Path, ImageList, dict], Path], overwrite: bool) -> dict[str, PcaFit]:
+    found = _read_fits([fit_path(job_output)], digest, dims)  # a shard before us made it while we waited
+    if found is not None:
+        return found
+    staged_bytes = len(fits.images) * sum(dim * 4 for dim, _ in dims.values())
+    log.info("PCA fit: staging the activations of %s (%s on disk beside the output), then fitting %s with at "
+             "most %s of memory (FEATDUMP_PCA_MEMORY_GB).", fits.description, human_bytes(staged_bytes),
+             ", ".join(f"{name} ({k} of {dim})" for name, (dim, k) in dims.items()), human_bytes(MEMORY_LIMIT))
+    if overwrite:  # under the lock: no shard of the job is staging now
+        remove_staging(job_output)
+    _discard_other_staging(job_output, digest)
+    staged = stage_path(job_output)
+    if not staged.exists():  # else staged by a run killed while fitting: fitted from it now
+        check_space(job_output, staged_bytes, "The PCA fit's staged activations", "use a smaller --pca-fit")
+        staged = stage(staged, fits.images, {"pca_stage": digest, "image_count": len(fits.images)})
+    try:
+        made = _fit_staged(staged, dims, fits.description, digest)
+    finally:
+        remove_staging(job_output)  # made or refused: the staged activations are not needed again
+    _write_fits(fit_path(job_output), made)
+    return made
+
+
+def remove_staging(job_output: Path) -> None:
+    """OUT.pca-stage.h5 and its partial file gone."""
+    for path in (stage_path(job_output), partial_path(stage_path(job_output))):
+        path.unlink(missing_ok=True)
+
+
+def _discard_other_staging(job_output: Path, digest: str) -> None:
+    """Remove staged activations made for another fit (another K, model or fit set)."""
+    for path in (stage_path(job_output), partial_path(stage_path(job_output))):
+        try:
+            with h5py.File(path, "r", locking=False) as h5file:
+                made_for = fingerprints.stored(h5file.attrs).get("pca_stage")
+        except (OSError, ValueError):  # missing, or unreadable (a kill while creating it)
+            made_for = None
+        if made_for != digest:
+            path.unlink(missing_ok=True)
+
+
+def _fit_staged(staged: Path, dims: dict[str, tuple[int, int]], description: str, digest: str) -> dict[str, PcaFit]:
+    made = {}
+    with Output.open(staged) as output:
+        rows, skipped = output.committed.rows, output.named_rows("skipped", output.committed.skipped)
+        if skipped:
+            description += f", {len(skipped)} of them skipped"
+        for name, (dim, k) in dims.items():
+            check_fit_fits(name, rows, dim, k, skipped=len(skipped))  # the rows actually staged
+            started = time.perf_counter()
+            made[name] = fit(output.features(name), rows, k, description)
+            made[name].digest, made[name].skipped = digest, [tuple(entry) for entry in skipped]
+            log.info("PCA fit of %s: %d components of %d values over %d images (%s), %.1f%% of the variance, "
+                     "in %.1f s.", name, k, dim, rows, made[name].method,
+                     100 * made[name].explained_variance.sum() / max(made[name].total_variance, 1e-30),
+                     time.perf_counter() - started)
+    return made
+
+
+def _write_fits(path: Path, fits: dict[str, PcaFit]) -> None:
+    """PATH written whole, then renamed into place (a reader never sees half a fit file)."""
+    temporary = partial_path(path)
+    with h5py.File(temporary, "w") as h5file:
+        group = h5file.create_group("pca")
+        for name, made in fits.items():
+            made.store(group.create_group(name))
+    os.replace(temporary, path)
+
+
+def _read_fits(paths: list[Path], digest: str, dims: dict[str, tuple[int, int]]) -> dict[str, PcaFit] | None:
+    """The fits of DIMS' layers made from DIGEST, from the first of PATHS that holds them all."""
+    for path in paths:
+        if not path.exists():
+            continue
+        try:
+            with h5py.File(path, "r", locking=False) as h5file:
+                groups = {name: h5file.get(f"pca/{name}") for name in dims}
+                if all(group is not None and group.attrs.get("fit_digest") == digest for group in groups.values()):
+                    found = {name: PcaFit.read(group) for name, group in groups.items()}
+                    if all(made.components.shape == (k, dim) for made, (dim, k) in
+                           ((found[name], dims[name]) for name in dims)):
+                        log.info("PCA fits of %s read from %s.", ", ".join(dims), path)
+                        return found
+        except OSError:
+            continue
+    return None
+
+
+def layer_dims(shapes: dict[str, tuple[int, ...]], reductions: dict[str, str]) -> dict[str, tuple[int, int]]:
+    """name -> (values per image, K) of every pca:K layer."""
+    return {name: (math.prod(shapes[name]), int(text.split(":")[1])) for name, text in reductions.items()
+            if text.startswith("pca:")}

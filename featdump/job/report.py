@@ -1,0 +1,92 @@
+"""Report: what a run tells its user: the Progress it advances, the size estimate before it starts, the Summary
+after it ends."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+from featdump.output.layout import Output
+from featdump.output.space import human_bytes
+
+log = logging.getLogger("featdump")
+
+
+class Progress(Protocol):
+    """What the loop reports to: the CLI's tqdm bar or log lines."""
+
+    def start(self, total: int, done: int) -> None: ...
+
+    def advance(self, images: int) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class NoProgress:
+    def start(self, total: int, done: int) -> None:
+        pass
+
+    def advance(self, images: int) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+@dataclass
+class Summary:
+    """What a finished run wrote."""
+
+    output: Path
+    rows: int  # images written (all runs of this output)
+    skipped: int  # images skipped (all runs of this output)
+    processed: int  # images this run went through
+    resumed_from: int  # source position this run started at
+    seconds: float
+    size_bytes: int
+    stale: int = 0  # rows whose image disappeared or changed (--update)
+    rows_before: int = 0  # rows the output held when this run started (a resume's or an update's)
+    skipped_before: int = 0
+    left_out: dict = field(default_factory=dict)  # suffix: count of tar members that are no image
+
+    @property
+    def new_rows(self) -> int:
+        return self.rows - self.rows_before
+
+    @property
+    def new_skipped(self) -> int:
+        return self.skipped - self.skipped_before
+
+    @classmethod
+    def of_finished(cls, output: Path, seconds: float) -> Summary:
+        """A finished output this run found done (a shard of a re-submitted array)."""
+        with Output.open(output) as finished:
+            committed = finished.committed
+        return cls(output, committed.rows, committed.skipped, 0, 0, seconds, output.stat().st_size)
+
+    def line(self) -> str:
+        if self.processed == 0:
+            return (f"Nothing new: {self.output} already holds {self.rows} images ({self.skipped} skipped)"
+                    f"{self._stale_note()}.")
+        rate = self.processed / self.seconds if self.seconds > 0 else 0.0
+        resumed = f", resumed at image {self.resumed_from}" if self.resumed_from else ""
+        in_all = f", {self.rows} in all ({self.skipped} skipped)," if self.rows_before or self.skipped_before else ""
+        return (
+            f"Wrote {self.new_rows} images ({self.new_skipped} skipped) to {self.output}{in_all} in "
+            f"{self.seconds:.1f} s ({rate:.1f} img/s{resumed}), {human_bytes(self.size_bytes)}{self._stale_note()}"
+            f"{self._left_out_note()}."
+        )
+
+    def _left_out_note(self) -> str:
+        if not self.left_out:
+            return ""
+        count = sum(self.left_out.values())
+        kinds = ", ".join(f"{number} {suffix}" for suffix, number in sorted(self.left_out.items()))
+        return f"; {count} tar member{'s' * (count != 1)} not used, not images ({kinds})"
+
+    def _stale_note(self) -> str:
+        if not self.stale:
+            return ""
+        return f"; {self.stale} rows are stale (image gone or changed since; listed by featdump info)"

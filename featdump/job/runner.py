@@ -1,0 +1,423 @@
+"""Runner: one extract job, in steps: plan (images, shard, model, layers, reductions) → open (lock, writer, or an
+update's) → fit (the PCA fits of pca:K layers, `fitting`) → run (batches through the capture, written behind)
+→ finish (rename, summary, torchrun merge)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import signal
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torchvision
+
+from featdump.errors import BadImage, Interrupted, ModelFailed, NothingRead, UsageProblem
+from featdump.forward.compiling import compile_capture, compiled_note
+from featdump.forward.device import autocast, padded, place_model, resolve_decode, resolve_device
+from featdump.forward.hooks import Capture
+from featdump.forward.layers import Layer, Snapshot, resolve
+from featdump.forward.memory_format import choose_memory_format, format_name
+from featdump.forward.probe import probe
+from featdump.inputs import ImageList, find_images
+from featdump.inputs.gpu_decode import to_device_inputs
+from featdump.inputs.loader import Batch, ImageDataset, batches_of, make_loader
+from featdump.inputs.preprocess import Preprocess
+from featdump.inputs.workers import choose_workers
+from featdump.job import fitting
+from featdump.job.report import NoProgress, Progress, Summary
+from featdump.job.settings import Settings
+from featdump.job.shards import Shard, choose_shard, plan_shard, wait_for_all_ranks
+from featdump.job.signals import StopSignals
+from featdump.output import fingerprint as fingerprints
+from featdump.output.layout import Committed, DatasetSpec, Output, partial_path
+from featdump.output.lock import OutputLock
+from featdump.output.merge import merge
+from featdump.output.progress import ProgressRecord, remove_record
+from featdump.output.space import report_size
+from featdump.output.update import apply_update, discard_other_staging, plan_update, staging_path
+from featdump.output.write_behind import WriteBehind
+from featdump.output.writer import FeatureWriter
+from featdump.reductions.methods import bind, snapshot
+from featdump.reductions.record import Reduction
+from featdump.reductions.rules import choose, method_of
+from featdump.sources.models import LoadedModel, check_model_name, load_model
+from featdump.sources.tokens import TokenLayout, token_layout
+from featdump.version import __version__
+
+log = logging.getLogger("featdump")
+
+
+@dataclass
+class Plan:
+    """What this process does: its settings (a shard's own output), its images, and its place in the job."""
+
+    settings: Settings
+    images: ImageList
+    shard: Shard | None
+    whole_output: Path  # the job's output (a shard's merge target)
+    shard_fingerprint: dict  # what a shard's file records of the whole job
+    job_images: ImageList  # the whole job's images (a shard's are part of them)
+
+
+@dataclass
+class Model:
+    """The model side of a run: the loaded model on its device, its preprocessing, the layers, what each keeps
+    (REDUCTIONS: bound ones; a pca:K layer's is bound once its fit is known) and the storage DTYPE."""
+
+    loaded: LoadedModel
+    preprocess: Preprocess
+    layers: list[Layer]
+    chosen: dict[str, str]  # each layer's reduction, as text
+    reductions: dict[str, Reduction]
+    device: torch.device
+    dtype: str
+    memory_format: torch.memory_format  # of the weights and of every batch of inputs
+
+    @property
+    def specs(self) -> dict[str, DatasetSpec]:
+        """Each layer's dataset."""
+        return {layer.name: _dataset_spec(layer, self.reductions.get(layer.name), self.dtype, self.tokens(layer)[0])
+                for layer in self.layers}
+
+    def tokens(self, layer: Layer) -> tuple[TokenLayout | None, str]:
+        """LAYER's token layout at the input size the preprocessing makes, or why it has none."""
+        return token_layout(layer.shape, self.loaded.tokens, self.preprocess.size)
+
+    @property
+    def device_bytes(self) -> int:
+        """What the reductions hold on the device (projection matrices)."""
+        return sum(reduction.device_bytes for reduction in self.reductions.values())
+
+    def snapshots(self) -> dict[str, Snapshot]:
+        """Each layer's output to the tensor stored: reduced on the device, cast, a new tensor."""
+        return {layer.name: snapshot(layer.batch_dim, layer.fold, self.reductions[layer.name], self.dtype)
+                for layer in self.layers}
+
+
+def extract(settings: Settings, progress: Progress | None = None) -> Summary:
+    """Run SETTINGS: every image through the model, the selected layers into the HDF5 output.
+
+    Under --shard (or a SLURM array / torchrun) only this process's part of the images, into its shard
+    file; under torchrun rank 0 then merges the shards once every rank is done.
+    """
+    started = time.perf_counter()
+    plan = _plan(settings)
+    output = plan.settings.output
+    if plan.shard is not None and output.exists() and not settings.overwrite:
+        log.info("Shard %d of %d is already finished: %s.", plan.shard.index, plan.shard.count, output)
+        summary = Summary.of_finished(output, time.perf_counter() - started)
+    else:
+        with OutputLock.acquire(output, settings.overwrite or settings.update) as lock:
+            ProgressRecord.starting(output)  # `info` answers from the moment the lock is held
+            try:
+                summary = _run_locked(plan, lock, progress or NoProgress(), started)
+            finally:
+                remove_record(output)  # only a kill leaves it, for info to report the job as stopped
+    _merge_when_all_ranks_done(plan)
+    return summary
+
+
+def _plan(settings: Settings) -> Plan:
+    check_model_name(settings.model)
+    images = find_images(settings.images)
+    shard = choose_shard(settings.shard)
+    if shard is None:
+        return Plan(settings, images, None, settings.output, {}, images)
+    if settings.update:
+        raise UsageProblem("--update works on one run's output, not on shards: new images would move the "
+                           "shard boundaries. Run the sharded job again over the whole folder instead.")
+    part = plan_shard(shard, settings.output, settings.shard_pattern, images)
+    return Plan(dataclasses.replace(settings, output=part.output), part.images, shard, settings.output,
+                part.fingerprint, images)
+
+
+def _run_locked(plan: Plan, lock: OutputLock, progress: Progress, started: float) -> Summary:
+    settings = plan.settings
+    model = _prepare_model(settings, resolve_device(settings.device, plan.shard.local_rank if plan.shard else None))
+    fingerprint = fingerprints.build(settings, model.layers, model.chosen, repr(model.preprocess.transforms),
+                                     resolve_decode(settings.decode, model.device, model.preprocess), plan.images,
+                                     model.loaded.source, plan.shard_fingerprint)
+    if settings.pca_fit is not None:
+        _fit_projections(plan, model, fingerprint, lock, progress)
+    attributes = _provenance(settings, model, plan.images.root)
+    if settings.update and settings.output.exists() and not settings.overwrite:
+        return _run_update(plan, model, fingerprint, attributes, lock, progress, started)
+    report_size(settings.output, model.specs, len(plan.images), settings.space_check, model.device_bytes)
+    writer = FeatureWriter.open(settings.output, model.specs, fingerprint, attributes, list(plan.images.classes),
+                                settings.batch_size, settings.compression, settings.overwrite, lock.hdf5_locking)
+    before = writer.committed
+    if before.images:
+        log.info("Resuming at image %d of %d (%d rows committed).", before.images, len(plan.images), before.rows)
+    output = _fill(writer, plan.images, settings, model, lock, progress)
+    with Output.open(output) as finished:
+        after = finished.committed
+    return _summary(settings, output, after, before, len(plan.images) - before.images, before.images, started,
+                    left_out=plan.images.left_out())
+
+
+def _run_update(plan: Plan, model: Model, fingerprint: dict, attributes: dict, lock: OutputLock,
+                progress: Progress, started: float) -> Summary:
+    """--update: the new images into the staging file (OUT stays readable meanwhile), then the final commit."""
+    settings, output = plan.settings, plan.settings.output
+    update = plan_update(output, plan.images, fingerprint)
+    discard_other_staging(output, update)
+    log.info("Updating %s: %d new images, %d rows already there%s.", output, len(update.images), update.base.rows,
+             f", {len(update.stale)} of them stale (see featdump info)" if update.stale else "")
+    staged, start = staging_path(output), 0
+    if not staged.exists():
+        report_size(output, model.specs, len(update.images), settings.space_check, model.device_bytes)
+        writer = FeatureWriter.open(staged, model.specs, update.fingerprint, attributes, list(update.images.classes),
+                                    settings.batch_size, settings.compression, locking=False)
+        start = writer.committed_images
+        _fill(writer, update.images, settings, model, lock, progress, offset=update.base.images)
+    seconds = apply_update(output, update, fingerprint["images"], lock.hdf5_locking)
+    with Output.open(output) as updated:
+        after = updated.committed
+    log.info("Final commit: %d rows appended to %s in %.2f s (the only time readers wait).",
+             after.rows - update.base.rows, output, seconds)
+    return _summary(settings, output, after, update.base, len(update.images) - start, start, started,
+                    stale=len(update.stale), left_out=update.images.left_out())
+
+
+def _fit_projections(plan: Plan, model: Model, fingerprint: dict, lock: OutputLock, progress: Progress) -> None:
+    """Bind every pca:K layer's reduction to its fit (read where it was made before, else made now); FINGERPRINT
+    gets the fit's identity."""
+    settings = plan.settings
+    fits = fitting.fit_set(settings.pca_fit, plan.job_images, settings.images)
+    dims = fitting.layer_dims({layer.name: layer.shape for layer in model.layers}, model.chosen)
+    fitting.check_fits(fits, dims)
+    digest = fitting.fit_digest(fingerprint, model.chosen, fits)
+    fingerprint["pca_fit"] = {"fitted_on": fits.description, "images": len(fits.images), "digest": digest}
+
+    def stage(path: Path, images: ImageList, stage_fingerprint: dict) -> Path:
+        layers = [layer for layer in model.layers if layer.name in dims]
+        staged = dataclasses.replace(model, layers=layers, dtype="float32",
+                                     reductions={layer.name: bind("flatten", layer.name, layer.shape)
+                                                 for layer in layers})
+        writer = FeatureWriter.open(path, staged.specs, stage_fingerprint, {}, list(images.classes),
+                                    settings.batch_size, locking=False)
+        return _fill(writer, images, dataclasses.replace(settings, output=path), staged, lock, progress)
+
+    update_base = [settings.output] if settings.update else []
+    made = fitting.obtain_fits(plan.whole_output, digest, dims, fits, stage,
+                               [partial_path(settings.output), *update_base], settings.overwrite)
+    for name, text in model.chosen.items():
+        if name in made:
+            layer = next(layer for layer in model.layers if layer.name == name)
+            model.reductions[name] = bind(text, name, layer.shape, pca_fit=made[name])
+
+
+def _fill(writer: FeatureWriter, images: ImageList, settings: Settings, model: Model, lock: OutputLock,
+          progress: Progress, offset: int = 0) -> Path:
+    """Every image of IMAGES that WRITER's file has not committed yet, through the model into it; then finish it.
+    OFFSET: the images the job's output held before this list (an update's), for the progress record."""
+    start = writer.committed_images
+    record = ProgressRecord(settings.output, writer.path, offset + len(images), offset + start,
+                            {name: list(spec.shape) for name, spec in model.specs.items()})
+    try:
+        example = torch.randn((2, 3, *model.preprocess.size), generator=torch.Generator().manual_seed(0))
+        capture = Capture(model.loaded.module, model.layers, model.snapshots(), prune=True,
+                          example=example.to(model.device).contiguous(memory_format=model.memory_format))
+        with StopSignals() as stop, capture:
+            cache = Path(settings.compile_cache) if settings.compile_cache else None
+            compiled = compile_capture(capture, cache) if settings.compile else None
+            progress.start(len(images), start)
+            job = _Job(settings, images, model, capture, writer, record, offset,
+                       owned_files=(writer.path, *([lock.path] if lock.path else [])))
+            _run_batches(job, progress, stop)
+            writer.note({"compiled": compiled_note(compiled, settings.compile)})
+        if stop.signal_number is not None:
+            raise Interrupted(
+                f"Stopped by {signal.Signals(stop.signal_number).name} after {writer.committed_images} of "
+                f"{len(images)} images; run the same command again to resume.",
+                stop.signal_number,
+            )
+        return writer.finish()
+    finally:
+        record.remove()  # only a kill leaves it, for info to report the job as stopped
+        progress.close()
+        writer.close()
+
+
+def _summary(settings: Settings, output: Path, after: Committed, before: Committed, processed: int, start: int,
+             started: float, stale: int = 0, left_out: dict | None = None) -> Summary:
+    """The summary of a finished run; NothingRead when it tried images and could read none."""
+    summary = Summary(output, after.rows, after.skipped, processed, start, time.perf_counter() - started,
+                      output.stat().st_size, stale, before.rows, before.skipped, left_out or {})
+    if summary.processed and not summary.new_rows:
+        raise NothingRead(
+            f"No image could be read: {summary.new_skipped} tried from {settings.images}, all skipped; "
+            f"`featdump info {output}` lists why."
+        )
+    return summary
+
+
+def _dataset_spec(layer: Layer, reduction: Reduction | None, dtype: str, layout: TokenLayout | None) -> DatasetSpec:
+    """What LAYER's dataset holds per image; a token layout only where the tokens are stored as they are."""
+    if reduction is None:  # a pca:K layer before its fit
+        raise UsageProblem(f"Layer {layer.name}: its PCA fit is not made yet.")
+    tokens = (layout.prefix, *layout.grid) if layout is not None and reduction.shape == layer.shape else None
+    return DatasetSpec(reduction.shape, dtype, layer.layout, layer.part, tokens, reduction.text,
+                       reduction.attributes, reduction.fit)
+
+
+def _prepare_model(settings: Settings, device: torch.device) -> Model:
+    """The loaded model on DEVICE, its split preprocessing, the validated layers and their datasets."""
+    loaded = load_model(settings.model, settings.weights, settings.seed, settings.transform, settings.trust_pickle)
+    memory_format, why = choose_memory_format(loaded.module)
+    log.debug("Memory layout: %s (%s).", format_name(memory_format), why)
+    loaded.module = place_model(loaded.module, device, settings.precision, memory_format)
+    preprocess = Preprocess(loaded.preprocessing, settings.fast_decode)
+    if settings.fast_decode and preprocess.draft is None:
+        log.warning("--fast-decode needs a resize in the preprocessing; decoding every image whole.")
+    try:
+        infos = probe(loaded.module, (3, *preprocess.size))
+    except ModelFailed:
+        preprocess.check_one_size(_preprocessing_name(settings))  # the likelier cause, said instead
+        raise
+    layers = resolve(list(settings.layers), infos, settings.model)
+    for layer in layers:
+        if layer.layout:
+            log.info("Layer %s holds the batch in dimension %d: stored batch-first, %s.", layer.name,
+                     layer.batch_dim, layer.layout)
+    chosen = choose(settings.reduce, [layer.name for layer in layers], infos, settings.model)
+    model = Model(loaded, preprocess, layers, chosen, {}, device, settings.dtype, memory_format)
+    for layer in layers:
+        if method_of(chosen[layer.name]) != "pca":
+            layout, unknown = model.tokens(layer)
+            model.reductions[layer.name] = bind(chosen[layer.name], layer.name, layer.shape, layout,
+                                                tokens_unknown=unknown)
+    return model
+
+
+@dataclass
+class _Job:
+    """Everything the batch loop reads."""
+
+    settings: Settings
+    images: ImageList
+    model: Model
+    capture: Capture
+    writer: FeatureWriter
+    record: ProgressRecord
+    offset: int  # images the job's output held before this list (an update's): for the progress record
+    owned_files: tuple[Path, ...]  # the output's files, which loader workers close
+
+
+def _run_batches(job: _Job, progress: Progress, stop: StopSignals) -> None:
+    settings, images, device, preprocess = job.settings, job.images, job.model.device, job.model.preprocess
+    gpu_jpegs = resolve_decode(settings.decode, device, preprocess) == "gpu"
+    loader = make_loader(ImageDataset(images, preprocess, gpu_jpegs), job.writer.committed_images,
+                         settings.batch_size, choose_workers(settings.num_workers), pin_memory=device.type == "cuda",
+                         owned_files=job.owned_files)
+    waiting = computing = 0.0
+    steady = _SteadyRate()
+    # Autocast is entered once for the loop (leaving it clears its cache of cast weights); the inputs are made
+    # outside it, in a nested disabled region (which leaves the cache alone).
+    with batches_of(loader) as batches, WriteBehind(job.writer, job.record, job.offset) as sink, \
+            autocast(settings.precision, device):
+        tick = time.perf_counter()
+        for batch in batches:
+            tock = time.perf_counter()
+            _check_sizes(batch, job)
+            with torch.autocast(device.type, enabled=False):
+                inputs = to_device_inputs(batch, preprocess, images, device)
+            _check_failures(batch, images, settings.on_error)
+            features = {}
+            if inputs is not None:
+                count = inputs.shape[0]
+                if device.type == "cuda" or job.capture.strategy == "compiled graph":
+                    inputs = padded(inputs, settings.batch_size)  # one shape (cudnn.benchmark, one compile)
+                inputs = inputs.contiguous(memory_format=job.model.memory_format)
+                features = {name: values[:count] for name, values in job.capture.run(inputs).items()}
+            sink.put(features, batch, images, device)
+            waiting, computing = waiting + tock - tick, computing + time.perf_counter() - tock
+            progress.advance(batch.size)
+            steady.count(batch.size)
+            if stop.signal_number is not None:
+                break
+            tick = time.perf_counter()
+    log.debug("Stage times: waiting for decoded images %.2f s, forward and copies %.2f s, "
+              "writing %.2f s on a background thread (%s capture); %s.", waiting, computing, sink.seconds,
+              job.capture.strategy, steady)
+
+
+class _SteadyRate:
+    """img/s after the first batch (which pays for warming up, compiling), for the -v log."""
+
+    def __init__(self):
+        self.first_done, self.images = None, 0
+
+    def count(self, images: int) -> None:
+        if self.first_done is None:
+            self.first_done = time.perf_counter()
+        else:
+            self.images += images
+
+    def __str__(self) -> str:
+        seconds = time.perf_counter() - self.first_done if self.first_done is not None else 0.0
+        if not self.images or seconds <= 0:
+            return "one batch only"
+        return f"after the first batch {self.images} images in {seconds:.2f} s, {self.images / seconds:.2f} img/s"
+
+
+def _check_sizes(batch: Batch, job: _Job) -> None:
+    """MixedSizes, naming the preprocessing, when the images of a batch are not all of the model's input size."""
+    sizes = batch.mixed_sizes or ({batch.positions[0]: tuple(batch.pixels.shape[1:])} if batch.pixels is not None
+                                  else {})
+    job.model.preprocess.check_sizes({job.images.paths[position]: shape for position, shape in sizes.items()},
+                                     _preprocessing_name(job.settings))
+
+
+def _preprocessing_name(settings: Settings) -> str:
+    """The preprocessing as the user knows it, for messages."""
+    return f"--transform {settings.transform}" if settings.transform else f"the preprocessing of {settings.model}"
+
+
+def _check_failures(batch: Batch, images: ImageList, on_error: str) -> None:
+    for position, reason in batch.failures:
+        if on_error == "fail":
+            raise BadImage(
+                f"Cannot use image {images.paths[position]!r}: {reason}. Fix or remove it, "
+                "or pass --on-error skip to record it and go on."
+            )
+        log.debug("Skipping %s: %s", images.paths[position], reason)
+
+
+def _merge_when_all_ranks_done(plan: Plan) -> None:
+    """Under torchrun: wait for every rank (a barrier with a timeout), then rank 0 merges the shards."""
+    if plan.shard is None or plan.shard.local_rank is None:
+        return
+    settings = plan.settings
+    wait_for_all_ranks(settings.merge_timeout)
+    if plan.shard.index == 0:
+        merge(plan.whole_output, settings.shard_pattern, overwrite=settings.overwrite or settings.update)
+        log.info("Merged %d shards into %s.", plan.shard.count, plan.whole_output)
+
+
+def _provenance(settings: Settings, model: Model, image_root: Path) -> dict:
+    """The attributes a new output records: what made it, with which versions, from which command."""
+    return {
+        "model": settings.model,
+        "weights": model.loaded.weights,
+        "model_source": json.dumps(model.loaded.source, sort_keys=True),
+        "seed": settings.seed,
+        "layers": [layer.name for layer in model.layers],
+        "preprocessing": repr(model.loaded.preprocessing),
+        "image_geometry": json.dumps(model.preprocess.geometry()),  # how `show` lays the image under the maps
+        "image_root": str(Path(image_root).resolve()),
+        "dtype": settings.dtype,
+        "reduce": json.dumps(model.chosen),
+        "precision": settings.precision,
+        "fast_decode": settings.fast_decode,
+        "featdump_version": __version__,
+        "torch_version": str(torch.__version__),
+        "torchvision_version": str(torchvision.__version__),
+        "command": settings.command,
+        "settings": json.dumps(settings.effective(), sort_keys=True),
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }

@@ -1,0 +1,145 @@
+"""Settings: everything a run needs, each extract option declared once (type, default, allowed values, help).
+
+The CLI's options, the config file's keys and the API's keywords are derived from these declarations
+(`featdump.job.options`); a Settings checks every value when it is made, whichever entry point made it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from featdump.errors import BadOption
+from featdump.job.options import Option, as_path, option, options_of
+from featdump.job.shards import parse_shard
+from featdump.output.shard_files import shard_pattern
+from featdump.reductions.rules import canonical_rule, check_rule, rules_from_table, uses_pca
+
+DTYPES = ("float32", "float16")
+PRECISIONS = ("fp32", "bf16", "fp16")
+DECODERS = ("auto", "cpu", "gpu")
+COMPRESSIONS = ("none", "lzf", "gzip", "zstd", "blosc")  # zstd, blosc: the hdf5plugin package
+ON_ERROR = ("skip", "fail")
+_DEVICE = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")
+
+
+def _device_syntax(name: str) -> None:
+    if not _DEVICE.match(name):
+        raise BadOption(f"Unknown device {name!r}: use auto, cpu, cuda or cuda:N.")
+
+
+def _callable_syntax(what: str):
+    def check(spec: str) -> None:
+        module_name, _, attribute = spec.partition(":")
+        if not module_name or not attribute:
+            raise BadOption(f"Bad {what} {spec!r}: use package.module:callable.")
+
+    return check
+
+
+def _pca_fit_syntax(text: str) -> None:
+    if not text.strip() or (text.strip().lstrip("-").isdigit() and int(text) < 2):
+        raise BadOption(f"--pca-fit {text!r}: give a number of images (at least 2) or a folder or list file.")
+
+
+def _not_empty(spec: str) -> None:
+    if not spec.strip():
+        raise BadOption("'model' must name a model, e.g. resnet50, timm:NAME or package.module:callable.")
+
+
+def _cache_folder(text: str) -> None:
+    if not text.strip() or Path(text).expanduser().is_file():
+        raise BadOption(f"--compile-cache {text!r}: give a folder (made if missing) for torch.compile's caches.")
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What to extract, from what, into where, and how."""
+
+    model: str = option(
+        kind=str, required=True, short="-m", syntax=_not_empty,
+        help="resnet50 (torchvision), timm:NAME, package.module:callable (your factory), or a saved model file.")
+    layers: tuple[str, ...] = option(
+        kind=tuple, required=True, short="-l", metavar="LAYERS",
+        help="Comma-separated layer paths or patterns (PATH, PATH:K for the K-th call, layer2.*); repeatable.")
+    images: Path = dataclasses.field(default=None)  # a folder of images or a list file (an argument, not an option)
+    output: Path = dataclasses.field(default=None)  # the finished HDF5 file (written as OUTPUT.partial first)
+    weights: str = option("DEFAULT", short="-w", help="DEFAULT, a weights name (e.g. IMAGENET1K_V2), none, or a "
+                                                      "checkpoint file.")
+    seed: int = option(0, "Seed of the random network for --weights none.")
+    transform: str | None = option(
+        kind=str, optional=True, metavar="MODULE:CALLABLE", syntax=_callable_syntax("--transform"),
+        help="Preprocessing: a transform, or a function/class making one.  [default: the model's own; for "
+             "factories and files ResNet18_Weights.DEFAULT.transforms()]")
+    trust_pickle: bool = option(False, "Allow --model to be a whole model saved with torch.save(model): unpickling "
+                                       "runs its code.")
+    batch_size: int = option(64, "Images per forward pass.", short="-b", minimum=1)
+    num_workers: int | None = option(
+        kind=int, optional=True, short="-j", minimum=0,
+        help="DataLoader worker processes decoding images.  [default: the job's CPUs less one: "
+             "SLURM_CPUS_PER_TASK, else the CPU affinity mask]")
+    device: str = option("auto", "auto, cpu, cuda or cuda:N.", syntax=_device_syntax)
+    dtype: str = option("float32", "Storage dtype.", choices=DTYPES)
+    reduce: tuple[str, ...] = option(
+        (), kind=tuple, metavar="[PATTERN=]REDUCTION", syntax=check_rule, table=rules_from_table,
+        items='reductions, e.g. ["avgpool", "layer2=srp:4096"]',
+        help="What is kept of each layer, on the device: none, flatten, avgpool, maxpool, cls (first token), "
+             "patchmean (a ViT's patch tokens), channels:A-B, srp:K (sparse random projection to K values; "
+             "srp:K:SEED), pca:K (with --pca-fit). PATTERN=REDUCTION for the layers PATTERN selects (the most "
+             "specific rule wins); repeatable.  [default: none]")
+    pca_fit: str | None = option(
+        kind=str, optional=True, metavar="N|PATH", syntax=_pca_fit_syntax,
+        help="The fit set of --reduce pca:K: the first N images of IMAGES, or a folder or list file of reference "
+             "images.")
+    compression: str = option("none", "HDF5 filter of the feature datasets (zstd and blosc need hdf5plugin).",
+                              choices=COMPRESSIONS)
+    precision: str = option("fp32", "Autocast precision of the forward pass.", choices=PRECISIONS)
+    decode: str = option("auto", "Decode JPEGs on the cpu (workers) or the gpu (nvjpeg); auto is cpu until the GPU "
+                                 "path is measured.", choices=DECODERS)
+    fast_decode: bool = option(False, "Decode large JPEGs at a reduced scale (1/2-1/8, never below twice the resize "
+                                      "size) before the exact resize: several times faster on camera photos, "
+                                      "features within about 1%.")
+    compile: bool = option(False, "torch.compile the forward (the pruned graph): slower start, faster batches; "
+                                  "falls back to eager with a log line when the model does not compile.")
+    compile_cache: str | None = option(
+        kind=str, optional=True, metavar="DIR", syntax=_cache_folder,
+        help="Folder of torch.compile's caches, shared by runs and by the tasks of an array (sets "
+             "TORCHINDUCTOR_CACHE_DIR and TRITON_CACHE_DIR).  [default: TORCHINDUCTOR_CACHE_DIR, else "
+             "/tmp/torchinductor_USER]")
+    on_error: str = option("skip", "A bad image is skipped and recorded, or stops the run.", choices=ON_ERROR)
+    overwrite: bool = option(False, "Replace an existing output (or partial output).")
+    update: bool = option(False, "OUTPUT exists: extract only the images it lacks and append them (cron); rows it "
+                                 "has stay.")
+    shard: str | None = option(
+        kind=str, optional=True, metavar="K/N", syntax=parse_shard,
+        help="Extract part K (0-based) of N of the sorted images into OUTPUT's shard file; `none` turns off the "
+             "detection of SLURM job arrays and torchrun, which shard by themselves.")
+    shard_pattern: str | None = option(
+        kind=str, optional=True, metavar="PATTERN", syntax=lambda pattern: shard_pattern(Path("out.h5"), pattern),
+        help="Shard file names with {k} and {n}, relative to OUTPUT's folder.  [default: OUT.shard-{k}-of-{n}.h5]")
+    merge_timeout: float = option(3600.0, "Under torchrun, seconds rank 0 waits for every rank to finish before "
+                                          "merging the shards.", minimum=1)
+    space_check: bool = option(True, "Refuse to start when the disk looks too small for the expected output "
+                                     "(--no-space-check: start anyway).")
+    command: str = ""  # the command line, recorded in the output (not an option)
+
+    def __post_init__(self):
+        for name, declared in OPTIONS.items():
+            object.__setattr__(self, name, declared.check(getattr(self, name)))
+        for name in ("images", "output"):
+            object.__setattr__(self, name, as_path(getattr(self, name), name))
+        object.__setattr__(self, "reduce", tuple(canonical_rule(item) for item in self.reduce))  # one spelling
+        if uses_pca(self.reduce) != (self.pca_fit is not None):
+            raise BadOption("--reduce pca:K needs --pca-fit N (the first N images) or --pca-fit PATH (a folder or "
+                            "list file of reference images)." if self.pca_fit is None else
+                            "--pca-fit is the fit set of --reduce pca:K, and no --reduce rule uses pca:K.")
+
+    def effective(self) -> dict:
+        """Every setting as plain JSON values: the configuration a file records."""
+        return {key: (str(value) if isinstance(value, Path) else list(value) if isinstance(value, tuple) else value)
+                for key, value in dataclasses.asdict(self).items()}
+
+
+OPTIONS: dict[str, Option] = options_of(Settings)

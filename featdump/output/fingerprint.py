@@ -1,0 +1,91 @@
+"""Fingerprint: what determines a file's rows and values, built, compared and described in this one place.
+
+A run resumes (or updates, or merges with others) only a file whose stored fingerprint equals its own.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from featdump.errors import ResumeMismatch
+from featdump.output.layout import FORMAT
+
+SHARD_KEYS = ("shard", "images", "image_count")  # the keys in which the shards of one job differ
+IMAGE_KEYS = ("images", "image_count")  # the keys an --update changes
+UPDATE_IGNORES = (*IMAGE_KEYS, "shards", "all_images", "all_image_count")  # a merged copy's are updated too
+
+
+def build(settings, layers, reductions: dict[str, str], preprocessing: str, decode: str, images, model_source: dict,
+          extra: dict) -> dict:
+    """The fingerprint of a run of SETTINGS over IMAGES (an ImageList) with the resolved LAYERS and their
+    REDUCTIONS, the model's PREPROCESSING (its repr), the DECODE path in use, and EXTRA (a shard's place in the
+    whole job, a PCA fit's identity)."""
+    return {
+        "model": settings.model,
+        "weights": settings.weights,
+        "seed": settings.seed,
+        "transform": settings.transform,
+        "layers": [layer.name for layer in layers],  # patterns expanded
+        "layouts": {layer.name: layer.layout for layer in layers if layer.layout},
+        "dtype": settings.dtype,
+        "reduce": reductions,
+        "precision": settings.precision,
+        "fast_decode": settings.fast_decode,
+        "preprocessing": preprocessing,
+        "decode": decode,
+        "model_source": model_source,
+        "images": images.digest(),
+        "image_count": len(images),
+        **extra,
+    }
+
+
+def stored(attrs) -> dict:
+    """The fingerprint a file's attributes hold."""
+    return json.loads(attrs.get("fingerprint", "{}"))
+
+
+def store(attrs, fingerprint: dict) -> None:
+    attrs["fingerprint"] = json.dumps(fingerprint, sort_keys=True)
+
+
+def check(attrs, path: Path, fingerprint: dict, ignore: tuple[str, ...] = ()) -> None:
+    """ResumeMismatch unless the file with ATTRS was written by this format with FINGERPRINT (IGNORE aside)."""
+    if attrs.get("format") != FORMAT:
+        raise ResumeMismatch(
+            f"{str(path)!r} was written by another featdump version (format {attrs.get('format')!r}, "
+            f"this one writes {FORMAT!r}); pass --overwrite to start over."
+        )
+    differences = describe_differences(_without(stored(attrs), ignore), _without(fingerprint, ignore))
+    if differences:
+        raise ResumeMismatch(
+            f"{str(path)!r} was started with a different configuration ({'; '.join(differences)}). "
+            "Run the original command to resume it, or pass --overwrite to start over."
+        )
+
+
+def describe_differences(before_all: dict, now_all: dict) -> list[str]:
+    """Human-readable differences between two fingerprints."""
+    differences = []
+    for key in sorted(set(before_all) | set(now_all)):
+        before, now = before_all.get(key), now_all.get(key)
+        if before == now:
+            continue
+        if key == "images":
+            differences.append(
+                f"the image set changed: {before_all.get('image_count')} images when started, "
+                f"{now_all.get('image_count')} now, or files were replaced"
+            )
+        elif key != "image_count":
+            differences.append(f"{key}: {_short(before)} when started, {_short(now)} now")
+    return differences
+
+
+def _without(fingerprint: dict, keys: tuple[str, ...]) -> dict:
+    return {key: value for key, value in fingerprint.items() if key not in keys}
+
+
+def _short(value) -> str:
+    text = json.dumps(value)
+    return text if len(text) <= 80 else text[:77] + "..."

@@ -1,0 +1,382 @@
+"""Layout: the output file's format, its one owner: creating it, the commit counters, path text and bytes,
+and opening an output to read what it holds (info, show, load, merge and update all read through here).
+
+    /features/<layer>   (rows, *shape), chunked along rows; attribute `reduction` (none, avgpool, srp:4096, ...)
+                        and what the reduction records (srp_seed, srp_input_dim, ..., pca_k, ...)
+    /pca/<layer>/mean, components, explained_variance   a pca:K layer's fit (`featdump.reductions.pca`)
+    /paths              (rows,) UTF-8 paths relative to the image root, row-aligned with the features
+    /raw_paths/rows, /raw_paths/bytes  the exact bytes of the names that are not UTF-8 (shown in /paths
+                        with those bytes as \\xNN), by row
+    /labels             (rows,) int64, attribute `classes`
+    /file_stats         (rows, 2) int64: each image's size and modification time (ns) when it was read
+    /stale/paths, /stale/reasons   rows whose image disappeared or changed, as found by the last --update
+    /skipped/paths, /skipped/reasons   images that could not be used, and why (with /skipped/raw_paths)
+    attributes          model, weights, ..., `fingerprint`, `complete`, and `committed` = [rows, images, skipped]
+
+Rows past the counters are not data: a writer killed mid-batch may leave them, and readers stop at the counters.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import h5py
+import numpy as np
+
+from featdump.errors import MergedViewBroken, NotAnOutput, UsageProblem
+
+FORMAT = "featdump/2"
+MIN_CHUNK_BYTES = 64 * 1024
+MAX_CHUNK_BYTES = 4 * 1024 * 1024
+STRING = h5py.string_dtype("utf-8")
+_BYTES = h5py.vlen_dtype(np.uint8)
+
+
+@dataclass(frozen=True)
+class DatasetSpec:
+    """One feature dataset: per-row shape and storage dtype."""
+
+    shape: tuple[int, ...]
+    dtype: str
+    layout: str | None = None  # "(197, N, 768) -> (N, 197, 768)" when the model's output is not batch-first
+    part: str | None = None  # the part of a tuple/dict output stored ("0", "last_hidden_state")
+    tokens: tuple[int, int, int] | None = None  # a ViT-like (L, D) output: (prefix tokens, grid rows, grid columns)
+    reduction: str = "none"  # what is kept of the layer's output (featdump.reductions.methods)
+    reduction_attributes: dict = field(default_factory=dict)  # what the reduction records on the dataset
+    fit: object = None  # a PCA fit (featdump.reductions.pca.PcaFit), stored in /pca/<layer>
+
+    @property
+    def row_bytes(self) -> int:
+        return math.prod(self.shape) * np.dtype(self.dtype).itemsize
+
+
+@dataclass(frozen=True)
+class Committed:
+    """The commit counters: rows written, source images done (written or skipped), images skipped."""
+
+    rows: int
+    images: int
+    skipped: int
+
+    @classmethod
+    def of(cls, h5file: h5py.File) -> Committed:
+        rows, images, skipped = (int(value) for value in h5file.attrs["committed"])
+        return cls(rows, images, skipped)
+
+    def store(self, h5file: h5py.File) -> None:
+        """Overwrite the counters in place, in one write (the commit)."""
+        h5file.attrs.modify("committed", np.array([self.rows, self.images, self.skipped], dtype=np.int64))
+
+
+def partial_path(output: Path) -> Path:
+    return output.with_name(output.name + ".partial")
+
+
+def chunk_shape(spec: DatasetSpec, batch_size: int, expected_rows: int | None = None) -> tuple[int, ...]:
+    """Chunks of 64 KiB to 4 MiB aligned with batches: whole batches, or an equal part of one, so that no
+    chunk is written twice; a row over 4 MiB is split along its first dimensions. A file expecting fewer
+    rows than that (a small shard) gets chunks of its size, not a mostly empty chunk."""
+    chunks = _batch_aligned_chunks(spec, batch_size)
+    if expected_rows and chunks[0] > expected_rows:
+        return (expected_rows, *chunks[1:])
+    return chunks
+
+
+def _batch_aligned_chunks(spec: DatasetSpec, batch_size: int) -> tuple[int, ...]:
+    row_bytes = max(spec.row_bytes, 1)
+    batch_bytes = batch_size * row_bytes
+    if batch_bytes < MIN_CHUNK_BYTES:
+        batches = min(-(-MIN_CHUNK_BYTES // batch_bytes), max(1, MAX_CHUNK_BYTES // batch_bytes))
+        return (batches * batch_size, *spec.shape)
+    if batch_bytes <= MAX_CHUNK_BYTES:
+        return (batch_size, *spec.shape)
+    if row_bytes <= MAX_CHUNK_BYTES:
+        fitting = MAX_CHUNK_BYTES // row_bytes
+        return (max(rows for rows in range(1, fitting + 1) if batch_size % rows == 0), *spec.shape)
+    dims = list(spec.shape)
+    itemsize = np.dtype(spec.dtype).itemsize
+    for axis in range(len(dims)):
+        while dims[axis] > 1 and math.prod(dims) * itemsize > MAX_CHUNK_BYTES:
+            dims[axis] = -(-dims[axis] // 2)
+    return (1, *dims)
+
+
+def compression_filters(compression: str) -> dict:
+    """h5py create_dataset keywords for COMPRESSION; zstd and blosc (lz4, byte shuffle) come from hdf5plugin,
+    which readers then import too."""
+    if compression == "none":
+        return {}
+    if compression in ("lzf", "gzip"):
+        return {"compression": compression}
+    try:
+        import hdf5plugin
+    except ImportError as error:
+        raise UsageProblem(f"--compression {compression} needs hdf5plugin: pip install 'featdump[compression]'.") \
+            from error
+    if compression == "zstd":
+        return dict(hdf5plugin.Zstd(clevel=3))
+    return dict(hdf5plugin.Blosc(cname="lz4", clevel=5, shuffle=hdf5plugin.Blosc.SHUFFLE))
+
+
+# -- creating ------------------------------------------------------------------------------------
+
+
+def create_layout(h5file: h5py.File, attributes: dict, classes, feature_group=None) -> None:
+    """Every dataset but the features (FEATURE_GROUP(group) makes those), the attributes, zero counters."""
+    for key, value in attributes.items():
+        set_attribute(h5file, key, value)
+    h5file.attrs["format"] = FORMAT
+    h5file.attrs["complete"] = False
+    features = h5file.create_group("features")
+    if feature_group is not None:
+        feature_group(features)
+    create_path_datasets(h5file, 4096)
+    labels = h5file.create_dataset("labels", shape=(0,), maxshape=(None,), dtype=np.int64, chunks=(4096,))
+    labels.attrs["classes"] = classes if isinstance(classes, np.ndarray) else text_array(classes)
+    h5file.create_dataset("file_stats", shape=(0, 2), maxshape=(None, 2), dtype=np.int64, chunks=(2048, 2))
+    _create_named_rows(h5file.create_group("skipped"))
+    h5file.attrs["committed"] = np.zeros(3, dtype=np.int64)
+
+
+def create_features(group: h5py.Group, specs: dict[str, DatasetSpec], batch_size: int, compression: str,
+                    expected_rows: int | None = None) -> None:
+    """GROUP's resizable feature datasets, chunked for BATCH_SIZE (and EXPECTED_ROWS)."""
+    filters = compression_filters(compression)
+    for name, spec in specs.items():
+        dataset = group.create_dataset(name, shape=(0, *spec.shape), maxshape=(None, *spec.shape), dtype=spec.dtype,
+                                       chunks=chunk_shape(spec, batch_size, expected_rows), **filters)
+        if spec.layout:
+            dataset.attrs["layout"] = spec.layout
+        if spec.part is not None:
+            dataset.attrs["part"] = spec.part
+        if spec.tokens is not None:  # the class/register tokens come first, then the patches row by row
+            dataset.attrs["prefix_tokens"] = spec.tokens[0]
+            dataset.attrs["patch_grid"] = list(spec.tokens[1:])
+        dataset.attrs["reduction"] = spec.reduction
+        dataset.attrs.update(spec.reduction_attributes)
+        if spec.fit is not None:
+            spec.fit.store(group.file.require_group("pca").create_group(name))
+
+
+def set_attribute(h5file: h5py.File, key: str, value) -> None:
+    """An attribute with its text as valid UTF-8 (lists of text as string arrays)."""
+    if isinstance(value, list):
+        value = np.array([as_text(item) if isinstance(item, str) else item for item in value], dtype=STRING)
+    h5file.attrs[key] = as_text(value) if isinstance(value, str) else value
+
+
+def create_path_datasets(group: h5py.Group, chunk_rows: int) -> None:
+    group.create_dataset("paths", shape=(0,), maxshape=(None,), dtype=STRING, chunks=(chunk_rows,))
+    raw = group.create_group("raw_paths")
+    raw.create_dataset("rows", shape=(0,), maxshape=(None,), dtype=np.int64, chunks=(256,))
+    raw.create_dataset("bytes", shape=(0,), maxshape=(None,), dtype=_BYTES, chunks=(256,))
+
+
+def _create_named_rows(group: h5py.Group) -> None:
+    """GROUP/paths (with raw_paths) and GROUP/reasons: the skipped images, or the stale rows."""
+    create_path_datasets(group, 256)
+    group.create_dataset("reasons", shape=(0,), maxshape=(None,), dtype=STRING, chunks=(256,))
+
+
+def write_stale(h5file: h5py.File, stale: list[tuple[str, str]]) -> None:
+    """Replace /stale with STALE's (path, why)."""
+    if "stale" in h5file:
+        del h5file["stale"]
+    _create_named_rows(h5file.create_group("stale"))
+    if stale:
+        write_paths(h5file, "stale/", 0, [path for path, _ in stale])
+        write_rows(h5file["stale/reasons"], 0, len(stale), np.array([reason for _, reason in stale], dtype=object))
+
+
+# -- rows and names ------------------------------------------------------------------------------
+
+
+def write_rows(dataset: h5py.Dataset, start: int, stop: int, values: np.ndarray) -> None:
+    if dataset.shape[0] != stop:
+        dataset.resize(stop, axis=0)
+    dataset[start:stop] = values
+
+
+def as_text(name: str) -> str:
+    """NAME as valid UTF-8 text: a file name's undecodable bytes (surrogate escapes) shown as \\xNN."""
+    try:
+        name.encode("utf-8")
+        return name
+    except UnicodeEncodeError:
+        return os.fsencode(name).decode("utf-8", "backslashreplace")
+
+
+def text_array(names) -> np.ndarray:
+    return np.array([as_text(name) for name in names], dtype=STRING)
+
+
+def write_paths(h5file: h5py.File, group: str, start: int, paths: list[str]) -> None:
+    """Rows START.. of GROUP/paths as text; the exact bytes of names that are not UTF-8 in GROUP/raw_paths."""
+    texts = [as_text(path) for path in paths]
+    write_rows(h5file[group + "paths"], start, start + len(paths), np.array(texts, dtype=object))
+    raw = [(start + index, os.fsencode(path)) for index, (path, text) in enumerate(zip(paths, texts))
+           if text is not path]
+    if raw:
+        rows, names = h5file[group + "raw_paths/rows"], h5file[group + "raw_paths/bytes"]
+        count = rows.shape[0]
+        write_rows(rows, count, count + len(raw), np.array([row for row, _ in raw], dtype=np.int64))
+        names.resize(count + len(raw), axis=0)
+        for index, (_, name) in enumerate(raw):  # one by one: h5py cannot slice-assign a single sequence
+            names[count + index] = np.frombuffer(name, dtype=np.uint8)
+
+
+def raw_paths(h5file: h5py.File, group: str = "") -> list[bytes]:
+    """The exact bytes of every row's path (GROUP 'skipped/' for the skipped images)."""
+    paths = [text.encode("utf-8") for text in h5file[group + "paths"].asstr()[:]]
+    raw = h5file.get(group + "raw_paths")
+    if raw is not None:
+        for row, name in zip(raw["rows"][:], raw["bytes"][:]):
+            if row < len(paths):
+                paths[row] = name.tobytes()
+    return paths
+
+
+def text_of(value) -> str | None:
+    """An attribute's value as str (h5py gives bytes or str)."""
+    if value is None:
+        return None
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+# -- reading -------------------------------------------------------------------------------------
+
+
+class Output:
+    """An output file opened to read what it holds, up to its commit counters (use as a context manager)."""
+
+    def __init__(self, path: Path, h5file: h5py.File):
+        self.path, self.file = Path(path), h5file
+
+    @classmethod
+    def open(cls, path: Path, mode: str = "r", locking: bool | None = None) -> Output:
+        """PATH as a featdump output; NotAnOutput if it is missing, unreadable, or not one featdump wrote."""
+        path = Path(path)
+        if not path.exists():
+            raise NotAnOutput(f"No file {str(path)!r}.")
+        try:
+            h5file = h5py.File(path, mode) if locking is None else h5py.File(path, mode, locking=locking)
+        except OSError as error:
+            raise NotAnOutput(f"{str(path)!r} is not a readable HDF5 file ({error}).") from error
+        if "committed" not in h5file.attrs or "features" not in h5file:
+            h5file.close()
+            raise NotAnOutput(f"{str(path)!r} is an HDF5 file, but not one featdump wrote.")
+        output = cls(path, h5file)
+        if output.attrs.get("virtual", False):
+            problems = output.shard_problems()
+            if problems:
+                output.close()
+                raise MergedViewBroken(
+                    f"{str(path)!r} is a merged view whose shard files are {'; '.join(problems)} (beside it, in "
+                    f"{str(path.parent)!r}): its rows would read as NaN. Keep the shards beside it (move them "
+                    "together), or merge again where they are with `featdump merge --copy` for a self-contained file."
+                )
+        return output
+
+    def shard_problems(self) -> list[str]:
+        """For a virtual merged view: each shard file that is missing, or not the size it was when merged."""
+        names = [text_of(name) for name in self.attrs.get("merged_from", [])]
+        sizes = list(self.attrs.get("merged_sizes", [-1] * len(names)))
+        missing, changed = [], []
+        for name, size in zip(names, sizes):
+            shard = self.path.parent / name
+            if not shard.exists():
+                missing.append(name)
+            elif size >= 0 and shard.stat().st_size != size:
+                changed.append(name)
+        return ([f"missing: {', '.join(missing)}"] if missing else []) + \
+            ([f"changed since the merge: {', '.join(changed)}"] if changed else [])
+
+    def __enter__(self) -> Output:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if self.file.id.valid:
+            self.file.close()
+
+    @property
+    def attrs(self):
+        return self.file.attrs
+
+    @property
+    def committed(self) -> Committed:
+        return Committed.of(self.file)
+
+    @property
+    def complete(self) -> bool:
+        return bool(self.file.attrs.get("complete", False))
+
+    @property
+    def fingerprint(self) -> dict:
+        return json.loads(self.file.attrs.get("fingerprint", "{}"))
+
+    @property
+    def layers(self) -> list[str]:
+        return list(self.file["features"])
+
+    def features(self, layer: str) -> h5py.Dataset:
+        return self.file["features"][layer]
+
+    def reduction(self, layer: str) -> str:
+        """What LAYER's dataset keeps of the layer's output (files before reductions were recorded: the run's)."""
+        dataset = self.features(layer)
+        if "reduction" in dataset.attrs:
+            return text_of(dataset.attrs["reduction"])
+        return text_of(self.attrs.get("reduce", "none"))
+
+    def pca_fit(self, layer: str) -> h5py.Group | None:
+        """The group holding LAYER's PCA fit (mean, components, explained_variance), or None."""
+        return self.file.get(f"pca/{layer}")
+
+    @property
+    def classes(self) -> list[str]:
+        return [text_of(name) for name in self.file["labels"].attrs.get("classes", [])]
+
+    def paths(self, group: str = "") -> list[str]:
+        """The committed rows' paths as text (GROUP 'skipped/' or 'stale/' for those lists)."""
+        return list(self.file[group + "paths"].asstr()[:self._count(group)])
+
+    def raw_paths(self, group: str = "") -> list[bytes]:
+        """The committed rows' paths as their exact bytes."""
+        return raw_paths(self.file, group)[:self._count(group)]
+
+    def labels(self):
+        return self.file["labels"][:self.committed.rows]
+
+    def named_rows(self, group: str, limit: int) -> list[list[str]]:
+        """The first LIMIT (path, reason) of GROUP 'skipped' or 'stale'."""
+        if group not in self.file:
+            return []
+        shown = min(self._count(group + "/"), limit)
+        return [[name, reason] for name, reason in zip(self.file[f"{group}/paths"].asstr()[:shown],
+                                                       self.file[f"{group}/reasons"].asstr()[:shown])]
+
+    def stale_count(self) -> int:
+        return len(self.file["stale/paths"]) if "stale" in self.file else 0
+
+    def known_paths(self) -> set[str]:
+        """Paths (as the image walk names them) of every committed row and skipped image."""
+        return {os.fsdecode(name) for name in self.raw_paths() + self.raw_paths("skipped/")}
+
+    def row_files(self) -> list[tuple[str, int, int]]:
+        """(path, size, mtime_ns) of every committed row when its image was read."""
+        stats = self.file["file_stats"][:self.committed.rows]
+        return [(os.fsdecode(name), int(size), int(mtime)) for name, (size, mtime) in zip(self.raw_paths(), stats)]
+
+    def _count(self, group: str) -> int:
+        if group == "":
+            return self.committed.rows
+        if group == "skipped/":
+            return self.committed.skipped
+        return len(self.file[group + "paths"])

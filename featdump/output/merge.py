@@ -1,0 +1,185 @@
+"""Merge: N finished shards into one output that reads like a single run's (virtual datasets, or a copy)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import h5py
+import numpy as np
+
+from featdump.errors import NotAnOutput, ShardProblem
+from featdump.output import fingerprint as fingerprints
+from featdump.output.layout import (
+    FORMAT,
+    STRING,
+    Committed,
+    DatasetSpec,
+    Output,
+    create_layout,
+    partial_path,
+    set_attribute,
+    write_paths,
+    write_rows,
+)
+from featdump.output.lock import OutputLock
+from featdump.output.shard_files import shard_count, shard_path
+from featdump.output.space import check_space
+from featdump.output.writer import close_quietly, fsync_path, write_error
+
+_COPY_ROWS = 1024
+_NOT_COPIED = ("committed", "fingerprint", "complete", "command", "created", "format")
+
+
+def find_shards(output: Path, pattern: str | None = None) -> list[Path]:
+    """The N shard files of OUTPUT (N read from their names), in order; ShardProblem naming any that is not done."""
+    output = Path(output)
+    count = shard_count(output, pattern)
+    paths = [shard_path(output, index, count, pattern) for index in range(count)]
+    problems = [problem for index, path in enumerate(paths) if (problem := _shard_problem(index, count, path))]
+    if problems:
+        raise ShardProblem(f"Cannot merge {str(output)!r}: " + "; ".join(problems) + ".")
+    return paths
+
+
+def _shard_problem(index: int, count: int, path: Path) -> str | None:
+    if path.exists():
+        return None
+    partial = partial_path(path)
+    if partial.exists():
+        try:
+            with Output.open(partial, locking=False) as unfinished:
+                done = unfinished.committed.images
+                total = unfinished.fingerprint.get("image_count", "?")
+            progress = f", {done} of {total} images done"
+        except (NotAnOutput, KeyError, ValueError):
+            progress = ""
+        return f"shard {index} of {count} is incomplete ({partial}{progress}): run its task again to finish it"
+    return f"shard {index} of {count} is missing ({path}): run its task"
+
+
+def merge(output: Path, pattern: str | None = None, copy: bool = False, overwrite: bool = False) -> Path:
+    """Write OUTPUT over its finished shards: virtual datasets pointing into them, or (COPY) a self-contained
+    file. Paths, labels, file stats and skipped images are joined in order; attributes say what was merged.
+    Shards are opened one at a time (thousands of them stay within the open-file limit)."""
+    output = Path(output)
+    shards = find_shards(output, pattern)
+    summaries = [_summary(index, path) for index, path in enumerate(shards)]
+    fingerprint = _common_fingerprint(shards, summaries)
+    if copy:
+        needed = sum(summary["committed"].rows * DatasetSpec(shape, str(dtype)).row_bytes
+                     for summary in summaries for shape, dtype, _, _ in summary["features"].values())
+        check_space(output, needed, "The --copy of the shards", "merge without --copy (virtual datasets, no copy)")
+    with OutputLock.acquire(output, overwrite) as lock:
+        partial = partial_path(output)
+        try:
+            merged = h5py.File(partial, "w", locking=lock.hdf5_locking)
+            try:
+                _write_merged(merged, output, shards, summaries, fingerprint, copy)
+            finally:
+                close_quietly(merged)
+            fsync_path(partial)
+            os.replace(partial, output)
+            fsync_path(output.parent)
+        except (OSError, RuntimeError) as error:  # a full disk (h5py says RuntimeError at times): one line
+            partial.unlink(missing_ok=True)
+            raise write_error(partial, error, None) from error
+    return output
+
+
+def _summary(index: int, path: Path) -> dict:
+    """What merging needs of one shard without keeping it open: attributes, counts, feature shapes."""
+    try:
+        with Output.open(path) as shard:
+            if shard.attrs.get("format") != FORMAT or not shard.complete:
+                raise ShardProblem(f"Shard {index} ({path}) is not a finished featdump output of this version.")
+            features = {name: (dataset.shape[1:], dataset.dtype, dataset.chunks, dataset.compression)
+                        for name in shard.layers for dataset in [shard.features(name)]}
+            layer_attrs = {name: dict(shard.features(name).attrs) for name in shard.layers}
+            return {"attrs": dict(shard.attrs), "committed": shard.committed, "features": features,
+                    "layer_attrs": layer_attrs,
+                    "classes": shard.file["labels"].attrs["classes"], "fingerprint": shard.fingerprint}
+    except NotAnOutput as error:
+        raise ShardProblem(f"Shard {index} cannot be read: {error}") from error
+
+
+def _common_fingerprint(paths: list[Path], summaries: list[dict]) -> dict:
+    first = None
+    for index, (path, summary) in enumerate(zip(paths, summaries)):
+        mine = {key: value for key, value in summary["fingerprint"].items() if key not in fingerprints.SHARD_KEYS}
+        if first is None:
+            first = mine
+            continue
+        differences = fingerprints.describe_differences(first, mine)
+        if differences:
+            raise ShardProblem(f"Shard {index} ({path}) was made differently from shard 0 ({'; '.join(differences)}); "
+                               "run every task with the same command.")
+    return first
+
+
+def _write_merged(merged: h5py.File, output: Path, shards: list[Path], summaries: list[dict], fingerprint: dict,
+                  copy: bool) -> None:
+    rows = [summary["committed"].rows for summary in summaries]
+    skipped = [summary["committed"].skipped for summary in summaries]
+    attributes = {key: value for key, value in summaries[0]["attrs"].items() if key not in _NOT_COPIED}
+
+    def feature_datasets(features: h5py.Group) -> None:
+        for name, (shape, dtype, chunks, compression) in summaries[0]["features"].items():
+            if copy:  # gzip and lzf kept; a plugin filter's file is copied uncompressed
+                features.create_dataset(name, shape=(sum(rows), *shape), maxshape=(None, *shape), dtype=dtype,
+                                        chunks=chunks,
+                                        compression=compression if compression in ("gzip", "lzf") else None)
+            else:
+                _virtual_rows(features, name, shape, dtype, shards, output.parent, rows)
+            features[name].attrs.update(summaries[0]["layer_attrs"][name])  # layout, part, reduction, ...
+
+    create_layout(merged, attributes, summaries[0]["classes"], feature_datasets)
+    fingerprints.store(merged.attrs, {**fingerprint, "shards": len(shards)})
+    set_attribute(merged, "merged_from", [os.path.relpath(path, output.parent) for path in shards])
+    merged.attrs["commands"] = np.array([str(summary["attrs"].get("command", "")) for summary in summaries],
+                                        dtype=STRING)
+    merged.attrs["virtual"] = not copy
+    if not copy:  # what Output.open checks before a virtual view is read
+        merged.attrs["merged_sizes"] = np.array([path.stat().st_size for path in shards], dtype=np.int64)
+    with Output.open(shards[0]) as first:
+        if "pca" in first.file:  # the PCA fits, the same in every shard (their fingerprints agree)
+            first.file.copy(first.file["pca"], merged, "pca")
+    for index, path in enumerate(shards):  # one shard open at a time
+        with Output.open(path) as shard:
+            _append_shard(merged, shard, sum(rows[:index]), rows[index], sum(skipped[:index]), skipped[index], copy)
+    Committed(sum(rows), sum(rows) + sum(skipped), sum(skipped)).store(merged)
+    merged.attrs["complete"] = True
+
+
+def _append_shard(merged: h5py.File, shard: Output, row: int, rows: int, skip: int, skipped: int,
+                  copy: bool) -> None:
+    """One shard's rows (and skipped images) at their place in MERGED; its features too when COPY."""
+    if rows:
+        if copy:
+            for name, target in merged["features"].items():
+                for start in range(0, rows, _COPY_ROWS):
+                    stop = min(start + _COPY_ROWS, rows)
+                    target[row + start:row + stop] = shard.features(name)[start:stop]
+        write_paths(merged, "", row, [os.fsdecode(raw) for raw in shard.raw_paths()])
+        write_rows(merged["labels"], row, row + rows, shard.labels())
+        write_rows(merged["file_stats"], row, row + rows, shard.file["file_stats"][:rows])
+    if skipped:
+        write_paths(merged, "skipped/", skip, [os.fsdecode(raw) for raw in shard.raw_paths("skipped/")])
+        write_rows(merged["skipped/reasons"], skip, skip + skipped,
+                   np.array(shard.file["skipped/reasons"].asstr()[:skipped], dtype=object))
+
+
+def _virtual_rows(group: h5py.Group, name: str, shape: tuple, dtype, shards: list[Path], folder: Path,
+                  rows: list[int]) -> None:
+    """GROUP/NAME as a virtual dataset: shard k's rows at their place, read from the shard file (a relative
+    name, so the merged file and its shards can move together)."""
+    layout = h5py.VirtualLayout(shape=(sum(rows), *shape), dtype=dtype)
+    offset = 0
+    for path, count in zip(shards, rows):
+        if count:
+            source = h5py.VirtualSource(os.path.relpath(path, folder), f"features/{name}", shape=(count, *shape))
+            layout[offset:offset + count] = source
+        offset += count
+    # A shard file missing when read gives HDF5's fill value: NaN for features, never zeros that look like data.
+    fill = np.nan if np.dtype(dtype).kind == "f" else 0
+    group.create_virtual_dataset(name, layout, fillvalue=fill)

@@ -1,0 +1,55 @@
+"""Shard files: the names of a sharded job's files beside its output (OUT.shard-K-of-N.h5, or --shard-pattern),
+and the shard count read back from the names found there."""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+from featdump.errors import BadOption, ShardProblem
+
+
+def shard_pattern(output: Path, pattern: str | None = None) -> str:
+    """The shard file names of OUTPUT, relative to its folder, with {k} and {n}: PATTERN, or by default
+    OUT.shard-K-of-N.h5 beside OUT (out.h5 -> out.shard-2-of-8.h5)."""
+    if pattern:
+        if "{k}" not in pattern or "{n}" not in pattern:
+            raise BadOption(f"Bad shard pattern {pattern!r}: it needs both {{k}} and {{n}}, "
+                               "e.g. part-{k}-of-{n}.h5.")
+        return pattern
+    output = Path(output)
+    return f"{output.stem}.shard-{{k}}-of-{{n}}{output.suffix or '.h5'}"
+
+
+def shard_path(output: Path, index: int, count: int, pattern: str | None = None) -> Path:
+    """Where shard INDEX of COUNT of OUTPUT is written."""
+    return Path(output).parent / shard_pattern(output, pattern).format(k=index, n=count)
+
+
+def shard_count(output: Path, pattern: str | None = None) -> int:
+    """N, from the names of OUTPUT's shard files (finished or partial); ShardProblem when there are none, or
+    shards of different counts."""
+    template = Path(shard_pattern(output, pattern))
+    counts = shard_counts(output, pattern)
+    if not counts:
+        raise ShardProblem(f"No shards of {str(output)!r} found (looked for {template.name} in "
+                           f"{str(output.parent / template.parent)!r}); run the sharded extract first.")
+    if len(counts) > 1:
+        raise ShardProblem(f"Shards of {str(output)!r} from runs with different shard counts ({sorted(counts)}) "
+                           "lie side by side; remove the ones of the other run.")
+    return counts.pop()
+
+
+def shard_counts(output: Path, pattern: str | None = None) -> set[int]:
+    """The N of every shard file of OUTPUT lying beside it (finished or partial)."""
+    template = Path(shard_pattern(output, pattern))
+    folder = output.parent / template.parent
+    pieces = re.split(r"(\{k\}|\{n\})", template.name)
+    name_regex = "".join({"{k}": r"(?P<k>\d+)", "{n}": r"(?P<n>\d+)"}.get(piece, re.escape(piece)) for piece in pieces)
+    counts = set()
+    for name in os.listdir(folder) if folder.is_dir() else []:
+        match = re.fullmatch(name_regex, name.removesuffix(".partial"))
+        if match:
+            counts.add(int(match["n"]))
+    return counts

@@ -1,0 +1,98 @@
+"""Write-behind: batches written on a background thread behind a bounded queue, so the forward never waits for
+the disk; the thread's errors surface in the loop."""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from dataclasses import dataclass
+
+import torch
+
+from featdump.inputs import ImageList
+from featdump.inputs.loader import Batch
+from featdump.output.progress import ProgressRecord
+from featdump.output.writer import FeatureWriter
+
+
+@dataclass
+class QueuedBatch:
+    """One batch on its way to the writer: its outputs (copying to the host), and the rows' facts."""
+
+    host: dict[str, torch.Tensor]  # layer name: the outputs, on the host once `copied` has happened
+    copied: torch.cuda.Event | None  # recorded after the device-to-host copies (CUDA), None on the CPU
+    paths: list[str]
+    labels: list[int]
+    skipped: list[tuple[str, str]]  # (path, why)
+    images_done: int  # source images done after this batch (the commit counter)
+    file_stats: list[tuple[int, int]]
+
+
+class WriteBehind:
+    """Writes batches on a background thread behind a bounded queue; its errors surface in the loop."""
+
+    def __init__(self, writer: FeatureWriter, record: ProgressRecord | None = None, record_offset: int = 0,
+                 depth: int = 3):
+        self._writer = writer
+        self._record = record
+        self._record_offset = record_offset  # images the job's output held before this list (an update's)
+        self._queue: queue.Queue = queue.Queue(maxsize=depth)
+        self._error: BaseException | None = None
+        self.seconds = 0.0  # time spent writing
+        self._thread = threading.Thread(target=self._work, name="featdump-writer", daemon=True)
+
+    def __enter__(self) -> WriteBehind:
+        self._thread.start()
+        return self
+
+    def put(self, features: dict, batch: Batch, images: ImageList, device: torch.device) -> None:
+        """Queue one batch: its outputs start copying to host memory now, without waiting."""
+        host = {name: tensor.to("cpu", non_blocking=True) for name, tensor in features.items()}
+        copied = None
+        if device.type == "cuda":
+            copied = torch.cuda.Event()
+            copied.record()
+        item = QueuedBatch(host, copied, [images.paths[p] for p in batch.positions],
+                           [images.labels[p] for p in batch.positions],
+                           [(images.paths[p], reason) for p, reason in batch.failures], batch.end,
+                           [batch.file_stats.get(p, (-1, -1)) for p in batch.positions])
+        while True:
+            self._raise_if_failed()
+            try:
+                self._queue.put(item, timeout=0.1)
+                return
+            except queue.Full:
+                continue
+
+    def __exit__(self, exc_type, exc, traceback) -> None:
+        while self._thread.is_alive():
+            try:
+                self._queue.put(None, timeout=0.1)
+                break
+            except queue.Full:
+                continue
+        self._thread.join()
+        if exc_type is None:
+            self._raise_if_failed()
+
+    def _raise_if_failed(self) -> None:
+        if self._error is not None:
+            raise self._error
+
+    def _work(self) -> None:
+        while (item := self._queue.get()) is not None:
+            if self._error is not None:
+                continue  # drain: the main thread raises the error at its next put
+            started = time.perf_counter()
+            try:
+                if item.copied is not None:
+                    item.copied.synchronize()
+                arrays = {name: tensor.numpy() for name, tensor in item.host.items()}
+                self._writer.append(arrays, item.paths, item.labels, item.skipped, item.images_done, item.file_stats)
+                if self._record is not None:
+                    committed = self._writer.committed
+                    self._record.update(self._record_offset + item.images_done, committed.rows, committed.skipped)
+            except BaseException as error:  # handed to the main thread, which raises it
+                self._error = error
+            self.seconds += time.perf_counter() - started

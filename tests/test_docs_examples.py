@@ -1,0 +1,95 @@
+"""Every example of the README and docs/ runs: each shell line and Python block, in a sandbox holding the images,
+tars and files the examples name, with --weights none added where an example would download weights. The few
+that cannot run here are listed with why, and their command line is still checked (test_readme)."""
+
+from __future__ import annotations
+
+import io
+import re
+import shlex
+import tarfile
+
+import h5py
+import pytest
+
+from .conftest import REPO, run_featdump, write_images
+from .test_readme import blocks, shell_commands
+
+NOT_RUN = {  # the example's start: why it cannot run in a test
+    "featdump extract --shard 3/8 ... IMAGES out.h5": "a template (... and IMAGES stand for the rest of a command)",
+    "featdump extract -m resnet50 -l 'layer*.*' --reduce pca:256": "a fit of 256 components needs 257+ fit images "
+                                                                   "of 16 resnet50 layers staged (GBs)",
+}
+
+
+@pytest.fixture(scope="module")
+def sandbox(tmp_path_factory):
+    """A folder with what the examples name: images/, photos/, examples/images, shards/*.tar, tars.txt."""
+    root = tmp_path_factory.mktemp("docs")
+    for folder in ("images", "photos", "reference_images"):
+        write_images(root / folder, {"cats": 2, "dogs": 1}, size=(40, 32))
+    (root / "examples").mkdir()
+    (root / "examples" / "images").symlink_to(REPO / "examples" / "images")
+    (root / "shards").mkdir()
+    for index in (0, 1, 42):
+        with tarfile.open(root / "shards" / f"{index:05d}.tar", "w") as archive:
+            for path in sorted((root / "images" / "cats").iterdir()):
+                data = path.read_bytes()
+                info = tarfile.TarInfo(f"{index}/{path.name}")
+                info.size = len(data)
+                archive.addfile(info, io.BytesIO(data))
+    (root / "tars.txt").write_text("shards/00000.tar\nshards/00001.tar\n")
+    for shard in ("0/2", "1/2"):  # what `featdump merge out.h5` joins, as the sharded job before it writes
+        made = run_featdump("extract", "--shard", shard, "-m", "resnet18", "-w", "none", "-l", "avgpool", "images",
+                            "out.h5", cwd=root)
+        assert made.returncode == 0, made.stderr
+    return root
+
+
+def runnable(line: str) -> list[str]:
+    """The example's arguments as run here: brace patterns narrowed to the tars that exist, --weights none
+    added to an extract that names no weights (no download)."""
+    words = shlex.split(line.replace("{00000..00999}", "{00000..00001}"))[1:]
+    if "extract" in words and not {"-w", "--weights"} & set(words):
+        words.insert(words.index("extract") + 1, "--weights=none")
+    return words
+
+
+def examples():
+    for page, line in shell_commands():
+        reason = next((why for start, why in NOT_RUN.items() if line.startswith(start)), None)
+        yield pytest.param(page, line, marks=pytest.mark.skip(reason=reason) if reason else (), id=line[:60])
+
+
+@pytest.mark.parametrize("page, line", list(examples()))
+def test_every_shell_example_runs(sandbox, page, line):
+    words = runnable(line)
+    if words[-1].endswith(".h5") and "extract" in words:
+        (sandbox / words[-1]).unlink(missing_ok=True)  # each example writes its own output anew
+    result = run_featdump(*words, cwd=sandbox)
+    assert result.returncode == 0, f"{page}: {line}\n{result.stdout}{result.stderr}"
+
+
+def test_the_python_examples_run(sandbox, monkeypatch):
+    """api.md's extract and load, output.md's reading with plain h5py, on files made like the examples'."""
+    monkeypatch.chdir(sandbox)
+    (sandbox / "out.h5").unlink(missing_ok=True)
+    made = run_featdump("extract", "-m", "resnet18", "-w", "none", "-l", "layer3.0.downsample.1", "images",
+                        "out.h5", cwd=sandbox)
+    assert made.returncode == 0, made.stderr
+    namespaces: dict[str, dict] = {}  # a page's blocks follow on from each other, as a reader runs them
+    for page, code in blocks("python"):
+        code = code.replace('model="resnet50"', 'model="resnet18", weights="none"')
+        if "featdump.capture(model" in code:  # inside your own loop: `model` and `loader` are the reader's
+            code = code[:code.index("with featdump.capture(model")]
+        exec(compile(code, page, "exec"), namespaces.setdefault(page, {}))  # noqa: S102 - the documentation's own code
+    with h5py.File(sandbox / "feats.h5") as h5file:
+        assert set(h5file["features"]) == {"layer4", "avgpool"}
+
+
+def test_every_example_is_run_or_says_why_not():
+    lines = [line for _, line in shell_commands()]
+    for start in NOT_RUN:
+        assert any(line.startswith(start) for line in lines), f"NOT_RUN names an example that is gone: {start}"
+    assert not [line for line in lines if re.search(r"\b(IMAGES|OUT)\b", line)
+                and not any(line.startswith(start) for start in NOT_RUN)]
