@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 IMAGES ?= examples/images
 
 .DEFAULT_GOAL := help
-.PHONY: help install demo test test-all lint bench clean
+.PHONY: help install demo test test-all coverage lint bench clean
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  make %-9s %s\n", $$1, $$2}'
@@ -22,11 +22,17 @@ demo: install ## Extract two layers of a random resnet18 over the sample images 
 	$(BIN)/featdump info demo.h5
 	$(BIN)/featdump show demo.h5 --layer layer1 --index 2 -o demo.png
 
-test: install ## Run the quick suite: every test but the ones marked slow (soaks, long variants)
+test: install ## Run the quick suite: every test but the ones marked slow (soaks, compiles), about 5 minutes
 	$(BIN)/python -m pytest -q -m "not slow"
 
 test-all: install ## Run every test, the slow ones included (what CI runs; FEATDUMP_FAULT_TRIALS=200 for a longer soak)
 	$(BIN)/python -m pytest -q
+
+coverage: install ## Run every test under coverage.py (featdump processes too) and report featdump's line coverage
+	rm -f .coverage .coverage.*
+	$(BIN)/coverage run -m pytest -q -p no:cacheprovider
+	$(BIN)/coverage combine -q
+	$(BIN)/coverage report --skip-covered --sort=cover
 
 lint: install ## Check style with ruff
 	$(BIN)/ruff check .
@@ -36,5 +42,5 @@ bench: install ## Run the benchmarks and print their tables (see benchmarks/READ
 	$(BIN)/python benchmarks/compression.py
 
 clean: ## Remove caches and demo output (keeps .venv)
-	rm -rf .pytest_cache .ruff_cache demo.h5 demo.h5.partial demo.png tour.h5 fmap.png benchmarks/data
+	rm -rf .pytest_cache .ruff_cache .coverage .coverage.* demo.h5 demo.h5.partial demo.png tour.h5 fmap.png benchmarks/data
 	find . -name __pycache__ -not -path './$(VENV)/*' -prune -exec rm -rf {} +

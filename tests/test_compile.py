@@ -111,7 +111,8 @@ def extract(project, model: str, output, *options):
         return features, str(h5file.attrs["compiled"]), result.stderr
 
 
-@pytest.mark.parametrize("model", ["tiny_models:cnn", pytest.param("tiny_models:vit", marks=pytest.mark.slow)])
+@pytest.mark.slow  # inductor compiles for 10-20 s on 2 cores
+@pytest.mark.parametrize("model", ["tiny_models:cnn", "tiny_models:vit"])
 def test_compiled_features_equal_eager(project, tmp_path, model):
     eager, eager_note, _ = extract(project, model, tmp_path / "eager.h5")
     compiled, note, log = extract(project, model, tmp_path / "compiled.h5", "--compile", "--compile-cache",
@@ -143,6 +144,7 @@ def test_a_second_run_with_the_same_cache_hits_it(project, tmp_path):
     ("tiny_models:uncompilable", "it does not compile (Unsupported"),
     ("tiny_models:untraceable", "the model does not trace to a graph"),
 ])
+@pytest.mark.slow
 def test_a_model_that_does_not_compile_runs_eager_and_says_why(project, tmp_path, model, why):
     eager, _, _ = extract(project, model, tmp_path / "eager.h5")
     features, note, log = extract(project, model, tmp_path / "out.h5", "--compile")

@@ -5,6 +5,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 from .conftest import featdump_env, write_images
 
 MEASURE = """
@@ -22,6 +24,7 @@ def peak_rss_kib(images, output) -> int:
     return int(result.stdout.strip())
 
 
+@pytest.mark.slow  # four processes measured whole
 def test_peak_rss_does_not_grow_with_the_number_of_images(tmp_path):
     write_images(tmp_path / "small", {"a": 40}, size=(32, 32))
     write_images(tmp_path / "large", {"a": 160}, size=(32, 32))

@@ -134,7 +134,7 @@ def open_files(pid: int) -> set[str]:
     return files
 
 
-@pytest.mark.parametrize("trial", range(3))
+@pytest.mark.parametrize("trial", [0, pytest.param(1, marks=pytest.mark.slow), pytest.param(2, marks=pytest.mark.slow)])
 def test_restart_right_after_a_sigkill_resumes(folder, clean, tmp_path, trial):
     """Only the main process is killed; its loader workers die with it and hold none of the output's files."""
     output = tmp_path / "out.h5"

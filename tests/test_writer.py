@@ -135,6 +135,7 @@ while True:
 """
 
 
+@pytest.mark.slow  # a soak of kills of the HDF5 writer mid-append
 def test_sigkill_during_appends_never_breaks_the_next_run(tmp_path):
     output = tmp_path / "out.h5"
     rng = random.Random(7)
