@@ -97,7 +97,8 @@ def _in_process(args: list[str], env: dict | None, cwd) -> subprocess.CompletedP
     folders = [str(Path(cwd or os.getcwd()).resolve())]
     folders += [entry for entry in (env or {}).get("PYTHONPATH", "").split(os.pathsep) if entry]
     own = [folder for folder in folders if Path(folder).resolve() != REPO]  # where user modules come from
-    modules_before, path_before, directory = set(sys.modules), list(sys.path), os.getcwd()
+    modules_before, path_before, directory, argv = set(sys.modules), list(sys.path), os.getcwd(), sys.argv
+    sys.argv = ["featdump", *args]  # the command line the output records
     logger = logging.getLogger("featdump")  # the CLI sets it up for its run; the tests' own logging is put back
     logging_before = (list(logger.handlers), logger.level, logger.propagate)
     sys.path[:0] = folders
@@ -107,7 +108,7 @@ def _in_process(args: list[str], env: dict | None, cwd) -> subprocess.CompletedP
         result = CliRunner().invoke(main, args, env=changes)
     finally:
         os.chdir(directory)
-        sys.path[:] = path_before
+        sys.path[:], sys.argv = path_before, argv
         logger.handlers[:], logger.level, logger.propagate = logging_before
         for name in set(sys.modules) - modules_before:
             origin = getattr(sys.modules[name], "__file__", None) or ""

@@ -127,8 +127,11 @@ def test_update_over_a_list_file_keeps_its_labels_and_refuses_shards(tmp_path):
     assert result.returncode == 0, result.stderr
     with h5py.File(output, "r") as h5file:
         assert list(h5file["labels"][:]) == [0, 1, 2, 7, 9]
+    assert run_featdump(*update_args(listing, output, "--shard", "0/2")).returncode == 0  # the shard's first run
+    with open(listing, "a") as handle:
+        handle.write(f"pool/{names[0]},3\n")  # one image more: every shard's part would move
     sharded = run_featdump(*update_args(listing, output, "--shard", "0/2"))
-    assert sharded.returncode == 2 and "--update works on one run's output, not on shards" in sharded.stderr
+    assert sharded.returncode == 2 and "new images would move every shard's boundaries" in sharded.stderr
 
 
 def test_update_with_a_class_folder_that_is_not_utf8(tmp_path):
@@ -184,7 +187,7 @@ def test_the_output_stays_readable_while_an_update_runs(tmp_path):
     reads = json.loads(reader.communicate(timeout=60)[0])
     assert update.returncode == 0, update.stderr
     assert f"Wrote 48 images (0 skipped) to {output}, 64 in all (0 skipped)," in update.stderr
-    commit = re.search(r"Final commit: 48 rows appended to .* in ([0-9.]+) s", update.stderr)
+    commit = re.search(r"Final commit: 0 layers and 48 rows added to .* in ([0-9.]+) s", update.stderr)
     assert commit, update.stderr
     good = [read for read in reads if read[4] is None]
     refused = [read for read in reads if read[4] is not None]

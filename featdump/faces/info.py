@@ -146,7 +146,7 @@ def describe(output: Path) -> list[str]:
         lines.append(f"progress:   {info['images_done']} of {info['image_count'] or '?'} images done; "
                      "run the same extract command again to resume")
     lines.append("layers:")
-    lines += [f"  {name}: {tuple(layer['shape'])} {layer['dtype']}{_reduction_note(layer)}"
+    lines += [f"  {name}: {tuple(layer['shape'])} {layer['dtype']}{_reduction_note(layer)}{_added_note(layer)}"
               for name, layer in info["layers"].items()]
     if info["classes"]:
         names = info["classes"]
@@ -169,9 +169,14 @@ def _layer(output: Output, name: str) -> dict:
     """A layer's shape, dtype and reduction (with what a projection records: its input size, seed, fit)."""
     dataset = output.features(name)
     recorded = {key: _plain(value) for key, value in dataset.attrs.items()
-                if key.startswith(("srp_", "pca_", "channels"))}
+                if key.startswith(("srp_", "pca_", "channels", "added_"))}
     return {"shape": list(dataset.shape[1:]), "dtype": str(dataset.dtype), "reduction": output.reduction(name),
             **recorded}
+
+
+def _added_note(layer: dict) -> str:
+    """Which --update added a layer, and when (the others came with the file's first command)."""
+    return f" (added {layer['added_at']} by: {layer['added_by']})" if "added_by" in layer else ""
 
 
 def _reduction_note(layer: dict) -> str:

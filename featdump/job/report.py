@@ -4,11 +4,13 @@ after it ends."""
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from featdump.output.layout import Output
+from featdump.errors import NothingRead
+from featdump.output.layout import Committed, Output
 from featdump.output.space import human_bytes
 
 log = logging.getLogger("featdump")
@@ -50,6 +52,7 @@ class Summary:
     rows_before: int = 0  # rows the output held when this run started (a resume's or an update's)
     skipped_before: int = 0
     left_out: dict = field(default_factory=dict)  # suffix: count of tar members that are no image
+    layers_added: list = field(default_factory=list)  # layers an --update added to the rows already stored
 
     @property
     def new_rows(self) -> int:
@@ -67,6 +70,11 @@ class Summary:
         return cls(output, committed.rows, committed.skipped, 0, 0, seconds, output.stat().st_size)
 
     def line(self) -> str:
+        if self.layers_added:
+            added = (f"Added {', '.join(self.layers_added)} to the {self.rows_before} rows of {self.output} "
+                     f"in {self.seconds:.1f} s")
+            return f"{added}; {self.new_rows} new images ({self.new_skipped} skipped), {self.rows} rows in all, " \
+                   f"{human_bytes(self.size_bytes)}{self._stale_note()}{self._left_out_note()}."
         if self.processed == 0:
             return (f"Nothing new: {self.output} already holds {self.rows} images ({self.skipped} skipped)"
                     f"{self._stale_note()}.")
@@ -90,3 +98,16 @@ class Summary:
         if not self.stale:
             return ""
         return f"; {self.stale} rows are stale (image gone or changed since; listed by featdump info)"
+
+
+def summarize(images: Path, output: Path, after: Committed, before: Committed, processed: int, start: int,
+              started: float, stale: int = 0, left_out: dict | None = None) -> Summary:
+    """The summary of a finished run over IMAGES; NothingRead when it tried images and could read none."""
+    summary = Summary(output, after.rows, after.skipped, processed, start, time.perf_counter() - started,
+                      output.stat().st_size, stale, before.rows, before.skipped, left_out or {})
+    if summary.processed and not summary.new_rows:
+        raise NothingRead(
+            f"No image could be read: {summary.new_skipped} tried from {images}, all skipped; "
+            f"`featdump info {output}` lists why."
+        )
+    return summary

@@ -5,6 +5,7 @@ update's) → fit (the PCA fits of pca:K layers, `fitting`) → run (batches thr
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import logging
 import signal
@@ -15,7 +16,7 @@ from pathlib import Path
 import torch
 import torchvision
 
-from featdump.errors import BadImage, Interrupted, ModelFailed, NothingRead, UsageProblem
+from featdump.errors import BadImage, Interrupted, ModelFailed, UsageProblem
 from featdump.forward.compiling import compile_capture, compiled_note
 from featdump.forward.device import autocast, padded, place_model, resolve_decode, resolve_device
 from featdump.forward.hooks import Capture
@@ -27,18 +28,17 @@ from featdump.inputs.gpu_decode import to_device_inputs
 from featdump.inputs.loader import Batch, ImageDataset, batches_of, make_loader
 from featdump.inputs.preprocess import Preprocess
 from featdump.inputs.workers import choose_workers
-from featdump.job import fitting
-from featdump.job.report import NoProgress, Progress, Summary
+from featdump.job import fitting, updating
+from featdump.job.report import NoProgress, Progress, Summary, summarize
 from featdump.job.settings import Settings
 from featdump.job.shards import Shard, choose_shard, plan_shard, wait_for_all_ranks
 from featdump.job.signals import StopSignals
 from featdump.output import fingerprint as fingerprints
-from featdump.output.layout import Committed, DatasetSpec, Output, partial_path
+from featdump.output.layout import DatasetSpec, Output, partial_path
 from featdump.output.lock import OutputLock
 from featdump.output.merge import merge
 from featdump.output.progress import ProgressRecord, remove_record
 from featdump.output.space import report_size
-from featdump.output.update import apply_update, discard_other_staging, plan_update, staging_path
 from featdump.output.write_behind import WriteBehind
 from featdump.output.writer import FeatureWriter
 from featdump.reductions.methods import bind, snapshot
@@ -76,6 +76,25 @@ class Model:
     device: torch.device
     dtype: str
     memory_format: torch.memory_format  # of the weights and of every batch of inputs
+    infos: list = dataclasses.field(default_factory=list)  # the probe's LayerInfos, to resolve more layers by
+
+    def with_layers(self, names: list[str], chosen: dict[str, str], fits: dict | None = None) -> Model:
+        """This model capturing the layers NAMES (in that order) with the reductions CHOSEN (FITS: the PCA fits of
+        pca:K layers, by name); layers this model has keep what they have."""
+        own = {layer.name: layer for layer in self.layers}
+        missing = [name for name in names if name not in own]
+        if missing:
+            own.update((layer.name, layer) for layer in resolve(missing, self.infos, "the model"))
+        layers = [own[name] for name in names]
+        model = dataclasses.replace(self, layers=layers, chosen={name: chosen[name] for name in names},
+                                    reductions={name: self.reductions[name] for name in names
+                                                if name in self.reductions})
+        for layer in layers:
+            if layer.name not in model.reductions:
+                layout, unknown = model.tokens(layer)
+                model.reductions[layer.name] = bind(chosen[layer.name], layer.name, layer.shape, layout,
+                                                    pca_fit=(fits or {}).get(layer.name), tokens_unknown=unknown)
+        return model
 
     @property
     def specs(self) -> dict[str, DatasetSpec]:
@@ -107,11 +126,11 @@ def extract(settings: Settings, progress: Progress | None = None) -> Summary:
     started = time.perf_counter()
     plan = _plan(settings)
     output = plan.settings.output
-    if plan.shard is not None and output.exists() and not settings.overwrite:
+    if plan.shard is not None and output.exists() and not (settings.overwrite or settings.update):
         log.info("Shard %d of %d is already finished: %s.", plan.shard.index, plan.shard.count, output)
         summary = Summary.of_finished(output, time.perf_counter() - started)
     else:
-        with OutputLock.acquire(output, settings.overwrite or settings.update) as lock:
+        with OutputLock.acquire(output, overwrite=True) as lock:  # an existing output: updating's to judge
             ProgressRecord.starting(output)  # `info` answers from the moment the lock is held
             try:
                 summary = _run_locked(plan, lock, progress or NoProgress(), started)
@@ -127,9 +146,6 @@ def _plan(settings: Settings) -> Plan:
     shard = choose_shard(settings.shard)
     if shard is None:
         return Plan(settings, images, None, settings.output, {}, images)
-    if settings.update:
-        raise UsageProblem("--update works on one run's output, not on shards: new images would move the "
-                           "shard boundaries. Run the sharded job again over the whole folder instead.")
     part = plan_shard(shard, settings.output, settings.shard_pattern, images)
     return Plan(dataclasses.replace(settings, output=part.output), part.images, shard, settings.output,
                 part.fingerprint, images)
@@ -144,8 +160,11 @@ def _run_locked(plan: Plan, lock: OutputLock, progress: Progress, started: float
     if settings.pca_fit is not None:
         _fit_projections(plan, model, fingerprint, lock, progress)
     attributes = _provenance(settings, model, plan.images.root)
-    if settings.update and settings.output.exists() and not settings.overwrite:
-        return _run_update(plan, model, fingerprint, attributes, lock, progress, started)
+    if settings.output.exists() and not settings.overwrite:
+        job = updating.UpdateJob(settings, plan.images, plan.shard_fingerprint, model, fingerprint, attributes,
+                                 lock.hdf5_locking, functools.partial(_fill, lock=lock, progress=progress))
+        summary = updating.update(job) if settings.update else updating.finished_as_asked(job)
+        return dataclasses.replace(summary, seconds=time.perf_counter() - started)
     report_size(settings.output, model.specs, len(plan.images), settings.space_check, model.device_bytes)
     writer = FeatureWriter.open(settings.output, model.specs, fingerprint, attributes, list(plan.images.classes),
                                 settings.batch_size, settings.compression, settings.overwrite, lock.hdf5_locking)
@@ -155,32 +174,8 @@ def _run_locked(plan: Plan, lock: OutputLock, progress: Progress, started: float
     output = _fill(writer, plan.images, settings, model, lock, progress)
     with Output.open(output) as finished:
         after = finished.committed
-    return _summary(settings, output, after, before, len(plan.images) - before.images, before.images, started,
+    return summarize(settings.images, output, after, before, len(plan.images) - before.images, before.images, started,
                     left_out=plan.images.left_out())
-
-
-def _run_update(plan: Plan, model: Model, fingerprint: dict, attributes: dict, lock: OutputLock,
-                progress: Progress, started: float) -> Summary:
-    """--update: the new images into the staging file (OUT stays readable meanwhile), then the final commit."""
-    settings, output = plan.settings, plan.settings.output
-    update = plan_update(output, plan.images, fingerprint)
-    discard_other_staging(output, update)
-    log.info("Updating %s: %d new images, %d rows already there%s.", output, len(update.images), update.base.rows,
-             f", {len(update.stale)} of them stale (see featdump info)" if update.stale else "")
-    staged, start = staging_path(output), 0
-    if not staged.exists():
-        report_size(output, model.specs, len(update.images), settings.space_check, model.device_bytes)
-        writer = FeatureWriter.open(staged, model.specs, update.fingerprint, attributes, list(update.images.classes),
-                                    settings.batch_size, settings.compression, locking=False)
-        start = writer.committed_images
-        _fill(writer, update.images, settings, model, lock, progress, offset=update.base.images)
-    seconds = apply_update(output, update, fingerprint["images"], lock.hdf5_locking)
-    with Output.open(output) as updated:
-        after = updated.committed
-    log.info("Final commit: %d rows appended to %s in %.2f s (the only time readers wait).",
-             after.rows - update.base.rows, output, seconds)
-    return _summary(settings, output, after, update.base, len(update.images) - start, start, started,
-                    stale=len(update.stale), left_out=update.images.left_out())
 
 
 def _fit_projections(plan: Plan, model: Model, fingerprint: dict, lock: OutputLock, progress: Progress) -> None:
@@ -212,12 +207,12 @@ def _fit_projections(plan: Plan, model: Model, fingerprint: dict, lock: OutputLo
 
 
 def _fill(writer: FeatureWriter, images: ImageList, settings: Settings, model: Model, lock: OutputLock,
-          progress: Progress, offset: int = 0) -> Path:
+          progress: Progress, offset: int = 0, task: str | None = None) -> Path:
     """Every image of IMAGES that WRITER's file has not committed yet, through the model into it; then finish it.
     OFFSET: the images the job's output held before this list (an update's), for the progress record."""
     start = writer.committed_images
     record = ProgressRecord(settings.output, writer.path, offset + len(images), offset + start,
-                            {name: list(spec.shape) for name, spec in model.specs.items()})
+                            {name: list(spec.shape) for name, spec in model.specs.items()}, task)
     try:
         example = torch.randn((2, 3, *model.preprocess.size), generator=torch.Generator().manual_seed(0))
         capture = Capture(model.loaded.module, model.layers, model.snapshots(), prune=True,
@@ -241,19 +236,6 @@ def _fill(writer: FeatureWriter, images: ImageList, settings: Settings, model: M
         record.remove()  # only a kill leaves it, for info to report the job as stopped
         progress.close()
         writer.close()
-
-
-def _summary(settings: Settings, output: Path, after: Committed, before: Committed, processed: int, start: int,
-             started: float, stale: int = 0, left_out: dict | None = None) -> Summary:
-    """The summary of a finished run; NothingRead when it tried images and could read none."""
-    summary = Summary(output, after.rows, after.skipped, processed, start, time.perf_counter() - started,
-                      output.stat().st_size, stale, before.rows, before.skipped, left_out or {})
-    if summary.processed and not summary.new_rows:
-        raise NothingRead(
-            f"No image could be read: {summary.new_skipped} tried from {settings.images}, all skipped; "
-            f"`featdump info {output}` lists why."
-        )
-    return summary
 
 
 def _dataset_spec(layer: Layer, reduction: Reduction | None, dtype: str, layout: TokenLayout | None) -> DatasetSpec:
@@ -285,7 +267,7 @@ def _prepare_model(settings: Settings, device: torch.device) -> Model:
             log.info("Layer %s holds the batch in dimension %d: stored batch-first, %s.", layer.name,
                      layer.batch_dim, layer.layout)
     chosen = choose(settings.reduce, [layer.name for layer in layers], infos, settings.model)
-    model = Model(loaded, preprocess, layers, chosen, {}, device, settings.dtype, memory_format)
+    model = Model(loaded, preprocess, layers, chosen, {}, device, settings.dtype, memory_format, infos)
     for layer in layers:
         if method_of(chosen[layer.name]) != "pca":
             layout, unknown = model.tokens(layer)

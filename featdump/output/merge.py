@@ -70,7 +70,7 @@ def merge(output: Path, pattern: str | None = None, copy: bool = False, overwrit
         needed = sum(summary["committed"].rows * DatasetSpec(shape, str(dtype)).row_bytes
                      for summary in summaries for shape, dtype, _, _ in summary["features"].values())
         check_space(output, needed, "The --copy of the shards", "merge without --copy (virtual datasets, no copy)")
-    with OutputLock.acquire(output, overwrite) as lock:
+    with OutputLock.acquire(output, overwrite or _a_merged_view(output)) as lock:
         partial = partial_path(output)
         try:
             merged = h5py.File(partial, "w", locking=lock.hdf5_locking)
@@ -85,6 +85,17 @@ def merge(output: Path, pattern: str | None = None, copy: bool = False, overwrit
             partial.unlink(missing_ok=True)
             raise write_error(partial, error, None) from error
     return output
+
+
+def _a_merged_view(output: Path) -> bool:
+    """Whether OUTPUT is a virtual merged view (it holds no rows of its own: merging again replaces it)."""
+    if not output.exists():
+        return False
+    try:  # plain h5py: a view whose shards have grown since is what is merged again
+        with h5py.File(output, "r", locking=False) as held:
+            return bool(held.attrs.get("virtual", False)) and "merged_from" in held.attrs
+    except OSError:  # not an HDF5 file: not ours to replace
+        return False
 
 
 def _summary(index: int, path: Path) -> dict:

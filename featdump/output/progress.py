@@ -23,7 +23,8 @@ EVERY = 0.2  # seconds between two records
 class ProgressRecord:
     """What a running job tells `info`: who runs it, since when, how far, how fast."""
 
-    def __init__(self, output: Path, partial: Path, total: int, start: int, layers: dict[str, list[int]]):
+    def __init__(self, output: Path, partial: Path, total: int, start: int, layers: dict[str, list[int]],
+                 task: str | None = None):
         self.path = record_path(output)
         self._partial = partial
         self._start = start
@@ -31,7 +32,7 @@ class ProgressRecord:
         self._written = 0.0
         self._static = {"state": "running", "pid": os.getpid(), "host": socket.gethostname(),
                         "started": self._started, "output": str(output), "file": str(partial), "image_count": total,
-                        "resumed_from": start, "layers": layers}
+                        "resumed_from": start, "layers": layers, **({"task": task} if task else {})}
         self.update(start, 0, 0)  # at once: `info` has numbers before the first commit
 
     @staticmethod
@@ -92,7 +93,7 @@ def describe_running(record: dict, running: bool) -> dict:
             "since": record.get("started"), "updated": record.get("updated"), "images_done": done,
             "image_count": total, "rows": record.get("rows"), "skipped": record.get("skipped"), "rate": rate,
             "seconds_left": left, "layers": record.get("layers"), "size_bytes": record.get("size_bytes"),
-            "file": record.get("file")}
+            "file": record.get("file"), "task": record.get("task")}
 
 
 def running_lines(state: dict) -> list[str]:
@@ -107,6 +108,7 @@ def running_lines(state: dict) -> list[str]:
     left = f", about {_duration(state['seconds_left'])} left" if state["seconds_left"] is not None else ""
     lines = [f"file:       {state['file']}",
              f"running:    pid {state['pid']} on {state['host']} since {since}",
+             *([f"task:       {state['task']}"] if state.get("task") else []),
              f"progress:   {done} of {total} images{percent}, {state['skipped']} skipped, "
              f"{state['rate']:.1f} img/s{left}"]
     lines.append("layers:")

@@ -1,14 +1,17 @@
-"""Update: which images a finished output lacks and which of its rows went stale (--update, for cron), the staging
-file the new rows are written to, and the short final commit that appends them to the output.
+"""Update: what a finished output lacks of what a command names (--update): new images, new layers; which of its
+rows went stale; the staging files the new values are written to; the short final commit that joins them.
 
-The output stays readable by anyone while an update runs: the new images are extracted into OUT.update.partial
-(an ordinary featdump file, resumable like any other); only the final commit opens OUT to write, appends the
-staged rows under the usual commit protocol (counters last), and removes the staging file. A kill at any moment
-leaves OUT with every row it had; the next --update finishes the work.
+The output stays readable by anyone while an update runs: the new layers of the rows already stored are
+extracted into OUT.grow.partial, the new images (every layer) into OUT.update.partial, both ordinary featdump
+files, resumable like any other; only the final commit opens OUT to write: it copies the new layers' datasets
+in (into the hidden group `growing`, then moved under `features` at once), appends the staged rows under the
+usual commit protocol (counters last), records what it added (the fingerprint last), and removes the staging
+files. A kill at any moment leaves OUT with every row and layer it had; the next --update finishes the work.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import time
@@ -26,6 +29,7 @@ from featdump.output.layout import (
     Output,
     as_text,
     partial_path,
+    raw_paths,
     text_array,
     write_paths,
     write_rows,
@@ -38,6 +42,9 @@ log = logging.getLogger("featdump")
 _COPY_ROWS = 1024
 
 
+LAYER_KEYS = ("layers", "layouts", "reduce")  # the fingerprint's keys an update may extend (new layers)
+
+
 @dataclass(frozen=True)
 class UpdatePlan:
     """What an --update adds to a finished output."""
@@ -45,7 +52,41 @@ class UpdatePlan:
     images: ImageList  # the new images, labelled against the output's classes (new class folders appended)
     stale: list[tuple[str, str]]  # (path, why) of rows whose image disappeared or changed
     base: Committed  # the output's counters when the update was planned
-    fingerprint: dict  # the staging file's: the run's own, plus the output rows it extends
+    fingerprint: dict  # the new images' staging file's: the run's own (every layer), plus the rows it extends
+    stored_layers: list[str]  # the layers OUT holds, in its order
+    new_layers: list[str]  # the layers the command names that OUT lacks (computed for every stored row too)
+    rows: ImageList | None  # the images of OUT's rows, in row order, when there are new layers
+    grow_fingerprint: dict | None  # the new layers' staging file's
+
+
+@dataclass(frozen=True)
+class StoredLayers:
+    """The layers a finished output holds, as its fingerprint records them: names in order, reductions, layouts."""
+
+    names: list[str]
+    reductions: dict[str, str]
+    layouts: dict[str, str]
+
+    @classmethod
+    def of(cls, output: Path) -> StoredLayers:
+        with Output.open(output) as held:
+            recorded = held.fingerprint
+        return cls(list(recorded.get("layers", [])), dict(recorded.get("reduce", {})),
+                   dict(recorded.get("layouts", {})))
+
+    def check_named(self, layers: list[str], reductions: dict[str, str], output: Path) -> None:
+        """ResumeMismatch when a layer the command names is stored with another reduction (both named)."""
+        for name in layers:
+            stored, asked = self.reductions.get(name, "none"), reductions.get(name, "none")
+            if name in self.names and stored != asked:
+                raise ResumeMismatch(f"{str(output)!r} holds layer {name} reduced with {stored}; this command asks "
+                                     f"for {asked}. Name it with --reduce '{name}={stored}', or write another "
+                                     "output (or --overwrite to start over).")
+
+
+def grow_path(output: Path) -> Path:
+    """OUT.grow: the finished staging file of the new layers of the stored rows (written as OUT.grow.partial)."""
+    return output.with_name(output.name + ".grow")
 
 
 def staging_path(output: Path) -> Path:
@@ -53,21 +94,47 @@ def staging_path(output: Path) -> Path:
     return output.with_name(output.name + ".update")
 
 
-def plan_update(output: Path, images: ImageList, fingerprint: dict) -> UpdatePlan:
-    """Read the finished OUTPUT (briefly, read-only): refuse what cannot be updated, and find what is new."""
+def plan_update(output: Path, images: ImageList, fingerprint: dict, new_layers: list[str],
+                grow_fingerprint: dict | None = None) -> UpdatePlan:
+    """Read the finished OUTPUT (briefly, read-only): refuse what cannot be updated, and find what is new.
+    FINGERPRINT: the run's, over every layer (the stored ones and NEW_LAYERS); GROW_FINGERPRINT: the run's over
+    NEW_LAYERS alone (their staging file's, over the stored rows)."""
     with Output.open(output) as held:
         if "merged_from" in held.attrs and held.attrs.get("virtual", False):
             raise UsageProblem(
                 f"{str(output)!r} is a merged view over shards; --update works on a self-contained file. Write one "
                 "with `featdump merge --copy`, or run the sharded job again over the new folder."
             )
-        fingerprints.check(held.attrs, output, fingerprint, ignore=fingerprints.UPDATE_IGNORES)
+        fingerprints.check(held.attrs, output, fingerprint, ignore=(*fingerprints.UPDATE_IGNORES, *LAYER_KEYS))
         new = new_images(images, held.known_paths(), tuple(held.classes))
         stale = stale_rows(held, images)
         base = held.committed
-    staged = {**fingerprint, "images": new.digest(), "image_count": len(new),
-              "update_of": [base.rows, base.images, base.skipped]}
-    return UpdatePlan(new, stale, base, staged)
+        stored = list(held.fingerprint.get("layers", []))
+        rows = _row_images(held, images, output) if new_layers else None
+    if new_layers and stale:
+        raise UsageProblem(f"{len(stale)} of the rows of {str(output)!r} are stale (their image is gone or changed "
+                           f"since: {stale[0][0]!r}, {stale[0][1]}), so the new layers "
+                           f"{', '.join(new_layers)} cannot be computed for them. Restore those images, or write the "
+                           "layers to another output (or --overwrite to start over).")
+    extends = [base.rows, base.images, base.skipped]
+    staged = {**fingerprint, "images": new.digest(), "image_count": len(new), "update_of": extends}
+    grown = None
+    if new_layers:
+        grown = {**grow_fingerprint, "images": rows.digest(), "image_count": len(rows), "grow_of": extends,
+                 "stored_layers": stored}
+    return UpdatePlan(new, stale, base, staged, stored, list(new_layers), rows, grown)
+
+
+def _row_images(held: Output, images: ImageList, output: Path) -> ImageList:
+    """The images of HELD's rows, in row order (to compute new layers for)."""
+    present = {path: position for position, path in enumerate(images.paths)}
+    paths = [os.fsdecode(name) for name in held.raw_paths()]
+    missing = [path for path in paths if path not in present]
+    if missing:
+        raise UsageProblem(f"{len(missing)} images of the rows of {str(output)!r} are not in the images given "
+                           f"({missing[0]!r}, ...), so the new layers cannot be computed for them; run the update "
+                           "over the folder the output was made from.")
+    return images.select([present[path] for path in paths], labels=list(held.labels()), classes=held.classes)
 
 
 def new_images(images: ImageList, known: set[str], classes: tuple[str, ...]) -> ImageList:
@@ -98,28 +165,39 @@ def stale_rows(held: Output, images: ImageList) -> list[tuple[str, str]]:
 
 
 def discard_other_staging(output: Path, plan: UpdatePlan) -> None:
-    """Remove a staging file left by an update of another state of OUTPUT (it cannot be resumed)."""
-    for path in (staging_path(output), partial_path(staging_path(output))):
-        if not path.exists():
-            continue
-        try:
-            with Output.open(path, locking=False) as staged:
-                fingerprints.check(staged.attrs, path, plan.fingerprint)
-        except (ResumeMismatch, UsageProblem) as error:
-            log.info("Starting the update afresh: %s is of an earlier update (%s).", path, error)
-            path.unlink()
+    """Remove staging files left by an update of another state of OUTPUT, or of other layers (they cannot be
+    resumed)."""
+    stagings = ((staging_path(output), plan.fingerprint), (grow_path(output), plan.grow_fingerprint))
+    for staged_as, fingerprint in stagings:
+        for path in (staged_as, partial_path(staged_as)):
+            if not path.exists():
+                continue
+            try:
+                if fingerprint is None:
+                    raise UsageProblem("no new layer now")
+                with Output.open(path, locking=False) as staged:
+                    fingerprints.check(staged.attrs, path, fingerprint)
+            except (ResumeMismatch, UsageProblem) as error:
+                log.info("Starting the update afresh: %s is of an earlier update (%s).", path, error)
+                path.unlink()
 
 
-def apply_update(output: Path, plan: UpdatePlan, images_digest: str, locking: bool = True) -> float:
-    """The final commit: append the finished staging file's rows to OUTPUT (counters last, one write), record
-    the new classes, the stale rows and the image set, then remove the staging file. Returns its seconds.
+def apply_update(output: Path, plan: UpdatePlan, images_digest: str, record: dict, locking: bool = True) -> float:
+    """The final commit: copy the new layers' datasets in (from OUT.grow), append the finished staging file's rows
+    to OUTPUT (counters last, one write), record the new classes, the stale rows, the image set and the layers
+    (RECORD: the attributes of what the update adds: its command and time), then remove the staging files.
+    Returns its seconds.
 
-    Safe to repeat after a kill: a staging file whose rows OUTPUT already holds is only removed.
+    Safe to repeat after a kill: layers or rows OUTPUT already holds are not added twice.
     """
     staged_path = staging_path(output)
     started = time.perf_counter()
     h5file = _open_for_writing(output, locking)
     try:
+        _discard_unfinished_growth(h5file)
+        if plan.new_layers:
+            with Output.open(grow_path(output), locking=False) as grown:
+                _add_layers(h5file, grown, plan, record)
         with Output.open(staged_path, locking=False) as staged:
             _append_staged(h5file, staged, plan, images_digest)
         error = close_quietly(h5file)
@@ -130,8 +208,40 @@ def apply_update(output: Path, plan: UpdatePlan, images_digest: str, locking: bo
         close_quietly(h5file)
         raise write_error(output, error, plan.base.rows) from error
     staged_path.unlink()
+    grow_path(output).unlink(missing_ok=True)
     fsync_path(output.parent)
     return time.perf_counter() - started
+
+
+_GROWING = "growing"  # the hidden group new layers are copied into before they are moved under /features
+
+
+def _discard_unfinished_growth(h5file: h5py.File) -> None:
+    """Drop what a kill during a final commit left: datasets copied but not moved, or moved but not recorded."""
+    if _GROWING in h5file:
+        del h5file[_GROWING]
+    recorded = set(fingerprints.stored(h5file.attrs).get("layers", []))
+    for name in [name for name in h5file["features"] if name not in recorded]:
+        del h5file["features"][name]
+
+
+def _add_layers(h5file: h5py.File, grown: Output, plan: UpdatePlan, record: dict) -> None:
+    """Copy each new layer's dataset (as many rows as OUT holds) in, then move them under /features together."""
+    held_paths = [os.fsdecode(name) for name in raw_paths(h5file)[:plan.base.rows]]
+    if grown.committed.rows != plan.base.rows or grown.paths() != held_paths:
+        raise ResumeMismatch(f"{grow_path(Path(h5file.filename))} was staged for other rows of the output; remove "
+                             "it and run the update again.")
+    holding = h5file.create_group(_GROWING)
+    for name in plan.new_layers:
+        h5file.copy(grown.features(name), holding, name=name)
+        holding[name].attrs.update(record)
+        pca = grown.pca_fit(name)
+        if pca is not None and f"pca/{name}" not in h5file:
+            h5file.copy(pca, h5file.require_group("pca"), name=name)
+    h5file.flush()
+    for name in plan.new_layers:
+        h5file.move(f"{_GROWING}/{name}", f"features/{name}")
+    del h5file[_GROWING]
 
 
 def _open_for_writing(output: Path, locking: bool, patience: float = 600.0) -> h5py.File:
@@ -154,7 +264,7 @@ def _append_staged(h5file: h5py.File, staged: Output, plan: UpdatePlan, images_d
     added = staged.committed
     held = Committed.of(h5file)
     if held == Committed(plan.base.rows + added.rows, plan.base.images + added.images,
-                         plan.base.skipped + added.skipped):
+                         plan.base.skipped + added.skipped) and (added.images or not plan.new_layers):
         return  # a kill came after the commit: the rows are there
     if held != plan.base:
         raise ResumeMismatch(f"{staging_path(Path(h5file.filename))} was staged for another state of the output; "
@@ -178,6 +288,8 @@ def _append_staged(h5file: h5py.File, staged: Output, plan: UpdatePlan, images_d
     h5file["labels"].attrs["classes"] = text_array(staged.classes)
     write_stale(h5file, plan.stale)
     fingerprint = {key: value for key, value in plan.fingerprint.items() if key != "update_of"}
+    h5file.attrs["layers"] = text_array(fingerprint["layers"])
+    h5file.attrs["reduce"] = json.dumps(fingerprint["reduce"])
     fingerprints.store(h5file.attrs, {**fingerprint, "images": images_digest,
                                       "image_count": held.images + added.images})
     h5file.flush()

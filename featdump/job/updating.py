@@ -1,0 +1,152 @@
+"""Updating: a job whose output is finished already. With --update, the output is brought up to what the command
+names: new images (every layer) and new layers (for every image already stored, and the new ones); layers already
+stored are kept bit for bit and never recomputed. Both are staged while the output stays readable and joined in
+one short final commit (`output.update`). Without --update, the same command again is done already (exit 0);
+any other is refused naming what differs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from featdump.errors import NotAnOutput, OutputExists, ShardProblem
+from featdump.inputs import ImageList
+from featdump.job.report import Summary, summarize
+from featdump.job.settings import Settings
+from featdump.output import fingerprint as fingerprints
+from featdump.output.layout import Output
+from featdump.output.space import report_size
+from featdump.output.update import (
+    StoredLayers,
+    UpdatePlan,
+    apply_update,
+    discard_other_staging,
+    grow_path,
+    plan_update,
+    staging_path,
+)
+from featdump.output.writer import FeatureWriter
+from featdump.reductions.pca import PcaFit
+
+log = logging.getLogger("featdump")
+
+
+@dataclass
+class UpdateJob:
+    """What an update works with: the run's settings, images and model (the `runner`'s), its fingerprint over the
+    layers the command names, and FILL, which runs images through a model into a writer's file."""
+
+    settings: Settings
+    images: ImageList
+    shard_fingerprint: dict  # a shard's place in the whole job ({} when not sharded)
+    model: object  # runner.Model
+    fingerprint: dict
+    attributes: dict  # what a new file records of its making
+    hdf5_locking: bool
+    fill: Callable  # fill(writer, images, settings, model, offset=0, task=None) -> the finished file
+
+
+def finished_as_asked(job: UpdateJob) -> Summary:
+    """A finished output made by this same command is done: say so. Any other is refused, naming the difference."""
+    output = job.settings.output
+    try:
+        with Output.open(output) as held:
+            differences = fingerprints.describe_differences(held.fingerprint, job.fingerprint)
+            complete = held.complete
+    except NotAnOutput as error:  # some other file: not featdump's to judge
+        raise OutputExists(f"Output {str(output)!r} already exists; pass --overwrite to replace it.") from error
+    if complete and not differences:
+        log.info("%s is finished already, made by this same command: nothing to do.", output)
+        return Summary.of_finished(output, 0.0)
+    raise OutputExists(f"Output {str(output)!r} already exists" +
+                       (f", made by another command ({'; '.join(differences)})" if differences else "") +
+                       "; pass --update to add new images or layers to it, or --overwrite to replace it.")
+
+
+def update(job: UpdateJob) -> Summary:
+    """--update: the stored rows' new layers into OUT.grow, the new images into OUT.update (OUT stays readable
+    meanwhile), then the final commit."""
+    settings, output, model = job.settings, job.settings.output, job.model
+    stored = StoredLayers.of(output)
+    named = [layer.name for layer in model.layers]
+    stored.check_named(named, model.chosen, output)
+    new_layers = [name for name in named if name not in stored.names]
+    kept = [name for name in stored.names if name not in named]
+    whole = model.with_layers(stored.names + new_layers, {**stored.reductions, **model.chosen}, _stored_fits(output))
+    if kept:
+        log.info("Layers %s are kept as stored (not named); new images get them too, as recorded.", ", ".join(kept))
+    _refuse_new_images_of_shards(job, output)
+    plan = plan_update(output, job.images, _over(job.fingerprint, whole), new_layers,
+                       _over(job.fingerprint, model.with_layers(new_layers, model.chosen)) if new_layers else None)
+    discard_other_staging(output, plan)
+    log.info("Updating %s: %d new images, %d new layers (%s), %d rows already there%s.", output, len(plan.images),
+             len(new_layers), ", ".join(new_layers) or "none", plan.base.rows,
+             f", {len(plan.stale)} of them stale (see featdump info)" if plan.stale else "")
+    grown = _grow(job, plan, model.with_layers(new_layers, model.chosen)) if new_layers else 0
+    staged, start = staging_path(output), 0
+    if not staged.exists():
+        if len(plan.images):
+            report_size(output, whole.specs, len(plan.images), settings.space_check, whole.device_bytes)
+        writer = FeatureWriter.open(staged, whole.specs, plan.fingerprint, job.attributes,
+                                    list(plan.images.classes), settings.batch_size, settings.compression,
+                                    locking=False)
+        start = writer.committed_images
+        job.fill(writer, plan.images, settings, whole, offset=plan.base.images)
+    record = {"added_by": settings.command, "added_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    seconds = apply_update(output, plan, job.fingerprint["images"], record, job.hdf5_locking)
+    with Output.open(output) as updated:
+        after = updated.committed
+    log.info("Final commit: %d layers and %d rows added to %s in %.2f s (the only time readers wait).",
+             len(new_layers), after.rows - plan.base.rows, output, seconds)
+    summary = summarize(settings.images, output, after, plan.base, len(plan.images) - start, start,
+                        time.perf_counter(), stale=len(plan.stale), left_out=plan.images.left_out())
+    return dataclasses.replace(summary, processed=summary.processed + grown, layers_added=new_layers)
+
+
+def _grow(job: UpdateJob, plan: UpdatePlan, grower) -> int:
+    """The new layers of every stored row into OUT.grow (resumed where a kill left it); the rows computed."""
+    output, settings = job.settings.output, job.settings
+    staged = grow_path(output)
+    if staged.exists():
+        return 0
+    report_size(staged, grower.specs, len(plan.rows), settings.space_check, grower.device_bytes)
+    writer = FeatureWriter.open(staged, grower.specs, plan.grow_fingerprint, job.attributes,
+                                list(plan.rows.classes), settings.batch_size, settings.compression, locking=False)
+    start = writer.committed_images
+    if start:
+        log.info("Resuming the new layers at row %d of %d.", start, len(plan.rows))
+    # Every stored row needs its new values: an image that fails now stops the update (its row cannot be filled).
+    job.fill(writer, plan.rows, dataclasses.replace(settings, on_error="fail"), grower,
+             task=f"adding layers {', '.join(plan.new_layers)} to the {len(plan.rows)} rows stored")
+    return len(plan.rows) - start
+
+
+def _over(fingerprint: dict, model) -> dict:
+    """FINGERPRINT of the run, for MODEL's layers and reductions."""
+    return {**fingerprint, "layers": [layer.name for layer in model.layers],
+            "layouts": {layer.name: layer.layout for layer in model.layers if layer.layout},
+            "reduce": dict(model.chosen)}
+
+
+def _stored_fits(output: Path) -> dict[str, PcaFit]:
+    """The PCA fits OUTPUT stores, by layer (a stored pca:K layer keeps its fit for new images)."""
+    with Output.open(output) as held:
+        group = held.file.get("pca")
+        return {name: PcaFit.read(group[name]) for name in group} if group is not None else {}
+
+
+def _refuse_new_images_of_shards(job: UpdateJob, output: Path) -> None:
+    """A shard grows by layers; new images would move every shard's boundaries: refused, saying so."""
+    if not job.shard_fingerprint:
+        return
+    with Output.open(output) as held:
+        recorded = held.fingerprint.get("all_images")
+    if recorded != job.shard_fingerprint.get("all_images"):
+        raise ShardProblem(f"The images of this sharded job changed since {str(output)!r} was written: new images "
+                           "would move every shard's boundaries. A sharded job grows by layers only; run it over "
+                           "the new folder into a new output (or --overwrite).")

@@ -1,0 +1,173 @@
+"""Growing an output by layers (--update naming new layers): the new layers equal a fresh run's, the stored ones
+are kept bit for bit, anything else is refused with the file untouched, a kill at any moment resumes, readers
+read the old layers meanwhile, shards grow and merge again, and the same command again is done (exit 0)."""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+import signal
+import textwrap
+import time
+
+import h5py
+import numpy as np
+import pytest
+
+from .conftest import committed_rows, read_output, run_featdump, start_featdump, user_project, write_images
+
+BASE = ["extract", "-m", "resnet18", "-w", "none"]
+
+
+def digest(path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+@pytest.fixture(scope="module")
+def study(tmp_path_factory):
+    """64 images; the stored output (-l layer1) and a fresh run of -l layer1,layer3 to compare with."""
+    root = tmp_path_factory.mktemp("grow")
+    write_images(root / "images", {"a": 32, "b": 32}, size=(40, 32))
+    for output, layers in (("stored.h5", "layer1"), ("fresh.h5", "layer1,layer3")):
+        result = run_featdump(*BASE, "-l", layers, root / "images", root / output)
+        assert result.returncode == 0, result.stderr
+    return root
+
+
+def stored_copy(study, tmp_path):
+    shutil.copy(study / "stored.h5", tmp_path / "out.h5")
+    return tmp_path / "out.h5"
+
+
+def test_new_layers_equal_a_fresh_run_and_the_stored_ones_are_kept_bit_for_bit(study, tmp_path):
+    output = stored_copy(study, tmp_path)
+    result = run_featdump(*BASE, "-l", "layer1,layer3", "--update", study / "images", output)
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.strip().splitlines()[-1].startswith(f"Added layer3 to the 64 rows of {output}")
+    grown, fresh, stored = read_output(output), read_output(study / "fresh.h5"), read_output(study / "stored.h5")
+    np.testing.assert_array_equal(grown["layer3"], fresh["layer3"])
+    np.testing.assert_array_equal(grown["layer1"], stored["layer1"])
+    assert grown["paths"] == stored["paths"] and grown["complete"]
+    with h5py.File(output) as h5file:
+        assert "--update" in h5file["features/layer3"].attrs["added_by"]
+        assert list(h5file.attrs["layers"].astype(str)) == ["layer1", "layer3"]
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["out.h5"]  # no staging file left
+    info = run_featdump("info", output)
+    assert "layer3: (256, 14, 14) float32 (added " in info.stdout
+    again = run_featdump(*BASE, "-l", "layer1,layer3", "--update", study / "images", output)
+    assert again.returncode == 0 and "Nothing new" in again.stderr
+
+
+@pytest.mark.parametrize("arguments, message", [
+    (["--seed", "3", "-l", "layer1,layer3"], "seed: 0 when started, 3 now"),
+    (["-l", "layer1,layer3", "--reduce", "layer1=avgpool"],
+     "holds layer layer1 reduced with none; this command asks for avgpool"),
+])
+def test_another_model_or_reduction_is_refused_and_the_file_untouched(study, tmp_path, arguments, message):
+    output = stored_copy(study, tmp_path)
+    before = digest(output)
+    result = run_featdump(*BASE, *arguments, "--update", study / "images", output)
+    assert result.returncode == 2 and message in result.stderr, result.stderr
+    assert digest(output) == before and sorted(path.name for path in tmp_path.iterdir()) == ["out.h5"]
+
+
+def test_the_same_command_again_is_done_and_a_different_one_is_refused(study, tmp_path):
+    output = stored_copy(study, tmp_path)
+    before = digest(output)
+    same = run_featdump(*BASE, "-l", "layer1", study / "images", output)
+    assert same.returncode == 0 and "Nothing new" in same.stderr and digest(output) == before
+    other = run_featdump(*BASE, "-l", "layer2", study / "images", output)
+    assert other.returncode == 2 and digest(output) == before
+    assert 'made by another command (layers: ["layer1"] when started, ["layer2"] now' in other.stderr
+
+
+def test_killed_after_the_rename_then_run_again_is_done(study, tmp_path):
+    output = tmp_path / "out.h5"
+    process = start_featdump(*BASE, "-l", "layer1", study / "images", output)
+    while not output.exists() and process.poll() is None:
+        time.sleep(0.005)
+    process.send_signal(signal.SIGKILL)  # between the rename and exit (or just after)
+    process.wait()
+    assert output.exists()
+    before = digest(output)
+    again = run_featdump(*BASE, "-l", "layer1", study / "images", output)
+    assert again.returncode == 0, again.stderr
+    assert digest(output) == before
+
+
+def test_a_kill_at_several_moments_of_a_growth_resumes_and_readers_read_the_old_layers(study, tmp_path):
+    """New layers and new images at once, default workers: killed while the new layers are staged, then while the
+    new images are; a reader holds the file open throughout and reads the stored layer1."""
+    images = tmp_path / "images"
+    shutil.copytree(study / "images", images)
+    write_images(images / "c", {"": 8}, seed=9, size=(40, 32))
+    output = stored_copy(study, tmp_path)
+    expected_layer1 = read_output(study / "stored.h5")["layer1"]
+    command = [*BASE, "-l", "layer1,layer3", "-b", "8", "--update", images, output]
+    reader = h5py.File(output, "r")
+    for staged in (tmp_path / "out.h5.grow.partial", tmp_path / "out.h5.update.partial"):
+        process = start_featdump(*command)
+        while committed_rows(staged) <= 0 and process.poll() is None:
+            time.sleep(0.01)
+        process.send_signal(signal.SIGKILL)
+        process.wait()
+        np.testing.assert_array_equal(reader["features/layer1"][:], expected_layer1)
+        assert list(reader["features"]) == ["layer1"]
+    reader.close()
+    result = run_featdump(*command)
+    assert result.returncode == 0, result.stderr
+    fresh = tmp_path / "fresh.h5"
+    assert run_featdump(*BASE, "-l", "layer1,layer3", "-b", "8", images, fresh).returncode == 0
+    grown, expected = read_output(output), read_output(fresh)
+    order = [expected["paths"].index(path) for path in grown["paths"]]
+    for layer in ("layer1", "layer3"):
+        np.testing.assert_array_equal(grown[layer], expected[layer][order])
+    assert len(grown["paths"]) == 72 and grown["complete"]
+
+
+def test_a_two_shard_job_grows_and_merges_to_a_fresh_single_run(study, tmp_path):
+    output = tmp_path / "out.h5"
+    for layers, update in (("layer1", []), ("layer1,layer3", ["--update"])):
+        for shard in ("0/2", "1/2"):
+            result = run_featdump(*BASE, "-l", layers, *update, "--shard", shard, study / "images", output)
+            assert result.returncode == 0, result.stderr
+        merged = run_featdump("merge", output)
+        assert merged.returncode == 0, merged.stderr
+    grown, fresh = read_output(output), read_output(study / "fresh.h5")
+    assert grown["paths"] == fresh["paths"]
+    for layer in ("layer1", "layer3"):
+        np.testing.assert_array_equal(grown[layer], fresh[layer])
+    write_images(tmp_path / "more", {"": 2}, seed=4)
+    shutil.copytree(study / "images", tmp_path / "more", dirs_exist_ok=True)
+    refused = run_featdump(*BASE, "-l", "layer1,layer3", "--update", "--shard", "0/2", tmp_path / "more", output)
+    assert refused.returncode == 2 and "new images would move every shard's boundaries" in refused.stderr
+
+
+TINY_VIT = textwrap.dedent('''
+    import torch
+    from torchvision.models import VisionTransformer
+    from torchvision import transforms as T
+
+
+    def build():
+        return VisionTransformer(image_size=32, patch_size=8, num_layers=4, num_heads=2, hidden_dim=32, mlp_dim=64)
+
+
+    def small():
+        return T.Compose([T.Resize(32), T.CenterCrop(32), T.ToTensor()])
+''')
+
+
+def test_a_vit_grown_block_by_block_equals_all_blocks_at_once(tmp_path):
+    with user_project(tmp_path, "tinyvit", TINY_VIT, {"": 6}) as project:
+        vit = ["extract", "-m", "tinyvit:build", "--transform", "tinyvit:small", "-w", "none"]
+        for layers in ("encoder.layers.encoder_layer_1", "encoder.layers.*"):
+            result = run_featdump(*vit, "-l", layers, "--update", "images", "grown.h5", cwd=project)
+            assert result.returncode == 0, result.stderr
+        assert run_featdump(*vit, "-l", "encoder.layers.*", "images", "fresh.h5", cwd=project).returncode == 0
+        grown, fresh = read_output(project / "grown.h5"), read_output(project / "fresh.h5")
+    blocks = [f"encoder.layers.encoder_layer_{index}" for index in range(4)]
+    for block in blocks:
+        np.testing.assert_array_equal(grown[block], fresh[block])
+    with h5py.File(project / "grown.h5") as h5file:
+        assert list(h5file.attrs["layers"].astype(str)) == ["encoder.layers.encoder_layer_1", blocks[0], *blocks[2:]]
