@@ -95,6 +95,7 @@ def test_killed_after_the_rename_then_run_again_is_done(study, tmp_path):
     assert digest(output) == before
 
 
+@pytest.mark.slow  # several SIGKILLs of real processes
 def test_a_kill_at_several_moments_of_a_growth_resumes_and_readers_read_the_old_layers(study, tmp_path):
     """New layers and new images at once, default workers: killed while the new layers are staged, then while the
     new images are; a reader holds the file open throughout and reads the stored layer1."""

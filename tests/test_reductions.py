@@ -170,6 +170,7 @@ class CrashInSecondPass(CrashAfterFirstBatch):
             super().advance(images)
 
 
+@pytest.mark.slow  # two kills; the quick suite keeps the kill after staging
 def test_a_kill_during_the_fit_and_during_the_projection_resume_to_the_same_rows(images, tmp_path):
     settings = settings_for(images, tmp_path / "straight.h5", layers=("layer4",), reduce=("pca:5",), pca_fit="32",
                             batch_size=8, num_workers=None)
