@@ -236,8 +236,10 @@ def test_finished_output_is_never_touched(tmp_path):
     output = tmp_path / "out.h5"
     extract(settings_for(images, output))
     before = (output.read_bytes(), output.stat().st_mtime_ns)
-    result = run_featdump("extract", "-m", "resnet18", "-w", "none", "-l", "avgpool", images, output)
-    assert result.returncode == 2 and "already exists" in result.stderr
+    same = run_featdump("extract", "-m", "resnet18", "-w", "none", "-l", "avgpool", images, output)
+    assert same.returncode == 0 and "Nothing new" in same.stderr  # the same command again: done already
+    other = run_featdump("extract", "-m", "resnet18", "-w", "none", "-l", "layer4", images, output)
+    assert other.returncode == 2 and "already exists, made by another command" in other.stderr
     assert (output.read_bytes(), output.stat().st_mtime_ns) == before
 
 
