@@ -81,13 +81,14 @@ def update(job: UpdateJob) -> Summary:
     if kept:
         log.info("Layers %s are kept as stored (not named); new images get them too, as recorded.", ", ".join(kept))
     _refuse_new_images_of_shards(job, output)
+    grower = model.with_layers(new_layers, model.chosen) if new_layers else None  # the stored rows' new layers
     plan = plan_update(output, job.images, _over(job.fingerprint, whole), new_layers,
-                       _over(job.fingerprint, model.with_layers(new_layers, model.chosen)) if new_layers else None)
+                       _over(job.fingerprint, grower) if grower else None)
     discard_other_staging(output, plan)
     log.info("Updating %s: %d new images, %d new layers (%s), %d rows already there%s.", output, len(plan.images),
              len(new_layers), ", ".join(new_layers) or "none", plan.base.rows,
              f", {len(plan.stale)} of them stale (see featdump info)" if plan.stale else "")
-    grown = _grow(job, plan, model.with_layers(new_layers, model.chosen)) if new_layers else 0
+    grown = _grow(job, plan, grower) if grower else 0
     staged, start = staging_path(output), 0
     if not staged.exists():
         if len(plan.images):
