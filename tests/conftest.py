@@ -128,7 +128,7 @@ def read_output(path, rows=None) -> dict:
     e.g. a partial file's committed rows), skipped images and reasons, classes, the counters, completeness."""
     with h5py.File(path, "r", locking=False) as h5file:
         rows = h5file["paths"].shape[0] if rows is None else rows
-        content = {name: dataset[:rows] for name, dataset in h5file["features"].items()}
+        content = {name: h5file["features"][name][:rows] for name in h5file.attrs["layers"]}
         content["paths"] = list(h5file["paths"].asstr()[:rows])
         content["labels"] = h5file["labels"][:rows]
         content["skipped"] = list(h5file["skipped/paths"].asstr()[:])
@@ -142,7 +142,7 @@ def read_output(path, rows=None) -> dict:
 def read_features(path) -> dict:
     """Each layer's features of an output, by layer name."""
     with h5py.File(path, "r", locking=False) as h5file:
-        return {name: dataset[:] for name, dataset in h5file["features"].items()}
+        return {name: h5file["features"][name][:] for name in h5file.attrs["layers"]}
 
 
 def committed_rows(path) -> int:

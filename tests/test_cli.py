@@ -132,7 +132,7 @@ def test_extract_as_a_process_writes_a_complete_file(image_folder, tmp_path):
     assert "Wrote 7 images (0 skipped)" in result.stderr
     assert " featdump INFO: " in result.stderr  # plain log lines when stderr is not a terminal
     with h5py.File(output, "r") as h5file:
-        assert set(h5file["features"]) == {"layer1.0.relu:2", "avgpool", "fc"}
+        assert set(h5file["features"]) == {"layer1.0.relu:2", "avgpool", "fc", "path", "label"}  # + coordinates
         assert h5file["features/layer1.0.relu:2"].shape == (7, 64, 56, 56)
         assert h5file.attrs["complete"] and h5file.attrs["model"] == "resnet18"
         assert "resnet18" in h5file.attrs["command"]

@@ -107,7 +107,7 @@ def extract(project, model: str, output, *options):
                           *options, project / "images", output, env=env, process=True)  # a fresh process each:
     assert result.returncode == 0, result.stderr  # dynamo's and inductor's in-memory caches are per process
     with h5py.File(output, "r") as h5file:
-        features = {name: dataset[:] for name, dataset in h5file["features"].items()}
+        features = {name: h5file["features"][name][:] for name in h5file.attrs["layers"]}
         return features, str(h5file.attrs["compiled"]), result.stderr
 
 

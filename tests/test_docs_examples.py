@@ -90,7 +90,7 @@ def test_the_python_examples_run(sandbox, monkeypatch):
             code = code[:code.index("with featdump.capture(model")]
         exec(compile(code, page, "exec"), namespaces.setdefault(page, {}))  # noqa: S102 - the documentation's own code
     with h5py.File(sandbox / "feats.h5") as h5file:
-        assert set(h5file["features"]) == {"layer4", "avgpool"}
+        assert set(h5file.attrs["layers"]) == {"layer4", "avgpool"}
 
 
 def test_every_example_is_run_or_says_why_not():

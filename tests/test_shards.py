@@ -180,7 +180,8 @@ def test_small_shards_get_chunks_of_their_size_and_info_names_mixed_shard_counts
         rows = len(h5file["paths"])
         assert h5file["features/layer1"].chunks[0] <= rows  # no chunk larger than the shard
     estimate = rows * 64 * 56 * 56 * 4
-    assert (tmp_path / "out.shard-0-of-8.h5").stat().st_size < 1.1 * estimate
+    metadata = 256 * 1024  # attributes, paths, file stats, dimension scales: the same whatever the chunks
+    assert (tmp_path / "out.shard-0-of-8.h5").stat().st_size < estimate + metadata  # a 64-row chunk: 51 MB
     info = run_featdump("info", output)
     assert info.returncode == 2 and "different shard counts ([4, 8])" in info.stderr
 

@@ -31,7 +31,7 @@ def rows_by_path(path) -> dict:
     with h5py.File(path, "r", locking=False) as h5file:
         rows = int(h5file.attrs["committed"][0])
         names = h5file["paths"].asstr()[:rows]
-        features = {name: dataset[:rows] for name, dataset in h5file["features"].items()}
+        features = {name: h5file["features"][name][:rows] for name in h5file.attrs["layers"]}
         labels = h5file["labels"][:rows]
         classes = [str(c) for c in h5file["labels"].attrs["classes"]]
     return {name: ({layer: values[i] for layer, values in features.items()}, classes[labels[i]])

@@ -25,6 +25,7 @@ from featdump.errors import AmbiguousLayer, NotAnOutput, UnknownLayer
 from featdump.forward.hooks import Capture
 from featdump.forward.layers import Layer, parse_selector
 from featdump.job.settings import OPTIONS, Settings
+from featdump.output import netcdf
 from featdump.output.layout import Output
 
 _KEYWORDS = set(OPTIONS) - {"model", "layers"}
@@ -111,12 +112,18 @@ class Features:
     file: h5py.File | None = None  # open while `features` is lazy: close it when done
 
 
-def load(path: str | Path, layer: str, lazy: bool | None = None) -> Features:
+def load(path: str | Path, layer: str, lazy: bool | None = None, xarray: bool = False):
     """Read LAYER of the output file PATH with its paths and labels.
 
     Whole into memory (a numpy array) unless LAZY, which by default is chosen for layers over 2 GB:
     then `features` is an h5py dataset to slice, and `file` stays open.
+    With XARRAY, an xarray.DataArray instead (`featdump[xarray]`): dimensions `image`, `channel`, `y`, `x` (or
+    `token`, `feature`, ...), coordinates `path` and `label` along `image`, the file's classes in its attrs.
     """
+    if xarray:
+        from featdump.faces.labelled import data_array
+
+        return data_array(path, layer, lazy)
     output = Output.open(Path(path))
     try:
         if layer not in output.layers:
@@ -131,7 +138,7 @@ def load(path: str | Path, layer: str, lazy: bool | None = None) -> Features:
             raw_paths=output.raw_paths(),
             attributes=dict(output.attrs),
             reduction=output.reduction(layer),
-            layer_attributes=dict(dataset.attrs),
+            layer_attributes=netcdf.without_netcdf(dataset.attrs),
             pca_fit=_fit_of(output, layer),
             file=output.file if lazy else None,
         )

@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 
 from featdump.errors import ResumeMismatch
-from featdump.output.layout import FORMAT
+from featdump.output.layout import FORMAT, UPGRADED, text_of
 
 SHARD_KEYS = ("shard", "images", "image_count")  # the keys in which the shards of one job differ
 IMAGE_KEYS = ("images", "image_count")  # the keys an --update changes
@@ -52,7 +52,7 @@ def store(attrs, fingerprint: dict) -> None:
 
 def check(attrs, path: Path, fingerprint: dict, ignore: tuple[str, ...] = ()) -> None:
     """ResumeMismatch unless the file with ATTRS was written by this format with FINGERPRINT (IGNORE aside)."""
-    if attrs.get("format") != FORMAT:
+    if text_of(attrs.get("format")) not in (FORMAT, *UPGRADED):
         raise ResumeMismatch(
             f"{str(path)!r} was written by another featdump version (format {attrs.get('format')!r}, "
             f"this one writes {FORMAT!r}); pass --overwrite to start over."

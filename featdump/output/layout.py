@@ -11,6 +11,8 @@ and opening an output to read what it holds (info, show, load, merge and update 
     /file_stats         (rows, 2) int64: each image's size and modification time (ns) when it was read
     /stale/paths, /stale/reasons   rows whose image disappeared or changed, as found by the last --update
     /skipped/paths, /skipped/reasons   images that could not be used, and why (with /skipped/raw_paths)
+    /image, /channel_64, ...   the datasets' named dimensions, /features/path and /features/label the rows'
+                        coordinates: the file is NetCDF-4 that xarray opens (`featdump.output.netcdf`)
     attributes          model, weights, ..., `fingerprint`, `complete`, and `committed` = [rows, images, skipped]
 
 Rows past the counters are not data: a writer killed mid-batch may leave them, and readers stop at the counters.
@@ -28,8 +30,10 @@ import h5py
 import numpy as np
 
 from featdump.errors import MergedViewBroken, NotAnOutput, UsageProblem
+from featdump.output import netcdf
 
-FORMAT = "featdump/2"
+FORMAT = "featdump/3"  # 3: named dimensions (NetCDF-4); 2 had none
+UPGRADED = ("featdump/2",)  # formats this version resumes and updates, naming their dimensions as it does so
 MIN_CHUNK_BYTES = 64 * 1024
 MAX_CHUNK_BYTES = 4 * 1024 * 1024
 STRING = h5py.string_dtype("utf-8")
@@ -140,6 +144,15 @@ def create_layout(h5file: h5py.File, attributes: dict, classes, feature_group=No
     h5file.create_dataset("file_stats", shape=(0, 2), maxshape=(None, 2), dtype=np.int64, chunks=(2048, 2))
     _create_named_rows(h5file.create_group("skipped"))
     h5file.attrs["committed"] = np.zeros(3, dtype=np.int64)
+    name_dimensions(h5file)
+
+
+def name_dimensions(h5file: h5py.File) -> None:
+    """Name the dimensions of every dataset H5FILE holds (idempotent: after a change of its datasets too), which
+    brings a file of an earlier format (UPGRADED) to this one."""
+    netcdf.label(h5file)
+    if text_of(h5file.attrs.get("format")) != FORMAT:
+        h5file.attrs["format"] = FORMAT
 
 
 def create_features(group: h5py.Group, specs: dict[str, DatasetSpec], batch_size: int, compression: str,
@@ -323,7 +336,7 @@ class Output:
 
     @property
     def layers(self) -> list[str]:
-        return list(self.file["features"])
+        return netcdf.layer_names(self.file)
 
     def features(self, layer: str) -> h5py.Dataset:
         return self.file["features"][layer]

@@ -10,15 +10,19 @@ import numpy as np
 
 from featdump.errors import NotAnOutput, ShardProblem
 from featdump.output import fingerprint as fingerprints
+from featdump.output import netcdf
 from featdump.output.layout import (
     FORMAT,
     STRING,
+    UPGRADED,
     Committed,
     DatasetSpec,
     Output,
     create_layout,
+    name_dimensions,
     partial_path,
     set_attribute,
+    text_of,
     write_paths,
     write_rows,
 )
@@ -102,11 +106,11 @@ def _summary(index: int, path: Path) -> dict:
     """What merging needs of one shard without keeping it open: attributes, counts, feature shapes."""
     try:
         with Output.open(path) as shard:
-            if shard.attrs.get("format") != FORMAT or not shard.complete:
+            if text_of(shard.attrs.get("format")) not in (FORMAT, *UPGRADED) or not shard.complete:
                 raise ShardProblem(f"Shard {index} ({path}) is not a finished featdump output of this version.")
             features = {name: (dataset.shape[1:], dataset.dtype, dataset.chunks, dataset.compression)
                         for name in shard.layers for dataset in [shard.features(name)]}
-            layer_attrs = {name: dict(shard.features(name).attrs) for name in shard.layers}
+            layer_attrs = {name: netcdf.without_netcdf(shard.features(name).attrs) for name in shard.layers}
             return {"attrs": dict(shard.attrs), "committed": shard.committed, "features": features,
                     "layer_attrs": layer_attrs,
                     "classes": shard.file["labels"].attrs["classes"], "fingerprint": shard.fingerprint}
@@ -155,9 +159,11 @@ def _write_merged(merged: h5py.File, output: Path, shards: list[Path], summaries
     with Output.open(shards[0]) as first:
         if "pca" in first.file:  # the PCA fits, the same in every shard (their fingerprints agree)
             first.file.copy(first.file["pca"], merged, "pca")
+            netcdf.forget(merged["pca"])
     for index, path in enumerate(shards):  # one shard open at a time
         with Output.open(path) as shard:
             _append_shard(merged, shard, sum(rows[:index]), rows[index], sum(skipped[:index]), skipped[index], copy)
+    name_dimensions(merged)
     Committed(sum(rows), sum(rows) + sum(skipped), sum(skipped)).store(merged)
     merged.attrs["complete"] = True
 
@@ -167,7 +173,8 @@ def _append_shard(merged: h5py.File, shard: Output, row: int, rows: int, skip: i
     """One shard's rows (and skipped images) at their place in MERGED; its features too when COPY."""
     if rows:
         if copy:
-            for name, target in merged["features"].items():
+            for name in netcdf.layer_names(merged):
+                target = merged["features"][name]
                 for start in range(0, rows, _COPY_ROWS):
                     stop = min(start + _COPY_ROWS, rows)
                     target[row + start:row + stop] = shard.features(name)[start:stop]

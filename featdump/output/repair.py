@@ -5,6 +5,7 @@ from __future__ import annotations
 import h5py
 import numpy as np
 
+from featdump.output import netcdf
 from featdump.output.layout import Committed
 
 
@@ -13,7 +14,8 @@ def discard_uncommitted(h5file: h5py.File, limit: int) -> None:
     any run of this file can have written."""
     committed = Committed.of(h5file)
     rows, skipped = committed.rows, committed.skipped
-    for dataset in [*h5file["features"].values(), h5file["labels"], h5file["file_stats"]]:
+    layers = [h5file["features"][name] for name in netcdf.layer_names(h5file)]
+    for dataset in [*layers, h5file["labels"], h5file["file_stats"]]:
         dataset.resize(rows, axis=0)
     h5file["skipped/reasons"].resize(skipped, axis=0)
     _clear_strings_beyond(h5file["skipped/reasons"], skipped, limit)

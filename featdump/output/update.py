@@ -24,10 +24,12 @@ import numpy as np
 from featdump.errors import ResumeMismatch, UsageProblem
 from featdump.inputs import ImageList
 from featdump.output import fingerprint as fingerprints
+from featdump.output import netcdf
 from featdump.output.layout import (
     Committed,
     Output,
     as_text,
+    name_dimensions,
     partial_path,
     raw_paths,
     text_array,
@@ -200,6 +202,7 @@ def apply_update(output: Path, plan: UpdatePlan, images_digest: str, record: dic
                 _add_layers(h5file, grown, plan, record)
         with Output.open(staged_path, locking=False) as staged:
             _append_staged(h5file, staged, plan, images_digest)
+        name_dimensions(h5file)
         error = close_quietly(h5file)
         if error is not None:
             raise error
@@ -219,10 +222,12 @@ _GROWING = "growing"  # the hidden group new layers are copied into before they 
 def _discard_unfinished_growth(h5file: h5py.File) -> None:
     """Drop what a kill during a final commit left: datasets copied but not moved, or moved but not recorded."""
     if _GROWING in h5file:
+        for name in list(h5file[_GROWING]):
+            netcdf.remove(h5file[_GROWING], name)
         del h5file[_GROWING]
     recorded = set(fingerprints.stored(h5file.attrs).get("layers", []))
-    for name in [name for name in h5file["features"] if name not in recorded]:
-        del h5file["features"][name]
+    for name in [name for name in netcdf.layer_names(h5file) if name not in recorded]:
+        netcdf.remove(h5file["features"], name)
 
 
 def _add_layers(h5file: h5py.File, grown: Output, plan: UpdatePlan, record: dict) -> None:
@@ -234,10 +239,12 @@ def _add_layers(h5file: h5py.File, grown: Output, plan: UpdatePlan, record: dict
     holding = h5file.create_group(_GROWING)
     for name in plan.new_layers:
         h5file.copy(grown.features(name), holding, name=name)
+        netcdf.forget(holding[name])  # its dimensions are named in OUT once it is under /features
         holding[name].attrs.update(record)
         pca = grown.pca_fit(name)
         if pca is not None and f"pca/{name}" not in h5file:
             h5file.copy(pca, h5file.require_group("pca"), name=name)
+            netcdf.forget(h5file["pca"][name])
     h5file.flush()
     for name in plan.new_layers:
         h5file.move(f"{_GROWING}/{name}", f"features/{name}")

@@ -25,6 +25,7 @@ from featdump.output.layout import (
     as_text,
     create_features,
     create_layout,
+    name_dimensions,
     partial_path,
     write_paths,
     write_rows,
@@ -221,6 +222,7 @@ def _reopen(partial: Path, fingerprint: dict, locking: bool) -> h5py.File | None
             h5file.close()
             return None
         discard_uncommitted(h5file, int(fingerprints.stored(h5file.attrs).get("image_count", 0)))
+        name_dimensions(h5file)  # a file of the previous format resumed: named as this one's
     except BaseException:
         h5file.close()
         raise

@@ -1,0 +1,58 @@
+"""A layer as a labelled xarray.DataArray (`featdump.load(OUT, LAYER, xarray=True)`): dimensions `image` and
+what each axis is (`channel, y, x`, `token, feature`, ...), coordinates `path` and `label` along `image`.
+
+The array is read through xarray's h5netcdf backend, so it is lazy when asked; files of the previous format,
+whose dimensions have no names, are named here the same way.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from featdump.errors import UnknownLayer, UsageProblem
+from featdump.output import netcdf
+from featdump.output.layout import Output
+
+LAZY_ABOVE = 2 * 1024**3  # bytes: a larger layer is read lazily unless told otherwise (as `featdump.load`)
+
+
+def data_array(path: str | Path, layer: str, lazy: bool | None = None):
+    """LAYER of the output PATH as an xarray.DataArray over its committed rows (lazy: read when used; close it
+    with `.close()`), with the rows' paths and labels as coordinates and the file's classes among its attrs."""
+    xr = _xarray()
+    with Output.open(Path(path)) as output:
+        if layer not in output.layers:
+            raise UnknownLayer(f"{str(path)!r} holds no layer {layer!r}; it has {', '.join(output.layers)}.")
+        dataset = output.features(layer)
+        rows = output.committed.rows
+        dims = [netcdf.IMAGE, *netcdf.axis_kinds(dataset.shape[1:], dataset.attrs)]
+        coords = {"path": (netcdf.IMAGE, output.paths()), "label": (netcdf.IMAGE, output.labels())}
+        attrs = {**netcdf.without_netcdf(dataset.attrs), "reduction": output.reduction(layer),
+                 "classes": output.classes, "model": str(output.attrs.get("model", ""))}
+        size = dataset.size * dataset.dtype.itemsize
+    opened = xr.open_dataset(path, engine="h5netcdf", group="features", phony_dims="sort", decode_cf=False,
+                             cache=False)
+    try:
+        array = opened[layer]
+        array = array.drop_vars(list(array.coords)).rename(dict(zip(array.dims, dims)))
+        array = array.isel({netcdf.IMAGE: slice(0, rows)}).assign_coords(coords)
+        array.attrs = attrs
+        if not (size > LAZY_ABOVE if lazy is None else lazy):
+            array = array.load()
+            opened.close()
+        else:
+            array.set_close(opened.close)
+    except BaseException:
+        opened.close()
+        raise
+    return array
+
+
+def _xarray():
+    try:
+        import h5netcdf  # noqa: F401  (xarray's engine)
+        import xarray
+    except ImportError as error:
+        raise UsageProblem("featdump.load(..., xarray=True) needs xarray and h5netcdf: "
+                           "pip install 'featdump[xarray]'.") from error
+    return xarray

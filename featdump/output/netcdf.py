@@ -1,0 +1,159 @@
+"""NetCDF-4: the output's dimensions named and its rows' coordinates attached, so that xarray (h5netcdf),
+netCDF4 and MATLAB open a featdump file as labelled arrays with no export step (h5py reads it as before).
+
+It uses the HDF5 conventions NetCDF-4 is built on: a dimension is a dimension scale (a dataset whose NAME says
+it is "a netCDF dimension but not a netCDF variable"), attached to each axis of the datasets along it.
+
+    /image                        the rows' dimension, unlimited (its length is the longest dataset along it)
+    /channel_64, /y_56, /x_56 ... a layer's other dimensions: what the axis is, and its size (the layers share
+                                  the group /features, where one name has one size)
+    /file_stat                    /file_stats' second axis: size, modification time
+    /features/path, label         hard links to /paths and /labels (no copy), named in each layer's
+                                  `coordinates`: xarray shows them as the coordinates along `image`
+    /skipped/skipped, /stale/stale, .../raw_paths/raw_path, /pca/<layer>/component, input, skipped
+
+`label` makes a file so, idempotently; `forget` drops what a copy from another file brought (its references
+point into that file); `remove` deletes a dataset without leaving its dimensions a dangling reference.
+"""
+
+from __future__ import annotations
+
+import h5py
+import numpy as np
+
+IMAGE = "image"
+COORDINATES = {"path": "paths", "label": "labels"}  # the coordinate along `image` in /features: its dataset
+ATTRIBUTES = ("DIMENSION_LIST", "REFERENCE_LIST", "CLASS", "NAME", "coordinates", "_Netcdf4Dimid")
+_NOT_A_VARIABLE = "This is a netCDF dimension but not a netCDF variable.%10d"
+_REDUCED_AXIS = {"pca": "component", "srp": "projection", "countsketch": "projection"}
+_PCA_AXES = {"mean": ("input",), "components": ("component", "input"), "explained_variance": ("component",),
+             "skipped_paths": ("skipped",), "skipped_reasons": ("skipped",)}
+
+
+def axis_kinds(shape: tuple[int, ...], attrs) -> list[str]:
+    """What each axis of a layer's row is, from its shape and recorded layout: `feature` (or `component` of a
+    PCA, `projection` of a random projection), `token, feature`, `channel, y, x` (`y, x, channel` for a square
+    map whose last axis differs: NHWC, as Swin and ConvNeXt keep), `channel, time, y, x`; else `axisN`."""
+    reduction = _text(attrs.get("reduction", "none")).split(":")[0]
+    if len(shape) == 1:
+        return [_REDUCED_AXIS.get(reduction, "feature")]
+    if len(shape) == 2:
+        return ["token", "feature"]
+    if len(shape) == 3:
+        channels_last = shape[0] == shape[1] != shape[2]
+        return ["y", "x", "channel"] if channels_last else ["channel", "y", "x"]
+    if len(shape) == 4:
+        return ["channel", "time", "y", "x"]
+    return [f"axis{axis}" for axis in range(1, len(shape) + 1)]
+
+
+def dimension_names(dataset: h5py.Dataset) -> list[str]:
+    """The names of a layer dataset's dimensions in the file: `image`, then each axis' kind and size."""
+    shape = dataset.shape[1:]
+    return [IMAGE, *(f"{kind}_{size}" for kind, size in zip(axis_kinds(shape, dataset.attrs), shape))]
+
+
+def layer_names(h5file: h5py.File) -> list[str]:
+    """The layers /features holds (its coordinate links are not layers)."""
+    features = h5file["features"]
+    return [name for name in features if not _is_coordinate(h5file, name)]
+
+
+def label(h5file: h5py.File) -> None:
+    """Give every dataset of the featdump output H5FILE named dimensions, and its layers their coordinates."""
+    image = _scale(h5file, IMAGE, None)
+    for name in ("paths", "labels"):
+        _attach(h5file[name], [image])
+    _attach(h5file["file_stats"], [image, _scale(h5file, "file_stat", 2)])
+    _label_named_rows(h5file)
+    for group in ("skipped", "stale"):
+        if group in h5file:
+            _label_named_rows(h5file[group], group)
+    features = h5file["features"]
+    layers = layer_names(h5file)
+    for coordinate, target in COORDINATES.items():
+        if coordinate not in features:
+            features[coordinate] = h5file[target]
+    coordinates = " ".join(name for name in COORDINATES if _is_coordinate(h5file, name))
+    for name in layers:
+        dataset = features[name]
+        names = dimension_names(dataset)
+        _attach(dataset, [image, *(_scale(h5file, dim, size) for dim, size in zip(names[1:], dataset.shape[1:]))])
+        if _text(dataset.attrs.get("coordinates")) != coordinates:
+            dataset.attrs["coordinates"] = coordinates
+    for fit in h5file.get("pca", {}).values():
+        for name, axes in _PCA_AXES.items():
+            if name in fit:
+                dataset = fit[name]
+                _attach(dataset, [_scale(fit, axis, size) for axis, size in zip(axes, dataset.shape)])
+
+
+def forget(node: h5py.Group | h5py.Dataset) -> None:
+    """Drop the dimension references NODE (and what it holds) brought from the file it was copied from."""
+    def drop(obj) -> None:
+        for key in ("DIMENSION_LIST", "REFERENCE_LIST"):
+            if key in obj.attrs:
+                del obj.attrs[key]
+
+    drop(node)
+    if isinstance(node, h5py.Group):
+        node.visititems(lambda _, obj: drop(obj))
+
+
+def remove(group: h5py.Group, name: str) -> None:
+    """Delete GROUP/NAME after detaching it from its dimensions (which would otherwise point at nothing)."""
+    dataset = group[name]
+    if isinstance(dataset, h5py.Dataset) and "DIMENSION_LIST" in dataset.attrs:
+        for dim in dataset.dims:
+            for scale in list(dim.values()):
+                dim.detach_scale(scale)
+    del group[name]
+
+
+def without_netcdf(attrs) -> dict:
+    """A dataset's attributes, less NetCDF's bookkeeping (object references that only mean something in its file)."""
+    return {key: value for key, value in attrs.items() if key not in ATTRIBUTES}
+
+
+def _label_named_rows(group: h5py.Group, dimension: str | None = None) -> None:
+    """GROUP's paths and reasons along DIMENSION; its raw_paths along `raw_path`."""
+    if dimension is not None:
+        scale = _scale(group, dimension, None)
+        for name in ("paths", "reasons"):
+            if name in group:
+                _attach(group[name], [scale])
+    raw = group.get("raw_paths")
+    if raw is not None:
+        scale = _scale(raw, "raw_path", None)
+        for name in ("rows", "bytes"):
+            _attach(raw[name], [scale])
+
+
+def _scale(group: h5py.Group, name: str, size: int | None) -> h5py.Dataset:
+    """GROUP's dimension NAME of SIZE (None: unlimited), made once; a scale holds no data."""
+    if name in group:
+        return group[name]
+    if size is None:
+        scale = group.create_dataset(name, shape=(0,), maxshape=(None,), dtype=np.float32, chunks=(1024,))
+    else:
+        scale = group.create_dataset(name, shape=(size,), dtype=np.float32)
+    scale.make_scale(_NOT_A_VARIABLE % (size or 0))
+    return scale
+
+
+def _attach(dataset: h5py.Dataset, scales: list[h5py.Dataset]) -> None:
+    for axis, scale in enumerate(scales):
+        if not h5py.h5ds.is_attached(dataset.id, scale.id, axis):
+            dataset.dims[axis].attach_scale(scale)
+
+
+def _is_coordinate(h5file: h5py.File, name: str) -> bool:
+    """Whether /features/NAME is the link to /paths or /labels (a layer may have the name)."""
+    target = COORDINATES.get(name)
+    return target is not None and target in h5file and h5file["features"][name] == h5file[target]
+
+
+def _text(value) -> str:
+    if value is None:
+        return ""
+    return value.decode() if isinstance(value, bytes) else str(value)
