@@ -77,11 +77,16 @@ def test_every_shell_example_runs(sandbox, page, line):
 
 @pytest.mark.slow
 def test_the_python_examples_run(sandbox, monkeypatch):
-    """api.md's extract and load, output.md's reading with plain h5py, on files made like the examples'."""
+    """The README's xarray block, api.md's extract and load, output.md's reading with plain h5py and xarray, on files
+    made like the examples'."""
     monkeypatch.chdir(sandbox)
     (sandbox / "out.h5").unlink(missing_ok=True)
     made = run_featdump("extract", "-m", "resnet18", "-w", "none", "-l", "layer3.0.downsample.1", "images",
                         "out.h5", cwd=sandbox)
+    assert made.returncode == 0, made.stderr
+    (sandbox / "tour.h5").unlink(missing_ok=True)  # the README's, as its tour makes it
+    made = run_featdump("extract", "-m", "resnet18", "-w", "none", "-l", "layer1,avgpool", "examples/images",
+                        "tour.h5", cwd=sandbox)
     assert made.returncode == 0, made.stderr
     namespaces: dict[str, dict] = {}  # a page's blocks follow on from each other, as a reader runs them
     for page, code in blocks("python"):

@@ -31,12 +31,14 @@ _PCA_AXES = {"mean": ("input",), "components": ("component", "input"), "explaine
 
 
 def axis_kinds(shape: tuple[int, ...], attrs) -> list[str]:
-    """What each axis of a layer's row is, from its shape and recorded layout: `feature` (or `component` of a
-    PCA, `projection` of a random projection), `token, feature`, `channel, y, x` (`y, x, channel` for a square
-    map whose last axis differs: NHWC, as Swin and ConvNeXt keep), `channel, time, y, x`; else `axisN`."""
+    """What each axis of a layer's row is, from its shape and recorded layout: `feature` (`channel` when pooled
+    over space, `component` of a PCA, `projection` of a random projection), `token, feature`, `channel, y, x`
+    (`y, x, channel` for a square map whose last axis differs: NHWC, as Swin and ConvNeXt keep), `channel, time,
+    y, x`; else `axisN`."""
     reduction = _text(attrs.get("reduction", "none")).split(":")[0]
     if len(shape) == 1:
-        return [_REDUCED_AXIS.get(reduction, "feature")]
+        pooled_space = _text(attrs.get("pooled_over")) == "space"  # a conv map's channels
+        return [_REDUCED_AXIS.get(reduction, "channel" if pooled_space else "feature")]
     if len(shape) == 2:
         return ["token", "feature"]
     if len(shape) == 3:

@@ -81,7 +81,8 @@ def _token_reduction(text: str, layer_name: str, shape: tuple[int, ...], tokens:
 
 def _simple(text: str, shape: tuple[int, ...]) -> Reduction:
     apply = _SIMPLE[text]
-    return Reduction(text, tuple(apply(torch.zeros((1, *shape), device="meta")).shape[1:]), apply)
+    pooled = {"pooled_over": "space" if len(shape) >= 3 else "tokens"} if text in _POOLS and len(shape) >= 2 else {}
+    return Reduction(text, tuple(apply(torch.zeros((1, *shape), device="meta")).shape[1:]), apply, pooled)
 
 
 def _channels(text: str, layer_name: str, shape: tuple[int, ...]) -> Reduction:
@@ -114,6 +115,7 @@ def _patch_mean(prefix_tokens: int) -> Callable[[torch.Tensor], torch.Tensor]:
     return lambda output: _mean_in_float32(output[:, prefix_tokens:], dim=1)
 
 
+_POOLS = ("avgpool", "maxpool")  # recorded as `pooled_over`: space (what is left are channels) or tokens
 _SIMPLE: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "none": lambda output: output,
     "flatten": lambda output: output.flatten(1),
