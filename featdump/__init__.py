@@ -4,13 +4,16 @@
     featdump.extract("images/", "out.h5", model="resnet18", layers=["avgpool"], weights="none")
     data = featdump.load("out.h5", "avgpool")
     with featdump.capture(model, ["layer4"]) as features: ...
+    rdms = featdump.rdm("out.h5", metric="correlation")     # {layer: (N, N)}, out of core
+    similarity = featdump.cka("resnet.h5", "vit.h5")         # linear CKA between their layers
 """
 
 from featdump.version import __version__
 
-_API = ("extract", "capture", "load", "Features", "Settings", "srp_matrix")
+_API = ("extract", "capture", "load", "Features", "Settings", "srp_matrix", "rdm", "cka")
 # Where each name lives; the rest are in featdump.faces.api.
-_HOMES = {"Settings": "featdump.job.settings", "srp_matrix": "featdump.reductions.srp"}
+_HOMES = {"Settings": "featdump.job.settings", "srp_matrix": "featdump.reductions.srp",
+          "rdm": "featdump.analysis.rdm", "cka": "featdump.analysis.cka"}
 
 
 def __getattr__(name):

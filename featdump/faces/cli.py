@@ -11,6 +11,7 @@ from pathlib import Path
 
 import click
 
+from featdump.analysis.choices import DEFAULT_MEMORY, METRICS
 from featdump.errors import FeatdumpError
 from featdump.job.options import Option
 from featdump.job.settings import OPTIONS, Settings
@@ -327,35 +328,115 @@ def info(output: Path, as_json: bool) -> None:
               help="How many of the strongest channels (or units) to draw.")
 def show(output: Path, layer: str | None, index: int, picture: Path | None, channels: int) -> None:
     """Draw one image's features: the input image, the channel-mean map and the strongest channels
-    (a bar plot of the strongest units for pooled or vector layers). Needs matplotlib.
+    (a bar plot of the strongest units for pooled or vector layers); or the RDMs or CKA matrix of a file that
+    `featdump rdm` or `featdump cka` wrote. Needs matplotlib.
 
     \b
     Example:
       featdump show feats.h5 --layer layer3 --index 0 -o fmap.png
+      featdump show rdms.h5 -o rdms.png
     """
+    from featdump.faces.matrices import draw_results, is_results
     from featdump.faces.show import draw
 
-    written = draw(output, layer, index, picture, channels)
+    if is_results(output):
+        written = draw_results(output, picture or output.with_suffix(".png"))
+    else:
+        written = draw(output, layer, index, picture, channels)
     click.echo(f"Wrote {written}.", err=True)
+
+
+_MEMORY_HELP = ("Memory for the slabs of a layer read at once (128MB, 4GB), beyond the N x N results: any layer's "
+                "width fits it.")
+
+
+@main.command()
+@click.argument("output", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("-l", "--layers", help="Layers (names or patterns, as for extract; comma-separated).  [default: all]")
+@click.option("--metric", type=click.Choice(METRICS), default="correlation", show_default=True,
+              help="correlation: 1 - Pearson's r; euclidean: the mean squared difference (as rsatoolbox's); cosine.")
+@click.option("-o", "--out", "to", required=True, type=click.Path(dir_okay=False, path_type=Path),
+              help="The HDF5 file to write: /rdms/LAYER (N x N), /paths, /labels.")
+@click.option("--memory", default=DEFAULT_MEMORY, show_default=True, help=_MEMORY_HELP)
+@click.option("--device", default="auto", show_default=True, help="auto (CUDA if there is one), cpu, cuda:N.")
+@click.option("--plot", type=click.Path(dir_okay=False, path_type=Path), help="Also draw the RDMs into this PNG.")
+@click.option("--overwrite", is_flag=True, help="Replace an existing --out.")
+def rdm(output: Path, layers: str | None, metric: str, to: Path, memory: str, device: str, plot: Path | None,
+        overwrite: bool) -> None:
+    """Representational dissimilarity matrices of OUTPUT's layers, out of core: each layer read once, in slabs
+    that fit --memory; a killed run resumes at the first layer not written.
+
+    \b
+    Example:
+      featdump rdm feats.h5 -l 'layer*' --metric correlation -o rdms.h5 --plot rdms.png
+    """
+    from featdump.analysis.rdm import rdm as compute
+
+    started = time.perf_counter()
+    matrices = compute(output, layers, metric, memory, device, to, overwrite, progress=_progress("MB"))
+    if plot is not None:
+        from featdump.faces.matrices import draw_results
+
+        draw_results(to, plot)
+    rows = next(iter(matrices.values())).shape[0] if matrices else 0
+    click.echo(f"Wrote the {metric} RDMs of {len(matrices)} layer{'s' * (len(matrices) != 1)} over {rows} images "
+               f"to {to} in {time.perf_counter() - started:.1f} s{f' (drawn in {plot})' if plot else ''}.", err=True)
+
+
+@main.command()
+@click.argument("output", type=click.Path(dir_okay=False, path_type=Path))
+@click.argument("other", required=False, type=click.Path(dir_okay=False, path_type=Path))
+@click.option("-l", "--layers", help="OUTPUT's layers (names or patterns; comma-separated).  [default: all]")
+@click.option("--other-layers", help="OTHER's layers.  [default: all]")
+@click.option("--unbiased", is_flag=True, help="The debiased HSIC estimator (Song et al. 2012) instead of the biased.")
+@click.option("--common", is_flag=True, help="Compare two outputs over the images both hold (else they must match).")
+@click.option("-o", "--out", "to", required=True, type=click.Path(dir_okay=False, path_type=Path),
+              help="The HDF5 file to write: /cka with the attributes rows and columns (layer names).")
+@click.option("--memory", default=DEFAULT_MEMORY, show_default=True, help=_MEMORY_HELP)
+@click.option("--device", default="auto", show_default=True, help="auto (CUDA if there is one), cpu, cuda:N.")
+@click.option("--plot", type=click.Path(dir_okay=False, path_type=Path), help="Also draw the matrix into this PNG.")
+@click.option("--overwrite", is_flag=True, help="Replace an existing --out.")
+def cka(output: Path, other: Path | None, layers: str | None, other_layers: str | None, unbiased: bool, common: bool,
+        to: Path, memory: str, device: str, plot: Path | None, overwrite: bool) -> None:
+    """Linear CKA between every pair of OUTPUT's layers, or between OUTPUT's and OTHER's (two models on the same
+    images, rows matched by path), out of core; a killed run resumes at the first Gram matrix not computed.
+
+    \b
+    Example:
+      featdump cka resnet.h5 vit.h5 -l 'layer*' --other-layers 'encoder.layers.*' -o cka.h5 --plot cka.png
+    """
+    from featdump.analysis.cka import cka as compute
+
+    started = time.perf_counter()
+    result = compute(output, other, layers, other_layers, unbiased, common, memory, device, to, overwrite,
+                     progress=_progress("MB"))
+    if plot is not None:
+        from featdump.faces.matrices import draw_results
+
+        draw_results(to, plot)
+    click.echo(f"Wrote {'unbiased ' if unbiased else ''}CKA of {len(result.rows)} x {len(result.columns)} layers over "
+               f"{result.images} images to {to} in {time.perf_counter() - started:.1f} s"
+               f"{f' (drawn in {plot})' if plot else ''}.", err=True)
 
 
 # -- progress and logging ------------------------------------------------------------------------
 
 
-def _progress():
-    return _BarProgress() if sys.stderr.isatty() else _LogProgress()
+def _progress(unit: str = "img"):
+    """A tqdm bar on a terminal, log lines otherwise; counting UNIT (img, MB)."""
+    return _BarProgress(unit) if sys.stderr.isatty() else _LogProgress(unit)
 
 
 class _BarProgress:
     """A tqdm bar on a terminal."""
 
-    def __init__(self):
-        self._bar = None
+    def __init__(self, unit: str = "img"):
+        self._bar, self._unit = None, unit
 
     def start(self, total: int, done: int) -> None:
         from tqdm import tqdm
 
-        self._bar = tqdm(total=total, initial=done, unit="img", dynamic_ncols=True, smoothing=0.1)
+        self._bar = tqdm(total=total, initial=done, unit=self._unit, dynamic_ncols=True, smoothing=0.1)
 
     def advance(self, images: int) -> None:
         self._bar.update(images)
@@ -369,8 +450,8 @@ class _BarProgress:
 class _LogProgress:
     """Plain log lines (about every 30 s and at 10% steps) when stderr is not a terminal."""
 
-    def __init__(self, every_seconds: float = 30.0):
-        self._every = every_seconds
+    def __init__(self, unit: str = "img", every_seconds: float = 30.0):
+        self._every, self._unit = every_seconds, unit
 
     def start(self, total: int, done: int) -> None:
         self._total, self._done, self._first = total, done, done
@@ -382,8 +463,9 @@ class _LogProgress:
         now = time.monotonic()
         if now - self._last >= self._every or self._done >= self._next_step:
             rate = (self._done - self._first) / max(now - self._started, 1e-9)
-            log.info("%d/%d images (%.0f%%), %.1f img/s", self._done, self._total,
-                     100.0 * self._done / max(self._total, 1), rate)
+            names = "images" if self._unit == "img" else self._unit
+            log.info("%d/%d %s (%.0f%%), %.1f %s/s", self._done, self._total, names,
+                     100.0 * self._done / max(self._total, 1), rate, self._unit)
             self._last = now
             while self._next_step <= self._done:
                 self._next_step += max(1, self._total // 10)

@@ -17,7 +17,7 @@ from featdump.output.layout import Output
 
 def draw(output: Path, layer: str | None, index: int, picture: Path | None, channels: int = 16) -> Path:
     """Write a PNG of row INDEX of LAYER of OUTPUT (default PICTURE: OUTPUT-LAYER-INDEX.png); returns it."""
-    plt = _pyplot()
+    plt = pyplot()
     values, name, image, title = _read(Path(output), layer, index)
     picture = Path(picture) if picture else Path(output).with_name(f"{Path(output).stem}-{name}-{index}.png")
     grid = _as_maps(values)
@@ -30,7 +30,7 @@ def draw(output: Path, layer: str | None, index: int, picture: Path | None, chan
     return picture
 
 
-def _pyplot():
+def pyplot():
     try:
         import matplotlib
     except ImportError as error:

@@ -96,3 +96,32 @@ def _components_match(pattern: list[str], path: list[str]) -> bool:
     if pattern[0] == "**":
         return _components_match(pattern[1:], path) or (bool(path) and _components_match(pattern, path[1:]))
     return bool(path) and fnmatch.fnmatchcase(path[0], pattern[0]) and _components_match(pattern[1:], path[1:])
+
+
+def select_stored(selectors: list[str], names: list[str], where: str) -> list[str]:
+    """The layer NAMES an output holds (PATH, PATH:K, PATH@PART) that SELECTORS pick, in NAMES' order: a plain
+    name as it is, a pattern as in `match_pattern` (its :K and @PART parts matched as text). UnknownLayer naming
+    WHERE when a name is not held or a pattern picks nothing."""
+    chosen: dict[str, None] = {}
+    for text in (selector.strip() for selector in selectors if selector.strip()):
+        if not is_pattern(text):
+            if text not in names:
+                close = difflib.get_close_matches(text, names, n=5, cutoff=0.6)
+                maybe = f" Close matches: {', '.join(close)}." if close else ""
+                raise UnknownLayer(f"{where} holds no layer {text!r}.{maybe} It holds {', '.join(names)}.")
+            chosen.setdefault(text)
+            continue
+        path, suffix = _split_suffix(text)
+        matched = [name for name in names if _components_match(path.split("."), _split_suffix(name)[0].split("."))
+                   and fnmatch.fnmatchcase(_split_suffix(name)[1], suffix or _split_suffix(name)[1])]
+        if not matched:
+            raise UnknownLayer(f"Layer pattern {text!r} matches no layer of {where}; it holds {', '.join(names)}.")
+        for name in matched:
+            chosen.setdefault(name)
+    return list(chosen)
+
+
+def _split_suffix(name: str) -> tuple[str, str]:
+    """'layer1.0.relu:2@0' -> ('layer1.0.relu', ':2@0')."""
+    cut = min((index for index in (name.find(":"), name.find("@")) if index >= 0), default=len(name))
+    return name[:cut], name[cut:]

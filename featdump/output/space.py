@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import logging
+import re
 import shutil
 from pathlib import Path
 
-from featdump.errors import NotEnoughSpace
+from featdump.errors import BadOption, NotEnoughSpace
 from featdump.output.layout import DatasetSpec
 
 log = logging.getLogger("featdump")
@@ -44,3 +45,18 @@ def human_bytes(count: float) -> str:
             return f"{count:.0f} {unit}" if unit == "B" else f"{count:.1f} {unit}"
         count /= 1000
     return f"{count:.1f} TB"
+
+
+_UNITS = {"": 1, "B": 1, "K": 1000, "KB": 1000, "M": 1000**2, "MB": 1000**2, "G": 1000**3, "GB": 1000**3,
+          "T": 1000**4, "TB": 1000**4, "KIB": 1024, "MIB": 1024**2, "GIB": 1024**3, "TIB": 1024**4}
+
+
+def parse_bytes(text: str | int, name: str = "--memory") -> int:
+    """'128MB', '4GB', '1.5GiB', '512M' or a number of bytes, as bytes; BadOption naming NAME otherwise."""
+    if isinstance(text, int):
+        return text
+    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([A-Za-z]*)\s*", str(text))
+    unit = match.group(2).upper() if match else None
+    if unit not in _UNITS:
+        raise BadOption(f"{name} {text!r}: give a size such as 512MB, 4GB or 1.5GiB.")
+    return int(float(match.group(1)) * _UNITS[unit])

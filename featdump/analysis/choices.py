@@ -1,0 +1,4 @@
+"""The analyses' choices, without torch (the CLI's --help reads them): metrics and the default memory budget."""
+
+METRICS = ("correlation", "euclidean", "cosine")
+DEFAULT_MEMORY = "1GB"  # a laptop's share for the slabs of a layer read at once; the N x N results come on top

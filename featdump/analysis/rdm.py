@@ -1,0 +1,126 @@
+"""RDM: representational dissimilarity matrices of an output's layers, out of core (`featdump rdm`, `featdump.rdm`).
+
+    correlation   1 - Pearson's r between two rows' features (rsatoolbox's `correlation`)
+    euclidean     the mean squared difference of two rows' features (rsatoolbox's `euclidean`)
+    cosine        1 - the cosine of the angle between two rows
+
+Each is a function of the layer's Gram statistics (`gram.py`: float32 products of centred slabs summed in
+float64), so memory is the N x N result plus one slab (`--memory`), whatever the layer's width.
+RDMS.h5: /rdms/LAYER (N, N) float64 with the attribute `metric`, /paths and /labels of the rows.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from featdump.analysis.choices import DEFAULT_MEMORY, METRICS
+from featdump.analysis.gram import Gram, gram
+from featdump.analysis.results import Results
+from featdump.analysis.stored import Stored
+from featdump.errors import BadOption, UsageProblem
+from featdump.forward.device import resolve_device
+from featdump.job.report import NoProgress, Progress
+from featdump.output.space import human_bytes, parse_bytes
+
+log = logging.getLogger("featdump")
+GROUP = "rdms"
+
+
+def dissimilarities(stats: Gram, metric: str) -> np.ndarray:
+    """The N x N RDM of METRIC from a layer's Gram statistics (float64; zero on the diagonal)."""
+    if metric == "euclidean":
+        norms = torch.diagonal(stats.centred).clone()
+        result = stats.centred * -2.0
+        result += norms[:, None]
+        result += norms[None, :]
+        result /= stats.features
+        result.clamp_(min=0.0)
+    elif metric in ("correlation", "cosine"):
+        result = stats.row_centred() if metric == "correlation" else stats.uncentred()
+        scale = torch.diagonal(result).clone().sqrt_()
+        result /= scale[:, None]
+        result /= scale[None, :]
+        result.neg_().add_(1.0)
+    else:
+        raise BadOption(f"--metric {metric!r}: use one of {', '.join(METRICS)}.")
+    result.fill_diagonal_(0.0)
+    return result.cpu().numpy()
+
+
+def rdm(output: str | Path, layers: list[str] | str | None = None, metric: str = "correlation",
+        memory: str | int = DEFAULT_MEMORY, device: str = "auto", to: str | Path | None = None,
+        overwrite: bool = False, as_rsatoolbox: bool = False, progress: Progress | None = None):
+    """The RDM of each layer of the featdump output OUTPUT (LAYERS: names or patterns as in extract; all by
+    default) over its committed rows, as {layer: (N, N) float64 array}; an rsatoolbox.rdm.RDMs with
+    AS_RSATOOLBOX. TO: also written there (RDMS.h5), resumable layer by layer. MEMORY bounds the slabs read
+    ('128MB', '4GB'); DEVICE: auto (CUDA when there is one), cpu, cuda:N."""
+    if metric not in METRICS:
+        raise BadOption(f"--metric {metric!r}: use one of {', '.join(METRICS)}.")
+    stored = Stored.read(output)
+    names = stored.select(_listed(layers))
+    budget, place = parse_bytes(memory), resolve_device(device)
+    results = None
+    if to is not None:
+        made_from = {"source": stored.identity(), "metric": metric, "layers": names}
+        results = Results.open(Path(to), made_from, stored.paths, stored.labels, stored.classes, overwrite)
+    progress = progress or NoProgress()
+    try:
+        matrices = _compute(stored, names, metric, budget, place, results, progress)
+        if results is not None:
+            results.finish({"metric": metric, "layers": names})
+            results = None
+    finally:
+        progress.close()
+        if results is not None:
+            results.close()
+    return to_rsatoolbox(matrices, metric, stored) if as_rsatoolbox else matrices
+
+
+def _compute(stored: Stored, names: list[str], metric: str, budget: int, device: torch.device,
+             results: Results | None, progress: Progress) -> dict[str, np.ndarray]:
+    todo = [name for name in names if results is None or not results.has(GROUP, name)]
+    if results is not None and len(todo) < len(names):
+        log.info("Resuming: %d of %d layers' RDMs are in %s already.", len(names) - len(todo), len(names),
+                 results.output)
+    sizes = {name: stored.size(name) for name in todo}
+    log.info("RDMs (%s) of %d layer%s over %d rows: %s to read, slabs of at most %s on %s.", metric, len(todo),
+             "s" * (len(todo) != 1), stored.rows, human_bytes(sum(sizes.values())), human_bytes(budget), device)
+    progress.start(_megabytes(sum(sizes.values())), 0)
+    matrices = {}
+    for name in names:
+        if name not in todo:
+            matrices[name] = results.read(GROUP, name)
+            continue
+        with stored.dataset(name) as dataset:
+            stats = gram(dataset, stored.rows, budget, device, lambda read: progress.advance(_megabytes(read)))
+        matrices[name] = dissimilarities(stats, metric)
+        del stats
+        if results is not None:
+            results.commit(GROUP, name, matrices[name], {"metric": metric, "layer": name})
+    return matrices
+
+
+def to_rsatoolbox(matrices: dict[str, np.ndarray], metric: str, stored: Stored):
+    """MATRICES as one rsatoolbox.rdm.RDMs: an RDM per layer (`layer` descriptor), the rows' path and label."""
+    try:
+        from rsatoolbox.rdm import RDMs
+    except ImportError as error:
+        raise UsageProblem("as_rsatoolbox=True needs rsatoolbox: pip install 'featdump[rsa]'.") from error
+    names = list(matrices)
+    return RDMs(np.stack([matrices[name] for name in names]), dissimilarity_measure=metric,
+                rdm_descriptors={"layer": names},
+                pattern_descriptors={"path": list(stored.paths), "label": list(stored.labels)})
+
+
+def _listed(layers: list[str] | str | None) -> list[str] | None:
+    if layers is None:
+        return None
+    return [part for part in (layers.split(",") if isinstance(layers, str) else layers) if part.strip()]
+
+
+def _megabytes(count: int) -> float:
+    return count / 1e6

@@ -1,0 +1,59 @@
+"""Stored: an output as an analysis reads it: its committed rows (a file being extended gives those it had when
+read), their paths and labels, its layers in model order, and what identifies it for a resumable result."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import h5py
+import numpy as np
+
+from featdump.forward.patterns import select_stored
+from featdump.output.layout import Output, text_of
+
+
+@dataclass(frozen=True)
+class Stored:
+    path: Path
+    rows: int
+    paths: list[str]
+    labels: np.ndarray
+    classes: list[str]
+    layers: list[str]  # in the order the run recorded them (its model's order)
+    fingerprint: str  # a digest of the run's fingerprint: which run made the file
+
+    @classmethod
+    def read(cls, path: str | Path) -> Stored:
+        path = Path(path)
+        with Output.open(path) as output:
+            held = output.layers
+            recorded = [text_of(name) for name in output.attrs.get("layers", [])]
+            layers = [name for name in recorded if name in held] + [name for name in held if name not in recorded]
+            fingerprint = hashlib.sha256(json.dumps(output.fingerprint, sort_keys=True).encode()).hexdigest()[:16]
+            return cls(path, output.committed.rows, output.paths(), output.labels(), output.classes, layers,
+                       fingerprint)
+
+    def select(self, selectors: list[str] | None) -> list[str]:
+        """The layers SELECTORS name (patterns as in extract); all of them when None."""
+        return list(self.layers) if not selectors else select_stored(selectors, self.layers, repr(str(self.path)))
+
+    def identity(self) -> dict:
+        """What a result over this file records, to be resumed only over the same rows of the same run."""
+        rows = hashlib.sha256("\n".join(self.paths).encode("utf-8", "surrogateescape")).hexdigest()[:16]
+        return {"file": str(self.path.resolve()), "rows": self.rows, "paths": rows, "run": self.fingerprint}
+
+    @contextmanager
+    def dataset(self, layer: str) -> Iterator[h5py.Dataset]:
+        """LAYER's dataset, the file open only while it is read (an --update can commit between two layers)."""
+        with Output.open(self.path) as output:
+            yield output.features(layer)
+
+    def size(self, layer: str) -> int:
+        """Bytes of LAYER's committed rows."""
+        with self.dataset(layer) as dataset:
+            return self.rows * int(np.prod(dataset.shape[1:])) * dataset.dtype.itemsize
