@@ -20,8 +20,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from featdump.analysis.gram import gram
 from featdump.analysis.choices import DEFAULT_MEMORY
+from featdump.analysis.gram import gram
 from featdump.analysis.rdm import _listed, _megabytes
 from featdump.analysis.results import Results
 from featdump.analysis.stored import Stored
@@ -162,11 +162,12 @@ def _unbiased_hsic(left: np.ndarray, right: np.ndarray) -> float:
     """The debiased HSIC (Song et al. 2012) of two Gram matrices; centring them first changes nothing (a shift
     of the features), so the centred ones serve."""
     n = left.shape[0]
-    k, l = left.copy(), right.copy()
-    np.fill_diagonal(k, 0.0)
-    np.fill_diagonal(l, 0.0)
-    k_sums, l_sums = k.sum(1), l.sum(1)
-    value = np.vdot(k, l) + k_sums.sum() * l_sums.sum() / ((n - 1) * (n - 2)) - 2.0 / (n - 2) * float(k_sums @ l_sums)
+    first, second = left.copy(), right.copy()
+    np.fill_diagonal(first, 0.0)
+    np.fill_diagonal(second, 0.0)
+    first_sums, second_sums = first.sum(1), second.sum(1)
+    value = (np.vdot(first, second) + first_sums.sum() * second_sums.sum() / ((n - 1) * (n - 2))
+             - 2.0 / (n - 2) * float(first_sums @ second_sums))
     return float(value / (n * (n - 3)))
 
 

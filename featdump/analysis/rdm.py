@@ -101,6 +101,7 @@ def _compute(stored: Stored, names: list[str], metric: str, budget: int, device:
         del stats
         if results is not None:
             results.commit(GROUP, name, matrices[name], {"metric": metric, "layer": name})
+            log.info("The RDM of %s is in %s (%d of %d).", name, results.output, names.index(name) + 1, len(names))
     return matrices
 
 
