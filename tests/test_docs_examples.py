@@ -24,7 +24,8 @@ NOT_RUN = {  # the example's start: why it cannot run in a test
 
 @pytest.fixture(scope="module")
 def sandbox(tmp_path_factory):
-    """A folder with what the examples name: images/, photos/, examples/images, shards/*.tar, tars.txt."""
+    """A folder with what the examples name: images/, photos/, examples/images, shards/*.tar, tars.txt, and the
+    outputs the analysis examples read."""
     root = tmp_path_factory.mktemp("docs")
     for folder in ("images", "photos", "reference_images", "stimuli"):
         write_images(root / folder, {"cats": 2, "dogs": 1}, size=(40, 32))
@@ -39,6 +40,10 @@ def sandbox(tmp_path_factory):
                 info.size = len(data)
                 archive.addfile(info, io.BytesIO(data))
     (root / "tars.txt").write_text("shards/00000.tar\nshards/00001.tar\n")
+    for name, model, layers in (("feats.h5", "resnet18", "layer3,layer4,avgpool"),  # what rdm, cka and show read
+                                ("resnet18.h5", "resnet18", "layer*"), ("resnet50.h5", "resnet50", "layer*")):
+        made = run_featdump("extract", "-m", model, "-w", "none", "-l", layers, "images", name, cwd=root)
+        assert made.returncode == 0, made.stderr
     for shard in ("0/2", "1/2"):  # what `featdump merge out.h5` joins, as the sharded job before it writes
         made = run_featdump("extract", "--shard", shard, "-m", "resnet18", "-w", "none", "-l", "avgpool", "images",
                             "out.h5", cwd=root)
@@ -90,6 +95,8 @@ def test_the_python_examples_run(sandbox, monkeypatch):
     assert made.returncode == 0, made.stderr
     namespaces: dict[str, dict] = {}  # a page's blocks follow on from each other, as a reader runs them
     for page, code in blocks("python"):
+        if page == "api.md":  # its extract writes feats.h5 anew (analysis.md, before it, read the sandbox's)
+            (sandbox / "feats.h5").unlink(missing_ok=True)
         code = code.replace('model="resnet50"', 'model="resnet18", weights="none"')
         if "featdump.capture(model" in code:  # inside your own loop: `model` and `loader` are the reader's
             code = code[:code.index("with featdump.capture(model")]

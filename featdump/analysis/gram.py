@@ -1,7 +1,7 @@
 """Gram: one layer's N x N Gram matrix over the rows of an output, accumulated out of core, whatever its width.
 
 The layer is read in slabs of its features (whole rows' slices, each byte of the file read once): every slab
-holds all N rows and fits the memory budget. A slab's mean over the rows is removed before its products, so the
+holds all N rows, and two slabs (one used while the next is read, on a thread) fit the memory budget. A slab's mean over the rows is removed before its products, so the
 float32 products (of at most PRODUCT_WIDTH features each) see centred values (no large common part to cancel
 later), and the products are summed in float64, as are the row sums and the means' cross terms that give back
 the uncentred Gram:
@@ -16,7 +16,9 @@ C is the doubly centred Gram (H X X^T H) that CKA takes; the RDMs are functions 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+import queue
+import threading
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -83,31 +85,66 @@ def slab_width(shape: tuple[int, ...], slab: tuple[slice, ...]) -> int:
 
 def gram(dataset: h5py.Dataset, rows: int, memory: int, device: torch.device,
          advance: Callable[[int], None] = lambda _: None) -> Gram:
-    """The Gram statistics of the first ROWS rows of DATASET, reading slabs of at most MEMORY bytes (as float32,
-    all rows); ADVANCE(bytes) after each read."""
+    """The Gram statistics of the first ROWS rows of DATASET, reading slabs (two at a time: the next is read while
+    one is used) of at most MEMORY bytes in all; ADVANCE(bytes) after each read."""
     shape = dataset.shape[1:]
-    features = math.prod(shape)
-    budget = max(1, memory // (max(rows, 1) * 4))
+    budget = max(1, memory // (2 * max(rows, 1) * 4))
     zeros = dict(dtype=torch.float64, device=device)
     centred, row_sums, shifts = torch.zeros(rows, rows, **zeros), torch.zeros(rows, **zeros), torch.zeros(rows, **zeros)
     mean_square = mean_sum = 0.0
-    for slab in slabs(shape, budget):
-        block = _read_slab(dataset, rows, slab, advance)
+    step = max(1, rows // 16)  # rows converted to float64 at a time: 1/8 of a slab's bytes
+    for block in _prefetched(dataset, rows, slabs(shape, budget), advance):
         values = torch.from_numpy(block).to(device)
-        mean = values.mean(0, dtype=torch.float64)
-        values -= mean.to(torch.float32)
+        centre = values.mean(0)  # any centre keeps the algebra exact; the mean makes the products' values small
+        values -= centre
         with _exact_float32():
             for start in range(0, values.shape[1], PRODUCT_WIDTH):
                 part = values[:, start:start + PRODUCT_WIDTH]
                 centred += part @ part.T
-        row_sums += values.sum(1, dtype=torch.float64)
-        step = max(1, rows // 16)  # Y mu in float64, a few rows at a time (bounded extra memory)
-        for start in range(0, rows, step):
-            shifts[start:start + step] += values[start:start + step].to(torch.float64) @ mean
-        mean_square += float(mean @ mean)
-        mean_sum += float(mean.sum())
+        centre = centre.to(torch.float64)
+        for start in range(0, rows, step):  # r = Y 1 and s = Y c in float64: c may be large where Y is small
+            piece = values[start:start + step].to(torch.float64)
+            row_sums[start:start + step] += piece.sum(1)
+            shifts[start:start + step] += piece @ centre
+            del piece
+        mean_square += float(centre @ centre)
+        mean_sum += float(centre.sum())
         del values, block
-    return Gram(centred, row_sums, shifts, mean_square, mean_sum, features)
+    return Gram(centred, row_sums, shifts, mean_square, mean_sum, math.prod(shape))
+
+
+def _prefetched(dataset: h5py.Dataset, rows: int, parts: list[tuple[slice, ...]], advance) -> Iterator[np.ndarray]:
+    """Each slab of PARTS, read on a thread while the one before is used: at most two slabs exist at once."""
+    tokens, ready = threading.Semaphore(2), queue.Queue()
+    stop = threading.Event()
+
+    def read() -> None:
+        try:
+            for slab in parts:
+                tokens.acquire()
+                if stop.is_set():
+                    return
+                ready.put(_read_slab(dataset, rows, slab, advance))
+            ready.put(None)
+        except BaseException as error:  # given to the caller, raised there
+            ready.put(error)
+
+    reader = threading.Thread(target=read, name="featdump-slabs", daemon=True)
+    reader.start()
+    try:
+        while True:
+            block = ready.get()
+            if block is None:
+                return
+            if isinstance(block, BaseException):
+                raise block
+            yield block
+            del block
+            tokens.release()
+    finally:
+        stop.set()
+        tokens.release()
+        reader.join()
 
 
 def _read_slab(dataset: h5py.Dataset, rows: int, slab: tuple[slice, ...], advance) -> np.ndarray:

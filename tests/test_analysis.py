@@ -1,0 +1,267 @@
+"""RDMs and CKA from stored features, out of core: equal to rsatoolbox's and to a direct numpy computation, exact
+where a naive float32 Gram loses its digits, within the memory bound whatever the layer's width, resumed after a
+kill, and on every kind of output (merged views, reduced layers, float16, a partial file's committed rows)."""
+
+from __future__ import annotations
+
+import shutil
+import signal
+import subprocess
+import sys
+
+import h5py
+import numpy as np
+import pytest
+import torch
+
+import featdump
+from featdump.job.runner import extract
+from featdump.output.layout import DatasetSpec
+from featdump.output.writer import FeatureWriter
+
+from .conftest import CrashAfterFirstBatch, featdump_env, run_featdump, settings_for, start_featdump, write_images
+
+rsatoolbox = pytest.importorskip("rsatoolbox")
+from rsatoolbox.data import Dataset  # noqa: E402
+from rsatoolbox.rdm import calc_rdm  # noqa: E402
+
+BASE = ["extract", "-m", "resnet18", "-w", "none"]
+
+
+def off_diagonal(matrix: np.ndarray) -> np.ndarray:
+    return matrix[~np.eye(len(matrix), dtype=bool)]
+
+
+def reference_rdm(rows: np.ndarray, metric: str) -> np.ndarray:
+    """rsatoolbox's RDM (correlation, euclidean) or numpy's cosine, in float64."""
+    rows = rows.reshape(len(rows), -1).astype(np.float64)
+    if metric == "cosine":
+        unit = rows / np.linalg.norm(rows, axis=1, keepdims=True)
+        return 1.0 - unit @ unit.T
+    return calc_rdm(Dataset(rows), method=metric).get_matrices()[0]
+
+
+def reference_cka(first: np.ndarray, second: np.ndarray, unbiased: bool) -> float:
+    """Linear CKA from the raw (uncentred) rows, as the papers write it."""
+    first, second = (rows.reshape(len(rows), -1).astype(np.float64) for rows in (first, second))
+    n = len(first)
+
+    def hsic(k, l):  # noqa: E741 - the papers' names
+        if not unbiased:
+            centre = np.eye(n) - 1.0 / n
+            return np.sum((centre @ k @ centre) * (centre @ l @ centre))
+        k, l = k.copy(), l.copy()  # noqa: E741
+        np.fill_diagonal(k, 0)
+        np.fill_diagonal(l, 0)
+        return (np.sum(k * l) + k.sum() * l.sum() / ((n - 1) * (n - 2)) - 2 / (n - 2) * k.sum(0) @ l.sum(0)) \
+            / (n * (n - 3))
+
+    k, l = first @ first.T, second @ second.T  # noqa: E741
+    return hsic(k, l) / np.sqrt(hsic(k, k) * hsic(l, l))
+
+
+def write_output(path, layers: dict[str, np.ndarray], batch: int = 8):
+    """A featdump output written by featdump's own writer, holding LAYERS' rows (one image path per row)."""
+    rows = len(next(iter(layers.values())))
+    specs = {name: DatasetSpec(values.shape[1:], str(values.dtype)) for name, values in layers.items()}
+    writer = FeatureWriter.open(path, specs, {"image_count": rows, "layers": list(layers)},
+                                {"model": "synthetic", "layers": list(layers)}, ["a", "b"], batch)
+    for start in range(0, rows, batch):
+        stop = min(start + batch, rows)
+        writer.append({name: values[start:stop] for name, values in layers.items()},
+                      [f"{'ab'[row % 2]}/{row:04d}.jpg" for row in range(start, stop)],
+                      [row % 2 for row in range(start, stop)], [], stop)
+    return writer.finish()
+
+
+@pytest.fixture(scope="module")
+def study(tmp_path_factory):
+    """12 images; resnet18 (seed 0) layers whole, srp-reduced and float16; the same model with seed 1."""
+    root = tmp_path_factory.mktemp("analysis")
+    write_images(root / "images", {"cats": 6, "dogs": 6}, size=(40, 32))
+    layers = ["-l", "layer1,layer3,avgpool,fc", "--reduce", "fc=srp:32"]
+    for name, extra in (("out.h5", []), ("seed1.h5", ["--seed", "1"]), ("half.h5", ["--dtype", "float16"])):
+        result = run_featdump(*BASE, *layers, *extra, root / "images", root / name)
+        assert result.returncode == 0, result.stderr
+    return root
+
+
+@pytest.mark.parametrize("metric", ["correlation", "euclidean", "cosine"])
+def test_rdms_equal_rsatoolbox_s_read_in_many_slabs(study, tmp_path, metric):
+    result = run_featdump("rdm", study / "out.h5", "--metric", metric, "--memory", "64KB", "-o", tmp_path / "r.h5")
+    assert result.returncode == 0, result.stderr
+    assert f"Wrote the {metric} RDMs of 4 layers over 12 images" in result.stderr
+    with h5py.File(tmp_path / "r.h5", "r") as h5file:
+        assert list(h5file.attrs["layers"]) == ["layer1", "layer3", "avgpool", "fc"]
+        assert list(h5file["paths"].asstr()[:]) == featdump.load(study / "out.h5", "fc").paths
+        assert list(h5file["labels"][:]) == [0] * 6 + [1] * 6
+        for layer in ("layer1", "layer3", "avgpool", "fc"):
+            ours, expected = h5file["rdms"][layer][:], reference_rdm(featdump.load(study / "out.h5", layer).features,
+                                                                      metric)
+            assert h5file["rdms"][layer].attrs["metric"] == metric and ours.dtype == np.float64
+            np.testing.assert_allclose(off_diagonal(ours), off_diagonal(expected), rtol=1e-5)
+            assert np.all(np.diag(ours) == 0)
+
+
+def test_a_large_common_offset_keeps_its_digits(tmp_path):
+    """Activations far from zero (1000 + noise): a float32 Gram cancels to noise, the centred slabs do not."""
+    rng = np.random.default_rng(0)
+    values = (1000.0 + rng.standard_normal((16, 300_000))).astype(np.float32)
+    write_output(tmp_path / "offset.h5", {"wide": values})
+    expected = reference_rdm(values, "euclidean")
+    ours = featdump.rdm(tmp_path / "offset.h5", metric="euclidean", memory="2MB", device="cpu")["wide"]
+    np.testing.assert_allclose(off_diagonal(ours), off_diagonal(expected), rtol=1e-5)
+    naive = torch.from_numpy(values) @ torch.from_numpy(values).T  # what a float32 Gram gives
+    norms = torch.diagonal(naive)
+    naive = ((norms[:, None] + norms[None, :] - 2 * naive) / values.shape[1]).numpy()
+    assert np.max(np.abs(off_diagonal(naive) - off_diagonal(expected)) / off_diagonal(expected)) > 1e-2
+    for metric in ("correlation", "cosine"):
+        ours = featdump.rdm(tmp_path / "offset.h5", metric=metric, memory="2MB", device="cpu")["wide"]
+        np.testing.assert_allclose(off_diagonal(ours), off_diagonal(reference_rdm(values, metric)), rtol=1e-5)
+
+
+MEASURE = """
+import resource, subprocess, sys
+done = subprocess.run([sys.executable, "-m", "featdump", *sys.argv[1:]], capture_output=True, text=True)
+assert done.returncode == 0, done.stderr
+print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)
+"""
+
+
+def peak_rss_mib(*arguments) -> float:
+    """Peak RSS of one `featdump ARGUMENTS` process (a fresh parent: no other child counts)."""
+    result = subprocess.run([sys.executable, "-c", MEASURE, *map(str, arguments)], capture_output=True, text=True,
+                            env=featdump_env(), check=True)
+    return int(result.stdout.strip()) / 1024
+
+
+@pytest.mark.slow  # 512 MB written, two processes measured whole
+def test_a_layer_wider_than_the_memory_bound_stays_within_it(tmp_path):
+    rng = np.random.default_rng(1)
+    wide = rng.standard_normal((64, 2_000_000), dtype=np.float32)  # 512 MB of features
+    write_output(tmp_path / "wide.h5", {"wide": wide, "narrow": wide[:, :1000].copy()})
+    narrow_peak = peak_rss_mib("rdm", tmp_path / "wide.h5", "-l", "narrow", "--memory", "32MB", "-o",
+                               tmp_path / "narrow-rdm.h5")
+    wide_peak = peak_rss_mib("rdm", tmp_path / "wide.h5", "-l", "wide", "--memory", "32MB", "-o",
+                             tmp_path / "wide-rdm.h5")
+    print(f"\npeak RSS: {narrow_peak:.0f} MiB for 1,000 features, {wide_peak:.0f} MiB for 2,000,000 (512 MB)")
+    assert wide_peak - narrow_peak < 32 + 24, (narrow_peak, wide_peak)  # the slab, and allocator slack
+    with h5py.File(tmp_path / "wide-rdm.h5", "r") as h5file:
+        np.testing.assert_allclose(off_diagonal(h5file["rdms/wide"][:]),
+                                   off_diagonal(reference_rdm(wide, "correlation")), rtol=1e-5)
+
+
+def test_a_kill_resumes_at_the_first_layer_not_written(tmp_path):
+    rng = np.random.default_rng(2)
+    layers = {f"block{index}": rng.standard_normal((24, 400_000), dtype=np.float32) for index in range(4)}
+    write_output(tmp_path / "blocks.h5", layers)
+    command = ["rdm", tmp_path / "blocks.h5", "--memory", "256KB", "--device", "cpu", "-o", tmp_path / "r.h5"]
+    process = start_featdump(*command)
+    for line in process.stderr:
+        if "The RDM of block0 is in" in line:
+            process.send_signal(signal.SIGKILL)
+            break
+    process.wait()
+    assert process.returncode == -signal.SIGKILL, "the run ended before the kill"
+    assert (tmp_path / "r.h5.partial").exists() and not (tmp_path / "r.h5").exists()
+    result = run_featdump(*command)
+    assert result.returncode == 0, result.stderr
+    assert "Resuming: " in result.stderr and "layers' RDMs are in" in result.stderr
+    fresh = featdump.rdm(tmp_path / "blocks.h5", device="cpu", memory="256KB")  # the same slabs: the same sums
+    with h5py.File(tmp_path / "r.h5", "r") as h5file:
+        assert sorted(h5file["rdms"]) == sorted(layers) and "writing" not in h5file
+        for name in layers:
+            np.testing.assert_array_equal(h5file["rdms"][name][:], fresh[name])
+    again = run_featdump(*command)
+    assert again.returncode == 2 and "already exists; pass --overwrite" in again.stderr
+
+
+def test_cka_within_one_output_equals_numpy_and_is_drawn(study, tmp_path):
+    layers = ["layer1", "layer3", "avgpool", "fc"]
+    rows = {layer: featdump.load(study / "out.h5", layer).features for layer in layers}
+    for unbiased in (False, True):
+        result = featdump.cka(study / "out.h5", unbiased=unbiased, memory="64KB", device="cpu")
+        assert result.rows == result.columns == layers and result.images == 12
+        expected = [[reference_cka(rows[a], rows[b], unbiased) for b in layers] for a in layers]
+        np.testing.assert_allclose(result.values, expected, rtol=1e-6, atol=1e-7)  # CKA lies in [-1, 1]
+    cli = run_featdump("cka", study / "out.h5", "-l", "layer*", "--unbiased", "-o", tmp_path / "c.h5", "--plot",
+                       tmp_path / "c.png")
+    assert cli.returncode == 0, cli.stderr
+    assert "Wrote unbiased CKA of 2 x 2 layers over 12 images" in cli.stderr
+    with h5py.File(tmp_path / "c.h5", "r") as h5file:
+        assert list(h5file["cka"].attrs["rows"]) == ["layer1", "layer3"] and h5file["cka"].attrs["unbiased"]
+        assert h5file["cka"][0, 1] == pytest.approx(reference_cka(rows["layer1"], rows["layer3"], True), rel=1e-6)
+    assert (tmp_path / "c.png").stat().st_size > 10_000 and not (tmp_path / "c.h5.grams.partial").exists()
+    shown = run_featdump("show", tmp_path / "c.h5", "-o", tmp_path / "shown.png")
+    assert shown.returncode == 0 and (tmp_path / "shown.png").exists()
+
+
+def test_cka_between_two_outputs_matches_rows_by_path(study, tmp_path):
+    result = featdump.cka(study / "out.h5", study / "seed1.h5", layers="layer3,avgpool", other_layers=["fc"],
+                          device="cpu")
+    assert result.rows == ["layer3", "avgpool"] and result.columns == ["fc"]
+    for index, layer in enumerate(result.rows):
+        expected = reference_cka(featdump.load(study / "out.h5", layer).features,
+                                 featdump.load(study / "seed1.h5", "fc").features, False)
+        assert result.values[index, 0] == pytest.approx(expected, rel=1e-6)
+    # Another folder: 3 images the first output lacks, 2 of its images missing, rows in another order.
+    shutil.copytree(study / "images", tmp_path / "images")
+    (tmp_path / "images" / "cats" / "img_000.jpg").unlink()
+    (tmp_path / "images" / "dogs" / "img_004.jpg").unlink()
+    write_images(tmp_path / "images", {"birds": 3}, seed=7, size=(40, 32))
+    assert run_featdump(*BASE, "-l", "avgpool", "--seed", "1", tmp_path / "images", tmp_path / "other.h5").returncode \
+        == 0
+    refused = run_featdump("cka", study / "out.h5", tmp_path / "other.h5", "-l", "avgpool", "-o", tmp_path / "c.h5")
+    assert refused.returncode == 2 and len(refused.stderr.strip().splitlines()) == 1
+    assert "2 of " in refused.stderr and "3 of its 13 are not in the first" in refused.stderr
+    assert "--common" in refused.stderr and not (tmp_path / "c.h5").exists()
+    common = featdump.cka(study / "out.h5", tmp_path / "other.h5", layers="avgpool", common=True, device="cpu")
+    first, second = featdump.load(study / "out.h5", "avgpool"), featdump.load(tmp_path / "other.h5", "avgpool")
+    shared = [path for path in first.paths if path in second.paths]
+    assert common.images == len(shared) == 10
+    expected = reference_cka(first.features[[first.paths.index(path) for path in shared]],
+                             second.features[[second.paths.index(path) for path in shared]], False)
+    assert common.values[0, 0] == pytest.approx(expected, rel=1e-6)
+
+
+def test_rdms_of_every_kind_of_output(study, tmp_path):
+    """float16 layers, srp-reduced ones (above), a merged view over shards, a killed run's committed rows; and
+    an rsatoolbox RDMs from the API."""
+    half = featdump.rdm(study / "half.h5", ["layer3"], metric="euclidean", device="cpu")["layer3"]
+    stored = featdump.load(study / "half.h5", "layer3").features
+    assert stored.dtype == np.float16
+    np.testing.assert_allclose(off_diagonal(half), off_diagonal(reference_rdm(stored, "euclidean")), rtol=1e-5)
+    output = tmp_path / "sharded.h5"
+    for shard in ("0/2", "1/2"):
+        assert run_featdump(*BASE, "-l", "avgpool", "--shard", shard, study / "images", output).returncode == 0
+    assert run_featdump("merge", output).returncode == 0
+    merged = featdump.rdm(output, "avgpool", device="cpu")["avgpool"]
+    np.testing.assert_allclose(merged, featdump.rdm(study / "out.h5", "avgpool", device="cpu")["avgpool"],
+                               rtol=1e-6, atol=1e-9)
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        extract(settings_for(study / "images", tmp_path / "killed.h5", layers=("avgpool",)), CrashAfterFirstBatch())
+    partial = featdump.rdm(tmp_path / "killed.h5.partial", device="cpu")["avgpool"]
+    assert partial.shape == (4, 4)  # the first batch's rows, committed before the crash
+    rows = featdump.load(study / "out.h5", "avgpool").features[:4]
+    np.testing.assert_allclose(off_diagonal(partial), off_diagonal(reference_rdm(rows, "correlation")), rtol=1e-5)
+    rdms = featdump.rdm(study / "out.h5", "layer*", device="cpu", as_rsatoolbox=True)
+    assert isinstance(rdms, rsatoolbox.rdm.RDMs) and rdms.n_rdm == 2 and rdms.n_cond == 12
+    assert rdms.rdm_descriptors["layer"] == ["layer1", "layer3"]
+    assert list(rdms.pattern_descriptors["path"]) == featdump.load(study / "out.h5", "fc").paths
+    expected = calc_rdm(Dataset(featdump.load(study / "out.h5", "layer3").features.reshape(12, -1)
+                                .astype(np.float64)), method="correlation")
+    np.testing.assert_allclose(rdms.dissimilarities[1], expected.dissimilarities[0], rtol=1e-5)
+
+
+def test_bad_input_is_one_line(study, tmp_path):
+    for arguments, message in (
+        (["rdm", study / "out.h5", "-l", "layer9", "-o", tmp_path / "r.h5"], "holds no layer 'layer9'"),
+        (["rdm", study / "out.h5", "--memory", "lots", "-o", tmp_path / "r.h5"], "--memory 'lots'"),
+        (["rdm", tmp_path / "nothing.h5", "-o", tmp_path / "r.h5"], "No file"),
+        (["rdm", study / "out.h5", "-l", "nope*", "-o", tmp_path / "r.h5"], "matches no layer"),
+        (["cka", study / "out.h5", "-o", tmp_path / "c.h5", "--device", "cuda:7"], "cuda"),
+    ):
+        result = run_featdump(*arguments)
+        assert result.returncode == 2 and message in result.stderr, result.stderr
+        assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert not list(tmp_path.iterdir())
