@@ -1,10 +1,12 @@
 """Gram: one layer's N x N Gram matrix over the rows of an output, accumulated out of core, whatever its width.
 
-The layer is read in slabs of its features (whole rows' slices, each byte of the file read once): every slab
-holds all N rows, and two slabs (one used while the next is read, on a thread) fit the memory budget. A slab's mean over the rows is removed before its products, so the
-float32 products (of at most PRODUCT_WIDTH features each) see centred values (no large common part to cancel
-later), and the products are summed in float64, as are the row sums and the means' cross terms that give back
-the uncentred Gram:
+The layer is read in slabs of its features (whole rows' slices): every slab holds all N rows, and two slabs (one
+used while the next is read, on a thread) fit the memory budget. Each row's slab is read straight from the file
+where rows lie raw in chunks (what featdump writes uncompressed), so each byte is read once; compressed or
+virtual datasets go through h5py, which reads a row's whole chunk for every slab. A slab's mean over the rows
+is removed before its products, so the float32 products (of at most PRODUCT_WIDTH features each) see centred
+values (no large common part to cancel later), and the products are summed in float64, giving the row sums and
+the means' cross terms too that give back the uncentred Gram:
 
     C = Y Y^T,  Y = X - 1 mu^T (mu: each feature's mean over the rows)      `centred`
     X X^T = C + s 1^T + 1 s^T + q,  s = Y mu,  q = mu . mu                    `uncentred()`
@@ -16,6 +18,7 @@ C is the doubly centred Gram (H X X^T H) that CKA takes; the RDMs are functions 
 from __future__ import annotations
 
 import math
+import os
 import queue
 import threading
 from collections.abc import Callable, Iterator
@@ -92,21 +95,21 @@ def gram(dataset: h5py.Dataset, rows: int, memory: int, device: torch.device,
     zeros = dict(dtype=torch.float64, device=device)
     centred, row_sums, shifts = torch.zeros(rows, rows, **zeros), torch.zeros(rows, **zeros), torch.zeros(rows, **zeros)
     mean_square = mean_sum = 0.0
-    step = max(1, rows // 16)  # rows converted to float64 at a time: 1/8 of a slab's bytes
     for block in _prefetched(dataset, rows, slabs(shape, budget), advance):
         values = torch.from_numpy(block).to(device)
         centre = values.mean(0)  # any centre keeps the algebra exact; the mean makes the products' values small
         values -= centre
+        level = centre.mean()  # r = Y 1 and s = Y c as r and Y (c - level) + level r: the centre's common part
+        weights = torch.stack([torch.ones_like(centre), centre - level])  # (large where all features share an
+        sums = torch.zeros(rows, 2, **zeros)  # offset) stays out of the float32 products
         with _exact_float32():
             for start in range(0, values.shape[1], PRODUCT_WIDTH):
                 part = values[:, start:start + PRODUCT_WIDTH]
                 centred += part @ part.T
+                sums += part @ weights[:, start:start + PRODUCT_WIDTH].T
+        row_sums += sums[:, 0]
+        shifts += sums[:, 1] + float(level) * sums[:, 0]
         centre = centre.to(torch.float64)
-        for start in range(0, rows, step):  # r = Y 1 and s = Y c in float64: c may be large where Y is small
-            piece = values[start:start + step].to(torch.float64)
-            row_sums[start:start + step] += piece.sum(1)
-            shifts[start:start + step] += piece @ centre
-            del piece
         mean_square += float(centre @ centre)
         mean_sum += float(centre.sum())
         del values, block
@@ -117,17 +120,22 @@ def _prefetched(dataset: h5py.Dataset, rows: int, parts: list[tuple[slice, ...]]
     """Each slab of PARTS, read on a thread while the one before is used: at most two slabs exist at once."""
     tokens, ready = threading.Semaphore(2), queue.Queue()
     stop = threading.Event()
+    offsets = raw_row_offsets(dataset, rows) if len(parts) > 1 else None
 
     def read() -> None:
+        descriptor = os.open(dataset.file.filename, os.O_RDONLY) if offsets is not None else None
         try:
             for slab in parts:
                 tokens.acquire()
                 if stop.is_set():
                     return
-                ready.put(_read_slab(dataset, rows, slab, advance))
+                ready.put(_read_slab(dataset, rows, slab, advance, offsets, descriptor))
             ready.put(None)
         except BaseException as error:  # given to the caller, raised there
             ready.put(error)
+        finally:
+            if descriptor is not None:
+                os.close(descriptor)
 
     reader = threading.Thread(target=read, name="featdump-slabs", daemon=True)
     reader.start()
@@ -147,11 +155,27 @@ def _prefetched(dataset: h5py.Dataset, rows: int, parts: list[tuple[slice, ...]]
         reader.join()
 
 
-def _read_slab(dataset: h5py.Dataset, rows: int, slab: tuple[slice, ...], advance) -> np.ndarray:
-    """Rows 0..ROWS of DATASET's SLAB as one (rows, width) float32 array, read in chunk-aligned groups of rows."""
+def _read_slab(dataset: h5py.Dataset, rows: int, slab: tuple[slice, ...], advance,
+               offsets: np.ndarray | None = None, descriptor: int | None = None) -> np.ndarray:
+    """Rows 0..ROWS of DATASET's SLAB as one (rows, width) float32 array. With OFFSETS (each row's place in the
+    file, `raw_row_offsets`), each row's slab is read straight from DESCRIPTOR (a slab is contiguous within a
+    row): only its bytes; HDF5 would read each row's whole chunk for every slab. Else through h5py, in groups."""
     shape = dataset.shape[1:]
     width = slab_width(shape, slab)
     block = np.empty((rows, width), dtype=np.float32)
+    if offsets is not None:
+        itemsize = dataset.dtype.itemsize
+        start = _flat_start(shape, slab) * itemsize
+        raw = block if dataset.dtype == np.float32 else np.empty((rows, width), dtype=dataset.dtype)
+        for row in range(rows):
+            target = memoryview(raw[row]).cast("B")
+            if os.preadv(descriptor, [target], int(offsets[row]) + start) != len(target):
+                raise OSError(f"{dataset.file.filename}: a row ended early (the file is shorter than its index says)")
+            if (row + 1) % 256 == 0 or row + 1 == rows:
+                advance(min(256, (row % 256) + 1) * width * itemsize)
+        if raw is not block:
+            block[:] = raw
+        return block
     view = block.reshape(rows, *(len(range(*part.indices(size))) for part, size in zip(slab, shape)))
     chunk_rows = dataset.chunks[0] if dataset.chunks else 1
     step = max(chunk_rows, (_READ_BYTES // max(width * dataset.dtype.itemsize, 1)) // chunk_rows * chunk_rows)
@@ -163,6 +187,31 @@ def _read_slab(dataset: h5py.Dataset, rows: int, slab: tuple[slice, ...], advanc
             view[start:stop] = dataset[(slice(start, stop), *slab)]
         advance((stop - start) * width * dataset.dtype.itemsize)
     return block
+
+
+def raw_row_offsets(dataset: h5py.Dataset, rows: int) -> np.ndarray | None:
+    """Where each of the first ROWS rows starts in the file, when every row lies whole and raw in a chunk (chunked
+    along rows, no filter, native byte order: what featdump writes uncompressed); None otherwise (compressed,
+    virtual, rows split across chunks), and h5py reads."""
+    if (dataset.chunks is None or dataset.is_virtual or tuple(dataset.chunks[1:]) != dataset.shape[1:]
+            or dataset.id.get_create_plist().get_nfilters() or not dataset.dtype.isnative):
+        return None
+    chunk_rows, row_bytes = dataset.chunks[0], math.prod(dataset.shape[1:]) * dataset.dtype.itemsize
+    offsets = np.empty(rows, dtype=np.int64)
+    origin = (0,) * (len(dataset.shape) - 1)
+    for first in range(0, rows, chunk_rows):
+        info = dataset.id.get_chunk_info_by_coord((first, *origin))
+        if info.byte_offset is None:
+            return None
+        count = min(chunk_rows, rows - first)
+        offsets[first:first + count] = info.byte_offset + np.arange(count) * row_bytes
+    return offsets
+
+
+def _flat_start(shape: tuple[int, ...], slab: tuple[slice, ...]) -> int:
+    """The C-order index of SLAB's first value in a row of SHAPE."""
+    strides = [math.prod(shape[axis + 1:]) for axis in range(len(shape))]
+    return sum((part.indices(size)[0]) * stride for part, size, stride in zip(slab, shape, strides))
 
 
 @contextmanager
