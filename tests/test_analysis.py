@@ -225,8 +225,13 @@ def test_cka_between_two_outputs_matches_rows_by_path(study, tmp_path):
 
 
 def test_rdms_of_every_kind_of_output(study, tmp_path):
-    """float16 layers, srp-reduced ones (above), a merged view over shards, a killed run's committed rows; and
-    an rsatoolbox RDMs from the API."""
+    """Compressed layers, float16 ones, srp-reduced ones (above), a merged view over shards, a killed run's
+    committed rows; and an rsatoolbox RDMs from the API."""
+    gzip = tmp_path / "gzip.h5"  # compressed chunks: read through h5py, slab by slab
+    assert run_featdump(*BASE, "-l", "layer1", "--compression", "gzip", study / "images", gzip).returncode == 0
+    np.testing.assert_allclose(featdump.rdm(gzip, memory="64KB", device="cpu")["layer1"],
+                               featdump.rdm(study / "out.h5", "layer1", memory="64KB", device="cpu")["layer1"],
+                               rtol=1e-12, atol=1e-12)
     half = featdump.rdm(study / "half.h5", ["layer3"], metric="euclidean", device="cpu")["layer3"]
     stored = featdump.load(study / "half.h5", "layer3").features
     assert stored.dtype == np.float16

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import contextlib
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
 from featdump.errors import UsageProblem
-from featdump.inputs.preprocess import Preprocess
+
+if TYPE_CHECKING:  # torchvision's import is a second that `featdump rdm` need not pay
+    from featdump.inputs.preprocess import Preprocess
 
 
 def resolve_device(name: str, local_rank: int | None = None) -> torch.device:
