@@ -1,13 +1,14 @@
 """--compile against eager: the batch loop's img/s, the compile time cold and with a warm cache, the whole command.
 
-    python benchmarks/compile.py [--images 512] [--models resnet50:avgpool,resnet18:layer3]
+    python benchmarks/compile.py [--images 512] [--models resnet50:avgpool,resnet18:layer3] [--rounds 3]
 
 ImageNet-size JPEGs (500x375, benchmarks/data), random weights, the default workers and batch size, each run a
-whole `featdump -v extract` command in its own process, in this order per model: eager, compiled with an empty
-cache folder (cold), compiled again with that folder (warm). "steady img/s" is the rate after the first batch
-(the -v "Stage times" line; compiling happens in the first batch, and its time, that batch included, is the
-"compile" column); "command" is the whole process's wall time. The compiled rows are compared with the eager
-ones (max difference over the max |value| of the layer). Prints a Markdown table.
+whole `featdump -v extract` command in its own process, in this order per model and round: eager, compiled
+with an empty cache folder (cold: the AOTInductor package is built), compiled again with that folder (warm: it
+is loaded). "steady img/s" is the rate after the first batch (the -v "Stage times" line; compiling happens in
+the first batch, and its time, that batch included, is the "compile" column); "command" is the whole process's
+wall time. The compiled rows are compared with the eager ones (max difference over the max |value| of the
+layer). Prints a Markdown table.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from __future__ import annotations
 import argparse
 import re
 import shutil
+import statistics
 import sys
 import tempfile
 from pathlib import Path
@@ -32,35 +34,48 @@ from benchmarks.run import make_images, timed_featdump  # noqa: E402
 def extract(model: str, layer: str, images: Path, output: Path, *options: str) -> dict:
     seconds, log = timed_featdump("-v", "extract", "-m", model, "-w", "none", "-l", layer, "--overwrite", *options,
                                   images, output, what=f"{model} {options}")
-    if "--compile" in options and "Compiled the forward" not in log:
+    compiled = re.search(r"(Compiled|Built|Loaded) the (?:compiled )?forward in ([\d.]+) s[,(]? ?(.*?)\)?; it differs",
+                         log)
+    if "--compile" in options and not compiled:
         raise SystemExit(f"{model} {options} ran eager:\n{log[-3000:]}")
     steady = re.search(r"after the first batch \d+ images in [\d.]+ s, ([\d.]+) img/s", log)
-    compiled = re.search(r"Compiled the forward in ([\d.]+) s, its first batch included "
-                         r"\(inductor; cache .*?: (.*?)\); it differs", log)
+    how = ""
+    if compiled:
+        how = "torch.compile" if compiled[1] == "Compiled" else f"AOTInductor, {compiled[1].lower()}"
     with h5py.File(output, "r") as h5file:
         values = h5file["features"][layer][:]
     return {"seconds": seconds, "loop_rate": float(steady[1]) if steady else float("nan"),  # nan: one batch only
-            "compile": float(compiled[1]) if compiled else None, "cache": compiled[2] if compiled else "",
-            "values": values}
+            "compile": float(compiled[2]) if compiled else None, "how": how, "values": values}
 
 
-def measure(model: str, layer: str, images: Path, scratch: Path) -> list[str]:
-    cache = scratch / f"cache-{model}"
-    shutil.rmtree(cache, ignore_errors=True)
-    runs = {"eager": extract(model, layer, images, scratch / "eager.h5"),
-            "compiled, cold cache": extract(model, layer, images, scratch / "cold.h5", "--compile", "--compile-cache",
-                                            str(cache)),
-            "compiled, warm cache": extract(model, layer, images, scratch / "warm.h5", "--compile", "--compile-cache",
-                                            str(cache))}
+def measure(model: str, layer: str, images: Path, scratch: Path, rounds: int) -> list[str]:
+    """ROUNDS rounds, each: eager, compiled with an empty cache folder (cold), compiled again with it (warm)."""
+    runs: dict[str, list[dict]] = {}
+    for round_ in range(rounds):
+        cache = scratch / f"cache-{model}-{round_}"
+        shutil.rmtree(cache, ignore_errors=True)
+        runs.setdefault("eager", []).append(extract(model, layer, images, scratch / "eager.h5"))
+        for name in ("compiled, cold cache", "compiled, warm cache"):
+            runs.setdefault(name, []).append(extract(model, layer, images, scratch / "compiled.h5", "--compile",
+                                                     "--compile-cache", str(cache)))
+        shutil.rmtree(cache, ignore_errors=True)
+        print(f"round {round_ + 1}: " + ", ".join(f"{name} {run[-1]['seconds']:.1f} s" for name, run in runs.items()),
+              flush=True)
     eager = runs["eager"]
-    scale = float(np.abs(eager["values"]).max())
+    scale = float(np.abs(eager[0]["values"]).max())
     rows = []
-    for name, run in runs.items():
-        difference = float(np.abs(run["values"] - eager["values"]).max()) / scale
-        compiling = "-" if run["compile"] is None else f"{run['compile']:.1f} s ({run['cache']})"
-        rows.append(f"| {model} `{layer}` | {name} | {run['loop_rate']:.2f} | "
-                    f"{run['loop_rate'] / eager['loop_rate']:.2f}x | {compiling} | "
-                    f"{run['seconds']:.1f} s | {run['seconds'] / eager['seconds']:.2f}x | {difference:.1e} |")
+    for name, done in runs.items():
+        seconds = statistics.median(run["seconds"] for run in done)
+        ratios = [run["seconds"] / base["seconds"] for run, base in zip(done, eager)]
+        rate = statistics.median(run["loop_rate"] for run in done)
+        difference = max(float(np.abs(run["values"] - eager[0]["values"]).max()) / scale for run in done)
+        compiling = "-" if done[0]["compile"] is None else \
+            f"{statistics.median(run['compile'] for run in done):.1f} s ({done[0]['how']})"
+        eager_rate = statistics.median(run["loop_rate"] for run in eager)
+        spread = f"{statistics.median(ratios):.2f}x ({min(ratios):.2f}-{max(ratios):.2f})"
+        rows.append(f"| {model} `{layer}` | {name} | {rate:.2f} | {rate / eager_rate:.2f}x | "
+                    f"{compiling} | {seconds:.1f} s | {spread} | "
+                    f"{difference:.1e} |")
         print(rows[-1], flush=True)
     return rows
 
@@ -69,16 +84,18 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--images", type=int, default=512)
     parser.add_argument("--models", default="resnet50:avgpool,resnet18:layer3")
+    parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
     images = make_images(HERE / "data" / f"imagenet_{args.images}", args.images)
     scratch = Path(tempfile.mkdtemp(prefix="featdump-compile-", dir=HERE / "data"))
-    header = ["| model, layer | run | steady img/s | vs eager | compile | command | vs eager | max rel. diff |",
+    header = ["| model, layer | run | steady img/s | vs eager | compile (first batch included) | command | "
+              "vs eager (per round: median, min-max) | max rel. diff |",
               "|---|---|---|---|---|---|---|---|"]
     rows = []
     try:
         for pair in args.models.split(","):
             model, layer = pair.split(":")
-            rows += measure(model, layer, images, scratch)
+            rows += measure(model, layer, images, scratch, args.rounds)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     print("\n".join(["", *header, *rows]))

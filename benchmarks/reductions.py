@@ -1,7 +1,7 @@
 """Reductions: bytes per image and img/s of resnet50's 16 bottleneck blocks (`layer*.*`) stored whole, in float16,
 average-pooled, projected with srp:4096, and on a pca:256 fit.
 
-    python benchmarks/reductions.py [--images 256] [--fit-images 320] [--only srp:4096,avgpool]
+    python benchmarks/reductions.py [--images 256] [--fit-images 320] [--only srp:4096,avgpool] [--rounds 3]
 
 ImageNet-size JPEGs (benchmarks/data), resnet50 with random weights, the default workers and batch size, each
 configuration a whole `featdump extract` command in its own process. img/s is the command's images over its
@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import re
 import shutil
+import statistics
 import sys
 import tempfile
 import time
@@ -30,6 +31,7 @@ CONFIGS = {
     "float16": ["--dtype", "float16"],
     "avgpool": ["--reduce", "avgpool"],
     "srp:4096": ["--reduce", "srp:4096"],
+    "countsketch:4096": ["--reduce", "countsketch:4096"],
     "pca:256": ["--reduce", "pca:256", "--pca-fit", "{fit}"],
 }
 
@@ -68,23 +70,73 @@ def main():
     parser.add_argument("--images", type=int, default=256)
     parser.add_argument("--fit-images", type=int, default=320)
     parser.add_argument("--only", default=",".join(CONFIGS))
+    parser.add_argument("--rounds", type=int, default=1, help="rounds, interleaved; the table shows medians")
+    parser.add_argument("--distortion-images", type=int, default=64, help="images for the distance distortion "
+                        "of srp and countsketch (0: not measured)")
     args = parser.parse_args()
     images = make_images(HERE / "data" / f"imagenet_{args.images}", args.images)
     fit = make_images(HERE / "data" / f"reference_{args.fit_images}", args.fit_images)
     folder = Path(tempfile.mkdtemp(prefix="featdump-reductions-", dir=HERE / "data"))
-    rows = []
+    runs: dict[str, list[dict]] = {}
     try:
-        for name in args.only.split(","):
-            rows.append(run(name, images, fit, folder))
-            print(rows[-1], flush=True)
+        for round_ in range(args.rounds):
+            for name in args.only.split(","):
+                runs.setdefault(name, []).append(run(name, images, fit, folder))
+                print(f"round {round_ + 1}: {name} {runs[name][-1]['seconds']:.1f} s", flush=True)
+        distortion = _distortion(images, folder, args.distortion_images) if args.distortion_images else []
     finally:
         shutil.rmtree(folder, ignore_errors=True)
-    print("\n| --reduce / --dtype | file | bytes per image | img/s (whole command) | img/s (without the fit) "
-          "| projection matrices |")
-    print("|---|---|---|---|---|---|")
-    for row in rows:
-        print(f"| {row['name']} | {row['file'] / 1e6:.1f} MB | {row['bytes_per_image'] / 1e3:.1f} KB | "
-              f"{row['rate']:.2f} | {row['rate_without_fit']:.2f} | {row['matrices']} |")
+    print(f"\n{args.rounds} round(s), interleaved; medians (the time ratio to avgpool: median of the rounds', "
+          "min-max)\n")
+    print("| --reduce / --dtype | file | bytes per image | img/s (whole command) | img/s (without the fit) "
+          "| projection matrices | seconds | vs avgpool |")
+    print("|---|---|---|---|---|---|---|---|")
+    for name, done in runs.items():
+        row = {key: statistics.median(run[key] for run in done) if isinstance(done[0][key], float) else done[0][key]
+               for key in done[0]}
+        ratio = "-"
+        if "avgpool" in runs and name != "avgpool":
+            ratios = [run["seconds"] / base["seconds"] for run, base in zip(done, runs["avgpool"])]
+            ratio = f"{statistics.median(ratios):.2f}x ({min(ratios):.2f}-{max(ratios):.2f})"
+        print(f"| {name} | {row['file'] / 1e6:.1f} MB | {row['bytes_per_image'] / 1e3:.1f} KB | "
+              f"{row['rate']:.2f} | {row['rate_without_fit']:.2f} | {row['matrices']} | {row['seconds']:.1f} | "
+              f"{ratio} |")
+    if distortion:
+        print(f"\nSquared distances after the projection over before, all pairs of {args.distortion_images} images "
+              "(resnet50, random weights):\n")
+        print("| layer (D) | reduction | mean ratio | std of the ratio | largest abs(ratio - 1) |")
+        print("|---|---|---|---|---|")
+        for line in distortion:
+            print(line)
+
+
+def _distortion(images: Path, folder: Path, count: int) -> list[str]:
+    """How srp:4096 and countsketch:4096 change squared distances: the whole features of COUNT images, projected
+    with the very matrices featdump applies (`featdump.srp_matrix`)."""
+    import numpy as np
+    import torch
+
+    import featdump
+
+    subset = folder / "subset"
+    for path in sorted(images.rglob("*.jpg"))[:count]:
+        (subset / path.parent.name).mkdir(parents=True, exist_ok=True)
+        shutil.copy(path, subset / path.parent.name / path.name)
+    output = folder / "whole.h5"
+    layers = ["layer1.0", "layer3.0", "layer4.2"]
+    timed_featdump("extract", "-m", "resnet50", "-w", "none", "-l", ",".join(layers), subset, output,
+                   what="the whole features")
+    lines = []
+    for layer in layers:
+        rows = torch.from_numpy(featdump.load(output, layer).features.reshape(count, -1)).double()
+        before = torch.pdist(rows) ** 2
+        for method in ("srp", "countsketch"):
+            matrix = featdump.srp_matrix(0, layer, rows.shape[1], 4096, method).double()
+            after = torch.pdist(torch.sparse.mm(matrix.t(), rows.t()).t()) ** 2
+            ratio = (after / before).numpy()
+            lines.append(f"| {layer} ({rows.shape[1]:,}) | {method}:4096 | {ratio.mean():.4f} | {ratio.std():.4f} | "
+                         f"{np.abs(ratio - 1).max():.4f} |")
+    return lines
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ from torchvision.models import VisionTransformer, resnet18
 
 from featdump.forward.memory_format import choose_memory_format
 
-from .conftest import REPO, featdump_env, run_featdump, user_project
+from .conftest import REPO, featdump_env, run_featdump, start_featdump, user_project
 
 MODELS = '''
 import torch
@@ -117,8 +117,8 @@ def test_compiled_features_equal_eager(project, tmp_path, model):
     eager, eager_note, _ = extract(project, model, tmp_path / "eager.h5")
     compiled, note, log = extract(project, model, tmp_path / "compiled.h5", "--compile", "--compile-cache",
                                   tmp_path / "cache")
-    assert eager_note == "no" and note.startswith("yes: inductor"), note
-    assert "Compiled the forward in" in log and "compiled graph capture" in log
+    assert eager_note == "no" and note.startswith("yes: AOTInductor package"), note
+    assert "Built the compiled forward in" in log and "compiled graph capture" in log
     assert "Recompiling" not in log  # the short last batch is padded: one compile per run
     for name, values in eager.items():
         scale = max(float(np.abs(values).max()), 1e-6)
@@ -126,18 +126,42 @@ def test_compiled_features_equal_eager(project, tmp_path, model):
 
 
 @pytest.mark.slow
-def test_a_second_run_with_the_same_cache_hits_it(project, tmp_path):
+def test_later_runs_load_the_package_and_a_damaged_one_is_built_anew(project, tmp_path):
     cache = tmp_path / "shared-cache"
-    seconds = []
+    seconds, features = [], []
     for run in range(2):
-        _, note, log = extract(project, "tiny_models:cnn", tmp_path / f"run{run}.h5", "--compile", "--compile-cache",
-                               cache)
-        assert f"(inductor; cache {cache}: " in log
-        seconds.append(float(note.split(", ")[1].split(" s")[0]))
-        expected = "kernels compiled into it" if run == 0 else "cache warm, no kernel compiled anew"
-        assert note.endswith(expected), note
-    assert seconds[1] < seconds[0], seconds
-    assert any(cache.iterdir())
+        values, note, log = extract(project, "tiny_models:cnn", tmp_path / f"run{run}.h5", "--compile",
+                                    "--compile-cache", cache)
+        verb = "Built" if run == 0 else "Loaded"
+        assert f"{verb} the compiled forward in" in log and note.startswith("yes: AOTInductor package"), log
+        seconds.append(float(note.split(" in ")[1].split(" s")[0]))
+        features.append(values)
+    assert seconds[1] < seconds[0] / 2, seconds
+    for name, values in features[0].items():
+        np.testing.assert_array_equal(features[1][name], values)
+    (package,) = (cache / "aoti").glob("*.pt2")
+    package.write_bytes(b"not a package")  # damaged (a disk fault, a copy cut short)
+    values, note, log = extract(project, "tiny_models:cnn", tmp_path / "run2.h5", "--compile", "--compile-cache",
+                                cache)
+    assert "no ahead-of-time package" in log and note.startswith("yes: inductor"), log
+    assert not package.exists()  # removed: the next run builds it again
+    _, note, log = extract(project, "tiny_models:cnn", tmp_path / "run3.h5", "--compile", "--compile-cache", cache)
+    assert "Built the compiled forward in" in log and package.exists()
+
+
+@pytest.mark.slow
+def test_an_array_s_tasks_sharing_a_cache_build_the_package_once(project, tmp_path):
+    cache = tmp_path / "shared-cache"
+    env = featdump_env(PYTHONPATH=f"{project}{os.pathsep}{REPO}")
+    tasks = [start_featdump("-v", "extract", "-m", "tiny_models:cnn", "-w", "none", "-l", "pool", "-b", "4",
+                            "--compile", "--compile-cache", cache, "--shard", f"{index}/2", project / "images",
+                            tmp_path / "out.h5", env=env) for index in range(2)]
+    logs = [task.communicate(timeout=600)[1] for task in tasks]
+    assert [task.returncode for task in tasks] == [0, 0], logs
+    built = [log for log in logs if "Built the compiled forward in" in log]
+    loaded = [log for log in logs if "Loaded the compiled forward in" in log]
+    assert len(built) == 1 and len(loaded) == 1, logs
+    assert len(list((cache / "aoti").glob("*.pt2"))) == 1 and not list((cache / "aoti").glob(".*partial*"))
 
 
 @pytest.mark.parametrize("model, why", [

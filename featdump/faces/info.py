@@ -183,7 +183,7 @@ def _reduction_note(layer: dict) -> str:
     reduction = layer.get("reduction", "none")
     if reduction == "none":
         return ""
-    if reduction.startswith("srp:"):
+    if reduction.startswith(("srp:", "countsketch:")):
         return (f", {reduction} of {layer['srp_input_dim']} values (seed {layer['srp_seed']}, density "
                 f"{layer['srp_density']:.2g})")
     if reduction.startswith("pca:"):

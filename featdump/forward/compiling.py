@@ -1,6 +1,7 @@
-"""Compiling (--compile): torch.compile of the forward a capture runs (its pruned graph), compiled and checked
-against eager at the first batch, falling back to eager with one log line when it cannot compile; and the
-compile cache a cluster can share (--compile-cache: torch inductor's and triton's caches in one folder).
+"""Compiling (--compile): the forward a capture runs (its pruned graph) compiled and checked against eager at the
+first batch: from an ahead-of-time package (`ahead`: built once, loaded by later runs in a second), else with
+torch.compile in this process, else eager with one log line; and the compile cache a cluster can share
+(--compile-cache: the packages, torch inductor's and triton's caches in one folder).
 
 Shapes are static: the runner pads a short batch to the batch size, so a run compiles once.
 """
@@ -15,6 +16,7 @@ from pathlib import Path
 
 import torch
 
+from featdump.forward.ahead import Lock, load_or_build, package_key, package_path
 from featdump.forward.hooks import Capture
 
 log = logging.getLogger("featdump")
@@ -46,13 +48,15 @@ def use_cache(folder: Path | None) -> Path:
     return Path(cache_dir())
 
 
-def compile_capture(capture: Capture, cache: Path | None) -> CompiledForward | None:
+def compile_capture(capture: Capture, cache: Path | None, described: dict | None = None,
+                    lock: Lock | None = None) -> CompiledForward | None:
     """Make CAPTURE run its graph through a CompiledForward (compiled at the first batch); None, with a log line,
-    when there is no graph to compile."""
+    when there is no graph to compile. DESCRIBED (the run's model, layers, reductions, ...) and LOCK (a waiting
+    lock) let it build or load an ahead-of-time package (`ahead`) first."""
     if capture.strategy != "graph":
         _eager(NOT_TRACED)
         return None
-    forward = CompiledForward(capture.graph, use_cache(cache))
+    forward = CompiledForward(capture.graph, use_cache(cache), described, lock)
     capture.use_compiled(forward)
     return forward
 
@@ -65,8 +69,8 @@ class CompiledForward:
     here). The caller runs it under inference mode and the run's autocast.
     """
 
-    def __init__(self, graph, cache: Path):
-        self.graph, self.cache = graph, cache
+    def __init__(self, graph, cache: Path, described: dict | None = None, lock: Lock | None = None):
+        self.graph, self.cache, self.described, self.lock = graph, cache, described, lock
         self._forward = None
         self.result = Compiled(False, 0.0, "no: the run ended before its first batch")
 
@@ -80,6 +84,10 @@ class CompiledForward:
 
         if inputs.device.type == "cpu":  # "No CUDA runtime is found": true, and no concern of a CPU compile
             logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
+        if self.described is not None and self.lock is not None:
+            got = self._ahead_of_time(inputs)
+            if got is not None:
+                return got
         entries = _entries(self.cache)
         started = time.perf_counter()
         try:
@@ -100,6 +108,33 @@ class CompiledForward:
         self._forward = compiled
         self.result = Compiled(True, seconds, f"yes: inductor, {seconds:.1f} s to compile (the first batch "
                                               f"included), cache {cached}")
+        return got
+
+    def _ahead_of_time(self, inputs: torch.Tensor) -> dict[str, torch.Tensor] | None:
+        """The forward from its AOTInductor package (loaded, or built once and cached), checked against eager; None,
+        with a log line, where export, the compiler or the check fails (then torch.compile is tried)."""
+        started = time.perf_counter()
+        try:
+            path = package_path(self.cache, package_key(self.graph, inputs, self.described))
+            forward, how = load_or_build(self.graph, inputs, path, self.lock)
+            got = forward(inputs)
+        except Exception as error:  # export and the compilers fail in many model-specific ways
+            first_line = str(error).strip().splitlines()[0] if str(error).strip() else ""
+            log.info("--compile: no ahead-of-time package (%s: %s); compiling with torch.compile in this run.",
+                     type(error).__name__, first_line[:300])
+            return None
+        seconds = time.perf_counter() - started
+        difference = relative_difference({name: values[:2] for name, values in got.items()}, self.graph(inputs[:2]))
+        if not difference <= TOLERANCE:
+            path.unlink(missing_ok=True)
+            log.info("--compile: the ahead-of-time package differs from eager by %.1e of a layer's largest value "
+                     "(more than %.0e): removed; compiling with torch.compile in this run.", difference, TOLERANCE)
+            return None
+        log.info("%s the compiled forward in %.1f s (AOTInductor package %s, %.0f MB); it differs from eager by %.1e "
+                 "at most.", how.capitalize(), seconds, path, path.stat().st_size / 1e6, difference)
+        self._forward = forward
+        self.result = Compiled(True, seconds, f"yes: AOTInductor package {path.name}, {how} in {seconds:.1f} s (the "
+                                              "first batch included)")
         return got
 
     def _eager(self, why: str, inputs: torch.Tensor) -> dict[str, torch.Tensor]:

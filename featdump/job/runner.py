@@ -35,7 +35,7 @@ from featdump.job.shards import Shard, choose_shard, plan_shard, wait_for_all_ra
 from featdump.job.signals import StopSignals
 from featdump.output import fingerprint as fingerprints
 from featdump.output.layout import DatasetSpec, Output, partial_path
-from featdump.output.lock import OutputLock
+from featdump.output.lock import OutputLock, waiting_lock
 from featdump.output.merge import merge
 from featdump.output.progress import ProgressRecord, remove_record
 from featdump.output.space import report_size
@@ -206,6 +206,15 @@ def _fit_projections(plan: Plan, model: Model, fingerprint: dict, lock: OutputLo
             model.reductions[name] = bind(text, name, layer.shape, pca_fit=made[name])
 
 
+def _compiled_from(settings: Settings, model: Model) -> dict:
+    """What a compiled forward depends on beyond its weights and input batch (`forward.ahead`'s key)."""
+    fits = {name: getattr(reduction.fit, "digest", None) for name, reduction in model.reductions.items()
+            if reduction.fit is not None}
+    return {"model": settings.model, "weights": settings.weights, "seed": settings.seed, "layers":
+            [layer.name for layer in model.layers], "reduce": model.chosen, "fits": fits, "dtype": settings.dtype,
+            "precision": settings.precision}
+
+
 def _fill(writer: FeatureWriter, images: ImageList, settings: Settings, model: Model, lock: OutputLock,
           progress: Progress, offset: int = 0, task: str | None = None) -> Path:
     """Every image of IMAGES that WRITER's file has not committed yet, through the model into it; then finish it.
@@ -219,7 +228,8 @@ def _fill(writer: FeatureWriter, images: ImageList, settings: Settings, model: M
                           example=example.to(model.device).contiguous(memory_format=model.memory_format))
         with StopSignals() as stop, capture:
             cache = Path(settings.compile_cache) if settings.compile_cache else None
-            compiled = compile_capture(capture, cache) if settings.compile else None
+            compiled = compile_capture(capture, cache, _compiled_from(settings, model), waiting_lock) \
+                if settings.compile else None
             progress.start(len(images), start)
             job = _Job(settings, images, model, capture, writer, record, offset,
                        owned_files=(writer.path, *([lock.path] if lock.path else [])))

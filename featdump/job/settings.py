@@ -87,8 +87,9 @@ class Settings:
         items='reductions, e.g. ["avgpool", "layer2=srp:4096"]',
         help="What is kept of each layer, on the device: none, flatten, avgpool, maxpool, cls (first token), "
              "patchmean (a ViT's patch tokens), channels:A-B, srp:K (sparse random projection to K values; "
-             "srp:K:SEED), pca:K (with --pca-fit). PATTERN=REDUCTION for the layers PATTERN selects (the most "
-             "specific rule wins); repeatable.  [default: none]")
+             "srp:K:SEED), countsketch:K (one nonzero per input: cheaper), pca:K (with --pca-fit). "
+             "PATTERN=REDUCTION for the layers PATTERN selects (the most specific rule wins); repeatable.  "
+             "[default: none]")
     pca_fit: str | None = option(
         kind=str, optional=True, metavar="N|PATH", syntax=_pca_fit_syntax,
         help="The fit set of --reduce pca:K: the first N images of IMAGES, or a folder or list file of reference "

@@ -5,6 +5,7 @@
     cls, patchmean         a ViT's first token, or the mean of its patch tokens (class/register tokens left out)
     channels:A-B           channels A to B (inclusive) of a conv map (C, H, W), or of the last dimension
     srp:K[:SEED]           a sparse random projection of the flattened output to K values (`featdump.reductions.srp`)
+    countsketch:K[:SEED]   the same with one nonzero per input (a count sketch): c times cheaper, more distortion
     pca:K                  the top K principal components of a fit set (`featdump.reductions.pca`, with --pca-fit)
 
 Each is bound to one layer (`bind`) as a Reduction: the per-image shape it stores, the function applied to
@@ -31,11 +32,11 @@ def bind(text: str, layer_name: str, shape: tuple[int, ...], tokens: TokenLayout
     patchmean need one). PCA_FIT: the layer's fit (a featdump.reductions.pca.PcaFit) for pca:K."""
     text = canonical(text)
     method = method_of(text)
-    if method == "srp":
+    if method in ("srp", "countsketch"):
         from featdump.reductions.srp import sparse_projection
 
         _, k, *seed = text.split(":")
-        return sparse_projection(layer_name, shape, int(k), int(seed[0]) if seed else 0)
+        return sparse_projection(layer_name, shape, int(k), int(seed[0]) if seed else 0, method)
     if method == "pca":
         from featdump.reductions.pca import projection
 

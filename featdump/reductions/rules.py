@@ -22,9 +22,9 @@ from featdump.errors import UsageProblem
 from featdump.forward.patterns import is_pattern, match_pattern
 
 SIMPLE = ("none", "flatten", "avgpool", "maxpool", "cls", "patchmean")
-NAMES = (*SIMPLE, "channels:A-B", "srp:K", "pca:K")
+NAMES = (*SIMPLE, "channels:A-B", "srp:K", "countsketch:K", "pca:K")
 CHANNELS = re.compile(r"^channels:(\d+)-(\d+)$")
-_PROJECTION = re.compile(r"^(srp|pca):([^:]*)(?::(.*))?$")
+_PROJECTION = re.compile(r"^(srp|countsketch|pca):([^:]*)(?::(.*))?$")
 
 
 @dataclass(frozen=True)
@@ -76,12 +76,12 @@ def check_syntax(text: str) -> None:
         raise ValueError(f"must give {method}:K a number of components K of at least 1")
     if method == "pca" and seed is not None:
         raise ValueError("must be pca:K (the fit set is --pca-fit)")
-    if method == "srp" and seed is not None and not seed.isdigit():
-        raise ValueError("must give srp:K:SEED an integer seed")
+    if method in ("srp", "countsketch") and seed is not None and not seed.isdigit():
+        raise ValueError(f"must give {method}:K:SEED an integer seed")
 
 
 def method_of(text: str) -> str:
-    """'srp', 'pca', 'channels' or the simple reduction's name."""
+    """'srp', 'countsketch', 'pca', 'channels' or the simple reduction's name."""
     return text.split(":", 1)[0]
 
 
