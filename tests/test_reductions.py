@@ -64,6 +64,32 @@ def test_srp_rows_are_the_rebuilt_matrix_applied_and_keep_pairwise_distances(ima
     assert featdump.load(output, "layer2").reduction == "srp:1024"
 
 
+def test_a_count_sketch_is_srp_with_one_nonzero_per_input_and_keeps_distances(images, whole, tmp_path):
+    output = tmp_path / "sketch.h5"
+    extract(settings_for(images, output, layers=("layer2",), reduce=("countsketch:1024:3",), batch_size=16))
+    sketched, full = read_features(output)["layer2"], whole["layer2"]
+    matrix = srp_matrix(3, "layer2", 100352, 1024, "countsketch")
+    dense = matrix.to_dense()
+    assert ((dense != 0).sum(dim=1) == 1).all() and torch.equal(dense.abs().max(dim=1).values, torch.ones(100352))
+    rebuilt = (matrix.t() @ torch.from_numpy(full).t()).t().numpy()
+    np.testing.assert_allclose(sketched, rebuilt, rtol=1e-4, atol=1e-4 * np.abs(rebuilt).max())
+    with h5py.File(output) as h5file:
+        attrs = h5file["features/layer2"].attrs
+        assert attrs["reduction"] == "countsketch:1024:3" and attrs["srp_nonzeros_per_input"] == 1
+        recipe = eval(attrs["srp_rebuild"], {"featdump": featdump})  # the recipe runs as written
+        assert torch.equal(recipe.to_dense(), dense)
+    pairs = [(i, j) for i in range(64) for j in range(i + 1, 64)]
+    ratios = np.array([np.linalg.norm(sketched[i] - sketched[j]) / np.linalg.norm(full[i] - full[j])
+                       for i, j in pairs])
+    srp = srp_matrix(3, "layer2", 100352, 1024).to_dense()
+    projected = full @ srp.numpy()
+    srp_ratios = np.array([np.linalg.norm(projected[i] - projected[j]) / np.linalg.norm(full[i] - full[j])
+                           for i, j in pairs])
+    assert abs(np.mean(ratios ** 2) - 1) < 0.05  # kept in expectation
+    assert np.std(ratios) <= 1.5 * np.std(srp_ratios), (np.std(ratios), np.std(srp_ratios))  # about as tight
+    assert np.mean(np.abs(ratios - 1) <= 0.10) >= 0.95, np.percentile(ratios, [2.5, 50, 97.5])
+
+
 def test_srp_matrix_is_a_pure_function_of_seed_layer_and_sizes():
     first, again = srp_matrix(0, "layer2", 5000, 256), srp_matrix(0, "layer2", 5000, 256)
     assert torch.equal(first.indices(), again.indices()) and torch.equal(first.values(), again.values())

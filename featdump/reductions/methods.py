@@ -5,7 +5,7 @@
     cls, patchmean         a ViT's first token, or the mean of its patch tokens (class/register tokens left out)
     channels:A-B           channels A to B (inclusive) of a conv map (C, H, W), or of the last dimension
     srp:K[:SEED]           a sparse random projection of the flattened output to K values (`featdump.reductions.srp`)
-    countsketch:K[:SEED]   the same with one nonzero per input (a count sketch): c times cheaper, more distortion
+    countsketch:K[:SEED]   the same with one nonzero per input (a count sketch): c times cheaper
     pca:K                  the top K principal components of a fit set (`featdump.reductions.pca`, with --pca-fit)
 
 Each is bound to one layer (`bind`) as a Reduction: the per-image shape it stores, the function applied to
