@@ -33,6 +33,9 @@ _READ_BYTES = 16 * 1024**2  # a read call's size (rows x slab) when the chunks a
 # Features per float32 product: its rounding grows with the length of the sums (here about 1e-7 relative at
 # 8192 features, 7e-6 at 200,704 of resnet18's layer1), and the products are summed in float64.
 PRODUCT_WIDTH = 8192
+# A slab's bytes at most, whatever the budget: the first slab's read and the last one's products are the parts
+# that the reading thread cannot overlap, so they are kept short.
+SLAB_BYTES = 512 * 1024**2
 
 
 @dataclass
@@ -91,7 +94,7 @@ def gram(dataset: h5py.Dataset, rows: int, memory: int, device: torch.device,
     """The Gram statistics of the first ROWS rows of DATASET, reading slabs (two at a time: the next is read while
     one is used) of at most MEMORY bytes in all; ADVANCE(bytes) after each read."""
     shape = dataset.shape[1:]
-    budget = max(1, memory // (2 * max(rows, 1) * 4))
+    budget = max(1, min(memory // 2, SLAB_BYTES) // (max(rows, 1) * 4))
     zeros = dict(dtype=torch.float64, device=device)
     centred, row_sums, shifts = torch.zeros(rows, rows, **zeros), torch.zeros(rows, **zeros), torch.zeros(rows, **zeros)
     mean_square = mean_sum = 0.0
