@@ -151,6 +151,7 @@ def test_a_layer_wider_than_the_memory_bound_stays_within_it(tmp_path):
                                    off_diagonal(reference_rdm(wide, "correlation")), rtol=1e-5)
 
 
+@pytest.mark.slow  # a real process killed
 def test_a_kill_resumes_at_the_first_layer_not_written(tmp_path):
     rng = np.random.default_rng(2)
     layers = {f"block{index}": rng.standard_normal((24, 400_000), dtype=np.float32) for index in range(4)}

@@ -24,8 +24,7 @@ NOT_RUN = {  # the example's start: why it cannot run in a test
 
 @pytest.fixture(scope="module")
 def sandbox(tmp_path_factory):
-    """A folder with what the examples name: images/, photos/, examples/images, shards/*.tar, tars.txt, and the
-    outputs the analysis examples read."""
+    """A folder with what the examples name: images/, photos/, examples/images, shards/*.tar, tars.txt."""
     root = tmp_path_factory.mktemp("docs")
     for folder in ("images", "photos", "reference_images", "stimuli"):
         write_images(root / folder, {"cats": 2, "dogs": 1}, size=(40, 32))
@@ -40,10 +39,6 @@ def sandbox(tmp_path_factory):
                 info.size = len(data)
                 archive.addfile(info, io.BytesIO(data))
     (root / "tars.txt").write_text("shards/00000.tar\nshards/00001.tar\n")
-    for name, model, layers in (("feats.h5", "resnet18", "layer3,layer4,avgpool"),  # what rdm, cka and show read
-                                ("resnet18.h5", "resnet18", "layer*"), ("resnet50.h5", "resnet50", "layer*")):
-        made = run_featdump("extract", "-m", model, "-w", "none", "-l", layers, "images", name, cwd=root)
-        assert made.returncode == 0, made.stderr
     for shard in ("0/2", "1/2"):  # what `featdump merge out.h5` joins, as the sharded job before it writes
         made = run_featdump("extract", "--shard", shard, "-m", "resnet18", "-w", "none", "-l", "avgpool", "images",
                             "out.h5", cwd=root)
@@ -69,8 +64,22 @@ def examples():
         yield pytest.param(page, line, marks=marks, id=line[:60])
 
 
+@pytest.fixture(scope="module")
+def analysed(sandbox):
+    """The outputs analysis.md's examples read (made only when its examples run: they are slow ones)."""
+    write_images(sandbox / "compared", {"cats": 3, "dogs": 3}, size=(40, 32), seed=3)  # unbiased CKA needs 4+
+    for name, model, layers in (("feats.h5", "resnet18", "layer3,layer4,avgpool"),
+                                ("resnet18.h5", "resnet18", "layer*"), ("resnet50.h5", "resnet50", "layer*")):
+        if not (sandbox / name).exists():
+            made = run_featdump("extract", "-m", model, "-w", "none", "-l", layers, "compared", name, cwd=sandbox)
+            assert made.returncode == 0, made.stderr
+    return sandbox
+
+
 @pytest.mark.parametrize("page, line", list(examples()))
-def test_every_shell_example_runs(sandbox, page, line):
+def test_every_shell_example_runs(sandbox, page, line, request):
+    if page == "analysis.md":
+        request.getfixturevalue("analysed")
     words = runnable(line)
     if words[-1].endswith(".h5") and "extract" in words and "--update" not in words:
         (sandbox / words[-1]).unlink(missing_ok=True)  # each example writes its own output anew
@@ -81,7 +90,7 @@ def test_every_shell_example_runs(sandbox, page, line):
 
 
 @pytest.mark.slow
-def test_the_python_examples_run(sandbox, monkeypatch):
+def test_the_python_examples_run(sandbox, analysed, monkeypatch):
     """The README's xarray block, api.md's extract and load, output.md's reading with plain h5py and xarray, on files
     made like the examples'."""
     monkeypatch.chdir(sandbox)

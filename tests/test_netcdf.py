@@ -135,6 +135,7 @@ def test_updated_and_grown_outputs_keep_their_dimensions(images, tmp_path):
     assert check_netcdf(output)["layer4"] == ("image", "channel_512", "y_7", "x_7")
 
 
+@pytest.mark.slow  # a real process grown while read
 def test_a_file_being_grown_opens_in_xarray_meanwhile(tmp_path):
     write_images(tmp_path / "images", {"a": 24, "b": 24})
     output = tmp_path / "out.h5"

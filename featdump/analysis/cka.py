@@ -61,6 +61,10 @@ def cka(output: str | Path, other: str | Path | None = None, layers: list[str] |
     other_names = second.select(_listed(other_layers)) if second is not None else names
     budget, place = parse_bytes(memory), resolve_device(device)
     kept = first.paths if second is None else [first.paths[index] for index in rows_first]
+    needed = 4 if unbiased else 2  # the unbiased estimator divides by n (n - 3)
+    if len(kept) < needed:
+        raise UsageProblem(f"{'Unbiased ' if unbiased else ''}CKA needs at least {needed} images"
+                           f"{' both outputs hold' if second is not None else ''}; there are {len(kept)}.")
     labels = first.labels[rows_first]
     made_from = {"source": first.identity(), "other": second.identity() if second else None, "layers": names,
                  "other_layers": other_names, "rows": len(kept)}
@@ -100,8 +104,6 @@ def _matched_rows(first: Stored, second: Stored | None, common: bool) -> tuple[n
             f"The two outputs hold different images: {only_first} of {str(first.path)!r}'s {first.rows} are not in "
             f"{str(second.path)!r}, and {only_second} of its {second.rows} are not in the first. Compare them over "
             f"the {len(shared)} images both have with --common (common=True), or extract both from the same images.")
-    if len(shared) < 4:
-        raise UsageProblem(f"CKA needs at least 4 images both outputs hold; they share {len(shared)}.")
     return np.array(shared), np.array([place[first.paths[index]] for index in shared])
 
 
