@@ -197,6 +197,7 @@ def test_cka_within_one_output_equals_numpy_and_is_drawn(study, tmp_path):
     assert shown.returncode == 0 and (tmp_path / "shown.png").exists()
 
 
+@pytest.mark.slow  # make test-all: a second extraction
 def test_cka_between_two_outputs_matches_rows_by_path(study, tmp_path):
     result = featdump.cka(study / "out.h5", study / "seed1.h5", layers="layer3,avgpool", other_layers=["fc"],
                           device="cpu")

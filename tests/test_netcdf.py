@@ -109,6 +109,7 @@ def test_opening_reads_no_feature_data(images, tmp_path):
         assert list(layer["path"].values)[:1] == ["cats/img_000.jpg"]
 
 
+@pytest.mark.slow  # make test-all: a crash and a resume
 def test_a_resumed_output_and_its_partial_file(images, tmp_path):
     output = tmp_path / "out.h5"
     with pytest.raises(RuntimeError, match="simulated crash"):
@@ -152,6 +153,7 @@ def test_a_file_being_grown_opens_in_xarray_meanwhile(tmp_path):
     assert set(check_netcdf(output)) == {"layer1", "layer2", "layer3"}
 
 
+@pytest.mark.slow  # make test-all: two shards, two merges
 def test_shards_their_merged_view_and_a_merged_copy(images, tmp_path):
     output = tmp_path / "out.h5"
     for shard in ("0/2", "1/2"):
