@@ -346,8 +346,29 @@ def show(output: Path, layer: str | None, index: int, picture: Path | None, chan
     click.echo(f"Wrote {written}.", err=True)
 
 
-_MEMORY_HELP = ("Memory for the slabs of a layer read at once (128MB, 4GB), beyond the N x N results: any layer's "
-                "width fits it.")
+def _analysis_options(command):
+    """The options `rdm` and `cka` share: the slabs' memory, the device, a picture, overwriting."""
+    for option in reversed([
+        click.option("--memory", default=DEFAULT_MEMORY, show_default=True,
+                     help="Memory for the slabs of a layer read at once (128MB, 4GB), beyond the N x N results: any "
+                          "layer's width fits it."),
+        click.option("--device", default="auto", show_default=True, help="auto (CUDA if there is one), cpu, cuda:N."),
+        click.option("--plot", type=click.Path(dir_okay=False, path_type=Path),
+                     help="Also draw the result into this PNG (as `featdump show` does)."),
+        click.option("--overwrite", is_flag=True, help="Replace an existing --out."),
+    ]):
+        command = option(command)
+    return command
+
+
+def _drawn(to: Path, plot: Path | None) -> str:
+    """Draw the result file TO into PLOT when asked; the summary line's note."""
+    if plot is None:
+        return ""
+    from featdump.faces.matrices import draw_results
+
+    draw_results(to, plot)
+    return f" (drawn in {plot})"
 
 
 @main.command()
@@ -357,10 +378,7 @@ _MEMORY_HELP = ("Memory for the slabs of a layer read at once (128MB, 4GB), beyo
               help="correlation: 1 - Pearson's r; euclidean: the mean squared difference (as rsatoolbox's); cosine.")
 @click.option("-o", "--out", "to", required=True, type=click.Path(dir_okay=False, path_type=Path),
               help="The HDF5 file to write: /rdms/LAYER (N x N), /paths, /labels.")
-@click.option("--memory", default=DEFAULT_MEMORY, show_default=True, help=_MEMORY_HELP)
-@click.option("--device", default="auto", show_default=True, help="auto (CUDA if there is one), cpu, cuda:N.")
-@click.option("--plot", type=click.Path(dir_okay=False, path_type=Path), help="Also draw the RDMs into this PNG.")
-@click.option("--overwrite", is_flag=True, help="Replace an existing --out.")
+@_analysis_options
 def rdm(output: Path, layers: str | None, metric: str, to: Path, memory: str, device: str, plot: Path | None,
         overwrite: bool) -> None:
     """Representational dissimilarity matrices of OUTPUT's layers, out of core: each layer read once, in slabs
@@ -374,13 +392,10 @@ def rdm(output: Path, layers: str | None, metric: str, to: Path, memory: str, de
 
     started = time.perf_counter()
     matrices = compute(output, layers, metric, memory, device, to, overwrite, progress=_progress("MB"))
-    if plot is not None:
-        from featdump.faces.matrices import draw_results
-
-        draw_results(to, plot)
+    drawn = _drawn(to, plot)
     rows = next(iter(matrices.values())).shape[0] if matrices else 0
     click.echo(f"Wrote the {metric} RDMs of {len(matrices)} layer{'s' * (len(matrices) != 1)} over {rows} images "
-               f"to {to} in {time.perf_counter() - started:.1f} s{f' (drawn in {plot})' if plot else ''}.", err=True)
+               f"to {to} in {time.perf_counter() - started:.1f} s{drawn}.", err=True)
 
 
 @main.command()
@@ -392,10 +407,7 @@ def rdm(output: Path, layers: str | None, metric: str, to: Path, memory: str, de
 @click.option("--common", is_flag=True, help="Compare two outputs over the images both hold (else they must match).")
 @click.option("-o", "--out", "to", required=True, type=click.Path(dir_okay=False, path_type=Path),
               help="The HDF5 file to write: /cka with the attributes rows and columns (layer names).")
-@click.option("--memory", default=DEFAULT_MEMORY, show_default=True, help=_MEMORY_HELP)
-@click.option("--device", default="auto", show_default=True, help="auto (CUDA if there is one), cpu, cuda:N.")
-@click.option("--plot", type=click.Path(dir_okay=False, path_type=Path), help="Also draw the matrix into this PNG.")
-@click.option("--overwrite", is_flag=True, help="Replace an existing --out.")
+@_analysis_options
 def cka(output: Path, other: Path | None, layers: str | None, other_layers: str | None, unbiased: bool, common: bool,
         to: Path, memory: str, device: str, plot: Path | None, overwrite: bool) -> None:
     """Linear CKA between every pair of OUTPUT's layers, or between OUTPUT's and OTHER's (two models on the same
@@ -410,13 +422,9 @@ def cka(output: Path, other: Path | None, layers: str | None, other_layers: str 
     started = time.perf_counter()
     result = compute(output, other, layers, other_layers, unbiased, common, memory, device, to, overwrite,
                      progress=_progress("MB"))
-    if plot is not None:
-        from featdump.faces.matrices import draw_results
-
-        draw_results(to, plot)
+    drawn = _drawn(to, plot)
     click.echo(f"Wrote {'unbiased ' if unbiased else ''}CKA of {len(result.rows)} x {len(result.columns)} layers over "
-               f"{result.images} images to {to} in {time.perf_counter() - started:.1f} s"
-               f"{f' (drawn in {plot})' if plot else ''}.", err=True)
+               f"{result.images} images to {to} in {time.perf_counter() - started:.1f} s{drawn}.", err=True)
 
 
 # -- progress and logging ------------------------------------------------------------------------
