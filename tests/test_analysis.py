@@ -103,6 +103,16 @@ def test_rdms_equal_rsatoolbox_s_read_in_many_slabs(study, tmp_path, metric):
             assert np.all(np.diag(ours) == 0)
 
 
+def test_products_in_blocks_of_rows_fill_the_whole_matrix(study, monkeypatch):
+    """The products are computed for the blocks on and above the diagonal and mirrored: with blocks of 5 rows,
+    12 rows make 3 blocks (one short), and every entry still equals rsatoolbox's."""
+    monkeypatch.setattr("featdump.analysis.gram.ROW_BLOCK", 5)
+    ours = featdump.rdm(study / "out.h5", "layer3", metric="euclidean", memory="64KB", device="cpu")["layer3"]
+    expected = reference_rdm(featdump.load(study / "out.h5", "layer3").features, "euclidean")
+    np.testing.assert_allclose(off_diagonal(ours), off_diagonal(expected), rtol=1e-5)
+    np.testing.assert_array_equal(ours, ours.T)
+
+
 def test_a_large_common_offset_keeps_its_digits(tmp_path):
     """Activations far from zero (1000 + noise): a float32 Gram cancels to noise, the centred slabs do not."""
     rng = np.random.default_rng(0)

@@ -36,6 +36,7 @@ PRODUCT_WIDTH = 8192
 # A slab's bytes at most, whatever the budget: the first slab's read and the last one's products are the parts
 # that the reading thread cannot overlap, so they are kept short.
 SLAB_BYTES = 512 * 1024**2
+ROW_BLOCK = 512  # rows per block of the products: of 2,048 rows, 4 blocks compute 10 of 16 (the result is symmetric)
 
 
 @dataclass
@@ -108,7 +109,7 @@ def gram(dataset: h5py.Dataset, rows: int, memory: int, device: torch.device,
         with _exact_float32():
             for start in range(0, values.shape[1], PRODUCT_WIDTH):
                 part = values[:, start:start + PRODUCT_WIDTH]
-                centred += part @ part.T
+                _add_upper_products(centred, part)
                 sums += part @ weights[:, start:start + PRODUCT_WIDTH].T
         row_sums += sums[:, 0]
         shifts += sums[:, 1] + float(level) * sums[:, 0]
@@ -116,7 +117,32 @@ def gram(dataset: h5py.Dataset, rows: int, memory: int, device: torch.device,
         mean_square += float(centre @ centre)
         mean_sum += float(centre.sum())
         del values, block
+    _mirror_upper(centred)
     return Gram(centred, row_sums, shifts, mean_square, mean_sum, math.prod(shape))
+
+
+def _row_blocks(rows: int) -> list[slice]:
+    return [slice(start, min(start + ROW_BLOCK, rows)) for start in range(0, rows, ROW_BLOCK)]
+
+
+def _add_upper_products(centred: torch.Tensor, part: torch.Tensor) -> None:
+    """CENTRED's blocks on and above the diagonal += PART's products (the matrix is symmetric: the blocks below
+    are mirrored once at the end, `_mirror_upper`), about half the multiplications of PART @ PART.T."""
+    blocks = _row_blocks(part.shape[0])
+    for index, rows in enumerate(blocks):
+        for columns in blocks[index:]:
+            centred[rows, columns] += part[rows] @ part[columns].T
+
+
+def _mirror_upper(centred: torch.Tensor) -> None:
+    """The blocks below the diagonal from those above it, and each diagonal block's lower triangle from its upper
+    one (a product's two triangles differ in their last bits): the matrix exactly symmetric."""
+    blocks = _row_blocks(centred.shape[0])
+    for index, rows in enumerate(blocks):
+        for columns in blocks[:index]:
+            centred[rows, columns] = centred[columns, rows].T
+        diagonal = centred[rows, rows]
+        diagonal.copy_(torch.triu(diagonal) + torch.triu(diagonal, 1).T)
 
 
 def _prefetched(dataset: h5py.Dataset, rows: int, parts: list[tuple[slice, ...]], advance) -> Iterator[np.ndarray]:
