@@ -198,6 +198,8 @@ def test_cka_within_one_output_equals_numpy_and_is_drawn(study, tmp_path):
     cli = run_featdump("cka", study / "out.h5", "-l", "layer*", "--unbiased", "-o", tmp_path / "c.h5", "--plot",
                        tmp_path / "c.png")
     assert cli.returncode == 0, cli.stderr
+    info = run_featdump("info", tmp_path / "c.h5")  # a result is not an output: info says what to do with it
+    assert info.returncode == 2 and "draw it with `featdump show" in info.stderr, info.stderr
     assert "Wrote unbiased CKA of 2 x 2 layers over 12 images" in cli.stderr
     with h5py.File(tmp_path / "c.h5", "r") as h5file:
         assert list(h5file["cka"].attrs["rows"]) == ["layer1", "layer3"] and h5file["cka"].attrs["unbiased"]

@@ -280,7 +280,11 @@ class Output:
         except OSError as error:
             raise NotAnOutput(f"{str(path)!r} is not a readable HDF5 file ({error}).") from error
         if "committed" not in h5file.attrs or "features" not in h5file:
+            result = "made_from" in h5file.attrs
             h5file.close()
+            if result:  # analysis/results.py's mark
+                raise NotAnOutput(f"{str(path)!r} is what `featdump rdm` or `featdump cka` wrote, not an output of "
+                                  f"extract: draw it with `featdump show {path}`, or read it with h5py.")
             raise NotAnOutput(f"{str(path)!r} is an HDF5 file, but not one featdump wrote.")
         output = cls(path, h5file)
         if output.attrs.get("virtual", False):
