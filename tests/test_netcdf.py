@@ -20,6 +20,7 @@ from featdump.errors import UsageProblem
 from featdump.job.runner import extract
 
 from .conftest import CrashAfterFirstBatch, run_featdump, settings_for, start_featdump, user_project, write_images
+from .test_grow import TINY_VIT  # a 4-block torchvision ViT on 32-pixel images
 
 xr = pytest.importorskip("xarray")
 netCDF4 = pytest.importorskip("netCDF4")
@@ -279,20 +280,6 @@ def test_a_layer_named_label_keeps_its_name_and_the_rows_keep_their_path(tmp_pat
                                                            "label": ("image", "feature_2")}
     assert featdump.load(output, "label").features.shape == (3, 2)
     assert list(featdump.load(output, "label", xarray=True)["label"].values) == [0, 0, 0]
-
-
-TINY_VIT = '''
-from torchvision.models import VisionTransformer
-from torchvision import transforms as T
-
-
-def build():
-    return VisionTransformer(image_size=32, patch_size=8, num_layers=2, num_heads=2, hidden_dim=32, mlp_dim=64)
-
-
-def small():
-    return T.Compose([T.Resize(32), T.CenterCrop(32), T.ToTensor()])
-'''
 
 
 def test_token_sequences_and_channels_last_maps_are_named_so(tmp_path):

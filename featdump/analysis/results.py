@@ -9,7 +9,6 @@ time (a layer's RDM, a layer's Gram), so that a killed analysis resumes at the f
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import h5py
@@ -18,7 +17,7 @@ import numpy as np
 from featdump.errors import ResumeMismatch
 from featdump.output.layout import STRING, partial_path, text_array
 from featdump.output.lock import OutputLock
-from featdump.output.writer import close_quietly, fsync_path, write_error
+from featdump.output.writer import close_quietly, publish, write_error
 
 _WRITING = "writing"
 
@@ -85,9 +84,7 @@ class Results:
                 self.file.attrs[key] = text_array(value) if isinstance(value, list) else value
             self.file.attrs["complete"] = True
             self.file.close()
-            fsync_path(partial)
-            os.replace(partial, self.output)
-            fsync_path(self.output.parent)
+            publish(partial, self.output)
         except OSError as error:
             raise write_error(partial, error, None) from error
         finally:

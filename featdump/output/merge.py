@@ -29,7 +29,7 @@ from featdump.output.layout import (
 from featdump.output.lock import OutputLock
 from featdump.output.shard_files import shard_count, shard_path
 from featdump.output.space import check_space
-from featdump.output.writer import close_quietly, fsync_path, write_error
+from featdump.output.writer import close_quietly, publish, write_error
 
 _COPY_ROWS = 1024
 _NOT_COPIED = ("committed", "fingerprint", "complete", "command", "created", "format")
@@ -82,9 +82,7 @@ def merge(output: Path, pattern: str | None = None, copy: bool = False, overwrit
                 _write_merged(merged, output, shards, summaries, fingerprint, copy)
             finally:
                 close_quietly(merged)
-            fsync_path(partial)
-            os.replace(partial, output)
-            fsync_path(output.parent)
+            publish(partial, output)
         except (OSError, RuntimeError) as error:  # a full disk (h5py says RuntimeError at times): one line
             partial.unlink(missing_ok=True)
             raise write_error(partial, error, None) from error

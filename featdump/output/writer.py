@@ -142,9 +142,7 @@ class FeatureWriter:
         try:
             self._file.attrs.modify("complete", True)
             self._file.close()
-            fsync_path(partial)
-            os.replace(partial, self.output)
-            fsync_path(self.output.parent)
+            publish(partial, self.output)
         except OSError as error:
             raise write_error(partial, error, None) from error
         return self.output
@@ -175,6 +173,13 @@ def close_quietly(h5file: h5py.File) -> Exception | None:
     except Exception as error:
         return error
     return None
+
+
+def publish(partial: Path, output: Path) -> None:
+    """Make the closed file PARTIAL durable and atomically rename it to OUTPUT (the rename durable too)."""
+    fsync_path(partial)
+    os.replace(partial, output)
+    fsync_path(output.parent)
 
 
 def fsync_path(path: Path) -> None:
