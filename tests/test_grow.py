@@ -5,6 +5,8 @@ read the old layers meanwhile, shards grow and merge again, and the same command
 from __future__ import annotations
 
 import hashlib
+import json
+import os
 import shutil
 import signal
 import textwrap
@@ -15,6 +17,7 @@ import numpy as np
 import pytest
 
 import featdump
+from featdump.output.layout import raw_paths
 
 from .conftest import committed_rows, read_output, run_featdump, start_featdump, user_project, write_images
 
@@ -178,4 +181,88 @@ def test_a_vit_grown_block_by_block_equals_all_blocks_at_once(tmp_path):
     for block in blocks:
         np.testing.assert_array_equal(grown[block], fresh[block])
     with h5py.File(project / "grown.h5") as h5file:
-        assert list(h5file.attrs["layers"].astype(str)) == ["encoder.layers.encoder_layer_1", blocks[0], *blocks[2:]]
+        assert list(h5file.attrs["layers"].astype(str)) == blocks  # the model's order, as a fresh run records
+
+
+def test_an_output_holding_names_that_are_not_utf8_grows(tmp_path):
+    """Rows are matched by their exact bytes: a Latin-1 name (and the other odd names) does not block growth."""
+    from .test_names import ODD_NAMES, write_picture
+
+    root = os.fsencode(tmp_path / "images")
+    os.makedirs(os.path.join(root, b"cl\xe0ss"))
+    for index, name in enumerate(ODD_NAMES):
+        write_picture(os.path.join(root, b"cl\xe0ss", name), index)
+    images, output, fresh = os.fsdecode(root), tmp_path / "out.h5", tmp_path / "fresh.h5"
+    assert run_featdump(*BASE, "-l", "avgpool", images, output).returncode == 0
+    grown = run_featdump(*BASE, "-l", "avgpool,layer4", "--update", images, output)
+    assert grown.returncode == 0, grown.stderr
+    assert run_featdump(*BASE, "-l", "avgpool,layer4", images, fresh).returncode == 0
+    with h5py.File(output) as got, h5py.File(fresh) as expected:
+        assert raw_paths(got) == raw_paths(expected) and len(raw_paths(got)) == len(ODD_NAMES)
+        for layer in ("avgpool", "layer4"):
+            np.testing.assert_array_equal(got[f"features/{layer}"][:], expected[f"features/{layer}"][:])
+
+
+def test_a_pca_layer_is_added_then_a_second_one_and_both_equal_a_fresh_run(study, tmp_path):
+    output = tmp_path / "out.h5"
+    assert run_featdump(*BASE, "-l", "avgpool", study / "images", output).returncode == 0
+    for layers, reduce in (("avgpool,layer4", "layer4=pca:4"), ("avgpool,layer4,layer3", "layer4=pca:4,layer3=pca:3")):
+        grown = run_featdump(*BASE, "-l", layers, "--reduce", reduce, "--pca-fit", "16", "--update",
+                             study / "images", output)
+        assert grown.returncode == 0, grown.stderr
+    fresh = tmp_path / "fresh.h5"
+    made = run_featdump(*BASE, "-l", "avgpool,layer4,layer3", "--reduce", "layer4=pca:4,layer3=pca:3",
+                        "--pca-fit", "16", study / "images", fresh)
+    assert made.returncode == 0, made.stderr
+    got, expected = read_output(output), read_output(fresh)
+    for layer in ("avgpool", "layer3", "layer4"):
+        np.testing.assert_allclose(got[layer], expected[layer], rtol=0, atol=1e-5)
+    with h5py.File(output) as h5file:
+        assert sorted(h5file["pca"]) == ["layer3", "layer4"]
+        assert h5file["features/layer4"].shape == (64, 4) and h5file["features/layer3"].shape == (64, 3)
+    again = run_featdump(*BASE, "-l", "avgpool,layer4,layer3", "--reduce", "layer4=pca:4,layer3=pca:3",
+                         "--pca-fit", "16", study / "images", output)
+    assert again.returncode == 0 and "nothing to do" in again.stderr, again.stderr
+
+
+def test_a_grown_file_records_the_layers_as_a_fresh_run_does_and_the_command_again_is_done(study, tmp_path):
+    output = stored_copy(study, tmp_path)  # layer1
+    assert run_featdump(*BASE, "-l", "layer3,layer1", "--update", study / "images", output).returncode == 0
+    before = digest(output)
+    with h5py.File(output) as grown, h5py.File(study / "fresh.h5") as fresh:
+        assert list(grown.attrs["layers"].astype(str)) == list(fresh.attrs["layers"].astype(str))
+        assert json.loads(grown.attrs["fingerprint"])["layers"] == json.loads(fresh.attrs["fingerprint"])["layers"]
+    for order in ("layer3,layer1", "layer1,layer3"):
+        again = run_featdump(*BASE, "-l", order, study / "images", output)
+        assert again.returncode == 0, again.stderr
+    assert digest(output) == before
+
+
+def test_a_lost_shard_remade_by_the_growth_command_merges_and_info_says_so(study, tmp_path):
+    output = tmp_path / "out.h5"
+    for layers, update in (("layer1", []), ("layer3,layer1", ["--update"])):
+        for shard in ("0/2", "1/2"):
+            assert run_featdump(*BASE, "-l", layers, *update, "--shard", shard, study / "images",
+                                output).returncode == 0
+    lost = tmp_path / "out.shard-1-of-2.h5"
+    assert lost.exists()
+    lost.unlink()
+    remade = run_featdump(*BASE, "-l", "layer3,layer1", "--update", "--shard", "1/2", study / "images", output)
+    assert remade.returncode == 0, remade.stderr
+    info = run_featdump("info", output)
+    assert "run `featdump merge" in info.stdout, info.stdout
+    merged = run_featdump("merge", output)
+    assert merged.returncode == 0, merged.stderr
+    got, fresh = read_output(output), read_output(study / "fresh.h5")
+    for layer in ("layer1", "layer3"):
+        np.testing.assert_array_equal(got[layer], fresh[layer])
+
+
+def test_info_names_why_shards_that_cannot_be_merged_cannot(study, tmp_path):
+    output = tmp_path / "out.h5"
+    for shard, layers in (("0/2", "layer1"), ("1/2", "layer3")):
+        assert run_featdump(*BASE, "-l", layers, "--shard", shard, study / "images", output).returncode == 0
+    info = run_featdump("info", output)
+    assert "featdump merge" not in info.stdout.splitlines()[0], info.stdout
+    assert "cannot be merged" in info.stdout and "made differently" in info.stdout, info.stdout
+    assert run_featdump("merge", output).returncode == 2

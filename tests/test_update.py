@@ -215,3 +215,36 @@ def test_update_of_a_self_contained_merged_copy(tmp_path):
     assert updated.returncode == 0, updated.stderr
     assert f"Wrote 3 images (0 skipped) to {output}, 9 in all (0 skipped)," in updated.stderr
     assert len(rows_by_path(output)) == 9
+
+
+HOLDER = """
+import sys, time
+import h5py
+with h5py.File(sys.argv[1], "r") as held:  # a notebook or a dashboard keeps the file open
+    print("open", flush=True)
+    time.sleep(120)
+"""
+
+
+def test_an_update_with_nothing_new_leaves_the_file_alone_while_a_reader_holds_it(tmp_path):
+    images, output = tmp_path / "images", tmp_path / "out.h5"
+    write_images(images, {"a": 6}, size=(40, 32))
+    args = ["extract", "-m", "resnet18", "-w", "none", "-l", "avgpool", "--update", images, output]
+    assert run_featdump(*args).returncode == 0
+    os.utime(output, ns=(1_000_000_000, 1_000_000_000))
+    before = output.stat()
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(output)], stdout=subprocess.PIPE, text=True,
+                              env=featdump_env())
+    try:
+        assert holder.stdout.readline().strip() == "open"
+        started = time.monotonic()
+        again = run_featdump(*args, timeout=120)
+        seconds = time.monotonic() - started
+    finally:
+        holder.kill()
+        holder.wait()
+    assert again.returncode == 0, again.stderr
+    assert "Nothing new:" in again.stderr and seconds < 60, (seconds, again.stderr)
+    after = output.stat()
+    assert (after.st_mtime_ns, after.st_size, after.st_ino) == (before.st_mtime_ns, before.st_size, before.st_ino)
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["images", "out.h5"]

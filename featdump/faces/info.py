@@ -7,6 +7,7 @@ from pathlib import Path
 from featdump.errors import NotAnOutput
 from featdump.output.layout import Output, partial_path, text_of
 from featdump.output.lock import lock_holder
+from featdump.output.merge import merge_problem
 from featdump.output.progress import describe_running, read_record, running_lines, stopped_line
 from featdump.output.shard_files import shard_count, shard_counts, shard_path
 from featdump.output.update import staging_path
@@ -96,7 +97,9 @@ def _shards_info(output: Path) -> dict | None:
         done = state["images_done"] if state["state"] != "complete" else state["rows"] + state["skipped"]
         shards.append({"index": index, "file": str(path), "state": state["state"], "images_done": done,
                        "image_count": state["image_count"] if state["state"] != "complete" else done})
+    finished = all(shard["state"] == "complete" for shard in shards)
     return {"state": "sharded", "file": str(output), "merged": None, "shards": shards,
+            "merge_problem": merge_problem(output) if finished else None,
             "images_done": sum(shard["images_done"] for shard in shards),
             "image_count": sum(shard["image_count"] or 0 for shard in shards)}
 
@@ -104,7 +107,9 @@ def _shards_info(output: Path) -> dict | None:
 def _shard_lines(info: dict) -> list[str]:
     shards = info["shards"]
     finished = sum(shard["state"] == "complete" for shard in shards)
-    if finished == len(shards):
+    if finished == len(shards) and info["merge_problem"]:
+        head = f"not merged yet; all {len(shards)} shards are finished but cannot be merged: {info['merge_problem']}"
+    elif finished == len(shards):
         head = f"not merged yet; all {len(shards)} shards are finished: run `featdump merge {info['file']}`"
     else:
         head = f"not merged yet; {finished} of {len(shards)} shards finished"

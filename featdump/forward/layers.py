@@ -55,7 +55,14 @@ def resolve(selectors: list[str], infos: list[LayerInfo], model_name: str) -> li
     for text in expand(selectors, infos, model_name):
         layer = _resolve_one(text, by_path, model_name)
         layers.setdefault(layer.name, layer)
-    return list(layers.values())
+    return in_model_order(list(layers.values()), infos)
+
+
+def in_model_order(layers: list[Layer], infos: list[LayerInfo]) -> list[Layer]:
+    """LAYERS in the one order a file records them in, however they were named: the order of the model's modules
+    in the probe (INFOS), then by call and part. `-l a,b` and `-l b,a` (or a file grown by b) record the same."""
+    places = {info.path: index for index, info in enumerate(infos)}
+    return sorted(layers, key=lambda layer: (places.get(layer.path, len(places)), layer.call, layer.part or ""))
 
 def parse_selector(text: str, hint: str = "") -> tuple[str, int | None, str | None]:
     """'PATH' -> (PATH, None, None); 'PATH:K@PART' -> (PATH, K, PART); '@PART' -> ('', None, PART) (the model's

@@ -20,7 +20,7 @@ from featdump.errors import BadImage, Interrupted, ModelFailed, UsageProblem
 from featdump.forward.compiling import compile_capture, compiled_note
 from featdump.forward.device import autocast, padded, place_model, resolve_decode, resolve_device
 from featdump.forward.hooks import Capture
-from featdump.forward.layers import Layer, Snapshot, resolve
+from featdump.forward.layers import Layer, Snapshot, in_model_order, resolve
 from featdump.forward.memory_format import choose_memory_format, format_name
 from featdump.forward.probe import probe
 from featdump.inputs import ImageList, find_images
@@ -79,13 +79,13 @@ class Model:
     infos: list = dataclasses.field(default_factory=list)  # the probe's LayerInfos, to resolve more layers by
 
     def with_layers(self, names: list[str], chosen: dict[str, str], fits: dict | None = None) -> Model:
-        """This model capturing the layers NAMES (in that order) with the reductions CHOSEN (FITS: the PCA fits of
+        """This model capturing the layers NAMES (in the model's order, `in_model_order`) with the reductions CHOSEN (FITS: the PCA fits of
         pca:K layers, by name); layers this model has keep what they have."""
         own = {layer.name: layer for layer in self.layers}
         missing = [name for name in names if name not in own]
         if missing:
             own.update((layer.name, layer) for layer in resolve(missing, self.infos, "the model"))
-        layers = [own[name] for name in names]
+        layers = in_model_order([own[name] for name in names], self.infos)
         model = dataclasses.replace(self, layers=layers, chosen={name: chosen[name] for name in names},
                                     reductions={name: self.reductions[name] for name in names
                                                 if name in self.reductions})

@@ -85,6 +85,9 @@ def update(job: UpdateJob) -> Summary:
     plan = plan_update(output, job.images, _over(job.fingerprint, whole), new_layers,
                        _over(job.fingerprint, grower) if grower else None)
     discard_other_staging(output, plan)
+    if plan.nothing_new:  # decided read-only: the file, its mtime and its readers are left alone
+        log.info("%s holds every image and layer this command names: nothing to add.", output)
+        return dataclasses.replace(Summary.of_finished(output, 0.0), stale=len(plan.stale))
     log.info("Updating %s: %d new images, %d new layers (%s), %d rows already there%s.", output, len(plan.images),
              len(new_layers), ", ".join(new_layers) or "none", plan.base.rows,
              f", {len(plan.stale)} of them stale (see featdump info)" if plan.stale else "")

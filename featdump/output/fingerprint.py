@@ -14,6 +14,7 @@ from featdump.output.layout import FORMAT, UPGRADED, text_of
 SHARD_KEYS = ("shard", "images", "image_count")  # the keys in which the shards of one job differ
 IMAGE_KEYS = ("images", "image_count")  # the keys an --update changes
 UPDATE_IGNORES = (*IMAGE_KEYS, "shards", "all_images", "all_image_count")  # a merged copy's are updated too
+UNORDERED = ("layers", "stored_layers")  # compared as sets: each layer's reduction, layout and fit are keyed by name
 
 
 def build(settings, layers, reductions: dict[str, str], preprocessing: str, decode: str, images, model_source: dict,
@@ -70,6 +71,8 @@ def describe_differences(before_all: dict, now_all: dict) -> list[str]:
     differences = []
     for key in sorted(set(before_all) | set(now_all)):
         before, now = before_all.get(key), now_all.get(key)
+        if key in UNORDERED and isinstance(before, list) and isinstance(now, list):
+            before, now = sorted(before), sorted(now)  # a set of layers, whatever order an older file kept
         if before == now:
             continue
         if key == "images":

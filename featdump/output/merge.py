@@ -62,6 +62,16 @@ def _shard_problem(index: int, count: int, path: Path) -> str | None:
     return f"shard {index} of {count} is missing ({path}): run its task"
 
 
+def merge_problem(output: Path, pattern: str | None = None) -> str | None:
+    """Why `merge` would refuse OUTPUT's shards (not all finished, or made differently), or None: read-only."""
+    try:
+        shards = find_shards(output, pattern)
+        _common_fingerprint(shards, [_summary(index, path) for index, path in enumerate(shards)])
+    except ShardProblem as error:
+        return str(error)
+    return None
+
+
 def merge(output: Path, pattern: str | None = None, copy: bool = False, overwrite: bool = False) -> Path:
     """Write OUTPUT over its finished shards: virtual datasets pointing into them, or (COPY) a self-contained
     file. Paths, labels, file stats and skipped images are joined in order; attributes say what was merged.

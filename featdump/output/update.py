@@ -59,6 +59,13 @@ class UpdatePlan:
     new_layers: list[str]  # the layers the command names that OUT lacks (computed for every stored row too)
     rows: ImageList | None  # the images of OUT's rows, in row order, when there are new layers
     grow_fingerprint: dict | None  # the new layers' staging file's
+    recorded_stale: list[tuple[str, str]] = ()  # the stale rows OUT records now
+
+    @property
+    def nothing_new(self) -> bool:
+        """No new image, no new layer, and the stale rows as OUT records them: nothing to write."""
+        stale = [(as_text(path), reason) for path, reason in self.stale]  # as the file holds them: text
+        return not len(self.images) and not self.new_layers and stale == list(self.recorded_stale)
 
 
 @dataclass(frozen=True)
@@ -110,6 +117,7 @@ def plan_update(output: Path, images: ImageList, fingerprint: dict, new_layers: 
         fingerprints.check(held.attrs, output, fingerprint, ignore=(*fingerprints.UPDATE_IGNORES, *LAYER_KEYS))
         new = new_images(images, held.known_paths(), tuple(held.classes))
         stale = stale_rows(held, images)
+        recorded_stale = [(path, reason) for path, reason in held.named_rows("stale", held.stale_count())]
         base = held.committed
         stored = list(held.fingerprint.get("layers", []))
         rows = _row_images(held, images, output) if new_layers else None
@@ -124,7 +132,7 @@ def plan_update(output: Path, images: ImageList, fingerprint: dict, new_layers: 
     if new_layers:
         grown = {**grow_fingerprint, "images": rows.digest(), "image_count": len(rows), "grow_of": extends,
                  "stored_layers": stored}
-    return UpdatePlan(new, stale, base, staged, stored, list(new_layers), rows, grown)
+    return UpdatePlan(new, stale, base, staged, stored, list(new_layers), rows, grown, recorded_stale)
 
 
 def _row_images(held: Output, images: ImageList, output: Path) -> ImageList:
@@ -232,8 +240,8 @@ def _discard_unfinished_growth(h5file: h5py.File) -> None:
 
 def _add_layers(h5file: h5py.File, grown: Output, plan: UpdatePlan, record: dict) -> None:
     """Copy each new layer's dataset (as many rows as OUT holds) in, then move them under /features together."""
-    held_paths = [os.fsdecode(name) for name in raw_paths(h5file)[:plan.base.rows]]
-    if grown.committed.rows != plan.base.rows or grown.paths() != held_paths:
+    held_paths = raw_paths(h5file)[:plan.base.rows]  # rows matched by their exact bytes, whatever the names
+    if grown.committed.rows != plan.base.rows or grown.raw_paths() != held_paths:
         raise ResumeMismatch(f"{grow_path(Path(h5file.filename))} was staged for other rows of the output; remove "
                              "it and run the update again.")
     holding = h5file.create_group(_GROWING)
