@@ -58,12 +58,28 @@ def fit_set(pca_fit: str, job_images: ImageList, images_argument: Path) -> FitSe
     return FitSet(images, f"{len(images)} images of {text}")
 
 
-def fit_digest(fingerprint: dict, reductions: dict[str, str], fits: FitSet) -> str:
-    """What a job's fits are made from: the model and its inputs' processing, each pca layer's K, the fit images."""
+def fit_digests(fingerprint: dict, reductions: dict[str, str], fits: FitSet) -> dict[str, str]:
+    """What each pca:K layer's fit is made from, by layer: the model and its inputs' processing, the layer and its
+    K, the fit images. A fit belongs to its layer: adding another pca layer leaves the others' fits as they are."""
     made_from = {key: fingerprint.get(key) for key in _FIT_KEYS}
-    made_from["pca"] = {name: text for name, text in reductions.items() if text.startswith("pca:")}
     made_from["fit_images"] = fits.images.digest()
-    return hashlib.sha256(json.dumps(made_from, sort_keys=True).encode()).hexdigest()
+    return {name: hashlib.sha256(json.dumps({**made_from, "layer": name, "pca": text}, sort_keys=True).encode())
+            .hexdigest() for name, text in reductions.items() if text.startswith("pca:")}
+
+
+def fingerprint_entries(fits: FitSet, digests: dict[str, str]) -> dict[str, dict]:
+    """What a file's fingerprint records of each pca layer's fit (`pca_fit`, by layer)."""
+    return {name: {"fitted_on": fits.description, "images": len(fits.images), "digest": digest}
+            for name, digest in digests.items()}
+
+
+def recorded_entries(fingerprint: dict) -> dict[str, dict]:
+    """The fingerprint's `pca_fit` by layer; a file of an earlier version recorded one entry for all its pca
+    layers, which each of them gets."""
+    recorded = fingerprint.get("pca_fit") or {}
+    if "digest" in recorded:
+        return {name: recorded for name, text in fingerprint.get("reduce", {}).items() if text.startswith("pca:")}
+    return dict(recorded)
 
 
 def fit_path(job_output: Path) -> Path:
@@ -83,31 +99,38 @@ def check_fits(fits: FitSet, dims: dict[str, tuple[int, int]]) -> None:
         check_fit_fits(name, len(fits.images), dim, k)
 
 
-def obtain_fits(job_output: Path, digest: str, dims: dict[str, tuple[int, int]], fits: FitSet,
+def obtain_fits(job_output: Path, digests: dict[str, str], dims: dict[str, tuple[int, int]], fits: FitSet,
                 stage: Callable[[Path, ImageList, dict], Path], already: list[Path],
                 overwrite: bool = False) -> dict[str, PcaFit]:
-    """The fits of DIMS' layers: read where they are already (ALREADY: the output being resumed or updated, then
-    OUT.pca.h5), else made: STAGE(path, images, fingerprint) writes the fit images' flattened activations to
-    a finished file at PATH and returns it; the fits are written to OUT.pca.h5.
+    """The fits of DIMS' layers (DIGESTS: what each is made from): each read where it is already (ALREADY: the
+    output being resumed or updated, then OUT.pca.h5), the others made: STAGE(path, images, fingerprint) writes
+    the fit images' flattened activations of those layers to a finished file at PATH and returns it; the fits
+    are added to OUT.pca.h5.
 
     The staged activations are resumed where a kill left them (staging or fitting), discarded when made for
     another fit or when OVERWRITE, and removed when the fit is made or refused: none blocks a later run."""
-    found = _read_fits([*already, fit_path(job_output)], digest, dims)
-    if found is not None:
+    found = _read_fits([*already, fit_path(job_output)], digests, dims)
+    if len(found) == len(dims):
         return found
     lock = job_output.with_name(job_output.name + ".pca.lock")
     with waiting_lock(lock, f"the PCA fit of {job_output.name}"):
         try:
-            return _fit_under_lock(job_output, digest, dims, fits, stage, overwrite)
+            return {**found, **_fit_under_lock(job_output, digests, _without(dims, found), fits, stage, overwrite)}
         finally:
             lock.unlink(missing_ok=True)  # whoever waits on it then finds the fits; whoever comes later needs none
 
 
-def _fit_under_lock(job_output: Path, digest: str, dims: dict[str, tuple[int, int]], fits: FitSet,
+def _without(dims: dict[str, tuple[int, int]], found: dict) -> dict[str, tuple[int, int]]:
+    return {name: dim for name, dim in dims.items() if name not in found}
+
+
+def _fit_under_lock(job_output: Path, digests: dict[str, str], dims: dict[str, tuple[int, int]], fits: FitSet,
                     stage: Callable[[Path, ImageList, dict], Path], overwrite: bool) -> dict[str, PcaFit]:
-    found = _read_fits([fit_path(job_output)], digest, dims)  # a shard before us made it while we waited
-    if found is not None:
+    found = _read_fits([fit_path(job_output)], digests, dims)  # a shard before us made them while we waited
+    if len(found) == len(dims):
         return found
+    dims = _without(dims, found)
+    digest = hashlib.sha256(json.dumps({name: digests[name] for name in dims}, sort_keys=True).encode()).hexdigest()
     staged_bytes = len(fits.images) * sum(dim * 4 for dim, _ in dims.values())
     log.info("PCA fit: staging the activations of %s (%s on disk beside the output), then fitting %s with at "
              "most %s of memory (FEATDUMP_PCA_MEMORY_GB).", fits.description, human_bytes(staged_bytes),
@@ -120,11 +143,11 @@ def _fit_under_lock(job_output: Path, digest: str, dims: dict[str, tuple[int, in
         check_space(job_output, staged_bytes, "The PCA fit's staged activations", "use a smaller --pca-fit")
         staged = stage(staged, fits.images, {"pca_stage": digest, "image_count": len(fits.images)})
     try:
-        made = _fit_staged(staged, dims, fits.description, digest)
+        made = _fit_staged(staged, dims, fits.description, digests)
     finally:
         remove_staging(job_output)  # made or refused: the staged activations are not needed again
     _write_fits(fit_path(job_output), made)
-    return made
+    return {**found, **made}
 
 
 def remove_staging(job_output: Path) -> None:
@@ -145,7 +168,8 @@ def _discard_other_staging(job_output: Path, digest: str) -> None:
             path.unlink(missing_ok=True)
 
 
-def _fit_staged(staged: Path, dims: dict[str, tuple[int, int]], description: str, digest: str) -> dict[str, PcaFit]:
+def _fit_staged(staged: Path, dims: dict[str, tuple[int, int]], description: str,
+                digests: dict[str, str]) -> dict[str, PcaFit]:
     made = {}
     with Output.open(staged) as output:
         rows, skipped = output.committed.rows, output.named_rows("skipped", output.committed.skipped)
@@ -155,7 +179,7 @@ def _fit_staged(staged: Path, dims: dict[str, tuple[int, int]], description: str
             check_fit_fits(name, rows, dim, k, skipped=len(skipped))  # the rows actually staged
             started = time.perf_counter()
             made[name] = fit(output.features(name), rows, k, description)
-            made[name].digest, made[name].skipped = digest, [tuple(entry) for entry in skipped]
+            made[name].digest, made[name].skipped = digests[name], [tuple(entry) for entry in skipped]
             log.info("PCA fit of %s: %d components of %d values over %d images (%s), %.1f%% of the variance, "
                      "in %.1f s.", name, k, dim, rows, made[name].method,
                      100 * made[name].explained_variance.sum() / max(made[name].total_variance, 1e-30),
@@ -164,32 +188,43 @@ def _fit_staged(staged: Path, dims: dict[str, tuple[int, int]], description: str
 
 
 def _write_fits(path: Path, fits: dict[str, PcaFit]) -> None:
-    """PATH written whole, then renamed into place (a reader never sees half a fit file)."""
+    """FITS added to the fits PATH holds (those of other layers kept): written whole, then renamed into place (a
+    reader never sees half a fit file)."""
+    kept = {}
+    try:
+        with h5py.File(path, "r", locking=False) as h5file:
+            kept = {name: PcaFit.read(h5file["pca"][name]) for name in h5file.get("pca", {}) if name not in fits}
+    except (OSError, KeyError):  # none yet, or unreadable: written anew
+        kept = {}
     temporary = partial_path(path)
     with h5py.File(temporary, "w") as h5file:
         group = h5file.create_group("pca")
-        for name, made in fits.items():
+        for name, made in {**kept, **fits}.items():
             made.store(group.create_group(name))
     os.replace(temporary, path)
 
 
-def _read_fits(paths: list[Path], digest: str, dims: dict[str, tuple[int, int]]) -> dict[str, PcaFit] | None:
-    """The fits of DIMS' layers made from DIGEST, from the first of PATHS that holds them all."""
+def _read_fits(paths: list[Path], digests: dict[str, str], dims: dict[str, tuple[int, int]]) -> dict[str, PcaFit]:
+    """The fits of DIMS' layers made from their DIGESTS that PATHS hold (each from the first that has it)."""
+    found = {}
     for path in paths:
-        if not path.exists():
+        if not path.exists() or len(found) == len(dims):
             continue
         try:
             with h5py.File(path, "r", locking=False) as h5file:
-                groups = {name: h5file.get(f"pca/{name}") for name in dims}
-                if all(group is not None and group.attrs.get("fit_digest") == digest for group in groups.values()):
-                    found = {name: PcaFit.read(group) for name, group in groups.items()}
-                    if all(made.components.shape == (k, dim) for made, (dim, k) in
-                           ((found[name], dims[name]) for name in dims)):
-                        log.info("PCA fits of %s read from %s.", ", ".join(dims), path)
-                        return found
+                here = {}
+                for name, (dim, k) in _without(dims, found).items():
+                    group = h5file.get(f"pca/{name}")
+                    if group is not None and group.attrs.get("fit_digest") == digests[name]:
+                        fit_read = PcaFit.read(group)
+                        if fit_read.components.shape == (k, dim):
+                            here[name] = fit_read
         except OSError:
             continue
-    return None
+        if here:
+            log.info("PCA fits of %s read from %s.", ", ".join(here), path)
+        found.update(here)
+    return found
 
 
 def layer_dims(shapes: dict[str, tuple[int, ...]], reductions: dict[str, str]) -> dict[str, tuple[int, int]]:

@@ -184,9 +184,17 @@ def _fit_projections(plan: Plan, model: Model, fingerprint: dict, lock: OutputLo
     settings = plan.settings
     fits = fitting.fit_set(settings.pca_fit, plan.job_images, settings.images)
     dims = fitting.layer_dims({layer.name: layer.shape for layer in model.layers}, model.chosen)
+    stored = updating.stored_fits(settings.output, model.chosen) if settings.update and not settings.overwrite else {}
+    for name, (fit, entry) in stored.items():  # a layer the output holds keeps its fit, whatever this command's
+        layer = next(layer for layer in model.layers if layer.name == name)
+        model.reductions[name] = bind(model.chosen[name], name, layer.shape, pca_fit=fit)
+    dims = {name: dim for name, dim in dims.items() if name not in stored}
     fitting.check_fits(fits, dims)
-    digest = fitting.fit_digest(fingerprint, model.chosen, fits)
-    fingerprint["pca_fit"] = {"fitted_on": fits.description, "images": len(fits.images), "digest": digest}
+    digests = fitting.fit_digests(fingerprint, {name: model.chosen[name] for name in dims}, fits)
+    fingerprint["pca_fit"] = {**{name: entry for name, (_, entry) in stored.items()},
+                              **fitting.fingerprint_entries(fits, digests)}
+    if not dims:
+        return
 
     def stage(path: Path, images: ImageList, stage_fingerprint: dict) -> Path:
         layers = [layer for layer in model.layers if layer.name in dims]
@@ -197,9 +205,9 @@ def _fit_projections(plan: Plan, model: Model, fingerprint: dict, lock: OutputLo
                                     settings.batch_size, locking=False)
         return _fill(writer, images, dataclasses.replace(settings, output=path), staged, lock, progress)
 
-    update_base = [settings.output] if settings.update else []
-    made = fitting.obtain_fits(plan.whole_output, digest, dims, fits, stage,
-                               [partial_path(settings.output), *update_base], settings.overwrite)
+    finished = [settings.output] if settings.output.exists() and not settings.overwrite else []  # rerun, update
+    made = fitting.obtain_fits(plan.whole_output, digests, dims, fits, stage,
+                               [partial_path(settings.output), *finished], settings.overwrite)
     for name, text in model.chosen.items():
         if name in made:
             layer = next(layer for layer in model.layers if layer.name == name)

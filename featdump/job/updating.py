@@ -16,6 +16,7 @@ from pathlib import Path
 
 from featdump.errors import NotAnOutput, OutputExists, ShardProblem
 from featdump.inputs import ImageList
+from featdump.job import fitting
 from featdump.job.report import Summary, summarize
 from featdump.job.settings import Settings
 from featdump.output import fingerprint as fingerprints
@@ -77,13 +78,15 @@ def update(job: UpdateJob) -> Summary:
     stored.check_named(named, model.chosen, output)
     new_layers = [name for name in named if name not in stored.names]
     kept = [name for name in stored.names if name not in named]
-    whole = model.with_layers(stored.names + new_layers, {**stored.reductions, **model.chosen}, _stored_fits(output))
+    whole = model.with_layers(stored.names + new_layers, {**stored.reductions, **model.chosen},
+                              {name: fit for name, (fit, _) in stored_fits(output, stored.reductions).items()})
     if kept:
         log.info("Layers %s are kept as stored (not named); new images get them too, as recorded.", ", ".join(kept))
     _refuse_new_images_of_shards(job, output)
     grower = model.with_layers(new_layers, model.chosen) if new_layers else None  # the stored rows' new layers
-    plan = plan_update(output, job.images, _over(job.fingerprint, whole), new_layers,
-                       _over(job.fingerprint, grower) if grower else None)
+    fit_entries = {**fitting.recorded_entries(stored.fingerprint), **job.fingerprint.get("pca_fit", {})}
+    plan = plan_update(output, job.images, _over(job.fingerprint, whole, fit_entries), new_layers,
+                       _over(job.fingerprint, grower, fit_entries) if grower else None)
     discard_other_staging(output, plan)
     if plan.nothing_new:  # decided read-only: the file, its mtime and its readers are left alone
         log.info("%s holds every image and layer this command names: nothing to add.", output)
@@ -130,18 +133,27 @@ def _grow(job: UpdateJob, plan: UpdatePlan, grower) -> int:
     return len(plan.rows) - start
 
 
-def _over(fingerprint: dict, model) -> dict:
-    """FINGERPRINT of the run, for MODEL's layers and reductions."""
-    return {**fingerprint, "layers": [layer.name for layer in model.layers],
+def _over(fingerprint: dict, model, fit_entries: dict[str, dict]) -> dict:
+    """FINGERPRINT of the run, for MODEL's layers, reductions and PCA fits (FIT_ENTRIES: each pca layer's)."""
+    over = {key: value for key, value in fingerprint.items() if key != "pca_fit"}
+    fits = {layer.name: fit_entries[layer.name] for layer in model.layers if layer.name in fit_entries}
+    return {**over, "layers": [layer.name for layer in model.layers],
             "layouts": {layer.name: layer.layout for layer in model.layers if layer.layout},
-            "reduce": dict(model.chosen)}
+            "reduce": dict(model.chosen), **({"pca_fit": fits} if fits else {})}
 
 
-def _stored_fits(output: Path) -> dict[str, PcaFit]:
-    """The PCA fits OUTPUT stores, by layer (a stored pca:K layer keeps its fit for new images)."""
+def stored_fits(output: Path, reductions: dict[str, str]) -> dict[str, tuple[PcaFit, dict]]:
+    """The PCA fits OUTPUT stores for the layers it holds reduced as REDUCTIONS says, by layer, each with what its
+    fingerprint records of it: a stored pca:K layer keeps its fit (for new images), whatever fit set a later
+    command names."""
+    if not output.exists():
+        return {}
     with Output.open(output) as held:
-        group = held.file.get("pca")
-        return {name: PcaFit.read(group[name]) for name in group} if group is not None else {}
+        group, recorded = held.file.get("pca"), held.fingerprint
+        entries = fitting.recorded_entries(recorded)
+        same = [name for name in recorded.get("layers", []) if recorded.get("reduce", {}).get(name) ==
+                reductions.get(name) and group is not None and name in group and name in entries]
+        return {name: (PcaFit.read(group[name]), entries[name]) for name in same}
 
 
 def _refuse_new_images_of_shards(job: UpdateJob, output: Path) -> None:

@@ -44,7 +44,7 @@ log = logging.getLogger("featdump")
 _COPY_ROWS = 1024
 
 
-LAYER_KEYS = ("layers", "layouts", "reduce")  # the fingerprint's keys an update may extend (new layers)
+LAYER_KEYS = ("layers", "layouts", "reduce", "pca_fit")  # the fingerprint's keys an update may extend (new layers)
 
 
 @dataclass(frozen=True)
@@ -75,13 +75,14 @@ class StoredLayers:
     names: list[str]
     reductions: dict[str, str]
     layouts: dict[str, str]
+    fingerprint: dict  # the whole of it
 
     @classmethod
     def of(cls, output: Path) -> StoredLayers:
         with Output.open(output) as held:
             recorded = held.fingerprint
         return cls(list(recorded.get("layers", [])), dict(recorded.get("reduce", {})),
-                   dict(recorded.get("layouts", {})))
+                   dict(recorded.get("layouts", {})), recorded)
 
     def check_named(self, layers: list[str], reductions: dict[str, str], output: Path) -> None:
         """ResumeMismatch when a layer the command names is stored with another reduction (both named)."""
