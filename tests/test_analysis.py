@@ -8,6 +8,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import warnings
 
 import h5py
 import numpy as np
@@ -183,8 +184,8 @@ def test_a_kill_resumes_at_the_first_layer_not_written(tmp_path):
         assert sorted(h5file["rdms"]) == sorted(layers) and "writing" not in h5file
         for name in layers:
             np.testing.assert_array_equal(h5file["rdms"][name][:], fresh[name])
-    again = run_featdump(*command)
-    assert again.returncode == 2 and "already exists; pass --overwrite" in again.stderr
+    again = run_featdump(*command)  # the same command on its finished result: done
+    assert again.returncode == 0 and "Nothing to do: already wrote" in again.stderr, again.stderr
 
 
 def test_cka_within_one_output_equals_numpy_and_is_drawn(study, tmp_path):
@@ -284,3 +285,100 @@ def test_bad_input_is_one_line(study, tmp_path):
         assert result.returncode == 2 and message in result.stderr, result.stderr
         assert len(result.stderr.strip().splitlines()) == 1, result.stderr
     assert not list(tmp_path.iterdir())
+
+
+def rows_with_bad_ones(rows: int, features: int) -> np.ndarray:
+    """Random rows, with NaN in row 3, inf in row 7, zeros in row 11 and a constant row 14."""
+    values = np.random.default_rng(5).standard_normal((rows, features)).astype(np.float32)
+    values[3, features // 2] = np.nan
+    values[7, -1] = np.inf
+    values[11] = 0.0
+    values[14] = 5.0
+    return values
+
+
+def reference_with_nan(rows: np.ndarray, metric: str) -> np.ndarray:
+    """rsatoolbox's RDM (numpy's cosine) of rows that may hold NaN, inf, zero or constant rows."""
+    with np.errstate(all="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        if metric == "cosine":
+            wide = rows.astype(np.float64)
+            unit = wide / np.linalg.norm(wide, axis=1, keepdims=True)
+            matrix = 1.0 - unit @ unit.T
+            np.fill_diagonal(matrix, 0.0)
+            return matrix
+        return calc_rdm(Dataset(rows.astype(np.float64)), method=metric).get_matrices()[0]
+
+
+@pytest.mark.parametrize("features, memory", [(300, "64MB"), (20_000, "256KB")])  # one slab; many slabs
+@pytest.mark.parametrize("metric", ["correlation", "euclidean", "cosine"])
+def test_rows_without_a_distance_are_nan_in_their_row_and_column_only_as_in_rsatoolbox(tmp_path, metric, features,
+                                                                                        memory, caplog):
+    values = rows_with_bad_ones(20, features)
+    write_output(tmp_path / "bad.h5", {"layer": values})
+    ours = featdump.rdm(tmp_path / "bad.h5", metric=metric, memory=memory, device="cpu")["layer"]
+    expected = reference_with_nan(values, metric)
+    defined = np.isfinite(expected)
+    assert not defined.all() and defined.sum() > 0.5 * defined.size  # some NaN rows, most entries defined
+    np.testing.assert_array_equal(np.isfinite(ours), defined)  # NaN exactly where rsatoolbox has it
+    np.testing.assert_allclose(ours[defined], expected[defined], rtol=1e-5, atol=1e-6)
+    assert "has NaN in the rows and columns of" in caplog.text and "'b/0003.jpg'" in caplog.text
+
+
+def test_an_rdm_with_nan_rows_says_so_on_the_command_line(tmp_path):
+    write_output(tmp_path / "bad.h5", {"layer": rows_with_bad_ones(20, 50)})
+    result = run_featdump("rdm", tmp_path / "bad.h5", "-o", tmp_path / "r.h5")
+    assert result.returncode == 0, result.stderr
+    assert "correlation RDM of layer has NaN in the rows and columns of 4 images" in result.stderr
+    with h5py.File(tmp_path / "r.h5") as h5file:
+        matrix = h5file["rdms/layer"][:]
+    assert np.isnan(matrix[3, 0]) and np.isfinite(matrix[0, 1])
+
+
+def highly_correlated_rows(rows: int, features: int) -> np.ndarray:
+    """Rows alike in pattern (correlations above 0.999, as a pooled layer's), each at its own level and gain."""
+    rng = np.random.default_rng(1)
+    pattern = np.abs(rng.standard_normal(features)) + 0.5
+    gain = np.exp(0.5 * rng.standard_normal((rows, 1)))
+    return (gain * pattern * (1 + 0.01 * rng.standard_normal((rows, features))) + 3 * gain).astype(np.float32)
+
+
+@pytest.mark.parametrize("features, memory", [(512, "64MB"), (40_000, "4MB")])  # avgpool-like; many slabs
+@pytest.mark.parametrize("metric", ["correlation", "cosine"])
+def test_rdms_of_highly_correlated_rows_are_within_1e_5_of_their_largest_entry(tmp_path, metric, features, memory):
+    values = highly_correlated_rows(256, features)
+    write_output(tmp_path / "alike.h5", {"layer": values})
+    ours = featdump.rdm(tmp_path / "alike.h5", metric=metric, memory=memory, device="cpu")["layer"]
+    expected = reference_rdm(values, metric)
+    np.fill_diagonal(expected, 0.0)
+    assert expected.max() < 1e-3  # the rows are that alike
+    assert np.abs(ours - expected).max() <= 1e-5 * expected.max()
+
+
+def test_cka_of_a_constant_layer_is_nan_with_one_line_and_a_nan_row_is_refused(tmp_path):
+    values = np.random.default_rng(0).standard_normal((12, 40)).astype(np.float32)
+    write_output(tmp_path / "c.h5", {"varied": values, "constant": np.ones((12, 40), dtype=np.float32)})
+    result = run_featdump("cka", tmp_path / "c.h5", "-o", tmp_path / "cka.h5")
+    assert result.returncode == 0, result.stderr
+    assert "RuntimeWarning" not in result.stderr and "Layer constant has no variance" in result.stderr
+    with h5py.File(tmp_path / "cka.h5") as h5file:
+        matrix = h5file["cka"][:]
+    assert np.isnan(matrix).sum() == 3 and np.isfinite(matrix).sum() == 1
+    values[4, 2] = np.nan
+    write_output(tmp_path / "n.h5", {"varied": values})
+    refused = run_featdump("cka", tmp_path / "n.h5", "-o", tmp_path / "cka2.h5")
+    assert refused.returncode == 2 and "holds NaN or inf in 1 row ('a/0004.jpg'" in refused.stderr, refused.stderr
+    assert "Traceback" not in refused.stderr and not (tmp_path / "cka2.h5").exists()
+
+
+def test_rdm_and_cka_run_again_on_their_finished_result_are_done(study, tmp_path):
+    for command in (["rdm", study / "out.h5", "-l", "fc"], ["cka", study / "out.h5", "-l", "fc,avgpool"]):
+        target = tmp_path / f"{command[0]}.h5"
+        assert run_featdump(*command, "-o", target).returncode == 0
+        before = target.stat().st_mtime_ns
+        again = run_featdump(*command, "-o", target)
+        assert again.returncode == 0 and "nothing to do" in again.stderr, again.stderr
+        assert target.stat().st_mtime_ns == before
+        other = run_featdump(*command, "--metric" if command[0] == "rdm" else "--unbiased",
+                             *(["euclidean"] if command[0] == "rdm" else []), "-o", target)
+        assert other.returncode == 2 and "--overwrite" in other.stderr, other.stderr

@@ -13,22 +13,23 @@ Rows of two files are matched by path; different image sets are refused unless `
 from __future__ import annotations
 
 import logging
+import math
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+import h5py
 import numpy as np
 import torch
 
 from featdump.analysis.choices import DEFAULT_MEMORY
 from featdump.analysis.gram import gram
 from featdump.analysis.rdm import _listed, _megabytes
-from featdump.analysis.results import Results
+from featdump.analysis.results import Results, finished
 from featdump.analysis.stored import Stored
 from featdump.errors import UsageProblem
 from featdump.forward.device import resolve_device
 from featdump.job.report import NoProgress, Progress
-from featdump.output.lock import refuse_existing
 from featdump.output.space import human_bytes, parse_bytes
 
 log = logging.getLogger("featdump")
@@ -69,8 +70,9 @@ def cka(output: str | Path, other: str | Path | None = None, layers: list[str] |
     made_from = {"source": first.identity(), "other": second.identity() if second else None, "layers": names,
                  "other_layers": other_names, "rows": len(kept)}
     progress = progress or NoProgress()
-    if to is not None:
-        refuse_existing(Path(to), overwrite)
+    if to is not None and not overwrite and finished(Path(to), {**made_from, "unbiased": unbiased}):
+        log.info("%s is finished already, made by this same command: nothing to do.", to)
+        return _read_finished(Path(to))
     sources = [(first, "a", names, rows_first if second is not None else None)]
     if second is not None:
         sources.append((second, "b", other_names, rows_second))
@@ -82,7 +84,7 @@ def cka(output: str | Path, other: str | Path | None = None, layers: list[str] |
             result = _alignment(grams, names, "a", other_names, "b" if second is not None else "a", unbiased,
                                 len(kept))
             if to is not None:
-                _write(Path(to), result, made_from, kept, labels, first.classes, overwrite)
+                _write(Path(to), result, {**made_from, "unbiased": unbiased}, kept, labels, first.classes, overwrite)
         except BaseException:
             grams.close()
             raise
@@ -118,6 +120,8 @@ def _centred_grams(grams: Results, sources, budget: int, device: torch.device, p
     for stored, key, name, rows in todo:
         with stored.dataset(name) as dataset:
             stats = gram(dataset, stored.rows, budget, device, lambda read: progress.advance(_megabytes(read)))
+        _refuse_nonfinite(stats.nonfinite if rows is None else stats.nonfinite[torch.as_tensor(rows)], name, stored,
+                          rows)
         centred = stats.centred
         if rows is not None:  # the images both outputs have, in the first one's order
             index = torch.as_tensor(rows, device=centred.device)
@@ -126,6 +130,17 @@ def _centred_grams(grams: Results, sources, budget: int, device: torch.device, p
                 centred = _centre(centred)
         grams.commit(f"{_GRAMS}/{key}", name, centred.cpu().numpy())
         del stats, centred
+
+
+def _refuse_nonfinite(nonfinite: torch.Tensor, name: str, stored: Stored, rows) -> None:
+    """UsageProblem naming the first image whose row of NAME holds NaN or inf: CKA over the rows is undefined."""
+    bad = nonfinite.nonzero().flatten().tolist()
+    if bad:
+        first = bad[0] if rows is None else int(rows[bad[0]])
+        raise UsageProblem(f"Layer {name} of {str(stored.path)!r} holds NaN or inf in {len(bad)} row"
+                           f"{'s' * (len(bad) != 1)} ({stored.paths[first]!r}, ...): CKA over them is undefined. "
+                           "Extract that layer again (a model in float16 may overflow: --dtype float32, "
+                           "--precision float32).")
 
 
 def _centre(matrix: torch.Tensor) -> torch.Tensor:
@@ -151,8 +166,16 @@ def _alignment(grams: Results, rows: list[str], row_key: str, columns: list[str]
             right = left if (symmetric and j == i) else grams.read(f"{_GRAMS}/{column_key}", column)
             if (column_key, column) not in own:
                 own[(column_key, column)] = hsic(right, right)
-            values[i, j] = hsic(left, right) / np.sqrt(own[(row_key, row)] * own[(column_key, column)])
+            values[i, j] = _ratio(hsic(left, right), own[(row_key, row)] * own[(column_key, column)])
+    for key, name in [key for key, value in own.items() if not value > 0]:
+        log.warning("Layer %s has no variance over the images (its HSIC with itself is %s, not positive): its CKA "
+                    "with any layer is undefined, NaN.", name, f"{own[(key, name)]:.3g}")
     return Cka(values, rows, columns, images, unbiased)
+
+
+def _ratio(cross: float, own_product: float) -> float:
+    """CROSS / sqrt(OWN_PRODUCT); NaN where a layer has no variance (a product of 0, or below it unbiased)."""
+    return cross / math.sqrt(own_product) if own_product > 0 else math.nan
 
 
 def _hsic(left: np.ndarray, right: np.ndarray) -> float:
@@ -171,6 +194,13 @@ def _unbiased_hsic(left: np.ndarray, right: np.ndarray) -> float:
     value = (np.vdot(first, second) + first_sums.sum() * second_sums.sum() / ((n - 1) * (n - 2))
              - 2.0 / (n - 2) * float(first_sums @ second_sums))
     return float(value / (n * (n - 3)))
+
+
+def _read_finished(path: Path) -> Cka:
+    with h5py.File(path, "r") as h5file:
+        dataset = h5file["cka"]
+        return Cka(dataset[:], list(dataset.attrs["rows"].astype(str)), list(dataset.attrs["columns"].astype(str)),
+                   int(dataset.attrs["images"]), bool(dataset.attrs["unbiased"]))
 
 
 def _write(output: Path, result: Cka, made_from: dict, paths: list[str], labels: np.ndarray, classes: list[str],

@@ -13,6 +13,12 @@ the means' cross terms too that give back the uncentred Gram:
     row sums of X = r + sum(mu),  r = Y 1
 
 C is the doubly centred Gram (H X X^T H) that CKA takes; the RDMs are functions of C, r, s and q (`rdm.py`).
+
+Correlation and cosine are the same for rows shifted and scaled each by its own constants, so for them X is
+taken as each row less its mean and over its spread (ROW_FORMS), both estimated from the first slab (exact when
+the layer is one slab): rows that differ mostly in their level or their size (a brightness, a gain) then lose no
+digits to the products. A row holding NaN or inf takes no part in the products (its values replaced), and is
+named in `nonfinite`; `constant` and `zero` name rows on which correlation or cosine is undefined.
 """
 
 from __future__ import annotations
@@ -49,6 +55,9 @@ class Gram:
     mean_square: float  # q = mu . mu
     mean_sum: float  # sum(mu)
     features: int  # D
+    nonfinite: torch.Tensor  # (N,) bool: rows holding NaN or inf (their statistics mean nothing)
+    constant: torch.Tensor  # (N,) bool: rows whose features are all equal (no correlation)
+    zero: torch.Tensor  # (N,) bool: rows of zeros (no cosine)
 
     @property
     def rows(self) -> int:
@@ -90,17 +99,36 @@ def slab_width(shape: tuple[int, ...], slab: tuple[slice, ...]) -> int:
     return math.prod(len(range(*part.indices(size))) for part, size in zip(slab, shape))
 
 
+ROW_FORMS = ("raw", "scaled", "standardised")  # rows as stored; over their spread (cosine); less their mean too
+
+
 def gram(dataset: h5py.Dataset, rows: int, memory: int, device: torch.device,
-         advance: Callable[[int], None] = lambda _: None) -> Gram:
-    """The Gram statistics of the first ROWS rows of DATASET, reading slabs (two at a time: the next is read while
-    one is used) of at most MEMORY bytes in all; ADVANCE(bytes) after each read."""
+         advance: Callable[[int], None] = lambda _: None, form: str = "raw") -> Gram:
+    """The Gram statistics of the first ROWS rows of DATASET (in FORM, one of ROW_FORMS), reading slabs (two at a
+    time: the next is read while one is used) of at most MEMORY bytes in all; ADVANCE(bytes) after each read."""
     shape = dataset.shape[1:]
     budget = max(1, min(memory // 2, SLAB_BYTES) // (max(rows, 1) * 4))
     zeros = dict(dtype=torch.float64, device=device)
     centred, row_sums, shifts = torch.zeros(rows, rows, **zeros), torch.zeros(rows, **zeros), torch.zeros(rows, **zeros)
     mean_square = mean_sum = 0.0
+    nonfinite = torch.zeros(rows, dtype=torch.bool, device=device)
+    low = torch.full((rows,), math.inf, device=device)
+    high = torch.full((rows,), -math.inf, device=device)
+    row_form = None
     for block in _prefetched(dataset, rows, slabs(shape, budget), advance):
         values = torch.from_numpy(block).to(device)
+        lowest, highest = values.amin(1), values.amax(1)  # NaN in a row makes both NaN, inf one of them
+        finite = torch.isfinite(lowest) & torch.isfinite(highest)
+        if not bool(finite.all()):
+            nonfinite |= ~finite
+            values[~finite] = 0.0  # out of the products; the row's entries are undefined anyway
+        torch.minimum(low, torch.where(finite, lowest, low), out=low)
+        torch.maximum(high, torch.where(finite, highest, high), out=high)
+        if row_form is None:
+            row_form = _row_form(values, form)
+        if form != "raw":
+            values -= row_form[0][:, None]
+            values *= row_form[1][:, None]
         centre = values.mean(0)  # any centre keeps the algebra exact; the mean makes the products' values small
         values -= centre
         level = centre.mean()  # r = Y 1 and s = Y c as r and Y (c - level) + level r: the centre's common part
@@ -118,7 +146,19 @@ def gram(dataset: h5py.Dataset, rows: int, memory: int, device: torch.device,
         mean_sum += float(centre.sum())
         del values, block
     _mirror_upper(centred)
-    return Gram(centred, row_sums, shifts, mean_square, mean_sum, math.prod(shape))
+    return Gram(centred, row_sums, shifts, mean_square, mean_sum, math.prod(shape), nonfinite,
+                (low == high) & ~nonfinite, (low == 0) & (high == 0) & ~nonfinite)
+
+
+def _row_form(values: torch.Tensor, form: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """(shift, scale) per row for FORM, from a slab's VALUES: its mean (standardised; else 0) and the inverse of
+    its root mean square about it (1 where that is 0). Any positive scale and any shift keep correlation (and
+    any positive scale cosine) as they are; these make the rows alike in level and size."""
+    variance, mean = torch.var_mean(values, dim=1, correction=0)  # no copy of the slab
+    shift = mean if form == "standardised" else torch.zeros_like(mean)
+    spread = (variance if form == "standardised" else variance + mean.square()).sqrt()
+    scale = torch.where(spread > 1e-30, 1.0 / spread.clamp(min=1e-30), torch.ones_like(spread))
+    return shift, scale
 
 
 def _row_blocks(rows: int) -> list[slice]:

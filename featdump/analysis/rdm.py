@@ -5,21 +5,26 @@
     cosine        1 - the cosine of the angle between two rows
 
 Each is a function of the layer's Gram statistics (`gram.py`: float32 products of centred slabs summed in
-float64), so memory is the N x N result plus one slab (`--memory`), whatever the layer's width.
+float64; for correlation and cosine, of rows brought to one level and size first), so memory is the N x N result
+plus one slab (`--memory`), whatever the layer's width. As in rsatoolbox, a row on which the metric is undefined
+(NaN or inf among its values; for correlation, all its values equal; for cosine, all zero) has NaN in its row and
+column, every other entry as it would be without it; a log line names the first such image.
 RDMS.h5: /rdms/LAYER (N, N) float64 with the attribute `metric`, /paths and /labels of the rows.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 from pathlib import Path
 
+import h5py
 import numpy as np
 import torch
 
 from featdump.analysis.choices import DEFAULT_MEMORY, METRICS
 from featdump.analysis.gram import Gram, gram
-from featdump.analysis.results import Results
+from featdump.analysis.results import Results, finished
 from featdump.analysis.stored import Stored
 from featdump.errors import BadOption, UsageProblem
 from featdump.forward.device import resolve_device
@@ -30,8 +35,18 @@ log = logging.getLogger("featdump")
 GROUP = "rdms"
 
 
+FORMS = {"correlation": "standardised", "cosine": "scaled", "euclidean": "raw"}  # the rows' form in `gram`
+
+
+def undefined_rows(stats: Gram, metric: str) -> torch.Tensor:
+    """(N,) bool: the rows METRIC gives no distance for (NaN in their row and column, as rsatoolbox)."""
+    extra = {"correlation": stats.constant, "cosine": stats.zero}.get(metric)
+    return stats.nonfinite | extra if extra is not None else stats.nonfinite
+
+
 def dissimilarities(stats: Gram, metric: str) -> np.ndarray:
-    """The N x N RDM of METRIC from a layer's Gram statistics (float64; zero on the diagonal)."""
+    """The N x N RDM of METRIC from a layer's Gram statistics (float64; zero on the diagonal, NaN in the rows and
+    columns of `undefined_rows`)."""
     if metric == "euclidean":
         norms = torch.diagonal(stats.centred).clone()
         result = stats.centred * -2.0
@@ -47,6 +62,9 @@ def dissimilarities(stats: Gram, metric: str) -> np.ndarray:
         result.neg_().add_(1.0)
     else:
         raise BadOption(f"--metric {metric!r}: use one of {', '.join(METRICS)}.")
+    undefined = undefined_rows(stats, metric)
+    result[undefined, :] = math.nan
+    result[:, undefined] = math.nan
     result.fill_diagonal_(0.0)
     return result.cpu().numpy()
 
@@ -66,6 +84,9 @@ def rdm(output: str | Path, layers: list[str] | str | None = None, metric: str =
     results = None
     if to is not None:
         made_from = {"source": stored.identity(), "metric": metric, "layers": names}
+        if not overwrite and finished(Path(to), made_from):
+            log.info("%s is finished already, made by this same command: nothing to do.", to)
+            return _read_finished(Path(to), names, metric, stored, as_rsatoolbox)
         results = Results.open(Path(to), made_from, stored.paths, stored.labels, stored.classes, overwrite)
     progress = progress or NoProgress()
     try:
@@ -77,6 +98,12 @@ def rdm(output: str | Path, layers: list[str] | str | None = None, metric: str =
         progress.close()
         if results is not None:
             results.close()
+    return to_rsatoolbox(matrices, metric, stored) if as_rsatoolbox else matrices
+
+
+def _read_finished(path: Path, names: list[str], metric: str, stored: Stored, as_rsatoolbox: bool):
+    with h5py.File(path, "r") as h5file:
+        matrices = {name: h5file[GROUP][name][:] for name in names}
     return to_rsatoolbox(matrices, metric, stored) if as_rsatoolbox else matrices
 
 
@@ -96,13 +123,28 @@ def _compute(stored: Stored, names: list[str], metric: str, budget: int, device:
             matrices[name] = results.read(GROUP, name)
             continue
         with stored.dataset(name) as dataset:
-            stats = gram(dataset, stored.rows, budget, device, lambda read: progress.advance(_megabytes(read)))
+            stats = gram(dataset, stored.rows, budget, device, lambda read: progress.advance(_megabytes(read)),
+                         FORMS[metric])
         matrices[name] = dissimilarities(stats, metric)
+        _say_undefined(stats, metric, name, stored)
         del stats
         if results is not None:
             results.commit(GROUP, name, matrices[name], {"metric": metric, "layer": name})
             log.info("The RDM of %s is in %s (%d of %d).", name, results.output, names.index(name) + 1, len(names))
     return matrices
+
+
+def _say_undefined(stats: Gram, metric: str, name: str, stored: Stored) -> None:
+    """A log line naming the first image whose row and column of NAME's RDM are NaN, and why, if any is."""
+    undefined = undefined_rows(stats, metric).nonzero().flatten().tolist()
+    if not undefined:
+        return
+    first = undefined[0]
+    why = "NaN or inf among its values" if stats.nonfinite[first] else \
+        "all its values equal" if metric == "correlation" else "all its values zero"
+    log.warning("The %s RDM of %s has NaN in the rows and columns of %d image%s, as rsatoolbox's would: %r (%s)%s.",
+                metric, name, len(undefined), "s" * (len(undefined) != 1), stored.paths[first], why,
+                ", ..." if len(undefined) > 1 else "")
 
 
 def to_rsatoolbox(matrices: dict[str, np.ndarray], metric: str, stored: Stored):

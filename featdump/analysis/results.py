@@ -14,7 +14,7 @@ from pathlib import Path
 import h5py
 import numpy as np
 
-from featdump.errors import ResumeMismatch
+from featdump.errors import OutputExists, ResumeMismatch
 from featdump.output.layout import STRING, partial_path, text_array
 from featdump.output.lock import OutputLock
 from featdump.output.writer import close_quietly, publish, write_error
@@ -95,6 +95,27 @@ class Results:
         """Stop without finishing: OUT.partial stays, its entries kept for the next run."""
         close_quietly(self.file)
         self._lock.release()
+
+
+def finished(output: Path, made_from: dict) -> bool:
+    """Whether OUTPUT is a finished result made from MADE_FROM (the same command again: nothing to do); False when
+    there is none; OutputExists naming what differs when it is another's."""
+    output = Path(output)
+    if not output.exists():
+        return False
+    try:
+        with h5py.File(output, "r") as h5file:
+            before = json.loads(h5file.attrs.get("made_from", "{}")) if h5file.attrs.get("complete", False) else None
+    except (OSError, ValueError):
+        before = None
+    if before is None:
+        raise OutputExists(f"Output {str(output)!r} already exists and is not a finished result of featdump rdm or "
+                           "cka; pass --overwrite to replace it.")
+    if before != made_from:
+        changed = sorted(key for key in set(before) | set(made_from) if before.get(key) != made_from.get(key))
+        raise OutputExists(f"Output {str(output)!r} already exists, made from other files or settings "
+                           f"({', '.join(changed)} differ); pass --overwrite to replace it.")
+    return True
 
 
 def _create(partial: Path, made_from: dict, paths: list[str], labels: np.ndarray, classes: list[str]) -> h5py.File:

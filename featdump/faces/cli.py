@@ -361,6 +361,11 @@ def _analysis_options(command):
     return command
 
 
+def _done_or_wrote(done_before: bool) -> str:
+    """How an analysis' summary line starts: it wrote its result, or found it written by the same command."""
+    return "Nothing to do: already wrote" if done_before else "Wrote"
+
+
 def _drawn(to: Path, plot: Path | None) -> str:
     """Draw the result file TO into PLOT when asked; the summary line's note."""
     if plot is None:
@@ -390,11 +395,11 @@ def rdm(output: Path, layers: str | None, metric: str, to: Path, memory: str, de
     """
     from featdump.analysis.rdm import rdm as compute
 
-    started = time.perf_counter()
+    started, done_before = time.perf_counter(), to.exists() and not overwrite  # then made by this same command
     matrices = compute(output, layers, metric, memory, device, to, overwrite, progress=_progress("MB"))
     drawn = _drawn(to, plot)
     rows = next(iter(matrices.values())).shape[0] if matrices else 0
-    click.echo(f"Wrote the {metric} RDMs of {len(matrices)} layer{'s' * (len(matrices) != 1)} over {rows} images "
+    click.echo(f"{_done_or_wrote(done_before)} the {metric} RDMs of {len(matrices)} layer{'s' * (len(matrices) != 1)} over {rows} images "
                f"to {to} in {time.perf_counter() - started:.1f} s{drawn}.", err=True)
 
 
@@ -419,11 +424,11 @@ def cka(output: Path, other: Path | None, layers: str | None, other_layers: str 
     """
     from featdump.analysis.cka import cka as compute
 
-    started = time.perf_counter()
+    started, done_before = time.perf_counter(), to.exists() and not overwrite  # then made by this same command
     result = compute(output, other, layers, other_layers, unbiased, common, memory, device, to, overwrite,
                      progress=_progress("MB"))
     drawn = _drawn(to, plot)
-    click.echo(f"Wrote {'unbiased ' if unbiased else ''}CKA of {len(result.rows)} x {len(result.columns)} layers over "
+    click.echo(f"{_done_or_wrote(done_before)} {'unbiased ' if unbiased else ''}CKA of {len(result.rows)} x {len(result.columns)} layers over "
                f"{result.images} images to {to} in {time.perf_counter() - started:.1f} s{drawn}.", err=True)
 
 
