@@ -206,3 +206,11 @@ def test_a_run_that_reads_no_image_exits_1_in_one_line(tmp_path):
     assert result.returncode == 1 and "No image could be read: 2 tried" in result.stderr
     info = run_featdump("info", tmp_path / "l.h5").stdout
     assert "  gone/1.jpg: file not found" in info and "symlink" not in info
+
+
+def test_extract_help_names_every_model_source_and_what_compile_builds():
+    result = run_featdump("extract", "--help")
+    text = " ".join(result.stdout.split())
+    assert result.returncode == 0
+    assert "hf:ORG/NAME" in text and "open_clip:ARCH" in text and "timm:NAME" in text
+    assert "ahead of time into a package (torch.export + AOTInductor)" in text

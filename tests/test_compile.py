@@ -17,6 +17,8 @@ from featdump.forward.memory_format import choose_memory_format
 from .conftest import REPO, featdump_env, run_featdump, start_featdump, user_project
 
 MODELS = '''
+import os
+
 import torch
 from torch import nn
 from torchvision.models import VisionTransformer
@@ -44,6 +46,7 @@ class Reused(nn.Module):
 def cnn():
     torch.manual_seed(0)
     model = Reused()
+    model.bn.eps = float(os.environ.get("TINY_BN_EPS", "1e-5"))  # a factory whose code changes between runs
     with torch.no_grad():
         model.bn.running_mean.uniform_(-0.5, 0.5)
         model.bn.running_var.uniform_(0.5, 2.0)
@@ -101,8 +104,8 @@ def project(tmp_path_factory):
         yield folder
 
 
-def extract(project, model: str, output, *options):
-    env = featdump_env(PYTHONPATH=f"{project}{os.pathsep}{REPO}", TORCH_LOGS="recompiles")
+def extract(project, model: str, output, *options, **environment):
+    env = featdump_env(PYTHONPATH=f"{project}{os.pathsep}{REPO}", TORCH_LOGS="recompiles", **environment)
     result = run_featdump("-v", "extract", "-m", model, "-w", "none", "-l", LAYERS.get(model, "pool"), "-b", "4",
                           *options, project / "images", output, env=env, process=True)  # a fresh process each:
     assert result.returncode == 0, result.stderr  # dynamo's and inductor's in-memory caches are per process
@@ -182,3 +185,41 @@ def test_memory_format_is_chosen_per_model():
     tiny_vit = VisionTransformer(image_size=224, patch_size=32, num_layers=1, num_heads=2, hidden_dim=32, mlp_dim=64)
     assert choose_memory_format(tiny_vit) == (torch.contiguous_format,
                                               "1 Conv2d layer(s): not a convolutional network")
+
+
+def exported_key(eps: float) -> str:
+    from featdump.forward.ahead import export, package_key
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4, eps=eps)).eval()
+    inputs = torch.randn(2, 3, 16, 16)
+    return package_key(export(torch.fx.symbolic_trace(model), inputs), inputs, {"model": "factory:net"})
+
+
+def test_the_package_key_follows_what_the_export_sees():
+    """Same name, same weights, another BatchNorm eps: another package (the state dict alone is the same)."""
+    assert exported_key(1e-5) == exported_key(1e-5)
+    assert exported_key(1e-5) != exported_key(1e-4)
+
+
+def test_the_first_batch_check_is_tight_in_float32():
+    from featdump.forward.compiling import relative_difference, tolerance
+
+    assert tolerance("fp32") == 1e-5 and tolerance("bf16") == 1e-4
+    eager = {"bn": torch.ones(2, 8) * 10}
+    assert relative_difference({"bn": eager["bn"] + 5e-4}, eager) > tolerance("fp32")  # eps 1e-5 -> 1e-4: 5e-5
+
+
+@pytest.mark.slow  # two AOTInductor builds
+def test_a_factory_changed_between_two_compiled_runs_gets_a_new_package(project, tmp_path):
+    cache = tmp_path / "cache"
+    _, note, log = extract(project, "tiny_models:cnn", tmp_path / "before.h5", "--compile", "--compile-cache", cache)
+    assert "Built the compiled forward in" in log, log
+    eager, _, _ = extract(project, "tiny_models:cnn", tmp_path / "eager.h5", TINY_BN_EPS="1e-4")
+    compiled, note, log = extract(project, "tiny_models:cnn", tmp_path / "after.h5", "--compile", "--compile-cache",
+                                  cache, TINY_BN_EPS="1e-4")
+    assert "Built the compiled forward in" in log and note.startswith("yes: AOTInductor package"), log
+    assert len(list((cache / "aoti").glob("*.pt2"))) == 2
+    for name, values in eager.items():
+        scale = max(float(np.abs(values).max()), 1e-6)
+        assert float(np.abs(compiled[name] - values).max()) <= 1e-5 * scale, name

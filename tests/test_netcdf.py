@@ -293,3 +293,45 @@ def test_token_sequences_and_channels_last_maps_are_named_so(tmp_path):
     assert result.returncode == 0, result.stderr
     assert check_netcdf(tmp_path / "swin.h5") == {"features.1": ("image", "y_56", "x_56", "channel_96"),
                                                   "features.2": ("image", "y_28", "x_28", "channel_192")}
+
+
+WIDE_MAPS = '''
+import torch
+from torch import nn
+from torchvision import transforms as T
+
+
+def build():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Conv2d(3, 8, 3, stride=4, padding=1), nn.ReLU())
+
+
+def wide():
+    return T.Compose([T.Resize((32, 64)), T.ToTensor()])
+'''
+
+
+def test_a_map_s_axes_are_the_model_s_own_when_its_shape_could_be_either(tmp_path):
+    """(C, H, W) = (8, 8, 16): channel_8, y_8, x_16 (the shape alone would say y, x, channel); Swin's (H, W, C)
+    maps are pooled and sliced along their own channel axis."""
+    with user_project(tmp_path, "widemaps", WIDE_MAPS, {"": 2}) as project:
+        result = run_featdump("extract", "-m", "widemaps:build", "--transform", "widemaps:wide", "-w", "none", "-l",
+                              "0,1", "--reduce", "1=channels:2-5", "images", "maps.h5", cwd=project)
+        assert result.returncode == 0, result.stderr
+        assert check_netcdf(project / "maps.h5") == {"0": ("image", "channel_8", "y_8", "x_16"),
+                                                     "1": ("image", "channel_4", "y_8", "x_16")}
+        whole = featdump.load(project / "maps.h5", "0").features
+        np.testing.assert_array_equal(featdump.load(project / "maps.h5", "1").features,
+                                      np.maximum(whole[:, 2:6], 0))
+    swin = ["extract", "-m", "swin_t", "-w", "none", "-l", "features.1,features.2", "--reduce"]
+    for reduce, name in (("features.2=none", "whole.h5"), ("features.2=avgpool", "pooled.h5"),
+                         ("features.2=channels:0-9", "sliced.h5")):
+        result = run_featdump(*swin, reduce, project / "images", tmp_path / name)
+        assert result.returncode == 0, result.stderr
+    whole = featdump.load(tmp_path / "whole.h5", "features.2").features  # (N, 28, 28, 192)
+    assert whole.shape[1:] == (28, 28, 192)
+    np.testing.assert_allclose(featdump.load(tmp_path / "pooled.h5", "features.2").features,
+                               whole.mean(axis=(1, 2)), rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(featdump.load(tmp_path / "sliced.h5", "features.2").features, whole[..., :10])
+    assert check_netcdf(tmp_path / "pooled.h5")["features.2"] == ("image", "channel_192")
+    assert check_netcdf(tmp_path / "sliced.h5")["features.2"] == ("image", "y_28", "x_28", "channel_10")

@@ -4,10 +4,13 @@ by later runs in about a second, instead of tracing and compiling again in every
     CACHE/aoti/KEY.pt2    the package: the pruned graph's kernels and its weights (frozen on the CPU)
     CACHE/aoti/KEY.lock   held by the process building it; the others (a SLURM array) wait, then load it
 
-KEY is a digest of everything that makes the package: the run's model, weights (a digest of every parameter and
-buffer), layers and reductions, the input batch's shape, dtype and memory layout, the device (and the CPU's
-instruction set), the precision, torch's and featdump's versions. A package is written under a temporary name and
-renamed, so no reader sees a torn file.
+KEY is a digest of what the package computes: the exported program (its graph, where every module's settings such
+as a BatchNorm's eps are constants, and every parameter, buffer and constant it reads), plus what the export cannot
+see: the run's model, weights, layers and reductions, the input batch's shape, dtype and memory layout, the device
+(and the CPU's instruction set), the precision, and the versions of torch, featdump and the model libraries loaded
+(torchvision, timm, transformers, open_clip). A factory whose code or settings change gets a new package. The
+export runs in every process (under a second for resnet50 here); the build only once. A package is written under a
+temporary name and renamed, so no reader sees a torn file.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import json
 import logging
 import os
 import platform
+import sys
 import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
@@ -30,36 +34,58 @@ log = logging.getLogger("featdump")
 Lock = Callable[[Path, str], AbstractContextManager]  # a waiting lock: (path, what it guards)
 
 
-def package_key(graph: torch.nn.Module, inputs: torch.Tensor, described: dict) -> str:
-    """The digest naming the package of GRAPH for batches like INPUTS; DESCRIBED: the run's model, layers, ..."""
-    weights = hashlib.sha256()
-    for name, tensor in sorted(graph.state_dict().items()):
-        weights.update(name.encode())
-        weights.update(tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+def export(graph: torch.nn.Module, inputs: torch.Tensor):
+    """GRAPH exported (torch.export) for batches like INPUTS: what a package is built from, and keyed by."""
+    with torch.inference_mode(False), torch.no_grad():
+        return torch.export.export(graph, (inputs.clone(),), strict=False)
+
+
+def package_key(exported, inputs: torch.Tensor, described: dict) -> str:
+    """The digest naming the package of the EXPORTED program for batches like INPUTS; DESCRIBED: the run's model,
+    layers, ..."""
+    program = hashlib.sha256(exported.graph_module.code.encode())
+    for name, value in sorted({**exported.state_dict, **exported.constants}.items()):
+        program.update(name.encode())
+        if isinstance(value, torch.Tensor):
+            program.update(str((value.dtype, tuple(value.shape))).encode())
+            program.update(value.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+        else:
+            program.update(repr(value).encode())
     channels_last = inputs.dim() == 4 and inputs.is_contiguous(memory_format=torch.channels_last) \
         and not inputs.is_contiguous()
     device = inputs.device.type
     if device == "cuda":
         device += ":" + torch.cuda.get_device_name(inputs.device)
-    parts = {**described, "weights": weights.hexdigest(), "shape": list(inputs.shape), "dtype": str(inputs.dtype),
+    parts = {**described, "program": program.hexdigest(), "shape": list(inputs.shape), "dtype": str(inputs.dtype),
              "channels_last": channels_last, "device": device, "machine": platform.machine(),
-             "cpu": torch.backends.cpu.get_cpu_capability(), "torch": torch.__version__, "featdump": __version__}
+             "cpu": torch.backends.cpu.get_cpu_capability(), "torch": torch.__version__, "featdump": __version__,
+             "libraries": _library_versions()}
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:32]
+
+
+def _library_versions() -> dict[str, str]:
+    """The versions of the model libraries this process has loaded (a model's code lives in them)."""
+    return {name: str(getattr(sys.modules[name], "__version__", "?")) for name in _MODEL_LIBRARIES
+            if name in sys.modules}
+
+
+_MODEL_LIBRARIES = ("torchvision", "timm", "transformers", "open_clip")
 
 
 def package_path(cache: Path, key: str) -> Path:
     return Path(cache) / "aoti" / f"{key}.pt2"
 
 
-def load_or_build(graph: torch.nn.Module, inputs: torch.Tensor, path: Path, lock: Lock) -> tuple[Callable, str]:
-    """The package at PATH loaded, built first (under LOCK, once for all the processes asking) when it is not
-    there; returns (its forward, 'loaded' or 'built'). Raises what export, compiling or loading raise."""
+def load_or_build(exported, device: torch.device, path: Path, lock: Lock) -> tuple[Callable, str]:
+    """The package at PATH loaded, built first from the EXPORTED program for DEVICE (under LOCK, once for all the
+    processes asking) when it is not there; returns (its forward, 'loaded' or 'built'). Raises what compiling or
+    loading raise."""
     built = "loaded"
     if not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True)
         with lock(path.with_suffix(".lock"), "compiling the forward ahead of time"):
             if not path.exists():  # another process may have built it while this one waited
-                _build(graph, inputs, path)
+                _build(exported, device, path)
                 built = "built"
     try:
         return torch._inductor.aoti_load_package(str(path)), built
@@ -68,15 +94,13 @@ def load_or_build(graph: torch.nn.Module, inputs: torch.Tensor, path: Path, lock
         raise
 
 
-def _build(graph: torch.nn.Module, inputs: torch.Tensor, path: Path) -> None:
+def _build(exported, device: torch.device, path: Path) -> None:
     from torch._inductor import config
 
     started = time.perf_counter()
-    with torch.inference_mode(False), torch.no_grad():
-        exported = torch.export.export(graph, (inputs.clone(),), strict=False)
     temporary = path.with_name(f".{path.stem}.{os.getpid()}.partial.pt2")  # the packager wants .pt2
     try:
-        with config.patch(freezing=inputs.device.type == "cpu"):
+        with config.patch(freezing=device.type == "cpu"):
             torch._inductor.aoti_compile_and_package(exported, package_path=str(temporary))
         os.replace(temporary, path)
     finally:

@@ -32,6 +32,7 @@ class Layer:
     batch_dim: int = 0  # where the module's output holds the batch (moved first when stored)
     part: str | None = None  # the part of a tuple/dict output stored (None: the output, or a tuple's first tensor)
     fold: int = 1  # rows per image folded into the batch dimension (unfolded to (N, fold, ...) when stored)
+    axes: str | None = None  # a 3-d map's axes as the probe found them: "channel,y,x" or "y,x,channel" (Swin's)
 
     @property
     def layout(self) -> str | None:
@@ -113,7 +114,8 @@ def _resolve_one(text: str, by_path: dict[str, LayerInfo], model_name: str) -> L
             f"Layer {text!r} outputs {shape} whatever the batch size: its output does not depend on the batch "
             f"(a table or parameter, not one row per image), so it cannot be stored per image. {hint}"
         )
-    return Layer(name=text, path=path, call=index, shape=shape, batch_dim=batch_dim, part=part)
+    axes = info.map_axes[index - 1] if part is None and len(info.map_axes) >= index else None
+    return Layer(name=text, path=path, call=index, shape=shape, batch_dim=batch_dim, part=part, axes=axes)
 
 
 def _chosen_output(info: LayerInfo, call: int, part: str | None, text: str, hint: str):

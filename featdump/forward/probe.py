@@ -50,6 +50,7 @@ class LayerInfo:
     parts: tuple = ()  # per call: the Parts of a tuple/list/dict output (empty for a tensor)
     kind: str = "tensor"  # what the module returns: tensor, tuple (or list), dict (or ModelOutput), other
     folds: tuple = ()  # per call: a Fold when the batch is folded into a dimension with other rows, else None
+    map_axes: tuple = ()  # per call: "channel,y,x" or "y,x,channel" for a 3-d map whose axes the probe told apart
 
     @property
     def depth(self) -> int:
@@ -116,6 +117,7 @@ def probe(model: nn.Module, input_shape: tuple[int, ...]) -> list[LayerInfo]:
     """Run forwards on zeros of INPUT_SHAPE (C, H, W) with batches of 2 and 3 and record every module's calls,
     output shapes and batch dimension (the one dimension whose size follows the batch)."""
     runs = [_record_calls(model, input_shape, batch) for batch in _PROBE_BATCHES]
+    resized = _resized_calls(model, input_shape)
     modules = dict(model.named_modules())
     infos = []
     for path in runs[0][0]:
@@ -129,9 +131,41 @@ def probe(model: nn.Module, input_shape: tuple[int, ...]) -> list[LayerInfo]:
         kinds = runs[0][1][path]
         folds = tuple(_fold(first.get(None), second.get(None)) if batch_dim is None else None
                       for first, second, batch_dim in zip(runs[0][0][path], runs[1][0][path], batch_dims))
+        maps = tuple(_map_axes(first.get(None), bigger.get(None), batch_dim) for first, bigger, batch_dim
+                     in zip(runs[0][0][path], resized.get(path, []), batch_dims))
         infos.append(LayerInfo(path, type(modules[path]).__name__, len(shapes), tuple(shapes), "tuple" in kinds,
-                               tuple(batch_dims), tuple(parts), kinds[0] if kinds else "tensor", folds))
+                               tuple(batch_dims), tuple(parts), kinds[0] if kinds else "tensor", folds, maps))
     return _check_folds(model, input_shape, infos)
+
+
+_RESIZED = (32, 64)  # pixels added to the input's height and width for the run that tells a map's axes apart
+
+
+def _resized_calls(model: nn.Module, input_shape: tuple[int, ...]) -> dict[str, list]:
+    """Per module, per call, the output shapes of a forward of 2 inputs taller and wider than INPUT_SHAPE (by
+    _RESIZED); {} for a model that takes only its own input size (a ViT's position embeddings)."""
+    if len(input_shape) != 3:
+        return {}
+    channels, height, width = input_shape
+    try:
+        return _record_calls(model, (channels, height + _RESIZED[0], width + _RESIZED[1]), _PROBE_BATCHES[0])[0]
+    except ModelFailed:
+        return {}
+
+
+def _map_axes(base: tuple | None, bigger: tuple | None, batch_dim: int | None) -> str | None:
+    """What the axes of a 3-d per-image map are, from its shapes at two input sizes: the axis whose size does not
+    follow the input's is the channel, the two that do are y and x; None when that is not what
+    the shapes say."""
+    if base is None or bigger is None or batch_dim is None or len(base) != 4 or len(bigger) != 4:
+        return None
+    pairs = [(a, b) for axis, (a, b) in enumerate(zip(base, bigger)) if axis != batch_dim]
+    grew = [b > a for a, b in pairs]
+    if grew == [False, True, True]:
+        return "channel,y,x"
+    if grew == [True, True, False]:
+        return "y,x,channel"
+    return None
 
 
 def _fold(first: tuple | None, second: tuple | None) -> Fold | None:

@@ -93,7 +93,8 @@ class Model:
             if layer.name not in model.reductions:
                 layout, unknown = model.tokens(layer)
                 model.reductions[layer.name] = bind(chosen[layer.name], layer.name, layer.shape, layout,
-                                                    pca_fit=(fits or {}).get(layer.name), tokens_unknown=unknown)
+                                                    pca_fit=(fits or {}).get(layer.name), tokens_unknown=unknown,
+                                                    axes=layer.axes)
         return model
 
     @property
@@ -261,8 +262,9 @@ def _dataset_spec(layer: Layer, reduction: Reduction | None, dtype: str, layout:
     if reduction is None:  # a pca:K layer before its fit
         raise UsageProblem(f"Layer {layer.name}: its PCA fit is not made yet.")
     tokens = (layout.prefix, *layout.grid) if layout is not None and reduction.shape == layer.shape else None
+    axes = layer.axes if len(reduction.shape) == len(layer.shape) == 3 else None  # kept whole, or some channels
     return DatasetSpec(reduction.shape, dtype, layer.layout, layer.part, tokens, reduction.text,
-                       reduction.attributes, reduction.fit)
+                       reduction.attributes, reduction.fit, axes)
 
 
 def _prepare_model(settings: Settings, device: torch.device) -> Model:
@@ -290,7 +292,7 @@ def _prepare_model(settings: Settings, device: torch.device) -> Model:
         if method_of(chosen[layer.name]) != "pca":
             layout, unknown = model.tokens(layer)
             model.reductions[layer.name] = bind(chosen[layer.name], layer.name, layer.shape, layout,
-                                                tokens_unknown=unknown)
+                                                tokens_unknown=unknown, axes=layer.axes)
     return model
 
 

@@ -60,7 +60,8 @@ class Settings:
 
     model: str = option(
         kind=str, required=True, short="-m", syntax=_not_empty,
-        help="resnet50 (torchvision), timm:NAME, package.module:callable (your factory), or a saved model file.")
+        help="resnet50 (torchvision), timm:NAME, hf:ORG/NAME or hf:FOLDER (transformers), open_clip:ARCH (its tag "
+             "with -w), package.module:callable (your factory), or a saved model file.")
     layers: tuple[str, ...] = option(
         kind=tuple, required=True, short="-l", metavar="LAYERS",
         help="Comma-separated layer paths or patterns (PATH, PATH:K for the K-th call, layer2.*); repeatable.")
@@ -102,13 +103,15 @@ class Settings:
     fast_decode: bool = option(False, "Decode large JPEGs at a reduced scale (1/2-1/8, never below twice the resize "
                                       "size) before the exact resize: several times faster on camera photos, "
                                       "features within about 1%.")
-    compile: bool = option(False, "torch.compile the forward (the pruned graph): slower start, faster batches; "
-                                  "falls back to eager with a log line when the model does not compile.")
+    compile: bool = option(False, "Compile the forward (the pruned graph) ahead of time into a package (torch.export "
+                                  "+ AOTInductor) cached in --compile-cache: built once (a minute), loaded by later "
+                                  "runs in seconds, checked against eager at the first batch; else torch.compile, "
+                                  "else eager, with a log line saying why.")
     compile_cache: str | None = option(
         kind=str, optional=True, metavar="DIR", syntax=_cache_folder,
-        help="Folder of torch.compile's caches, shared by runs and by the tasks of an array (sets "
-             "TORCHINDUCTOR_CACHE_DIR and TRITON_CACHE_DIR).  [default: TORCHINDUCTOR_CACHE_DIR, else "
-             "/tmp/torchinductor_USER]")
+        help="Folder of --compile's packages (DIR/aoti) and inductor's caches, shared by runs and by the tasks of "
+             "an array (sets TORCHINDUCTOR_CACHE_DIR and TRITON_CACHE_DIR).  [default: TORCHINDUCTOR_CACHE_DIR, "
+             "else /tmp/torchinductor_USER]")
     on_error: str = option("skip", "A bad image is skipped and recorded, or stops the run.", choices=ON_ERROR)
     overwrite: bool = option(False, "Replace an existing output (or partial output).")
     update: bool = option(False, "OUTPUT exists: extract only the images it lacks and append them (cron); rows it "

@@ -2,7 +2,8 @@
 and opening an output to read what it holds (info, show, load, merge and update all read through here).
 
     /features/<layer>   (rows, *shape), chunked along rows; attribute `reduction` (none, avgpool, srp:4096, ...)
-                        and what the reduction records (srp_seed, srp_input_dim, ..., pca_k, ...)
+                        and what the reduction records (srp_seed, srp_input_dim, ..., pca_k, ...); `axes` of a
+                        map whose axes the model showed ("channel,y,x", or "y,x,channel" as Swin keeps them)
     /pca/<layer>/mean, components, explained_variance   a pca:K layer's fit (`featdump.reductions.pca`)
     /paths              (rows,) UTF-8 paths relative to the image root, row-aligned with the features
     /raw_paths/rows, /raw_paths/bytes  the exact bytes of the names that are not UTF-8 (shown in /paths
@@ -52,6 +53,7 @@ class DatasetSpec:
     reduction: str = "none"  # what is kept of the layer's output (featdump.reductions.methods)
     reduction_attributes: dict = field(default_factory=dict)  # what the reduction records on the dataset
     fit: object = None  # a PCA fit (featdump.reductions.pca.PcaFit), stored in /pca/<layer>
+    axes: str | None = None  # a 3-d map's axes as the model has them ("channel,y,x" or "y,x,channel"), when known
 
     @property
     def row_bytes(self) -> int:
@@ -169,6 +171,8 @@ def create_features(group: h5py.Group, specs: dict[str, DatasetSpec], batch_size
         if spec.tokens is not None:  # the class/register tokens come first, then the patches row by row
             dataset.attrs["prefix_tokens"] = spec.tokens[0]
             dataset.attrs["patch_grid"] = list(spec.tokens[1:])
+        if spec.axes is not None:
+            dataset.attrs["axes"] = spec.axes
         dataset.attrs["reduction"] = spec.reduction
         dataset.attrs.update(spec.reduction_attributes)
         if spec.fit is not None:

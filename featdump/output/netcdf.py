@@ -33,8 +33,8 @@ _PCA_AXES = {"mean": ("input",), "components": ("component", "input"), "explaine
 def axis_kinds(shape: tuple[int, ...], attrs) -> list[str]:
     """What each axis of a layer's row is, from its shape and recorded layout: `feature` (`channel` when pooled
     over space, `component` of a PCA, `projection` of a random projection), `token, feature`, `channel, y, x`
-    (`y, x, channel` for a square map whose last axis differs: NHWC, as Swin and ConvNeXt keep), `channel, time,
-    y, x`; else `axisN`."""
+    (or `y, x, channel`, as Swin keeps its maps: the `axes` the file records; files without it, a guess from the
+    shape), `channel, time, y, x`; else `axisN`."""
     reduction = _text(attrs.get("reduction", "none")).split(":")[0]
     if len(shape) == 1:
         pooled_space = _text(attrs.get("pooled_over")) == "space"  # a conv map's channels
@@ -42,7 +42,10 @@ def axis_kinds(shape: tuple[int, ...], attrs) -> list[str]:
     if len(shape) == 2:
         return ["token", "feature"]
     if len(shape) == 3:
-        channels_last = shape[0] == shape[1] != shape[2]
+        known = _text(attrs.get("axes")) if "axes" in attrs else None
+        if known in ("channel,y,x", "y,x,channel"):  # the model's own, as the probe found it
+            return known.split(",")
+        channels_last = shape[0] == shape[1] != shape[2]  # a guess, for files that do not record it
         return ["y", "x", "channel"] if channels_last else ["channel", "y", "x"]
     if len(shape) == 4:
         return ["channel", "time", "y", "x"]

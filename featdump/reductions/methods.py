@@ -26,10 +26,12 @@ from featdump.sources.tokens import TokenLayout
 
 
 def bind(text: str, layer_name: str, shape: tuple[int, ...], tokens: TokenLayout | None = None,
-         pca_fit=None, tokens_unknown: str = "the model does not state its tokens") -> Reduction:
+         pca_fit=None, tokens_unknown: str = "the model does not state its tokens", axes: str | None = None) -> Reduction:
     """The reduction TEXT for the layer LAYER_NAME of per-image SHAPE; UsageProblem where it does not apply.
     TOKENS: the layer's token layout (`featdump.sources.tokens`), else TOKENS_UNKNOWN says why there is none (cls and
-    patchmean need one). PCA_FIT: the layer's fit (a featdump.reductions.pca.PcaFit) for pca:K."""
+    patchmean need one). PCA_FIT: the layer's fit (a featdump.reductions.pca.PcaFit) for pca:K. AXES: a 3-d map's
+    axes as the probe found them ("y,x,channel": pooling and channels take the last axis as the channels)."""
+    channels_last = axes == CHANNELS_LAST and len(shape) == 3
     text = canonical(text)
     method = method_of(text)
     if method in ("srp", "countsketch"):
@@ -42,9 +44,12 @@ def bind(text: str, layer_name: str, shape: tuple[int, ...], tokens: TokenLayout
 
         return projection(layer_name, shape, int(text.split(":")[1]), pca_fit)
     if method == "channels":
-        return _channels(text, layer_name, shape)
+        return _channels(text, layer_name, shape, channels_last)
     if text in ("cls", "patchmean"):
         return _token_reduction(text, layer_name, shape, tokens, tokens_unknown)
+    if channels_last and text in _POOLS:  # (N, H, W, C): over H and W
+        pool = _SPACE_POOLS[text]
+        return Reduction(text, (shape[2],), pool, {"pooled_over": "space"})
     return _simple(text, shape)
 
 
@@ -86,9 +91,10 @@ def _simple(text: str, shape: tuple[int, ...]) -> Reduction:
     return Reduction(text, tuple(apply(torch.zeros((1, *shape), device="meta")).shape[1:]), apply, pooled)
 
 
-def _channels(text: str, layer_name: str, shape: tuple[int, ...]) -> Reduction:
+def _channels(text: str, layer_name: str, shape: tuple[int, ...], channels_last: bool = False) -> Reduction:
     first, last = (int(value) for value in CHANNELS.match(text).groups())
-    axis = 0 if len(shape) >= 3 else len(shape) - 1  # (C, H, W) maps: C; (tokens, dim) and (dim,): dim
+    # (C, H, W) maps: C; (H, W, C) maps, (tokens, dim) and (dim,): the last axis
+    axis = 0 if len(shape) >= 3 and not channels_last else len(shape) - 1
     if not shape or last >= shape[axis]:
         raise UsageProblem(f"--reduce {text}: layer {layer_name!r} has shape {shape}, so channels run 0-"
                            f"{shape[axis] - 1 if shape else 0}; choose a range within them.")
@@ -117,6 +123,11 @@ def _patch_mean(prefix_tokens: int) -> Callable[[torch.Tensor], torch.Tensor]:
 
 
 _POOLS = ("avgpool", "maxpool")  # recorded as `pooled_over`: space (what is left are channels) or tokens
+CHANNELS_LAST = "y,x,channel"  # a map's axes (`featdump.forward.probe`) that put its channels last
+_SPACE_POOLS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {  # of (N, H, W, C) maps
+    "avgpool": lambda output: _mean_in_float32(output, dim=(1, 2)),
+    "maxpool": lambda output: torch.amax(output, dim=(1, 2)),
+}
 _SIMPLE: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "none": lambda output: output,
     "flatten": lambda output: output.flatten(1),
