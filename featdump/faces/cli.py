@@ -399,8 +399,8 @@ def rdm(output: Path, layers: str | None, metric: str, to: Path, memory: str, de
     matrices = compute(output, layers, metric, memory, device, to, overwrite, progress=_progress("MB"))
     drawn = _drawn(to, plot)
     rows = next(iter(matrices.values())).shape[0] if matrices else 0
-    click.echo(f"{_done_or_wrote(done_before)} the {metric} RDMs of {len(matrices)} layer{'s' * (len(matrices) != 1)} over {rows} images "
-               f"to {to} in {time.perf_counter() - started:.1f} s{drawn}.", err=True)
+    click.echo(f"{_done_or_wrote(done_before)} the {metric} RDMs of {len(matrices)} layer{'s' * (len(matrices) != 1)} "
+               f"over {rows} images to {to} in {time.perf_counter() - started:.1f} s{drawn}.", err=True)
 
 
 @main.command()
@@ -428,8 +428,9 @@ def cka(output: Path, other: Path | None, layers: str | None, other_layers: str 
     result = compute(output, other, layers, other_layers, unbiased, common, memory, device, to, overwrite,
                      progress=_progress("MB"))
     drawn = _drawn(to, plot)
-    click.echo(f"{_done_or_wrote(done_before)} {'unbiased ' if unbiased else ''}CKA of {len(result.rows)} x {len(result.columns)} layers over "
-               f"{result.images} images to {to} in {time.perf_counter() - started:.1f} s{drawn}.", err=True)
+    click.echo(f"{_done_or_wrote(done_before)} {'unbiased ' if unbiased else ''}CKA of {len(result.rows)} x "
+               f"{len(result.columns)} layers over {result.images} images to {to} in "
+               f"{time.perf_counter() - started:.1f} s{drawn}.", err=True)
 
 
 # -- progress and logging ------------------------------------------------------------------------

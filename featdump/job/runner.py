@@ -79,8 +79,8 @@ class Model:
     infos: list = dataclasses.field(default_factory=list)  # the probe's LayerInfos, to resolve more layers by
 
     def with_layers(self, names: list[str], chosen: dict[str, str], fits: dict | None = None) -> Model:
-        """This model capturing the layers NAMES (in the model's order, `in_model_order`) with the reductions CHOSEN (FITS: the PCA fits of
-        pca:K layers, by name); layers this model has keep what they have."""
+        """This model capturing the layers NAMES (in the model's order) with the reductions CHOSEN (FITS: the PCA
+        fits of pca:K layers, by name); layers this model has keep what they have."""
         own = {layer.name: layer for layer in self.layers}
         missing = [name for name in names if name not in own]
         if missing:
@@ -186,7 +186,7 @@ def _fit_projections(plan: Plan, model: Model, fingerprint: dict, lock: OutputLo
     fits = fitting.fit_set(settings.pca_fit, plan.job_images, settings.images)
     dims = fitting.layer_dims({layer.name: layer.shape for layer in model.layers}, model.chosen)
     stored = updating.stored_fits(settings.output, model.chosen) if settings.update and not settings.overwrite else {}
-    for name, (fit, entry) in stored.items():  # a layer the output holds keeps its fit, whatever this command's
+    for name, (fit, _) in stored.items():  # a layer the output holds keeps its fit, whatever this command's
         layer = next(layer for layer in model.layers if layer.name == name)
         model.reductions[name] = bind(model.chosen[name], name, layer.shape, pca_fit=fit)
     dims = {name: dim for name, dim in dims.items() if name not in stored}

@@ -25,8 +25,8 @@ from featdump.reductions.rules import CHANNELS, canonical, method_of
 from featdump.sources.tokens import TokenLayout
 
 
-def bind(text: str, layer_name: str, shape: tuple[int, ...], tokens: TokenLayout | None = None,
-         pca_fit=None, tokens_unknown: str = "the model does not state its tokens", axes: str | None = None) -> Reduction:
+def bind(text: str, layer_name: str, shape: tuple[int, ...], tokens: TokenLayout | None = None, pca_fit=None,
+         tokens_unknown: str = "the model does not state its tokens", axes: str | None = None) -> Reduction:
     """The reduction TEXT for the layer LAYER_NAME of per-image SHAPE; UsageProblem where it does not apply.
     TOKENS: the layer's token layout (`featdump.sources.tokens`), else TOKENS_UNKNOWN says why there is none (cls and
     patchmean need one). PCA_FIT: the layer's fit (a featdump.reductions.pca.PcaFit) for pca:K. AXES: a 3-d map's
