@@ -6,14 +6,16 @@
     with featdump.capture(model, ["layer4"]) as features: ...
     rdms = featdump.rdm("out.h5", metric="correlation")     # {layer: (N, N)}, out of core
     similarity = featdump.cka("resnet.h5", "vit.h5")         # linear CKA between their layers
+    batches = featdump.FeatureDataset("out.h5", "avgpool")   # shuffled, resumable batches to train on
 """
 
 from featdump.version import __version__
 
-_API = ("extract", "capture", "load", "Features", "Settings", "srp_matrix", "rdm", "cka")
+_API = ("extract", "capture", "load", "Features", "Settings", "srp_matrix", "rdm", "cka", "FeatureDataset")
 # Where each name lives; the rest are in featdump.faces.api.
 _HOMES = {"Settings": "featdump.job.settings", "srp_matrix": "featdump.reductions.srp",
-          "rdm": "featdump.analysis.rdm", "cka": "featdump.analysis.cka"}
+          "rdm": "featdump.analysis.rdm", "cka": "featdump.analysis.cka",
+          "FeatureDataset": "featdump.training.dataset"}
 
 
 def __getattr__(name):

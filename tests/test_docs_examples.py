@@ -66,10 +66,11 @@ def examples():
 
 @pytest.fixture(scope="module")
 def analysed(sandbox):
-    """The outputs analysis.md's examples read (made only when its examples run: they are slow ones)."""
+    """The outputs analysis.md's and training.md's examples read (made only when their examples run: slow ones)."""
     write_images(sandbox / "compared", {"cats": 3, "dogs": 3}, size=(40, 32), seed=3)  # unbiased CKA needs 4+
     for name, model, layers in (("feats.h5", "resnet18", "layer3,layer4,avgpool"),
-                                ("resnet18.h5", "resnet18", "layer*"), ("resnet50.h5", "resnet50", "layer*")):
+                                ("resnet18.h5", "resnet18", "layer*"), ("resnet50.h5", "resnet50", "layer*"),
+                                ("vit.h5", "vit_b_16", "encoder.layers.encoder_layer_8")):  # training.md's
         if not (sandbox / name).exists():
             made = run_featdump("extract", "-m", model, "-w", "none", "-l", layers, "compared", name, cwd=sandbox)
             assert made.returncode == 0, made.stderr

@@ -242,8 +242,10 @@ def test_update_after_a_fifth_tar(packed, tmp_path):
     for layer in ("layer4.1.relu:2", "avgpool"):
         np.testing.assert_allclose(content[layer], expected[layer], rtol=1e-5, atol=1e-6)
     np.testing.assert_array_equal(content["labels"], expected["labels"])
+    before = output.stat().st_mtime_ns
     again = run_featdump(*arguments)
-    assert "Nothing to update" in again.stderr or "0 new images" in again.stderr, again.stderr
+    assert again.returncode == 0 and "Nothing new:" in again.stderr, again.stderr
+    assert output.stat().st_mtime_ns == before  # decided read-only: the file untouched
 
 
 def test_fast_decode_and_the_gpu_jpeg_path_read_tars_as_they_read_files(packed, tmp_path):

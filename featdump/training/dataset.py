@@ -1,0 +1,172 @@
+"""Dataset: `featdump.FeatureDataset`, the stored features as a torch IterableDataset that yields whole batches,
+shuffled by chunks, split without overlap among loader workers and ranks, and resumable at any batch.
+
+    loader = DataLoader(FeatureDataset("out.h5", "avgpool", batch_size=1024), batch_size=None, num_workers=4)
+    for batch in loader:   # {"features": {layer: (B, ...)}, "row": (B,), "label": (B,)[, "token": (B,)]}
+
+Each worker opens the files itself (after the fork) and reads only slices of whole rows, a window at a time
+(`plan`): the window's rows land in one array per layer, its samples are put in the plan's order and cut into
+batches. A merged view is read through its shard files.
+"""
+
+from __future__ import annotations
+
+import math
+from contextlib import ExitStack
+
+import h5py
+import numpy as np
+import torch
+
+from featdump.errors import BadOption
+from featdump.training.plan import EpochPlan, Window, blocks_of
+from featdump.training.stored import StoredRows, read_stored
+
+BUFFER_BYTES = 256 * 1024**2  # the default window: this many bytes of samples, in whole batches (one at the least)
+
+
+class FeatureDataset(torch.utils.data.IterableDataset):
+    """The rows of LAYERS (names or patterns; all when None) of the featdump output PATH (an output, an
+    OUT.partial's committed rows, a merged view, or a list of a job's shard files), in batches of BATCH_SIZE rows,
+    or of (row, token) samples with TOKENS "all" or "patches" (a sequence's class and register tokens left out; a
+    map's positions are its tokens). SHUFFLE: chunks in a random order, mixed in windows of BUFFER_ROWS samples
+    (default: whole batches filling 256 MiB); the order depends only on SEED and `set_epoch`. RANK and WORLD
+    (default: torch.distributed's, when initialised) split an epoch without overlap; START_BATCH resumes it.
+    DTYPE (a torch dtype) converts the features (else as stored)."""
+
+    def __init__(self, path, layers=None, batch_size: int = 1024, shuffle: bool = True, seed: int = 0,
+                 tokens: str | None = None, buffer_rows: int | None = None, drop_last: bool = False,
+                 rank: int | None = None, world: int | None = None, start_batch: int = 0, dtype=None):
+        super().__init__()
+        _check_counts(batch_size=(batch_size, 1), buffer_rows=(buffer_rows, 1), start_batch=(start_batch, 0))
+        self.stored: StoredRows = read_stored(path, layers, tokens)
+        self.batch_size, self.shuffle, self.seed, self.drop_last = batch_size, shuffle, seed, drop_last
+        self.tokens, self.dtype, self.start_batch, self.epoch = tokens, dtype, start_batch, 0
+        self.rank, self.world = _rank_and_world(rank, world)
+        self.buffer_rows = buffer_rows if buffer_rows is not None else \
+            max(batch_size, BUFFER_BYTES // max(self.stored.sample_bytes, 1) // batch_size * batch_size)
+
+    @property
+    def layers(self) -> list[str]:
+        return [layer.name for layer in self.stored.layers]
+
+    @property
+    def shapes(self) -> dict[str, tuple[int, ...]]:
+        """Each layer's sample shape (a row's, or a token's)."""
+        return {layer.name: layer.sample_shape for layer in self.stored.layers}
+
+    @property
+    def classes(self) -> list[str]:
+        return list(self.stored.classes)
+
+    def set_epoch(self, epoch: int) -> None:
+        """The epoch whose order the next iteration yields (call it before each epoch, as with DistributedSampler)."""
+        self.epoch = epoch
+
+    def plan(self) -> EpochPlan:
+        """This rank's plan of the current epoch."""
+        blocks = blocks_of([part.rows for part in self.stored.parts], [part.block_rows for part in self.stored.parts])
+        return EpochPlan(blocks, self.stored.tokens, self.batch_size, self.buffer_rows, self.shuffle, self.seed,
+                         self.epoch, self.rank, self.world, self.drop_last)
+
+    def __len__(self) -> int:
+        """The batches this rank yields in the current epoch, from START_BATCH on."""
+        return max(0, len(self.plan()) - self.start_batch)
+
+    def __iter__(self):
+        info = torch.utils.data.get_worker_info()
+        worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        plan = self.plan()
+        stream = plan.stream(worker, workers, self.start_batch)
+        with _Files(self.stored) as files:
+            current, batches = None, None
+            for window, batch in stream:
+                if window is not current:
+                    current, batches = window, _WindowBatches(files, self.stored, plan, window)
+                yield batches.batch(batch, self.dtype)
+
+
+class _Files(ExitStack):
+    """The parts' files, opened in this process (after a loader worker's fork) as they are first read."""
+
+    def __init__(self, stored: StoredRows):
+        super().__init__()
+        self.stored, self.open = stored, {}
+
+    def layer(self, part: int, name: str) -> h5py.Dataset:
+        if part not in self.open:
+            self.open[part] = self.enter_context(h5py.File(self.stored.parts[part].path, "r", locking=False))
+        return self.open[part]["features"][name]
+
+    def labels(self, part: int) -> h5py.Dataset:
+        self.layer(part, self.stored.layers[0].name)
+        return self.open[part]["labels"]
+
+
+class _WindowBatches:
+    """A window's samples read (slices of whole rows, one array per layer) and ordered: its batches."""
+
+    def __init__(self, files: _Files, stored: StoredRows, plan: EpochPlan, window: Window):
+        self.plan, self.stored = plan, stored
+        tokens = stored.tokens
+        self.values = {layer.name: np.empty((window.samples, *layer.sample_shape), dtype=layer.dtype)
+                       for layer in stored.layers}
+        self.rows = np.empty(window.samples, dtype=np.int64)
+        self.labels = np.empty(window.samples, dtype=np.int64)
+        self.token = np.empty(window.samples, dtype=np.int64) if _has_tokens(stored) else None
+        filled = 0
+        for piece in window.pieces:
+            block, count = piece.block, piece.last - piece.first
+            first_row, end_row = block.start + piece.first // tokens, block.start + math.ceil(piece.last / tokens)
+            skip = piece.first - (first_row - block.start) * tokens  # samples of the first row before the piece
+            target = slice(filled, filled + count)
+            for layer in stored.layers:
+                dataset = files.layer(block.part, layer.name)
+                if layer.kind == "row":
+                    dataset.read_direct(self.values[layer.name], np.s_[first_row:end_row], np.s_[target])
+                else:
+                    self.values[layer.name][target] = layer.samples(dataset[first_row:end_row])[skip:skip + count]
+            offset = stored.parts[block.part].offset
+            positions = np.arange(first_row * tokens + skip, first_row * tokens + skip + count)
+            self.rows[target] = offset + positions // tokens
+            self.labels[target] = files.labels(block.part)[first_row:end_row][positions // tokens - first_row]
+            if self.token is not None:
+                self.token[target] = positions % tokens + stored.layers[0].first_token
+            filled += count
+        self.order = plan.order(window)
+
+    def batch(self, index: int, dtype) -> dict:
+        chosen = self.order[index * self.plan.batch_size:(index + 1) * self.plan.batch_size]
+        features = {name: torch.from_numpy(np.take(values, chosen, axis=0)) for name, values in self.values.items()}
+        if dtype is not None:
+            features = {name: values.to(dtype) for name, values in features.items()}
+        batch = {"features": features, "row": torch.from_numpy(self.rows[chosen]),
+                 "label": torch.from_numpy(self.labels[chosen])}
+        if self.token is not None:
+            batch["token"] = torch.from_numpy(self.token[chosen])
+        return batch
+
+
+def _has_tokens(stored: StoredRows) -> bool:
+    return stored.layers[0].kind != "row"
+
+
+def _rank_and_world(rank: int | None, world: int | None) -> tuple[int, int]:
+    """RANK and WORLD as given, else torch.distributed's when it is initialised, else 0 of 1."""
+    if rank is None or world is None:
+        import torch.distributed as distributed
+
+        initialised = distributed.is_available() and distributed.is_initialized()
+        rank = rank if rank is not None else (distributed.get_rank() if initialised else 0)
+        world = world if world is not None else (distributed.get_world_size() if initialised else 1)
+    if not 0 <= rank < world:
+        raise BadOption(f"FeatureDataset: rank={rank} of world={world}: a rank runs from 0 to world - 1.")
+    return rank, world
+
+
+def _check_counts(**values: tuple[int | None, int]) -> None:
+    """BadOption for a count (name=(value, least)) that is not a whole number of at least its least (None: unset)."""
+    for name, (value, least) in values.items():
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < least):
+            raise BadOption(f"FeatureDataset: {name}={value!r}: give a whole number of {least} or more.")
+

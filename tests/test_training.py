@@ -1,0 +1,226 @@
+"""Training from the stored features (featdump.FeatureDataset): every row (or row and token) exactly once per epoch
+with 0 and 2 loader workers and over ranks, values and labels equal to the file's, seeded orders, a resumed epoch
+equal to the rest of an uninterrupted one, batches that mix chunks, merged views, shard lists, compressed float16
+layers, an unfinished file's committed rows, and one-line errors for bad input."""
+
+from __future__ import annotations
+
+import h5py
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+import featdump
+from featdump.errors import FeatdumpError
+from featdump.output.layout import DatasetSpec
+from featdump.output.merge import merge
+from featdump.output.writer import FeatureWriter
+from featdump.training.plan import EpochPlan, blocks_of
+
+from .conftest import write_images
+
+ROWS = 203  # no multiple of the chunks, the batches or the buffer
+
+
+def write_output(path, rows: int = ROWS, compression: str = "none", dtype: str = "float32", finish: bool = True,
+                 batch: int = 8):
+    """A featdump output by featdump's writer: a map (6, 4, 4), a vector (10,), a sequence (5, 8) with one class
+    token and a 2x2 patch grid; labels 0-2; rows written in batches of BATCH (its chunks follow them)."""
+    rng = np.random.default_rng(7)
+    layers = {"map": rng.standard_normal((rows, 6, 4, 4)), "vector": rng.standard_normal((rows, 10)),
+              "sequence": rng.standard_normal((rows, 5, 8))}
+    layers = {name: values.astype(dtype) for name, values in layers.items()}
+    specs = {name: DatasetSpec(values.shape[1:], dtype, tokens=(1, 2, 2) if name == "sequence" else None)
+             for name, values in layers.items()}
+    writer = FeatureWriter.open(path, specs, {"image_count": rows}, {"model": "synthetic", "layers": list(layers)},
+                                ["a", "b", "c"], batch, compression)
+    for start in range(0, rows, batch):
+        stop = min(start + batch, rows)
+        writer.append({name: values[start:stop] for name, values in layers.items()},
+                      [f"img/{row:05d}.jpg" for row in range(start, stop)], [row % 3 for row in range(start, stop)],
+                      [], stop)
+    if finish:
+        return writer.finish(), layers
+    writer.close()
+    return path, layers
+
+
+@pytest.fixture(scope="module")
+def output(tmp_path_factory):
+    return write_output(tmp_path_factory.mktemp("training") / "out.h5")
+
+
+def collect(batches) -> dict[str, np.ndarray]:
+    """Batches joined: features by layer, row, label (and token)."""
+    batches = list(batches)
+    joined = {key: torch.cat([batch[key] for batch in batches]).numpy() for key in batches[0] if key != "features"}
+    for name in batches[0]["features"]:
+        joined[name] = torch.cat([batch["features"][name] for batch in batches]).numpy()
+    return joined
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_an_epoch_yields_every_row_once_with_the_file_s_values_and_labels(output, workers):
+    path, layers = output
+    dataset = featdump.FeatureDataset(path, batch_size=16, buffer_rows=48)
+    assert dataset.shapes == {"map": (6, 4, 4), "vector": (10,), "sequence": (5, 8)}
+    assert dataset.classes == ["a", "b", "c"] and dataset.layers == ["map", "vector", "sequence"]
+    batches = list(DataLoader(dataset, batch_size=None, num_workers=workers))
+    assert len(batches) == len(dataset) == -(-ROWS // 16)
+    assert sum(len(batch["row"]) < 16 for batch in batches) == 1  # only the last one is short
+    got = collect(batches)
+    assert sorted(got["row"]) == list(range(ROWS)) and list(got["row"]) != list(range(ROWS))
+    for name, values in layers.items():
+        np.testing.assert_array_equal(got[name], values[got["row"]])
+    np.testing.assert_array_equal(got["label"], got["row"] % 3)
+    dropped = collect(DataLoader(featdump.FeatureDataset(path, batch_size=16, buffer_rows=48, drop_last=True),
+                                 batch_size=None, num_workers=workers))
+    assert len(dropped["row"]) == ROWS // 16 * 16 and len(set(dropped["row"])) == len(dropped["row"])
+
+
+def test_ranks_split_an_epoch_without_overlap(output):
+    path, _ = output
+    parts = [collect(DataLoader(featdump.FeatureDataset(path, batch_size=16, rank=rank, world=2), batch_size=None,
+                                num_workers=2))["row"] for rank in range(2)]
+    assert not set(parts[0]) & set(parts[1]) and sorted([*parts[0], *parts[1]]) == list(range(ROWS))
+    assert abs(len(parts[0]) - len(parts[1])) <= 1
+
+
+def test_the_order_depends_on_the_seed_and_the_epoch_only(output):
+    path, _ = output
+
+    def rows(seed=0, epoch=0, **options):
+        dataset = featdump.FeatureDataset(path, batch_size=16, seed=seed, **options)
+        dataset.set_epoch(epoch)
+        return list(collect(dataset)["row"])
+
+    assert rows() == rows() and rows(epoch=1) == rows(epoch=1)
+    assert rows() != rows(epoch=1) and rows() != rows(seed=1)
+    assert rows(shuffle=False) == list(range(ROWS))
+    assert sorted(rows(epoch=1)) == list(range(ROWS))
+
+
+def test_a_batch_mixes_the_rows_of_many_chunks(tmp_path):
+    """Rows of 16 KB written in batches of 8: chunks of 8 rows; a window of 96 rows holds 12 of them."""
+    path = tmp_path / "wide.h5"
+    writer = FeatureWriter.open(path, {"wide": DatasetSpec((64, 8, 8), "float32")}, {"image_count": 200},
+                                {"model": "synthetic", "layers": ["wide"]}, ["a"], 8)
+    for start in range(0, 200, 8):
+        writer.append({"wide": np.zeros((8, 64, 8, 8), dtype=np.float32)}, [f"{row}.jpg" for row in
+                                                                               range(start, start + 8)], [0] * 8, [],
+                      start + 8)
+    writer.finish()
+    with h5py.File(path) as h5file:
+        assert h5file["features/wide"].chunks[0] == 8
+    batches = list(featdump.FeatureDataset(path, batch_size=16, buffer_rows=96))
+    assert [len(batch["row"]) for batch in batches] == [16] * 12 + [8]  # 200 = 2 windows of 96 and one of 8
+    for batch in batches[:-1]:
+        assert len(set(batch["row"].numpy() // 8)) >= 5, batch["row"]
+
+
+@pytest.mark.parametrize("workers, start", [(0, 5), (2, 0), (2, 3), (2, 6), (2, 12), (3, 7)])
+def test_start_batch_yields_the_rest_of_the_uninterrupted_epoch(output, workers, start):
+    path, _ = output
+
+    def epoch(start_batch=0):
+        dataset = featdump.FeatureDataset(path, batch_size=16, buffer_rows=32, seed=3, start_batch=start_batch)
+        dataset.set_epoch(2)
+        return list(DataLoader(dataset, batch_size=None, num_workers=workers))
+
+    whole, resumed = epoch(), epoch(start)
+    assert len(resumed) == len(whole) - start
+    for expected, got in zip(whole[start:], resumed):
+        assert torch.equal(expected["row"], got["row"])
+        torch.testing.assert_close(expected["features"]["map"], got["features"]["map"], rtol=0, atol=0)
+
+
+def in_turn(streams: list[list]) -> list:
+    """What a DataLoader yields from its workers' STREAMS: one batch of each in turn, skipping those with none left."""
+    order, taken = [], [0] * len(streams)
+    while any(taken[index] < len(stream) for index, stream in enumerate(streams)):
+        for index, stream in enumerate(streams):
+            if taken[index] < len(stream):
+                order.append(stream[taken[index]])
+                taken[index] += 1
+    return order
+
+
+@pytest.mark.parametrize("workers", [1, 2, 3])
+@pytest.mark.parametrize("start", [0, 1, 30, 61, 62, 63])
+def test_a_resumed_epoch_reads_only_the_windows_of_the_batches_it_yields(workers, start):
+    """1,000 rows, windows of 4 batches of 16 (the last window shorter): the resumed workers' streams, taken in
+    turn, are the uninterrupted ones' from START on, and no window whose batches all come before is read."""
+    plan = EpochPlan(blocks_of([1000], [10]), 1, 16, 64, True, 0, 0, 0, 1, False)
+    key = [(window.index, batch) for window, batch in in_turn([plan.stream(worker, workers) for worker in
+                                                               range(workers)])]
+    resumed = in_turn([plan.stream(worker, workers, start) for worker in range(workers)])
+    assert [(window.index, batch) for window, batch in resumed] == key[start:]
+    assert {window.index for window, _ in resumed} == {index for index, _ in key[start:]}
+
+
+def test_token_rows_and_a_map_s_positions(output):
+    path, layers = output
+    every = collect(featdump.FeatureDataset(path, "sequence", batch_size=32, tokens="all"))
+    pairs = sorted(zip(every["row"], every["token"]))
+    assert pairs == [(row, token) for row in range(ROWS) for token in range(5)]
+    np.testing.assert_array_equal(every["sequence"], layers["sequence"][every["row"], every["token"]])
+    patches = collect(featdump.FeatureDataset(path, "sequence", batch_size=32, tokens="patches", shuffle=False))
+    assert list(patches["token"][:8]) == [1, 2, 3, 4, 1, 2, 3, 4] and len(patches["row"]) == ROWS * 4
+    np.testing.assert_array_equal(patches["sequence"], layers["sequence"][patches["row"], patches["token"]])
+    positions = collect(featdump.FeatureDataset(path, "map", batch_size=64, tokens="all", buffer_rows=128))
+    assert len(positions["row"]) == ROWS * 16 and positions["map"].shape[1:] == (6,)
+    y, x = np.divmod(positions["token"], 4)
+    np.testing.assert_array_equal(positions["map"], layers["map"][positions["row"], :, y, x])
+
+
+def test_a_compressed_float16_layer_and_dtype(tmp_path):
+    path, layers = write_output(tmp_path / "half.h5", compression="gzip", dtype="float16")
+    got = collect(featdump.FeatureDataset(path, ["map", "vector"], batch_size=32, dtype=torch.float32))
+    assert got["map"].dtype == np.float32
+    np.testing.assert_array_equal(got["map"], layers["map"][got["row"]].astype(np.float32))
+    stored = collect(featdump.FeatureDataset(path, "vector", batch_size=32))
+    assert stored["vector"].dtype == np.float16
+
+
+def test_an_unfinished_output_serves_its_committed_rows_when_named_so(tmp_path):
+    path, layers = write_output(tmp_path / "out.h5", finish=False)
+    with pytest.raises(FeatdumpError, match=r"is not finished .* to train on the 203 rows it has committed, give"):
+        featdump.FeatureDataset(path)
+    got = collect(featdump.FeatureDataset(tmp_path / "out.h5.partial", "vector", batch_size=64))
+    assert sorted(got["row"]) == list(range(ROWS))
+    np.testing.assert_array_equal(got["vector"], layers["vector"][got["row"]])
+
+
+def test_a_merged_view_and_a_list_of_shards_read_as_one_output(tmp_path):
+    write_images(tmp_path / "images", {"a": 5, "b": 6}, size=(40, 32))
+    for shard in ("0/2", "1/2"):
+        featdump.extract(tmp_path / "images", tmp_path / "out.h5", model="resnet18", weights="none",
+                         layers="avgpool,layer4", shard=shard)
+    merge(tmp_path / "out.h5")
+    shards = sorted(tmp_path.glob("out.shard-*.h5"))
+    expected = featdump.load(tmp_path / "out.h5", "layer4")
+    for source in (tmp_path / "out.h5", shards):
+        got = collect(featdump.FeatureDataset(source, "layer4", batch_size=4))
+        assert sorted(got["row"]) == list(range(11))
+        np.testing.assert_array_equal(got["layer4"], expected.features[got["row"]])
+        np.testing.assert_array_equal(got["label"], np.asarray(expected.labels)[got["row"]])
+
+
+def test_bad_input_is_one_featdump_error(output, tmp_path):
+    path, _ = output
+    with h5py.File(tmp_path / "other.h5", "w") as h5file:
+        h5file["x"] = np.zeros(3)
+    for arguments, message in (
+        (dict(path=path, layers="nope"), "holds no layer 'nope'"),
+        (dict(path=tmp_path / "other.h5"), "not one featdump wrote"),
+        (dict(path=tmp_path / "missing.h5"), "No file"),
+        (dict(path=path, layers="vector", tokens="all"), "it has no tokens"),
+        (dict(path=path, layers="map,sequence", tokens="all"), "different numbers of tokens per image"),
+        (dict(path=path, tokens="some"), "tokens='some'"),
+        (dict(path=path, rank=2, world=2), "rank=2 of world=2"),
+        (dict(path=path, batch_size=0), "batch_size=0"),
+    ):
+        with pytest.raises(FeatdumpError, match=message) as raised:
+            featdump.FeatureDataset(**arguments)
+        assert "\n" not in str(raised.value)
