@@ -78,12 +78,17 @@ class FeatureDataset(torch.utils.data.IterableDataset):
         worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
         plan = self.plan()
         stream = plan.stream(worker, workers, self.start_batch)
+        buffers = _Buffers(self.stored, plan.buffer)  # one window's arrays, reused by the next
+        out = _Out(shared=info is not None, dtype=self.dtype)
         with _Files(self.stored) as files:
             current, batches = None, None
             for window, batch in stream:
                 if window is not current:
-                    current, batches = window, _WindowBatches(files, self.stored, plan, window)
-                yield batches.batch(batch, self.dtype)
+                    current, batches = window, _WindowBatches(files, self.stored, plan, window, buffers)
+                yield batches.batch(batch, out)
+
+
+_LABELS = "/labels"
 
 
 class _Files(ExitStack):
@@ -91,57 +96,90 @@ class _Files(ExitStack):
 
     def __init__(self, stored: StoredRows):
         super().__init__()
-        self.stored, self.open = stored, {}
+        self.stored, self.open, self.datasets = stored, {}, {}
 
-    def layer(self, part: int, name: str) -> h5py.Dataset:
-        if part not in self.open:
-            self.open[part] = self.enter_context(h5py.File(self.stored.parts[part].path, "r", locking=False))
-        return self.open[part]["features"][name]
+    def dataset(self, part: int, name: str) -> h5py.Dataset:
+        """Layer NAME's dataset in part PART (_LABELS: its labels)."""
+        found = self.datasets.get((part, name))
+        if found is None:
+            if part not in self.open:
+                self.open[part] = self.enter_context(h5py.File(self.stored.parts[part].path, "r", locking=False))
+            held = self.open[part]
+            found = self.datasets[(part, name)] = held["labels"] if name == _LABELS else held["features"][name]
+        return found
 
-    def labels(self, part: int) -> h5py.Dataset:
-        self.layer(part, self.stored.layers[0].name)
-        return self.open[part]["labels"]
+
+class _Buffers:
+    """Arrays for a window's samples (each layer's, rows, labels, tokens), made once and reused window after
+    window (a fresh array would cost its pages' first touch every window)."""
+
+    def __init__(self, stored: StoredRows, samples: int):
+        self.values = {layer.name: np.empty((samples, *layer.sample_shape), dtype=layer.dtype)
+                       for layer in stored.layers}
+        self.rows, self.labels, self.token = (np.empty(samples, dtype=np.int64) for _ in range(3))
+
+
+class _Out:
+    """Where a batch's tensors are made: in shared memory inside a loader worker (the DataLoader then hands them
+    over without a copy, as its own collate does), converted to DTYPE when one is given."""
+
+    def __init__(self, shared: bool, dtype):
+        self.shared, self.dtype = shared, dtype
+
+    def gather(self, values: np.ndarray, chosen: np.ndarray) -> torch.Tensor:
+        """VALUES' rows CHOSEN, as a new tensor."""
+        stored = torch.from_numpy(values[:0]).dtype
+        if not self.shared:  # numpy's own allocation: its pages are reused batch after batch, torch.empty's not
+            gathered = torch.from_numpy(np.take(values, chosen, axis=0, mode="clip"))
+            return gathered if self.dtype in (None, stored) else gathered.to(self.dtype)
+        shape, dtype = (len(chosen), *values.shape[1:]), self.dtype or stored
+        size = math.prod(shape) * torch.empty(0, dtype=dtype).element_size()
+        target = torch.empty(0, dtype=dtype).set_(torch.UntypedStorage._new_shared(size), 0, shape)
+        if dtype == stored:  # mode "clip": "raise" would buffer a copy first
+            np.take(values, chosen, axis=0, out=target.numpy(), mode="clip")
+        else:
+            target.copy_(torch.from_numpy(np.take(values, chosen, axis=0, mode="clip")))
+        return target
 
 
 class _WindowBatches:
-    """A window's samples read (slices of whole rows, one array per layer) and ordered: its batches."""
+    """A window's samples read (slices of whole rows, into BUFFERS) and ordered: its batches."""
 
-    def __init__(self, files: _Files, stored: StoredRows, plan: EpochPlan, window: Window):
-        self.plan, self.stored = plan, stored
-        tokens = stored.tokens
-        self.values = {layer.name: np.empty((window.samples, *layer.sample_shape), dtype=layer.dtype)
-                       for layer in stored.layers}
-        self.rows = np.empty(window.samples, dtype=np.int64)
-        self.labels = np.empty(window.samples, dtype=np.int64)
-        self.token = np.empty(window.samples, dtype=np.int64) if _has_tokens(stored) else None
+    def __init__(self, files: _Files, stored: StoredRows, plan: EpochPlan, window: Window, buffers: _Buffers):
+        self.plan, self.stored, samples = plan, stored, window.samples
+        self.values = {name: values[:samples] for name, values in buffers.values.items()}
+        self.rows, self.labels = buffers.rows[:samples], buffers.labels[:samples]
+        self.token = buffers.token[:samples] if _has_tokens(stored) else None
         filled = 0
         for piece in window.pieces:
-            block, count = piece.block, piece.last - piece.first
-            first_row, end_row = block.start + piece.first // tokens, block.start + math.ceil(piece.last / tokens)
-            skip = piece.first - (first_row - block.start) * tokens  # samples of the first row before the piece
-            target = slice(filled, filled + count)
-            for layer in stored.layers:
-                dataset = files.layer(block.part, layer.name)
-                if layer.kind == "row":
-                    dataset.read_direct(self.values[layer.name], np.s_[first_row:end_row], np.s_[target])
-                else:
-                    self.values[layer.name][target] = layer.samples(dataset[first_row:end_row])[skip:skip + count]
-            offset = stored.parts[block.part].offset
-            positions = np.arange(first_row * tokens + skip, first_row * tokens + skip + count)
-            self.rows[target] = offset + positions // tokens
-            self.labels[target] = files.labels(block.part)[first_row:end_row][positions // tokens - first_row]
-            if self.token is not None:
-                self.token[target] = positions % tokens + stored.layers[0].first_token
-            filled += count
+            self._read(files, piece, filled)
+            filled += piece.last - piece.first
         self.order = plan.order(window)
 
-    def batch(self, index: int, dtype) -> dict:
+    def _read(self, files: _Files, piece, filled: int) -> None:
+        """PIECE's samples into the window's arrays from position FILLED on."""
+        tokens, block, count = self.stored.tokens, piece.block, piece.last - piece.first
+        first_row, end_row = block.start + piece.first // tokens, block.start + math.ceil(piece.last / tokens)
+        skip = piece.first - (first_row - block.start) * tokens  # samples of the first row before the piece
+        target = slice(filled, filled + count)
+        whole_rows = skip == 0 and count == (end_row - first_row) * tokens
+        for layer in self.stored.layers:
+            dataset, values = files.dataset(block.part, layer.name), self.values[layer.name]
+            if whole_rows and layer.reads_in_place:  # straight into the window: one copy
+                dataset.read_direct(values[target].reshape(end_row - first_row, *layer.row_shape),
+                                    np.s_[first_row:end_row])
+            else:
+                values[target] = layer.samples(dataset[first_row:end_row])[skip:skip + count]
+        positions = np.arange(first_row * tokens + skip, first_row * tokens + skip + count)
+        self.rows[target] = self.stored.parts[block.part].offset + positions // tokens
+        self.labels[target] = files.dataset(block.part, _LABELS)[first_row:end_row][positions // tokens - first_row]
+        if self.token is not None:
+            self.token[target] = positions % tokens + self.stored.layers[0].first_token
+
+    def batch(self, index: int, out: _Out) -> dict:
         chosen = self.order[index * self.plan.batch_size:(index + 1) * self.plan.batch_size]
-        features = {name: torch.from_numpy(np.take(values, chosen, axis=0)) for name, values in self.values.items()}
-        if dtype is not None:
-            features = {name: values.to(dtype) for name, values in features.items()}
-        batch = {"features": features, "row": torch.from_numpy(self.rows[chosen]),
-                 "label": torch.from_numpy(self.labels[chosen])}
+        batch = {"features": {name: out.gather(values, chosen) for name, values in self.values.items()},
+                 "row": torch.from_numpy(self.rows[chosen]), "label": torch.from_numpy(self.labels[chosen])}
         if self.token is not None:
             batch["token"] = torch.from_numpy(self.token[chosen])
         return batch

@@ -57,6 +57,11 @@ class LayerForm:
             return self.row_shape
         return (self.row_shape[0],) if self.kind == "channels_first" else (self.row_shape[-1],)
 
+    @property
+    def reads_in_place(self) -> bool:
+        """Whole rows are already their samples in order (no token left out, no axes to move)."""
+        return self.kind in ("row", "channels_last") or (self.kind == "sequence" and not self.first_token)
+
     def samples(self, rows: np.ndarray) -> np.ndarray:
         """ROWS (n, *row_shape) as (n x tokens, *sample_shape): row by row, each row's tokens in order."""
         if self.kind == "row":
