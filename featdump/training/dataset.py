@@ -120,26 +120,45 @@ class _Buffers:
 
 
 class _Out:
-    """Where a batch's tensors are made: in shared memory inside a loader worker (the DataLoader then hands them
-    over without a copy, as its own collate does), converted to DTYPE when one is given."""
+    """Where a batch's tensors are made: inside a loader worker, all of them in one block of shared memory (the
+    DataLoader then hands them over without a copy, one segment a batch); else by numpy (whose pages are reused
+    batch after batch). Features converted to DTYPE when one is given."""
 
     def __init__(self, shared: bool, dtype):
         self.shared, self.dtype = shared, dtype
 
-    def gather(self, values: np.ndarray, chosen: np.ndarray) -> torch.Tensor:
-        """VALUES' rows CHOSEN, as a new tensor."""
-        stored = torch.from_numpy(values[:0]).dtype
-        if not self.shared:  # numpy's own allocation: its pages are reused batch after batch, torch.empty's not
-            gathered = torch.from_numpy(np.take(values, chosen, axis=0, mode="clip"))
-            return gathered if self.dtype in (None, stored) else gathered.to(self.dtype)
-        shape, dtype = (len(chosen), *values.shape[1:]), self.dtype or stored
-        size = math.prod(shape) * torch.empty(0, dtype=dtype).element_size()
-        target = torch.empty(0, dtype=dtype).set_(torch.UntypedStorage._new_shared(size), 0, shape)
-        if dtype == stored:  # mode "clip": "raise" would buffer a copy first
-            np.take(values, chosen, axis=0, out=target.numpy(), mode="clip")
-        else:
-            target.copy_(torch.from_numpy(np.take(values, chosen, axis=0, mode="clip")))
-        return target
+    def batch(self, values: dict[str, np.ndarray], chosen: np.ndarray, meta: dict[str, np.ndarray]) -> dict:
+        """{"features": each of VALUES' rows CHOSEN, and META's entries (int64 per sample) at CHOSEN}."""
+        if not self.shared:
+            features = {name: self._converted(torch.from_numpy(np.take(array, chosen, axis=0, mode="clip")))
+                        for name, array in values.items()}
+            return {"features": features, **{key: torch.from_numpy(array[chosen]) for key, array in meta.items()}}
+        shapes = {name: ((len(chosen), *array.shape[1:]), self.dtype or torch.from_numpy(array[:0]).dtype)
+                  for name, array in values.items()}
+        shapes.update({key: ((len(chosen),), torch.int64) for key in meta})
+        made = _shared_tensors(shapes)
+        for name, array in {**values, **meta}.items():
+            if made[name].dtype == torch.from_numpy(array[:0]).dtype:  # mode "clip": "raise" would buffer a copy
+                np.take(array, chosen, axis=0, out=made[name].numpy(), mode="clip")
+            else:
+                made[name].copy_(torch.from_numpy(np.take(array, chosen, axis=0, mode="clip")))
+        return {"features": {name: made[name] for name in values}, **{key: made[key] for key in meta}}
+
+    def _converted(self, tensor: torch.Tensor) -> torch.Tensor:
+        return tensor if self.dtype in (None, tensor.dtype) else tensor.to(self.dtype)
+
+
+def _shared_tensors(shapes: dict[str, tuple[tuple[int, ...], torch.dtype]]) -> dict[str, torch.Tensor]:
+    """Empty tensors of SHAPES (name: (shape, dtype)) laid one after another in one new block of shared memory."""
+    places, size = {}, 0
+    for name, (shape, dtype) in shapes.items():
+        itemsize = torch.empty(0, dtype=dtype).element_size()
+        size = -(-size // 64) * 64  # each aligned to 64 bytes (and so to its item size)
+        places[name] = size // itemsize
+        size += math.prod(shape) * itemsize
+    storage = torch.UntypedStorage._new_shared(max(size, 1))
+    return {name: torch.empty(0, dtype=dtype).set_(storage, places[name], shape)
+            for name, (shape, dtype) in shapes.items()}
 
 
 class _WindowBatches:
@@ -178,11 +197,8 @@ class _WindowBatches:
 
     def batch(self, index: int, out: _Out) -> dict:
         chosen = self.order[index * self.plan.batch_size:(index + 1) * self.plan.batch_size]
-        batch = {"features": {name: out.gather(values, chosen) for name, values in self.values.items()},
-                 "row": torch.from_numpy(self.rows[chosen]), "label": torch.from_numpy(self.labels[chosen])}
-        if self.token is not None:
-            batch["token"] = torch.from_numpy(self.token[chosen])
-        return batch
+        meta = {"row": self.rows, "label": self.labels, **({"token": self.token} if self.token is not None else {})}
+        return out.batch(self.values, chosen, meta)
 
 
 def _has_tokens(stored: StoredRows) -> bool:
