@@ -6,7 +6,9 @@ h5py read of the same dataset (the limit) and the usual per-row map-style Datase
 Two files, written once into benchmarks/data by featdump's own writer (random values): a wide layer of 400 KB rows
 (100 x 32 x 32 float32; 2,700 rows: 1.1 GB) and a ViT-like token layer (197 tokens x 768 float32 per image, 3 KB a
 token; 5,100 images: 1.0M token rows, 3.1 GB) read as token rows (tokens="all"). Batches of 1024 rows (wide: 64).
-Each method runs with 0 and 2 loader workers; rows/s and GB/s of feature bytes delivered. The page cache is warm
+Each method runs with 0 and 2 loader workers; rows/s and GB/s of feature bytes delivered. A row measures the
+DataLoader's own cost of handing over batches of that size from 2 workers (made in memory, no file): the most any
+loader with workers can deliver here. The page cache is warm
 (each file read once first), or dropped before every step with --cold (root only). The naive loader is timed over
 --naive-batches batches and its rate extrapolated.
 """
@@ -22,7 +24,7 @@ from pathlib import Path
 import h5py
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, IterableDataset
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
@@ -73,6 +75,27 @@ def epoch(path: Path, batch: int, workers: int, tokens: str | None) -> tuple[flo
         rows += len(got["row"])
         total += got["features"]["layer"].nbytes
     return time.perf_counter() - started, rows, total
+
+
+class Handover(IterableDataset):
+    """The DataLoader's own cost: workers yielding COUNT batches of SHAPE made from memory (no file)."""
+
+    def __init__(self, count: int, shape: tuple[int, ...]):
+        self.count, self.shape = count, shape
+
+    def __iter__(self):
+        info = torch.utils.data.get_worker_info()
+        workers, worker = (info.num_workers, info.id) if info is not None else (1, 0)
+        source = np.ones(self.shape, dtype=np.float32)
+        for _ in range(worker, self.count, workers):
+            yield {"x": torch.from_numpy(source.copy())}
+
+
+def handover(count: int, shape: tuple[int, ...], workers: int) -> tuple[float, int, int]:
+    started, total = time.perf_counter(), 0
+    for got in DataLoader(Handover(count, shape), batch_size=None, num_workers=workers):
+        total += got["x"].nbytes
+    return time.perf_counter() - started, count * shape[0], total
 
 
 class Naive(Dataset):
@@ -136,6 +159,10 @@ def main() -> None:
             seconds, rows, total = epoch(path, batch, workers, tokens)
             print(f"| {label} | FeatureDataset, shuffled epoch | {workers} | {rows} | {seconds:.2f} | "
                   f"{rows / seconds:,.0f} | {total / seconds / 1e9:.2f} | {total / seconds / limit:.2f} |")
+        sample = (768,) if per_row else (100, 32, 32)
+        seconds, rows, total = handover(-(-rows // batch), (batch, *sample), 2)
+        print(f"| {label} | DataLoader handover alone: ready batches of that size, no file | 2 | {rows} | "
+              f"{seconds:.2f} | {rows / seconds:,.0f} | {total / seconds / 1e9:.2f} | {total / seconds / limit:.2f} |")
         for workers in (0, 2):
             drop_caches(options.cold)
             seconds, rows, total = naive(path, batch, workers, per_row, options.naive_batches)
