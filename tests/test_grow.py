@@ -184,6 +184,7 @@ def test_a_vit_grown_block_by_block_equals_all_blocks_at_once(tmp_path):
         assert list(h5file.attrs["layers"].astype(str)) == blocks  # the model's order, as a fresh run records
 
 
+@pytest.mark.slow  # three extractions
 def test_an_output_holding_names_that_are_not_utf8_grows(tmp_path):
     """Rows are matched by their exact bytes: a Latin-1 name (and the other odd names) does not block growth."""
     from .test_names import ODD_NAMES, write_picture
@@ -203,6 +204,7 @@ def test_an_output_holding_names_that_are_not_utf8_grows(tmp_path):
             np.testing.assert_array_equal(got[f"features/{layer}"][:], expected[f"features/{layer}"][:])
 
 
+@pytest.mark.slow  # two fits and growths, a fresh run with both fits
 def test_a_pca_layer_is_added_then_a_second_one_and_both_equal_a_fresh_run(study, tmp_path):
     output = tmp_path / "out.h5"
     assert run_featdump(*BASE, "-l", "avgpool", study / "images", output).returncode == 0
@@ -238,6 +240,7 @@ def test_a_grown_file_records_the_layers_as_a_fresh_run_does_and_the_command_aga
     assert digest(output) == before
 
 
+@pytest.mark.slow  # five sharded runs
 def test_a_lost_shard_remade_by_the_growth_command_merges_and_info_says_so(study, tmp_path):
     output = tmp_path / "out.h5"
     for layers, update in (("layer1", []), ("layer3,layer1", ["--update"])):

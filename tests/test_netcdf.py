@@ -313,6 +313,7 @@ def wide():
 '''
 
 
+@pytest.mark.slow  # three Swin extractions
 def test_a_map_s_axes_are_the_model_s_own_when_its_shape_could_be_either(tmp_path):
     """(C, H, W) = (8, 8, 16): channel_8, y_8, x_16 (the shape alone would say y, x, channel); Swin's (H, W, C)
     maps are pooled and sliced along their own channel axis."""

@@ -119,6 +119,7 @@ def test_a_batch_mixes_the_rows_of_many_chunks(tmp_path):
         assert len(set(batch["row"].numpy() // 8)) >= 5, batch["row"]
 
 
+@pytest.mark.filterwarnings("ignore:This DataLoader will create")  # 3 workers on 2 cores: slow, not wrong
 @pytest.mark.parametrize("workers, start", [(0, 5), (2, 0), (2, 3), (2, 6), (2, 12), (3, 7)])
 def test_start_batch_yields_the_rest_of_the_uninterrupted_epoch(output, workers, start):
     path, _ = output
