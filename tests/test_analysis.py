@@ -239,6 +239,7 @@ def test_cka_between_two_outputs_matches_rows_by_path(study, tmp_path):
     assert common.values[0, 0] == pytest.approx(expected, rel=1e-6)
 
 
+@pytest.mark.slow  # every kind of output: merged views, shards, float16
 def test_rdms_of_every_kind_of_output(study, tmp_path):
     """Compressed layers, float16 ones, srp-reduced ones (above), a merged view over shards, a killed run's
     committed rows; and an rsatoolbox RDMs from the API."""

@@ -10,6 +10,7 @@ import sys
 import time
 
 import numpy as np
+import pytest
 from click.testing import CliRunner
 from PIL import Image
 
@@ -65,6 +66,7 @@ def error_lines(stderr: str) -> list[str]:
     return [line for line in stderr.splitlines() if not line[:4].isdigit()]  # log lines start with a date
 
 
+@pytest.mark.slow  # two real runs
 def test_a_transform_without_a_crop_ends_the_job_with_one_line_and_the_corrected_command_runs(tmp_path):
     (tmp_path / "shapes.py").write_text(TRANSFORMS)
     images = write_aspect_ratios(tmp_path / "images")

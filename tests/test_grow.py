@@ -134,6 +134,7 @@ def test_a_kill_at_several_moments_of_a_growth_resumes_and_readers_read_the_old_
     assert len(grown["paths"]) == 72 and grown["complete"]
 
 
+@pytest.mark.slow  # four sharded runs, two merges
 def test_a_two_shard_job_grows_and_merges_to_a_fresh_single_run(study, tmp_path):
     output = tmp_path / "out.h5"
     for layers, update in (("layer1", []), ("layer1,layer3", ["--update"])):
@@ -227,6 +228,7 @@ def test_a_pca_layer_is_added_then_a_second_one_and_both_equal_a_fresh_run(study
     assert again.returncode == 0 and "nothing to do" in again.stderr, again.stderr
 
 
+@pytest.mark.slow  # a growth and three runs
 def test_a_grown_file_records_the_layers_as_a_fresh_run_does_and_the_command_again_is_done(study, tmp_path):
     output = stored_copy(study, tmp_path)  # layer1
     assert run_featdump(*BASE, "-l", "layer3,layer1", "--update", study / "images", output).returncode == 0

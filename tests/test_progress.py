@@ -8,6 +8,7 @@ import subprocess
 import time
 
 import h5py
+import pytest
 
 from .conftest import run_featdump, start_featdump, write_images
 
@@ -23,6 +24,7 @@ def info_json(output) -> dict:
     return json.loads(result.stdout)
 
 
+@pytest.mark.slow  # a real job polled while it runs
 def test_info_on_a_running_job_then_on_the_finished_file(tmp_path):
     images, output = tmp_path / "images", tmp_path / "out.h5"
     write_images(images, {"a": 12, "b": 12})
@@ -67,6 +69,7 @@ def test_info_after_a_sigkill_says_stopped_and_how_to_resume(tmp_path):
     assert "complete:   no" in text  # the partial file itself, readable now that nobody holds it
 
 
+@pytest.mark.slow  # real processes polled from their first second
 def test_info_answers_from_the_moment_the_job_holds_its_lock(tmp_path):
     images, output = tmp_path / "images", tmp_path / "out.h5"
     write_images(images, {"a": 8})

@@ -106,6 +106,7 @@ def test_srp_matrix_is_a_pure_function_of_seed_layer_and_sizes():
     assert abs(ratio.item() - 1) < 0.01
 
 
+@pytest.mark.slow  # four runs and a kill
 def test_srp_and_per_layer_rules_are_the_same_whatever_the_batch_size_and_after_a_resume(images, tmp_path):
     """Rows equal within 1e-5 relative (batch sizes change the convolutions' summation order, not the rows)."""
     rules = ("avgpool", "layer2=srp:256", "layer3=srp:128:7", "layer4=channels:10-19")
@@ -133,6 +134,7 @@ def test_channels_are_the_slice_of_the_whole_output(images, tmp_path):
                                rtol=1e-3, atol=1e-3)
 
 
+@pytest.mark.slow  # three runs and a merge
 def test_shards_of_a_projected_job_merge_to_the_single_run(images, tmp_path):
     single = settings_for(images, tmp_path / "one.h5", layers=("layer3", "avgpool"),
                           reduce=("layer3=srp:64", "avgpool=pca:4"), pca_fit="20", batch_size=16)
@@ -222,6 +224,7 @@ class CrashAfterStaging(CrashAfterFirstBatch):
         raise RuntimeError("simulated crash")
 
 
+@pytest.mark.slow  # a fit, a kill after staging, a resume and an --overwrite
 def test_a_kill_after_staging_resumes_the_fit_and_overwrite_starts_over(images, tmp_path):
     settings = settings_for(images, tmp_path / "straight.h5", layers=("layer4",), reduce=("pca:5",), pca_fit="24",
                             batch_size=8)

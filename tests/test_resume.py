@@ -254,6 +254,7 @@ def test_info_on_a_partial_file(tmp_path):
     assert "progress:   2 of 6 images done" in result.stdout
 
 
+@pytest.mark.slow  # two writer processes
 def test_second_writer_is_refused_and_first_completes(folder, clean, tmp_path):
     output = tmp_path / "out.h5"
     slow = ["extract", "-m", "resnet50", "-w", "none", "-l", "layer4", "-b", "1", "-j", "0", folder, output]

@@ -94,6 +94,7 @@ def test_a_merge_copy_that_does_not_fit_is_one_line_and_writes_nothing(folder, s
     assert not output.with_name("out.h5.lock").exists()
 
 
+@pytest.mark.slow  # an array's tasks as processes (torchrun's test merges in make test)
 def test_slurm_array_tasks_then_merge_equal_a_single_run(folder, single, tmp_path):
     output = tmp_path / "out.h5"
     tasks = [start_featdump(*extract_args(folder, output), stdout=None,

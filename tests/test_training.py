@@ -225,3 +225,24 @@ def test_bad_input_is_one_featdump_error(output, tmp_path):
         with pytest.raises(FeatdumpError, match=message) as raised:
             featdump.FeatureDataset(**arguments)
         assert "\n" not in str(raised.value)
+
+
+def test_rank_and_world_default_to_torch_distributed_s(output, tmp_path):
+    """Initialised (gloo, one process, a file store): rank 0 of 1; uninitialised: the same without it."""
+    import torch.distributed as distributed
+
+    path, _ = output
+    distributed.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        dataset = featdump.FeatureDataset(path, "vector", batch_size=64)
+        assert (dataset.rank, dataset.world) == (0, 1) and len(dataset) == -(-ROWS // 64)
+    finally:
+        distributed.destroy_process_group()
+
+
+def test_a_layer_shorter_than_the_file_s_rows_is_refused(tmp_path):
+    path, _ = write_output(tmp_path / "short.h5")
+    with h5py.File(path, "r+") as h5file:
+        h5file["features/vector"].resize(100, axis=0)  # damaged: fewer rows than the counters commit
+    with pytest.raises(FeatdumpError, match="layer 'vector' holds 100 rows where the file has committed 203"):
+        featdump.FeatureDataset(path, "map,vector")

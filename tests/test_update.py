@@ -226,6 +226,7 @@ with h5py.File(sys.argv[1], "r") as held:  # a notebook or a dashboard keeps the
 """
 
 
+@pytest.mark.slow  # a reader process and a real run
 def test_an_update_with_nothing_new_leaves_the_file_alone_while_a_reader_holds_it(tmp_path):
     images, output = tmp_path / "images", tmp_path / "out.h5"
     write_images(images, {"a": 6}, size=(40, 32))

@@ -142,13 +142,13 @@ _RESIZED = (32, 64)  # pixels added to the input's height and width for the run 
 
 
 def _resized_calls(model: nn.Module, input_shape: tuple[int, ...]) -> dict[str, list]:
-    """Per module, per call, the output shapes of a forward of 2 inputs taller and wider than INPUT_SHAPE (by
+    """Per module, per call, the output shapes of a forward of one input taller and wider than INPUT_SHAPE (by
     _RESIZED); {} for a model that takes only its own input size (a ViT's position embeddings)."""
     if len(input_shape) != 3:
         return {}
     channels, height, width = input_shape
     try:
-        return _record_calls(model, (channels, height + _RESIZED[0], width + _RESIZED[1]), _PROBE_BATCHES[0])[0]
+        return _record_calls(model, (channels, height + _RESIZED[0], width + _RESIZED[1]), 1)[0]
     except ModelFailed:
         return {}
 
