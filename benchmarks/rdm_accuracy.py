@@ -54,31 +54,13 @@ def errors(ours: np.ndarray, expected: np.ndarray) -> tuple[float, float]:
     return float(worst.max() / expected[off].max()), float((worst[smallest] / expected[off][smallest]).max())
 
 
-def contrast_images(folder: Path, count: int) -> Path:
-    """COUNT 500x375 JPEGs like make_images', each at its own contrast (a gain of e^N(0, 0.5) about mid-grey), as
-    photos differ: pooled activations then differ mostly in their size, which is where the products lose digits."""
-    from PIL import Image
-
-    rng = np.random.default_rng(1)
-    for index in range(count):
-        path = folder / f"class_{index % 10}" / f"{index:06d}.jpg"
-        if path.exists():
-            continue
-        path.parent.mkdir(parents=True, exist_ok=True)
-        small = Image.fromarray(rng.integers(0, 256, size=(12, 16, 3), dtype=np.uint8)).resize((500, 375))
-        gain = np.exp(0.5 * rng.standard_normal())
-        pixels = 128 + gain * (np.asarray(small, dtype=np.float64) - 128 + rng.integers(-12, 12, size=(375, 500, 3)))
-        Image.fromarray(np.clip(pixels, 0, 255).astype(np.uint8)).save(path, quality=90)
-    return folder
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--images", type=int, default=256)
     count = parser.parse_args().images
 
     for kind, images in (("plain", make_images(HERE / "data" / "images", count)),
-                         ("contrast", contrast_images(HERE / "data" / "contrast-images", count))):
+                         ("contrast", make_images(HERE / "data" / "contrast-images", count, contrast=0.5, seed=1))):
         output = HERE / "data" / f"accuracy-avgpool-{kind}-{count}.h5"
         if not output.exists():
             timed_featdump("extract", "-m", "resnet18", "-w", "none", "-l", "avgpool", images, output,

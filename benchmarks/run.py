@@ -31,17 +31,20 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 
 
-def make_images(folder: Path, count: int) -> Path:
-    """COUNT ImageNet-sized (500x375) JPEGs in 10 class folders, made once and reused."""
-    rng = np.random.default_rng(0)
+def make_images(folder: Path, count: int, contrast: float = 0.0, seed: int = 0) -> Path:
+    """COUNT ImageNet-sized (500x375) JPEGs in 10 class folders, made once and reused. CONTRAST > 0: each image at
+    its own contrast, a gain of e^N(0, CONTRAST) about mid-grey (as photos differ)."""
+    rng = np.random.default_rng(seed)
     for index in range(count):
         path = folder / f"class_{index % 10}" / f"{index:06d}.jpg"
         if path.exists():
             continue
         path.parent.mkdir(parents=True, exist_ok=True)
         small = Image.fromarray(rng.integers(0, 256, size=(12, 16, 3), dtype=np.uint8)).resize((500, 375))
+        gain = np.exp(contrast * rng.standard_normal()) if contrast else 1.0
         noise = rng.integers(-12, 12, size=(375, 500, 3))
-        Image.fromarray(np.clip(np.asarray(small) + noise, 0, 255).astype(np.uint8)).save(path, quality=90)
+        pixels = 128 + gain * (np.asarray(small, dtype=np.float64) - 128 + noise)
+        Image.fromarray(np.clip(pixels, 0, 255).astype(np.uint8)).save(path, quality=90)
     return folder
 
 
