@@ -5,6 +5,9 @@ layers, an unfinished file's committed rows, and one-line errors for bad input."
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import h5py
 import numpy as np
 import pytest
@@ -18,7 +21,7 @@ from featdump.output.merge import merge
 from featdump.output.writer import FeatureWriter
 from featdump.training.plan import EpochPlan, blocks_of
 
-from .conftest import write_images
+from .conftest import featdump_env, write_images
 
 ROWS = 203  # no multiple of the chunks, the batches or the buffer
 
@@ -246,3 +249,21 @@ def test_a_layer_shorter_than_the_file_s_rows_is_refused(tmp_path):
         h5file["features/vector"].resize(100, axis=0)  # damaged: fewer rows than the counters commit
     with pytest.raises(FeatdumpError, match="layer 'vector' holds 100 rows where the file has committed 203"):
         featdump.FeatureDataset(path, "map,vector")
+
+
+FRESH_READER = """
+import sys
+import featdump
+rows = sum(len(batch["row"]) for batch in featdump.FeatureDataset(sys.argv[1], "vector", batch_size=64))
+print(rows, featdump.load(sys.argv[1], "vector").features.shape[0])
+"""
+
+
+def test_a_zstd_layer_reads_in_a_process_that_never_wrote_one(tmp_path):
+    """hdf5plugin's filters are registered by whoever opens an output, not only by a writer."""
+    pytest.importorskip("hdf5plugin")
+    path, _ = write_output(tmp_path / "zstd.h5", compression="zstd")
+    result = subprocess.run([sys.executable, "-c", FRESH_READER, str(path)], capture_output=True, text=True,
+                            env=featdump_env(), timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == [str(ROWS), str(ROWS)]

@@ -128,6 +128,15 @@ def compression_filters(compression: str) -> dict:
     return dict(hdf5plugin.Blosc(cname="lz4", clevel=5, shuffle=hdf5plugin.Blosc.SHUFFLE))
 
 
+def register_filters() -> None:
+    """Make the zstd and blosc filters readable in this process: hdf5plugin registers them with HDF5 when imported
+    (a reader that never imported it gets HDF5's "can't open directory" on such a layer); nothing without it."""
+    try:
+        import hdf5plugin  # noqa: F401
+    except ImportError:
+        pass
+
+
 # -- creating ------------------------------------------------------------------------------------
 
 
@@ -279,6 +288,7 @@ class Output:
         path = Path(path)
         if not path.exists():
             raise NotAnOutput(f"No file {str(path)!r}.")
+        register_filters()
         try:
             h5file = h5py.File(path, mode) if locking is None else h5py.File(path, mode, locking=locking)
         except OSError as error:

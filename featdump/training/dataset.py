@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from featdump.errors import BadOption
+from featdump.output.layout import register_filters
 from featdump.training.plan import EpochPlan, Window, blocks_of
 from featdump.training.stored import StoredRows, read_stored
 
@@ -97,6 +98,7 @@ class _Files(ExitStack):
     def __init__(self, stored: StoredRows):
         super().__init__()
         self.stored, self.open, self.datasets = stored, {}, {}
+        register_filters()  # a worker started by spawn, not fork, has not read the files through Output yet
 
     def dataset(self, part: int, name: str) -> h5py.Dataset:
         """Layer NAME's dataset in part PART (_LABELS: its labels)."""
