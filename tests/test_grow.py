@@ -86,6 +86,7 @@ def test_the_same_command_again_is_done_and_a_different_one_is_refused(study, tm
     assert 'made by another command (layers: ["layer1"] when started, ["layer2"] now' in other.stderr
 
 
+@pytest.mark.slow  # a real process killed at its end, and a rerun
 def test_killed_after_the_rename_then_run_again_is_done(study, tmp_path):
     output = tmp_path / "out.h5"
     process = start_featdump(*BASE, "-l", "layer1", study / "images", output)

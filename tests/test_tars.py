@@ -187,6 +187,7 @@ def test_every_kind_of_damage_keeps_the_members_before_it(packed, tmp_path):
     assert scan_tar(good).damage is None and scan_tar(good).ignored == {".json": 16}
 
 
+@pytest.mark.slow  # a real process killed mid-tar, and its resume
 def test_kill_and_resume_in_the_middle_of_a_shard(packed, folder_run, tmp_path):
     output, partial = tmp_path / "out.h5", tmp_path / "out.h5.partial"
     arguments = [*EXTRACT, "-b", "2", packed / "shards" / "*.tar", output]  # 4 images per tar: rows 2, 6, ... mid-tar
