@@ -7,15 +7,19 @@
     rdms = featdump.rdm("out.h5", metric="correlation")     # {layer: (N, N)}, out of core
     similarity = featdump.cka("resnet.h5", "vit.h5")         # linear CKA between their layers
     batches = featdump.FeatureDataset("out.h5", "avgpool")   # shuffled, resumable batches to train on
+    probes = featdump.probe("out.h5")                         # {layer: Readout}: cross-validated ridge probes
+    models = featdump.encode("out.h5", "it_neurons.csv")      # {layer: Readout}: ridge encoding models
 """
 
 from featdump.version import __version__
 
-_API = ("extract", "capture", "load", "Features", "Settings", "srp_matrix", "rdm", "cka", "FeatureDataset")
+_API = ("extract", "capture", "load", "Features", "Settings", "srp_matrix", "rdm", "cka", "FeatureDataset", "probe",
+        "encode", "Readout")
 # Where each name lives; the rest are in featdump.faces.api.
 _HOMES = {"Settings": "featdump.job.settings", "srp_matrix": "featdump.reductions.srp",
           "rdm": "featdump.analysis.rdm", "cka": "featdump.analysis.cka",
-          "FeatureDataset": "featdump.training.dataset"}
+          "FeatureDataset": "featdump.training.dataset", "probe": "featdump.readout.readouts",
+          "encode": "featdump.readout.readouts", "Readout": "featdump.readout.readouts"}
 
 
 def __getattr__(name):

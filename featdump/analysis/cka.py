@@ -24,9 +24,9 @@ import torch
 
 from featdump.analysis.choices import DEFAULT_MEMORY
 from featdump.analysis.gram import gram
-from featdump.analysis.rdm import _listed, _megabytes
+from featdump.analysis.rdm import _megabytes
 from featdump.analysis.results import Results, finished
-from featdump.analysis.stored import Stored
+from featdump.analysis.stored import Stored, listed
 from featdump.errors import UsageProblem
 from featdump.forward.device import resolve_device
 from featdump.job.report import NoProgress, Progress
@@ -58,8 +58,8 @@ def cka(output: str | Path, other: str | Path | None = None, layers: list[str] |
     first = Stored.read(output)
     second = Stored.read(other) if other is not None else None
     rows_first, rows_second = _matched_rows(first, second, common)
-    names = first.select(_listed(layers))
-    other_names = second.select(_listed(other_layers)) if second is not None else names
+    names = first.select(listed(layers))
+    other_names = second.select(listed(other_layers)) if second is not None else names
     budget, place = parse_bytes(memory), resolve_device(device)
     kept = first.paths if second is None else [first.paths[index] for index in rows_first]
     needed = 4 if unbiased else 2  # the unbiased estimator divides by n (n - 3)

@@ -103,20 +103,23 @@ ROW_FORMS = ("raw", "scaled", "standardised")  # rows as stored; over their spre
 
 
 def gram(dataset: h5py.Dataset, rows: int, memory: int, device: torch.device,
-         advance: Callable[[int], None] = lambda _: None, form: str = "raw") -> Gram:
+         advance: Callable[[int], None] = lambda _: None, form: str = "raw", exact: bool = False) -> Gram:
     """The Gram statistics of the first ROWS rows of DATASET (in FORM, one of ROW_FORMS), reading slabs (two at a
-    time: the next is read while one is used) of at most MEMORY bytes in all; ADVANCE(bytes) after each read."""
+    time: the next is read while one is used) of at most MEMORY bytes in all; ADVANCE(bytes) after each read.
+    EXACT: the products in float64 (a ridge fit's condition grows as its alpha shrinks: it needs every digit)."""
     shape = dataset.shape[1:]
-    budget = max(1, min(memory // 2, SLAB_BYTES) // (max(rows, 1) * 4))
+    value_bytes = 4 + 8 * exact  # a slab as read, and its float64 copy
+    budget = max(1, min(memory // 2, SLAB_BYTES) // (max(rows, 1) * value_bytes))
     zeros = dict(dtype=torch.float64, device=device)
     centred, row_sums, shifts = torch.zeros(rows, rows, **zeros), torch.zeros(rows, **zeros), torch.zeros(rows, **zeros)
     mean_square = mean_sum = 0.0
     nonfinite = torch.zeros(rows, dtype=torch.bool, device=device)
-    low = torch.full((rows,), math.inf, device=device)
-    high = torch.full((rows,), -math.inf, device=device)
+    kind = torch.float64 if exact else torch.float32
+    low = torch.full((rows,), math.inf, device=device, dtype=kind)
+    high = torch.full((rows,), -math.inf, device=device, dtype=kind)
     row_form = None
     for block in _prefetched(dataset, rows, slabs(shape, budget), advance):
-        values = torch.from_numpy(block).to(device)
+        values = torch.from_numpy(block).to(device, kind)
         lowest, highest = values.amin(1), values.amax(1)  # NaN in a row makes both NaN, inf one of them
         finite = torch.isfinite(lowest) & torch.isfinite(highest)
         if not bool(finite.all()):

@@ -25,7 +25,7 @@ import torch
 from featdump.analysis.choices import DEFAULT_MEMORY, METRICS
 from featdump.analysis.gram import Gram, gram
 from featdump.analysis.results import Results, finished
-from featdump.analysis.stored import Stored
+from featdump.analysis.stored import Stored, listed
 from featdump.errors import BadOption, UsageProblem
 from featdump.forward.device import resolve_device
 from featdump.job.report import NoProgress, Progress
@@ -79,7 +79,7 @@ def rdm(output: str | Path, layers: list[str] | str | None = None, metric: str =
     if metric not in METRICS:
         raise BadOption(f"--metric {metric!r}: use one of {', '.join(METRICS)}.")
     stored = Stored.read(output)
-    names = stored.select(_listed(layers))
+    names = stored.select(listed(layers))
     budget, place = parse_bytes(memory), resolve_device(device)
     results = None
     if to is not None:
@@ -157,12 +157,6 @@ def to_rsatoolbox(matrices: dict[str, np.ndarray], metric: str, stored: Stored):
     return RDMs(np.stack([matrices[name] for name in names]), dissimilarity_measure=metric,
                 rdm_descriptors={"layer": names},
                 pattern_descriptors={"path": list(stored.paths), "label": list(stored.labels)})
-
-
-def _listed(layers: list[str] | str | None) -> list[str] | None:
-    if layers is None:
-        return None
-    return [part for part in (layers.split(",") if isinstance(layers, str) else layers) if part.strip()]
 
 
 def _megabytes(count: int) -> float:

@@ -1,5 +1,6 @@
-"""Results: the file an analysis writes (RDMS.h5, CKA.h5), as OUT.partial until it is complete, one entry at a
-time (a layer's RDM, a layer's Gram), so that a killed analysis resumes at the first entry not written.
+"""Results: the file an analysis writes (RDMS.h5, CKA.h5, PROBES.h5, ENC.h5), as OUT.partial until it is complete,
+one entry at a time (a layer's RDM, a layer's Gram, a layer's read-out), so that a killed analysis resumes at the
+first entry not written.
 
     attributes   what made it (`made_from`: the source files, their rows, the settings), `complete`, `command`
     /paths, /labels   the rows the entries are over (labels with the attribute `classes`)
@@ -56,13 +57,20 @@ class Results:
     def read(self, group: str, name: str) -> np.ndarray:
         return self.file[group][name][:]
 
-    def commit(self, group: str, name: str, values: np.ndarray, attributes: dict | None = None) -> None:
-        """GROUP/NAME written whole and flushed, or not there at all."""
+    def commit(self, group: str, name: str, values: np.ndarray | dict[str, np.ndarray],
+               attributes: dict | None = None) -> None:
+        """GROUP/NAME written whole and flushed, or not there at all: a dataset of VALUES, or a group of datasets
+        when VALUES is a dict (an entry of several arrays, as a layer's read-out)."""
         try:
             writing = self.file.require_group(_WRITING)
-            dataset = writing.create_dataset(name, data=values)
+            if isinstance(values, dict):
+                entry = writing.create_group(name)
+                for key, array in values.items():
+                    entry.create_dataset(key, data=array)
+            else:
+                entry = writing.create_dataset(name, data=values)
             for key, value in (attributes or {}).items():
-                dataset.attrs[key] = text_array(value) if isinstance(value, list) else value
+                entry.attrs[key] = text_array(value) if isinstance(value, list) else value
             self.file.flush()
             if group:
                 self.file.require_group(group)
@@ -109,8 +117,8 @@ def finished(output: Path, made_from: dict) -> bool:
     except (OSError, ValueError):
         before = None
     if before is None:
-        raise OutputExists(f"Output {str(output)!r} already exists and is not a finished result of featdump rdm or "
-                           "cka; pass --overwrite to replace it.")
+        raise OutputExists(f"Output {str(output)!r} already exists and is not a finished result of featdump rdm, "
+                           "cka, probe or encode; pass --overwrite to replace it.")
     if before != made_from:
         changed = sorted(key for key in set(before) | set(made_from) if before.get(key) != made_from.get(key))
         raise OutputExists(f"Output {str(output)!r} already exists, made from other files or settings "

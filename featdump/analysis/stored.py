@@ -57,3 +57,10 @@ class Stored:
         """Bytes of LAYER's committed rows."""
         with self.dataset(layer) as dataset:
             return self.rows * int(np.prod(dataset.shape[1:])) * dataset.dtype.itemsize
+
+
+def listed(layers: list[str] | str | None) -> list[str] | None:
+    """LAYERS given as a list or as comma-separated text, as a list (None: all of them)."""
+    if layers is None:
+        return None
+    return [part for part in (layers.split(",") if isinstance(layers, str) else layers) if part.strip()]

@@ -15,6 +15,7 @@ from featdump.analysis.choices import DEFAULT_MEMORY, METRICS
 from featdump.errors import FeatdumpError
 from featdump.job.options import Option
 from featdump.job.settings import OPTIONS, Settings
+from featdump.readout.choices import DEFAULT_ALPHAS, DEFAULT_FOLDS
 from featdump.version import __version__
 
 log = logging.getLogger("featdump")
@@ -431,6 +432,88 @@ def cka(output: Path, other: Path | None, layers: str | None, other_layers: str 
     click.echo(f"{_done_or_wrote(done_before)} {'unbiased ' if unbiased else ''}CKA of {len(result.rows)} x "
                f"{len(result.columns)} layers over {result.images} images to {to} in "
                f"{time.perf_counter() - started:.1f} s{drawn}.", err=True)
+
+
+def _readout_options(command):
+    """The options `probe` and `encode` share, besides those of every analysis."""
+    for option in reversed([
+        click.option("-l", "--layers", help="Layers (names or patterns, as for extract; comma-separated).  "
+                                            "[default: all]"),
+        click.option("--folds", default=DEFAULT_FOLDS, show_default=True, type=click.IntRange(min=2),
+                     help="Cross-validation folds (seeded; stratified by class for a probe)."),
+        click.option("--alphas", default=DEFAULT_ALPHAS, show_default=True,
+                     help="The ridge penalties to choose from by leave-one-out in each fold: 0.1,1,10 or FROM:TO:COUNT "
+                          "(log-spaced)."),
+        click.option("--seed", default=0, show_default=True, type=int, help="The folds' seed."),
+        click.option("--common", is_flag=True, help="Use the images both the output and the labels or targets name "
+                                                    "(else they must match)."),
+        click.option("-o", "--out", "to", required=True, type=click.Path(dir_okay=False, path_type=Path),
+                     help="The HDF5 file to write: /readouts/LAYER (held-out predictions, alphas, scores), /fold, "
+                          "/paths."),
+    ]):
+        command = option(command)
+    return _analysis_options(command)
+
+
+def _said_readouts(kind: str, readouts: dict, to: Path, plot: Path | None, started: float, done_before: bool) -> None:
+    """The summary line of a probe or an encoding, and the picture when asked."""
+    drawn = _drawn(to, plot)
+    best = max(readouts.values(), key=lambda readout: readout.score, default=None)
+    measure = "accuracy" if kind == "probe" else "median r"
+    peak = f"; the best, {best.layer}: {measure} {best.score:.3f}" if best is not None else ""
+    images = len(best.fold) if best is not None else 0
+    click.echo(f"{_done_or_wrote(done_before)} the {kind}s of {len(readouts)} layer{'s' * (len(readouts) != 1)} over "
+               f"{images} images to {to} in {time.perf_counter() - started:.1f} s{peak}{drawn}.", err=True)
+
+
+@main.command()
+@click.argument("output", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--labels", type=click.Path(dir_okay=False, path_type=Path),
+              help="A CSV/TSV of path,label to probe for.  [default: the output's labels (class folders, tar .cls)]")
+@_readout_options
+def probe(output: Path, labels: Path | None, layers: str | None, folds: int, alphas: str, seed: int, common: bool,
+          to: Path, memory: str, device: str, plot: Path | None, overwrite: bool) -> None:
+    """A linear probe of every layer of OUTPUT, out of core: a ridge classifier (one-vs-rest, as scikit-learn's
+    RidgeClassifierCV), cross-validated over stratified folds, alpha chosen by leave-one-out in each fold. Records
+    each fold's accuracy and alpha and every image's held-out decision values; a killed run resumes at the first
+    layer not written.
+
+    \b
+    Example:
+      featdump probe feats.h5 -l 'layer*,avgpool' -o probes.h5 --plot probes.png
+      featdump probe feats.h5 --labels labels.csv -o probes.h5
+    """
+    from featdump.readout.readouts import probe as compute
+
+    started, done_before = time.perf_counter(), to.exists() and not overwrite
+    readouts = compute(output, layers, folds, alphas, labels, common, seed, memory, device, to, overwrite,
+                       progress=_progress("MB"))
+    _said_readouts("probe", readouts, to, plot, started, done_before)
+
+
+@main.command()
+@click.argument("output", type=click.Path(dir_okay=False, path_type=Path))
+@click.argument("targets")
+@click.option("--alpha-per-target", is_flag=True,
+              help="Choose an alpha for each target (else one for all, as RidgeCV).")
+@_readout_options
+def encode(output: Path, targets: str, alpha_per_target: bool, layers: str | None, folds: int, alphas: str, seed: int,
+           common: bool, to: Path, memory: str, device: str, plot: Path | None, overwrite: bool) -> None:
+    """Ridge encoding models from every layer of OUTPUT to TARGETS (neurons, voxels, behaviour), out of core,
+    cross-validated, alpha chosen by leave-one-out in each fold. TARGETS: a CSV/TSV with a `path` column and a column
+    per target, an .npy in OUTPUT's row order, or FILE.h5:DATASET with a `paths` dataset. Records every image's
+    held-out predictions, each target's Pearson r and R^2, each layer's median r.
+
+    \b
+    Example:
+      featdump encode feats.h5 it_neurons.csv -l 'layer*' -o enc.h5 --plot enc.png
+    """
+    from featdump.readout.readouts import encode as compute
+
+    started, done_before = time.perf_counter(), to.exists() and not overwrite
+    readouts = compute(output, targets, layers, folds, alphas, alpha_per_target, common, seed, memory, device, to,
+                       overwrite, progress=_progress("MB"))
+    _said_readouts("encode", readouts, to, plot, started, done_before)
 
 
 # -- progress and logging ------------------------------------------------------------------------

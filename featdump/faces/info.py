@@ -4,7 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import h5py
+import numpy as np
+
 from featdump.errors import NotAnOutput
+from featdump.faces.curves import is_readouts, layer_scores, readout_lines
 from featdump.output.layout import Output, partial_path, text_of
 from featdump.output.lock import lock_holder
 from featdump.output.merge import merge_problem
@@ -19,6 +23,9 @@ _PROVENANCE = ("preprocessing", "command", "featdump_version", "torch_version", 
 def read_info(output: Path) -> dict:
     """Everything `featdump info` reports on OUTPUT (or OUTPUT.partial, or OUTPUT's shards) as plain values."""
     path = Path(output)
+    readouts = _readouts(path)
+    if readouts is not None:
+        return readouts
     job = _job_state(path)
     if job is not None and job["state"] in ("running", "starting"):
         return job  # the file is being written: everything comes from the progress record
@@ -37,6 +44,23 @@ def read_info(output: Path) -> dict:
     if job is not None and not info["complete"]:
         info["state"], info["job"] = "stopped", job  # a writer that died: its last record
     return info
+
+
+def _readouts(path: Path) -> dict | None:
+    """What a PROBES.h5 or ENC.h5 (or its .partial) at PATH holds, as plain values; None for any other file."""
+    path = path if path.exists() else partial_path(path)
+    try:
+        with h5py.File(path, "r") as h5file:
+            if not is_readouts(h5file):
+                return None
+            kind, names, scores = layer_scores(h5file)
+            return {"state": "complete" if h5file.attrs.get("complete", False) else "partial", "file": str(path),
+                    "result": kind, "images": len(h5file["fold"]),
+                    "columns": [text_of(name) for name in h5file["columns"][:]],
+                    "layers": {name: {"mean": float(np.nanmean(row)), "folds": row.tolist()}
+                               for name, row in zip(names, scores)}}
+    except OSError:
+        return None
 
 
 def _job_state(path: Path) -> dict | None:
@@ -124,6 +148,10 @@ def _shard_lines(info: dict) -> list[str]:
 
 def describe(output: Path) -> list[str]:
     """Lines saying what OUTPUT (or OUTPUT.partial) holds and how far its run got."""
+    path = Path(output) if Path(output).exists() else partial_path(Path(output))
+    if _readouts(path) is not None:
+        with h5py.File(path, "r") as h5file:
+            return readout_lines(path, h5file)
     info = read_info(output)
     if info.get("state") in ("running", "starting"):
         return running_lines(info)

@@ -1,4 +1,5 @@
-"""Matrices: an RDMS.h5 or CKA.h5 drawn as a picture with its labels (`--plot`, `featdump show RESULTS`)."""
+"""Matrices: an RDMS.h5 or CKA.h5 drawn as a picture with its labels (`--plot`, `featdump show RESULTS`); a read-out's
+result is drawn by `curves`."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import h5py
 import numpy as np
 
 from featdump.errors import NotAnOutput
+from featdump.faces.curves import draw_readouts, is_readouts
 from featdump.faces.show import pyplot
 from featdump.output.layout import text_of
 
@@ -16,7 +18,7 @@ _MOST_RDMS = 16  # drawn side by side; a file with more draws its first 16 (and 
 
 
 def is_results(path: Path) -> bool:
-    """Whether PATH is a file `featdump rdm` or `featdump cka` wrote."""
+    """Whether PATH is a file `featdump rdm`, `cka`, `probe` or `encode` wrote."""
     try:
         with h5py.File(path, "r") as h5file:
             return "made_from" in h5file.attrs
@@ -25,8 +27,9 @@ def is_results(path: Path) -> bool:
 
 
 def draw_results(path: Path, picture: Path) -> Path:
-    """Draw the RDMs (one panel per layer, the classes marked along both axes) or the CKA matrix (layer names
-    along both axes, the values written in when there is room) of PATH into PICTURE."""
+    """Draw the RDMs (one panel per layer, the classes marked along both axes), the CKA matrix (layer names
+    along both axes, the values written in when there is room) or the read-outs' scores by layer of PATH into
+    PICTURE."""
     plt = pyplot()
     try:
         with h5py.File(path, "r") as h5file:
@@ -34,8 +37,10 @@ def draw_results(path: Path, picture: Path) -> Path:
                 figure = _draw_cka(plt, h5file["cka"])
             elif "rdms" in h5file:
                 figure = _draw_rdms(plt, h5file)
+            elif is_readouts(h5file):
+                figure = draw_readouts(plt, h5file)
             else:
-                raise NotAnOutput(f"{str(path)!r} holds neither RDMs nor a CKA matrix.")
+                raise NotAnOutput(f"{str(path)!r} holds neither RDMs, a CKA matrix nor read-outs.")
     except OSError as error:
         raise NotAnOutput(f"{str(path)!r} is not a readable HDF5 file ({error}).") from error
     figure.savefig(picture, dpi=100, bbox_inches="tight")

@@ -1,0 +1,201 @@
+"""Passes: one layer read from its file to fit every fold, within a memory budget, in whichever of two forms is the
+smaller (as scikit-learn's RidgeCV picks its `gram` or `cov` mode).
+
+    wide (D >= N)    one pass: the N x N Gram in float64 (`analysis.gram`, slabs of features holding every row);
+                     every fold's fit and held-out predictions come from it (`ridge.dual_fold`)
+    narrow (D < N)   pass 1, whole rows in blocks: each fold's moments (count, sums, X^T X, X^T y; K of D x D);
+                     each fold's eigenbasis from the others' moments. Pass 2: every row in each basis that trains
+                     on it, for its leave-one-out errors, and in its own fold's basis, for its held-out predictions
+                     at every alpha, kept while they fit the budget; otherwise a third pass predicts with the
+                     alphas chosen.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+
+import h5py
+import numpy as np
+import torch
+
+from featdump.analysis.gram import gram
+from featdump.readout.ridge import FoldFit, PrimalFold, choose, dual_fold
+
+ROW_BLOCK_BYTES = 64 * 1024**2  # a block of whole rows at most, whatever the budget (two exist at once)
+
+
+def is_wide(rows: int, features: int) -> bool:
+    """Whether the Gram (N x N) is the smaller matrix: RidgeCV's `gram` mode (n_samples <= n_features)."""
+    return rows <= features
+
+
+def working_bytes(rows: int, features: int, targets: int, folds: int, alphas: int, memory: int) -> int:
+    """Bytes a layer's fit holds beyond the slabs (MEMORY): the matrices of its form, their eigendecompositions."""
+    if is_wide(rows, features):
+        return 8 * (rows * rows + 3 * rows * rows + 2 * rows * targets)  # the Gram; a fold's centred copy, Q, Q*Q
+    moments = folds * features * (features + targets) + 3 * features * features
+    held = rows * alphas * targets if rows * alphas * targets * 8 <= memory else 0
+    return 8 * (moments + folds * features * features + held)
+
+
+def fit_wide(dataset: h5py.Dataset, file_rows: int, used: np.ndarray, targets: torch.Tensor, fold: np.ndarray,
+             alphas: torch.Tensor, per_target: bool, memory: int, device: torch.device,
+             advance: Callable[[int], None]) -> tuple[list[FoldFit], torch.Tensor]:
+    """Every fold's fit of a wide layer (rows USED of its first FILE_ROWS) from its Gram; the rows' nonfinite mask."""
+    stats = gram(dataset, file_rows, memory, device, advance, exact=True)
+    index = torch.as_tensor(used, device=device)
+    matrix = stats.centred if len(used) == file_rows else stats.centred[index][:, index]
+    nonfinite = stats.nonfinite[index]
+    del stats
+    if bool(nonfinite.any()):
+        return [], nonfinite
+    folds = torch.as_tensor(fold, device=device)
+    fits = []
+    for number in range(int(fold.max()) + 1):
+        train, test = torch.nonzero(folds != number).flatten(), torch.nonzero(folds == number).flatten()
+        fits.append(dual_fold(matrix, train, test, targets, alphas, per_target))
+    return fits, nonfinite
+
+
+def fit_narrow(dataset: h5py.Dataset, used: np.ndarray, targets: torch.Tensor, fold: np.ndarray,
+               alphas: torch.Tensor, per_target: bool, memory: int, device: torch.device,
+               advance: Callable[[int], None], say: Callable[[str], None]) -> tuple[list[FoldFit], torch.Tensor]:
+    """Every fold's fit of a narrow layer, in two passes over its rows USED (three when the held-out predictions
+    at every alpha would not fit MEMORY); the rows' nonfinite mask (no fit when any is)."""
+    folds = int(fold.max()) + 1
+    features = math.prod(dataset.shape[1:])
+    moments = FoldMoments(folds, features, targets.shape[1], device)
+    nonfinite = torch.zeros(len(used), dtype=torch.bool, device=device)
+    for positions, rows in row_blocks(dataset, used, memory, device, advance):
+        bad = ~torch.isfinite(rows).all(1)
+        if bool(bad.any()):
+            nonfinite[positions] |= bad
+            continue
+        moments.add(rows, targets[positions], torch.as_tensor(fold[positions], device=device))
+    if bool(nonfinite.any()):
+        return [], nonfinite
+    bases = [moments.fold_fit(number) for number in range(folds)]
+    del moments
+    count, width = len(used), targets.shape[1]
+    keep_held = count * len(alphas) * width * 8 <= memory
+    held = torch.empty(count, len(alphas), width, dtype=torch.float64, device=device) if keep_held else None
+    errors = torch.zeros(folds, len(alphas), width, dtype=torch.float64, device=device)
+    for positions, rows in row_blocks(dataset, used, memory, device, advance):
+        of_rows = torch.as_tensor(fold[positions], device=device)
+        block_targets = targets[positions]
+        for number, basis in enumerate(bases):
+            training = of_rows != number
+            if bool(training.any()):
+                errors[number] += basis.loo_squared_errors(basis.project(rows[training]), block_targets[training],
+                                                           alphas)
+            if held is not None and bool((~training).any()):
+                held[positions[(~training).cpu().numpy()]] = basis.predictions(basis.project(rows[~training]), alphas)
+    counts = [basis.count for basis in bases]
+    chosen = [choose(errors[number] / counts[number], per_target) for number in range(folds)]
+    if held is not None:
+        predicted = _from_held(held, fold, chosen)
+    else:
+        say(f"the held-out predictions at every alpha ({_mb(count * len(alphas) * width * 8)}) are more than the "
+            "memory budget: a third pass predicts with the alphas chosen")
+        predicted = _third_pass(dataset, used, fold, bases, alphas, chosen, memory, device, advance, width)
+    return [FoldFit(chosen[number], errors[number] / counts[number], predicted[number]) for number in range(folds)], \
+        nonfinite
+
+
+def _from_held(held: torch.Tensor, fold: np.ndarray, chosen: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Each fold's held-out predictions (m, T) at its chosen alphas, from HELD (N, A, T)."""
+    predicted = []
+    for number, alphas in enumerate(chosen):
+        rows = torch.as_tensor(np.flatnonzero(fold == number), device=held.device)
+        part = held[rows]  # (m, A, T)
+        predicted.append(torch.gather(part, 1, alphas[None, None, :].expand(len(rows), 1, -1)).squeeze(1))
+    return predicted
+
+
+def _third_pass(dataset, used, fold, bases: list[PrimalFold], alphas, chosen, memory, device, advance,
+                width: int) -> list[torch.Tensor]:
+    weights = [basis.weights(alphas, alpha) for basis, alpha in zip(bases, chosen)]
+    predicted = torch.empty(len(used), width, dtype=torch.float64, device=device)
+    for positions, rows in row_blocks(dataset, used, memory, device, advance):
+        of_rows = fold[positions]
+        for number, basis in enumerate(bases):
+            mine = of_rows == number
+            if mine.any():
+                predicted[positions[mine]] = basis.mean_target + (rows[torch.as_tensor(mine, device=device)]
+                                                                  - basis.mean) @ weights[number]
+    return [predicted[torch.as_tensor(np.flatnonzero(fold == number), device=device)]
+            for number in range(len(bases))]
+
+
+class FoldMoments:
+    """Per fold, the moments of its rows about a shift (the first block's mean: the sums stay small where the
+    features share a large offset): count, sums, X^T X, the targets' sums, X^T y; in float64."""
+
+    def __init__(self, folds: int, features: int, targets: int, device: torch.device):
+        zeros = dict(dtype=torch.float64, device=device)
+        self.counts = [0] * folds
+        self.sums = torch.zeros(folds, features, **zeros)
+        self.products = torch.zeros(folds, features, features, **zeros)
+        self.target_sums = torch.zeros(folds, targets, **zeros)
+        self.cross = torch.zeros(folds, features, targets, **zeros)
+        self.shift: torch.Tensor | None = None
+
+    def add(self, rows: torch.Tensor, targets: torch.Tensor, fold: torch.Tensor) -> None:
+        if self.shift is None:
+            self.shift = rows.mean(0)
+        rows = rows - self.shift
+        for number in torch.unique(fold).tolist():
+            mine = fold == number
+            part, aims = rows[mine], targets[mine]
+            self.counts[number] += len(part)
+            self.sums[number] += part.sum(0)
+            self.products[number] += part.T @ part
+            self.target_sums[number] += aims.sum(0)
+            self.cross[number] += part.T @ aims
+
+    def fold_fit(self, number: int) -> PrimalFold:
+        """Fold NUMBER's fit: from the moments of every other fold (its training rows)."""
+        others = [index for index in range(len(self.counts)) if index != number]
+        count = sum(self.counts[index] for index in others)
+        offset = sum(self.sums[index] for index in others) / count  # the training mean less the shift
+        covariance = sum(self.products[index] for index in others)
+        covariance -= count * torch.outer(offset, offset)
+        mean_target = sum(self.target_sums[index] for index in others) / count
+        cross = sum(self.cross[index] for index in others) - count * torch.outer(offset, mean_target)
+        return PrimalFold.fit(count, self.shift + offset, mean_target, covariance, cross)
+
+
+def row_blocks(dataset: h5py.Dataset, used: np.ndarray, memory: int, device: torch.device,
+               advance: Callable[[int], None]) -> Iterator[tuple[np.ndarray, torch.Tensor]]:
+    """(positions in USED, those rows as a (b, D) float64 tensor) for blocks of whole rows of DATASET, the file's
+    rows read in chunk-aligned spans, the next read on a thread while one is used."""
+    features = math.prod(dataset.shape[1:])
+    row_bytes = features * dataset.dtype.itemsize
+    chunk = dataset.chunks[0] if dataset.chunks else 1
+    step = max(1, min(memory // 4, ROW_BLOCK_BYTES) // max(row_bytes + features * 8, 1))
+    step = max(chunk, step // chunk * chunk)
+    last = int(used[-1]) + 1
+    spans = [(start, min(start + step, last)) for start in range(0, last, step)]
+
+    def read(span: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
+        start, stop = span
+        low, high = np.searchsorted(used, [start, stop])
+        positions = np.arange(low, high)
+        block = dataset[start:stop].reshape(stop - start, features)[used[low:high] - start]
+        advance((stop - start) * row_bytes)
+        return positions, block
+
+    with ThreadPoolExecutor(1, thread_name_prefix="featdump-rows") as pool:
+        pending = pool.submit(read, spans[0])
+        for following in [*spans[1:], None]:
+            positions, block = pending.result()
+            if following is not None:
+                pending = pool.submit(read, following)
+            if len(positions):
+                yield positions, torch.from_numpy(block).to(device, torch.float64)
+
+
+def _mb(count: int) -> str:
+    return f"{count / 1e6:.0f} MB"

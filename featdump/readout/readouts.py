@@ -1,0 +1,344 @@
+"""Read-outs: a cross-validated ridge read-out of every layer of an output, out of core (`featdump probe`,
+`featdump encode`, `featdump.probe`, `featdump.encode`).
+
+    probe    "which layer knows this?": a ridge classifier per layer, one-vs-rest on +-1 targets (as scikit-learn's
+             RidgeClassifierCV); each fold's accuracy, every row's held-out decision values (columns in ascending
+             label order)
+    encode   "which layer predicts this brain area?": ridge regression per layer on numeric targets (as RidgeCV);
+             every row's held-out prediction, each target's Pearson r and R^2 over all rows, the median r
+
+Both use K folds (`folds.py`: seeded, stratified by class for a probe); in each, the alpha is chosen among the grid
+by leave-one-out error on the fold's training rows (`ridge.py`), one alpha for all targets or one per target. A layer
+is read within --memory (`passes.py`); its matrix (N x N or D x D, float64) comes on top and is said before starting;
+one too large for this machine is refused with the way out. PROBES.h5 / ENC.h5 (`analysis.results`), resumable
+layer by layer:
+
+    attributes          made_from, complete, kind (probe or encode), layers (in the model's order)
+    /paths, /labels     the rows used; /fold (N,) each row's fold; /alphas the grid; /columns the classes or targets
+    /readouts/LAYER/    predicted (N, C or T), alpha (K,) or (K, T) per target, fold_score (K,) each fold's accuracy
+                        or median r; a probe's accuracy (K,); an encoding's r (T,) and r2 (T,); attribute score
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import h5py
+import numpy as np
+import torch
+
+from featdump.analysis.choices import DEFAULT_MEMORY
+from featdump.analysis.results import Results, finished
+from featdump.analysis.stored import Stored, listed
+from featdump.errors import BadOption, UsageProblem
+from featdump.forward.device import resolve_device
+from featdump.job.report import NoProgress, Progress
+from featdump.output.layout import text_of
+from featdump.output.space import human_bytes, parse_bytes
+from featdump.readout import passes
+from featdump.readout.choices import DEFAULT_ALPHAS, DEFAULT_FOLDS
+from featdump.readout.folds import assign_folds, sparse_classes
+from featdump.readout.targets import Targets, class_targets, numeric_targets
+
+log = logging.getLogger("featdump")
+GROUP = "readouts"
+KINDS = ("probe", "encode")
+
+
+@dataclass(frozen=True)
+class Readout:
+    """A layer's cross-validated read-out over N images."""
+
+    layer: str
+    kind: str  # probe or encode
+    fold: np.ndarray  # (N,) each row's fold
+    alphas: np.ndarray  # (A,) the grid
+    alpha: np.ndarray  # (K,) the alpha chosen in each fold, or (K, T) one per target
+    predicted: np.ndarray  # (N, C) held-out decision values (classes ascending), or (N, T) held-out predictions
+    columns: list[str]  # the classes or the targets
+    paths: list[str]  # the N images
+    fold_score: np.ndarray  # (K,) each fold's accuracy (probe) or median r over the targets (encode)
+    accuracy: np.ndarray | None = None  # (K,) probe
+    r: np.ndarray | None = None  # (T,) encode: Pearson r of each target over all rows
+    r2: np.ndarray | None = None  # (T,) encode
+
+    @property
+    def score(self) -> float:
+        """The layer's summary: the mean accuracy over folds, or the median r over targets (Brain-Score's)."""
+        return float(np.mean(self.accuracy)) if self.kind == "probe" else float(np.nanmedian(self.r))
+
+
+def probe(output: str | Path, layers: list[str] | str | None = None, folds: int = DEFAULT_FOLDS,
+          alphas=DEFAULT_ALPHAS, labels: str | Path | None = None, common: bool = False, seed: int = 0,
+          memory: str | int = DEFAULT_MEMORY, device: str = "auto", to: str | Path | None = None,
+          overwrite: bool = False, progress: Progress | None = None) -> dict[str, Readout]:
+    """A ridge classifier on each of LAYERS of the featdump output OUTPUT (names or patterns; all by default),
+    cross-validated over FOLDS stratified folds (SEED), alpha chosen among ALPHAS by leave-one-out in each fold;
+    labels from the file or from LABELS (a CSV/TSV of path,label; COMMON: the images both have). TO: also written
+    there (PROBES.h5), resumable layer by layer. MEMORY and DEVICE as for `featdump.rdm`. {layer: Readout}."""
+    stored = Stored.read(output)
+    table = class_targets(stored, labels, common)
+    sparse = sparse_classes(table.classes, table.columns, folds)
+    if sparse:
+        log.warning("%d class%s have fewer images than the %d folds (%s): some folds hold none of them.",
+                    len(sparse), "es" * (len(sparse) != 1), folds, ", ".join(sparse[:5]) + ", ..." * (len(sparse) > 5))
+    return _read_out("probe", stored, table, layers, folds, alphas, False, seed, memory, device, to, overwrite,
+                     progress)
+
+
+def encode(output: str | Path, targets: str | Path, layers: list[str] | str | None = None, folds: int = DEFAULT_FOLDS,
+           alphas=DEFAULT_ALPHAS, per_target: bool = False, common: bool = False, seed: int = 0,
+           memory: str | int = DEFAULT_MEMORY, device: str = "auto", to: str | Path | None = None,
+           overwrite: bool = False, progress: Progress | None = None) -> dict[str, Readout]:
+    """A ridge encoding model from each of LAYERS of OUTPUT to TARGETS (a CSV/TSV with a path column and a column
+    per target, an .npy in the output's row order, or FILE.h5:DATASET with its paths), rows matched by path (COMMON:
+    the images both have); FOLDS seeded folds, alpha chosen by leave-one-out in each (one for all targets, or
+    PER_TARGET). TO: also written there (ENC.h5), resumable layer by layer. {layer: Readout}."""
+    stored = Stored.read(output)
+    table = numeric_targets(stored, targets, common)
+    return _read_out("encode", stored, table, layers, folds, alphas, per_target, seed, memory, device, to, overwrite,
+                     progress)
+
+
+def parse_alphas(alphas) -> np.ndarray:
+    """The grid from '0.1,1,10', '1e-2:1e6:9' (log-spaced, ends included) or numbers; BadOption otherwise."""
+    if isinstance(alphas, str):
+        text = alphas.strip()
+        try:
+            if ":" in text:
+                low, high, count = text.split(":")
+                grid = np.logspace(np.log10(float(low)), np.log10(float(high)), int(count))
+            else:
+                grid = np.array([float(part) for part in text.split(",") if part.strip()])
+        except ValueError:
+            grid = np.array([])
+    else:
+        grid = np.asarray(list(np.atleast_1d(alphas)), dtype=np.float64)
+    if not len(grid) or not np.all(np.isfinite(grid)) or np.any(grid <= 0):
+        raise BadOption(f"--alphas {alphas!r}: give positive numbers, as 0.1,1,10 or 1e-2:1e6:9 (from, to, how many, "
+                        "log-spaced).")
+    return grid
+
+
+def _read_out(kind: str, stored: Stored, table: Targets, layers, folds: int, alphas, per_target: bool, seed: int,
+              memory, device: str, to, overwrite: bool, progress: Progress | None) -> dict[str, Readout]:
+    names = stored.select(listed(layers))
+    grid, budget, place = parse_alphas(alphas), parse_bytes(memory), resolve_device(device)
+    fold = assign_folds(table.count, folds, seed, table.classes)
+    paths = [stored.paths[row] for row in table.rows]
+    made_from = {"source": stored.identity(), "kind": kind, "targets": _digest(table), "layers": names,
+                 "folds": folds, "seed": seed, "alphas": grid.tolist(), "per_target": per_target}
+    if to is not None and not overwrite and finished(Path(to), made_from):
+        log.info("%s is finished already, made by this same command: nothing to do.", to)
+        return read_readouts(Path(to), names)
+    sizes = _refuse_too_large(stored, names, table, folds, len(grid), budget, place)
+    results = None
+    if to is not None:
+        results = Results.open(Path(to), made_from, paths, stored.labels[table.rows], stored.classes, overwrite)
+        columns = np.array(table.columns, dtype=h5py.string_dtype())
+        for name, values in (("fold", fold), ("alphas", grid), ("columns", columns)):
+            if not results.has("", name):
+                results.commit("", name, values)
+    progress = progress or NoProgress()
+    try:
+        readouts = _fit_layers(kind, stored, table, names, fold, grid, per_target, budget, place, results, progress,
+                               sizes, paths)
+        if results is not None:
+            results.finish({"kind": kind, "layers": names})
+            results = None
+    finally:
+        progress.close()
+        if results is not None:
+            results.close()
+    return readouts
+
+
+def _fit_layers(kind, stored, table, names, fold, grid, per_target, budget, place, results, progress, sizes,
+                paths) -> dict[str, Readout]:
+    todo = [name for name in names if results is None or not results.has(GROUP, name)]
+    if results is not None and len(todo) < len(names):
+        log.info("Resuming: %d of %d layers' read-outs are in %s already.", len(names) - len(todo), len(names),
+                 results.output)
+    folds = int(fold.max()) + 1
+    log.info("%s: %d layer%s over %d images, %d %s, %d folds, %d alphas (%g to %g), on %s.",
+             "Probes" if kind == "probe" else "Encoding models", len(todo), "s" * (len(todo) != 1), table.count,
+             len(table.columns), "classes" if kind == "probe" else "targets", folds, len(grid), grid.min(),
+             grid.max(), place)
+    progress.start(sum(sizes[name][1] for name in todo) / 1e6, 0)
+    targets = torch.as_tensor(table.values, device=place)
+    alphas = torch.as_tensor(grid, device=place)
+    readouts = {}
+    for name in names:
+        if name not in todo:
+            readouts[name] = _read_layer(results.file, name, kind, paths)
+            continue
+        readouts[name] = _fit_layer(kind, stored, table, name, fold, targets, alphas, grid, per_target, budget,
+                                    place, progress, paths)
+        if results is not None:
+            results.commit(GROUP, name, _entry(readouts[name]), {"layer": name, "score": readouts[name].score})
+            log.info("The %s of %s is in %s (%d of %d): %s.", kind, name, results.output, names.index(name) + 1,
+                     len(names), _summary(readouts[name]))
+        else:
+            log.info("The %s of %s: %s.", kind, name, _summary(readouts[name]))
+    return readouts
+
+
+def _fit_layer(kind, stored, table, name, fold, targets, alphas, grid, per_target, budget, place, progress,
+               paths) -> Readout:
+    def advance(count: int) -> None:
+        progress.advance(count / 1e6)
+
+    with stored.dataset(name) as dataset:
+        features = int(np.prod(dataset.shape[1:]))
+        wide = passes.is_wide(table.count, features)
+        log.info("%s: %d images x %d features, %s.", name, table.count, features,
+                 f"wide: its {table.count} x {table.count} Gram in one pass" if wide
+                 else f"narrow: its {features} x {features} covariance per fold in two passes")
+        if wide:
+            fits, nonfinite = passes.fit_wide(dataset, stored.rows, table.rows, targets, fold, alphas, per_target,
+                                              budget, place, advance)
+        else:
+            fits, nonfinite = passes.fit_narrow(dataset, table.rows, targets, fold, alphas, per_target, budget,
+                                                place, advance, lambda line: log.info("%s: %s.", name, line))
+    if bool(nonfinite.any()):
+        bad = nonfinite.nonzero().flatten().tolist()
+        raise UsageProblem(f"Layer {name} of {str(stored.path)!r} holds NaN or inf in {len(bad)} row"
+                           f"{'s' * (len(bad) != 1)} ({paths[bad[0]]!r}, ...): no fit over them. Extract that layer "
+                           "again (a model in float16 may overflow: --dtype float32, --precision float32).")
+    return _readout(kind, name, fit_results(fits, fold, table.count), fold, grid, per_target, table, paths)
+
+
+def fit_results(fits, fold: np.ndarray, count: int) -> tuple[np.ndarray, np.ndarray]:
+    """(predicted (N, T) in row order, chosen alpha indices (K, T)) from the folds' FITS."""
+    width = fits[0].predicted.shape[1]
+    predicted = np.empty((count, width))
+    for number, fit in enumerate(fits):
+        predicted[fold == number] = fit.predicted.cpu().numpy()
+    return predicted, np.stack([fit.alpha_index.cpu().numpy() for fit in fits])
+
+
+def _readout(kind, name, fitted, fold, grid, per_target, table: Targets, paths) -> Readout:
+    predicted, chosen = fitted
+    alpha = grid[chosen] if per_target else grid[chosen[:, 0]]
+    _warn_at_edge(name, chosen, len(grid))
+    folds = int(fold.max()) + 1
+    if kind == "probe":
+        right = predicted.argmax(1) == table.classes
+        accuracy = np.array([right[fold == number].mean() for number in range(folds)])
+        return Readout(name, kind, fold, grid, alpha, predicted, table.columns, paths, accuracy, accuracy=accuracy)
+    r = _pearson(predicted, table.values)
+    residual = ((table.values - predicted) ** 2).sum(0)
+    spread = ((table.values - table.values.mean(0)) ** 2).sum(0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        r2 = 1.0 - residual / spread
+    fold_score = np.array([_nanmedian(_pearson(predicted[fold == number], table.values[fold == number]))
+                           for number in range(folds)])
+    constant = [table.columns[index] for index in np.flatnonzero(~np.isfinite(r))]
+    if constant:
+        log.warning("%s: %d target%s have no Pearson r (constant over the images, or predicted constant): %s.", name,
+                    len(constant), "s" * (len(constant) != 1), ", ".join(constant[:5]) + ", ..." * (len(constant) > 5))
+    return Readout(name, kind, fold, grid, alpha, predicted, table.columns, paths, fold_score, r=r, r2=r2)
+
+
+def _pearson(predicted: np.ndarray, actual: np.ndarray) -> np.ndarray:
+    """Each column's Pearson r between PREDICTED and ACTUAL (NaN where either is constant)."""
+    first, second = predicted - predicted.mean(0), actual - actual.mean(0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return (first * second).sum(0) / np.sqrt((first ** 2).sum(0) * (second ** 2).sum(0))
+
+
+def _nanmedian(values: np.ndarray) -> float:
+    return float(np.nanmedian(values)) if np.isfinite(values).any() else float("nan")
+
+
+def _warn_at_edge(name: str, chosen: np.ndarray, count: int) -> None:
+    """A log line when the alpha chosen is the grid's smallest or largest in most folds: the grid is too narrow."""
+    if count < 3:
+        return
+    for edge, side, way in ((0, "smallest", "lower"), (count - 1, "largest", "higher")):
+        share = float((chosen == edge).mean())
+        if share > 0.5:
+            log.warning("%s: the alpha chosen is the grid's %s in %.0f%% of the folds (and targets): extend --alphas "
+                        "%s.", name, side, 100 * share, way)
+
+
+def _refuse_too_large(stored: Stored, names: list[str], table: Targets, folds: int, alphas: int, budget: int,
+                      device: torch.device) -> dict[str, tuple[int, int]]:
+    """{layer: (features, bytes to read)}, after refusing (UsageProblem) a layer whose matrices do not fit here."""
+    available = _free_memory(device)
+    sizes = {}
+    for name in names:
+        with stored.dataset(name) as dataset:
+            features = int(np.prod(dataset.shape[1:]))
+            narrow_reads = 2 * (not passes.is_wide(table.count, features))
+            sizes[name] = (features, stored.rows * features * dataset.dtype.itemsize * max(1, narrow_reads))
+        need = passes.working_bytes(table.count, features, len(table.columns), folds, alphas, budget)
+        if need > available:
+            side = min(table.count, features)
+            raise UsageProblem(
+                f"Layer {name} ({table.count} images x {features} features) needs {human_bytes(need)} for its "
+                f"{side} x {side} matrices in float64, besides --memory, and {device} has {human_bytes(available)} "
+                f"free: extract it reduced (--reduce {name}=srp:4096, or pca:1024), or fit it on fewer images.")
+    need = max((passes.working_bytes(table.count, features, len(table.columns), folds, alphas, budget)
+                for features, _ in sizes.values()), default=0)
+    log.info("Working memory: --memory %s for the rows read, and at most %s for the matrices (float64).",
+             human_bytes(budget), human_bytes(need))
+    return sizes
+
+
+def _free_memory(device: torch.device) -> int:
+    """Bytes free for the matrices on DEVICE: the GPU's free memory, or the machine's available memory."""
+    if device.type == "cuda":
+        return int(torch.cuda.mem_get_info(device)[0])
+    try:
+        with open("/proc/meminfo") as handle:
+            for line in handle:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def _entry(readout: Readout) -> dict[str, np.ndarray]:
+    entry = {"predicted": readout.predicted, "alpha": readout.alpha, "fold_score": readout.fold_score}
+    if readout.kind == "probe":
+        entry["accuracy"] = readout.accuracy
+    else:
+        entry["r"], entry["r2"] = readout.r, readout.r2
+    return entry
+
+
+def read_readouts(path: Path, names: list[str] | None = None) -> dict[str, Readout]:
+    """The read-outs of a PROBES.h5 or ENC.h5 (NAMES, or all in their recorded order)."""
+    with h5py.File(path, "r") as h5file:
+        kind = text_of(h5file.attrs.get("kind")) or "probe"
+        paths = [text_of(item) for item in h5file["paths"][:]]
+        recorded = [text_of(name) for name in h5file.attrs.get("layers", [])] or list(h5file[GROUP])
+        return {name: _read_layer(h5file, name, kind, paths) for name in (names or recorded)}
+
+
+def _read_layer(h5file: h5py.File, name: str, kind: str, paths: list[str]) -> Readout:
+    entry = h5file[GROUP][name]
+    read = {key: entry[key][:] for key in entry}
+    columns = [text_of(item) for item in h5file["columns"][:]]
+    return Readout(name, kind, h5file["fold"][:], h5file["alphas"][:], read["alpha"], read["predicted"], columns,
+                   paths, read["fold_score"], read.get("accuracy"), read.get("r"), read.get("r2"))
+
+
+def _summary(readout: Readout) -> str:
+    if readout.kind == "probe":
+        return f"accuracy {readout.score:.3f} (folds {readout.fold_score.min():.3f} to {readout.fold_score.max():.3f})"
+    return f"median r {readout.score:.3f} over {len(readout.columns)} targets"
+
+
+def _digest(table: Targets) -> str:
+    import hashlib
+
+    digest = hashlib.sha256(np.ascontiguousarray(table.rows).tobytes())
+    digest.update(np.ascontiguousarray(table.values).tobytes())
+    digest.update("\n".join(table.columns).encode("utf-8", "surrogateescape"))
+    return digest.hexdigest()[:16]

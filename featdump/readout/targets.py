@@ -1,0 +1,229 @@
+"""Targets: what a read-out predicts for each image, read from where a lab keeps it and matched to an output's rows
+by path.
+
+    probe    class labels: the output's own (class folders, tar .cls) or a CSV/TSV of path,label
+    encode   numbers per image: a CSV/TSV with a `path` column and a column per target, an .npy in the output's row
+             order, or an HDF5 dataset with its own `paths` (FILE.h5:DATASET, or FILE.h5 holding one besides paths)
+
+Rows are matched by the path the output records (relative to its image root, as `featdump info` shows them).
+Paths the two sides do not share are refused with both counts, unless `common` (the images both have).
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import h5py
+import numpy as np
+
+from featdump.analysis.stored import Stored
+from featdump.errors import UsageProblem
+
+
+@dataclass(frozen=True)
+class Targets:
+    """The rows a read-out uses and what it predicts for each."""
+
+    rows: np.ndarray  # (n,) indices of the output's rows used, ascending
+    values: np.ndarray  # (n, T) float64: the targets (probe: +1 for the row's class, -1 for the others)
+    columns: list[str]  # the targets' names (probe: the classes, in ascending label order)
+    classes: np.ndarray | None  # (n,) int: each row's class (an index into columns) for a probe; None to encode
+    source: str  # where they came from, for the result's record
+
+    @property
+    def count(self) -> int:
+        return len(self.rows)
+
+
+def class_targets(stored: Stored, labels: str | Path | None, common: bool) -> Targets:
+    """A probe's targets: the output's labels, or those of the CSV/TSV LABELS (path,label), one-vs-rest in +-1."""
+    if labels is None:
+        named = np.asarray(stored.labels)
+        unlabelled = int((named < 0).sum())
+        if unlabelled:
+            raise UsageProblem(f"{unlabelled} of {str(stored.path)!r}'s {stored.rows} images have no label (they "
+                               "were not in class folders or tar .cls files): give the labels with --labels "
+                               "FILE (a CSV/TSV of path,label).")
+        rows = np.arange(stored.rows)
+        order = sorted(set(named.tolist()))
+        names = [stored.classes[label] if label < len(stored.classes) else str(label) for label in order]
+        classes = np.searchsorted(np.array(order), named)
+        source = f"the labels of {stored.path}"
+    else:
+        paths, table = _read_table(Path(labels), want_header=False)
+        if not table or len(table[0]) < 1:
+            raise UsageProblem(f"{str(labels)!r} holds no label column: write path,label on each line.")
+        texts = [row[0] for row in table]
+        rows, order = match_rows(stored, paths, common, str(labels))
+        texts = [texts[index].strip() for index in order]
+        names = _sorted_labels(set(texts))
+        classes = np.array([names.index(text) for text in texts], dtype=np.int64)
+        source = str(labels)
+    if len(names) < 2:
+        raise UsageProblem(f"A probe needs two classes at least; the {len(rows)} images' labels ({source}) are all "
+                           f"{names[0]!r}." if names else f"No labelled image in {source}.")
+    values = -np.ones((len(rows), len(names)))
+    values[np.arange(len(rows)), classes] = 1.0
+    return Targets(np.asarray(rows), values, names, classes, source)
+
+
+def numeric_targets(stored: Stored, targets: str | Path, common: bool) -> Targets:
+    """An encoding model's targets from TARGETS (CSV/TSV, .npy, or FILE.h5[:DATASET]) for STORED's rows."""
+    text = str(targets)
+    location, _, inner = text.partition(":") if _is_hdf5(text.partition(":")[0]) else (text, "", "")
+    path = Path(location)
+    if not path.exists():
+        raise UsageProblem(f"No targets file {text!r}: give a CSV/TSV with a path column, an .npy in the output's "
+                           "row order, or FILE.h5:DATASET with a paths dataset.")
+    if path.suffix == ".npy":
+        values = _as_matrix(np.load(path, allow_pickle=False), text)
+        if len(values) != stored.rows:
+            raise UsageProblem(f"{text!r} has {len(values)} rows but {str(stored.path)!r} has {stored.rows}: an .npy "
+                               "must follow the output's rows; give a CSV or HDF5 file with paths to match by path.")
+        rows, columns = np.arange(stored.rows), [f"target_{index}" for index in range(values.shape[1])]
+    elif _is_hdf5(location):
+        paths, values, columns = _read_hdf5(path, inner, text)
+        rows, order = match_rows(stored, paths, common, text)
+        values = values[order]
+    else:
+        paths, table = _read_table(path, want_header=True)
+        header, table = table[0], table[1:]
+        columns = header
+        values = _numbers(table, columns, text)
+        rows, order = match_rows(stored, paths[1:], common, text)
+        values = values[order]
+    _refuse_nonfinite(values, columns, text)
+    return Targets(np.asarray(rows), values, list(columns), None, text)
+
+
+def match_rows(stored: Stored, paths: list[str], common: bool, where: str) -> tuple[np.ndarray, np.ndarray]:
+    """(output rows, PATHS' rows) of the images both name, in the output's order. UsageProblem with both counts
+    when they differ and not COMMON, or when PATHS names an image twice."""
+    place: dict[str, int] = {}
+    for index, path in enumerate(paths):
+        if path in place:
+            raise UsageProblem(f"{where!r} names {path!r} twice (rows {place[path] + 1} and {index + 1}): one value "
+                               "per image.")
+        place[path] = index
+    rows = [row for row, path in enumerate(stored.paths) if path in place]
+    missing, extra = stored.rows - len(rows), len(paths) - len(rows)
+    if not rows:
+        raise UsageProblem(f"None of {where!r}'s {len(paths)} paths is an image of {str(stored.path)!r} (it names "
+                           f"{paths[0]!r}, the output {stored.paths[0]!r}): give the paths as `featdump info` shows "
+                           "them, relative to the image folder.")
+    if (missing or extra) and not common:
+        raise UsageProblem(f"{missing} of {str(stored.path)!r}'s {stored.rows} images have no row in {where!r}, and "
+                           f"{extra} of its {len(paths)} rows name no image of the output; pass --common "
+                           f"(common=True) to use the {len(rows)} images both have.")
+    return np.array(rows, dtype=np.int64), np.array([place[stored.paths[row]] for row in rows], dtype=np.int64)
+
+
+def _read_table(path: Path, want_header: bool) -> tuple[list[str], list[list[str]]]:
+    """(the path column, the other columns of every line) of a CSV or TSV (tab if the name ends in .tsv or the
+    first line holds a tab). With WANT_HEADER the first line is the header (it must name a `path` column);
+    otherwise a first line whose path cell reads `path` is a header and is dropped."""
+    if not path.exists():
+        raise UsageProblem(f"No file {str(path)!r}.")
+    with open(path, newline="", encoding="utf-8", errors="surrogateescape") as handle:
+        first = handle.readline()
+        handle.seek(0)
+        delimiter = "\t" if path.suffix.lower() == ".tsv" or "\t" in first else ","
+        lines = [line for line in csv.reader(handle, delimiter=delimiter) if any(cell.strip() for cell in line)]
+    if not lines:
+        raise UsageProblem(f"{str(path)!r} is empty.")
+    header = [cell.strip() for cell in lines[0]]
+    column = header.index("path") if "path" in header else None
+    if want_header and column is None:
+        raise UsageProblem(f"{str(path)!r} has no `path` column in its first line ({','.join(header)}): name the "
+                           "image column `path` and each target column by its name.")
+    if column is None:
+        column = 0
+    width = len(lines[0])
+    for number, line in enumerate(lines, 1):
+        if len(line) != width:
+            raise UsageProblem(f"{str(path)!r} line {number} has {len(line)} cells, the first line {width}.")
+    if not want_header and header[column] == "path":
+        lines = lines[1:]
+    paths = [line[column].strip() for line in lines]
+    return paths, [line[:column] + line[column + 1:] for line in lines]
+
+
+def _numbers(table: list[list[str]], columns: list[str], where: str) -> np.ndarray:
+    values = np.empty((len(table), len(columns)))
+    for number, line in enumerate(table, 2):
+        for column, cell in enumerate(line):
+            try:
+                values[number - 2, column] = float(cell) if cell.strip() else math.nan
+            except ValueError:
+                raise UsageProblem(f"{where!r} line {number}, column {columns[column]!r}: {cell!r} is not a number; "
+                                   "targets must be numeric (a probe takes class labels: featdump probe).") from None
+    if not len(columns):
+        raise UsageProblem(f"{where!r} has a path column but no target column.")
+    return values
+
+
+def _read_hdf5(path: Path, name: str, where: str) -> tuple[list[str], np.ndarray, list[str]]:
+    """(paths, values, column names) of FILE.h5's dataset NAME (or its one numeric dataset besides `paths`)."""
+    try:
+        with h5py.File(path, "r") as h5file:
+            if not name:
+                found = [key for key, item in h5file.items() if isinstance(item, h5py.Dataset) and key != "paths"
+                         and item.dtype.kind in "fiub"]
+                if len(found) != 1:
+                    raise UsageProblem(f"{str(path)!r} holds {len(found)} numeric datasets besides paths "
+                                       f"({', '.join(found)}): name one, as {path}:DATASET.")
+                name = found[0]
+            if name not in h5file or not isinstance(h5file[name], h5py.Dataset):
+                raise UsageProblem(f"{str(path)!r} holds no dataset {name!r}.")
+            dataset = h5file[name]
+            if dataset.dtype.kind not in "fiub":
+                raise UsageProblem(f"{where!r} is of type {dataset.dtype}, not numbers: targets must be numeric.")
+            parent = dataset.parent
+            paths_item = parent["paths"] if "paths" in parent else h5file.get("paths")
+            if paths_item is None:
+                raise UsageProblem(f"{where!r} has no `paths` dataset beside it to match its rows by; add one, or give "
+                                   "an .npy in the output's row order.")
+            paths = [item.decode("utf-8", "surrogateescape") if isinstance(item, bytes) else str(item)
+                     for item in paths_item[:]]
+            values = _as_matrix(dataset[:], where)
+            names = dataset.attrs.get("names", dataset.attrs.get("columns"))
+    except OSError as error:
+        raise UsageProblem(f"{str(path)!r} is not a readable HDF5 file ({error}).") from error
+    if len(paths) != len(values):
+        raise UsageProblem(f"{where!r} has {len(values)} rows but {len(paths)} paths.")
+    columns = [item.decode() if isinstance(item, bytes) else str(item) for item in names] if names is not None \
+        else [f"{name.strip('/')}_{index}" for index in range(values.shape[1])]
+    return paths, values, columns
+
+
+def _as_matrix(values: np.ndarray, where: str) -> np.ndarray:
+    if values.dtype.kind not in "fiub":
+        raise UsageProblem(f"{where!r} holds {values.dtype} values, not numbers: targets must be numeric.")
+    if values.ndim not in (1, 2):
+        raise UsageProblem(f"{where!r} has shape {values.shape}: give one row per image, (images,) or "
+                           "(images, targets).")
+    values = values.astype(np.float64)
+    return values[:, None] if values.ndim == 1 else values
+
+
+def _refuse_nonfinite(values: np.ndarray, columns: list[str], where: str) -> None:
+    bad = np.argwhere(~np.isfinite(values))
+    if len(bad):
+        row, column = bad[0]
+        raise UsageProblem(f"{where!r} has {len(bad)} missing, NaN or infinite target value{'s' * (len(bad) != 1)} "
+                           f"(the first: row {row + 1}, {columns[column]!r}): fill or drop them before fitting.")
+
+
+def _sorted_labels(labels: set[str]) -> list[str]:
+    """Labels in ascending order: as numbers when they all are, else as text."""
+    try:
+        return sorted(labels, key=float)
+    except ValueError:
+        return sorted(labels)
+
+
+def _is_hdf5(name: str) -> bool:
+    return name.lower().endswith((".h5", ".hdf5", ".he5", ".nc"))
