@@ -15,6 +15,8 @@ import pytest
 from PIL import Image
 
 from featdump.job.settings import Settings
+from featdump.output.layout import DatasetSpec
+from featdump.output.writer import FeatureWriter
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -178,3 +180,19 @@ def small_filesystem(tmp_path):
         pytest.skip(f"cannot mount a size-limited tmpfs here ({made.stderr.strip() or 'not permitted'})")
     yield mount_point
     subprocess.run(["umount", "-l", str(mount_point)], check=False)
+
+
+def write_output(path, layers: dict[str, np.ndarray], batch: int = 8, labels=None, classes=("a", "b")):
+    """A featdump output written by featdump's own writer, holding LAYERS' rows (one image path per row:
+    CLASS/NNNN.jpg), labelled LABELS (default: rows alternate between the two CLASSES)."""
+    rows = len(next(iter(layers.values())))
+    labels = np.arange(rows) % 2 if labels is None else np.asarray(labels)
+    specs = {name: DatasetSpec(values.shape[1:], str(values.dtype)) for name, values in layers.items()}
+    writer = FeatureWriter.open(path, specs, {"image_count": rows, "layers": list(layers)},
+                                {"model": "synthetic", "layers": list(layers)}, list(classes), batch)
+    for start in range(0, rows, batch):
+        stop = min(start + batch, rows)
+        writer.append({name: values[start:stop] for name, values in layers.items()},
+                      [f"{classes[labels[row]]}/{row:04d}.jpg" for row in range(start, stop)],
+                      [int(labels[row]) for row in range(start, stop)], [], stop)
+    return writer.finish()

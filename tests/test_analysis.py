@@ -17,10 +17,16 @@ import torch
 
 import featdump
 from featdump.job.runner import extract
-from featdump.output.layout import DatasetSpec
-from featdump.output.writer import FeatureWriter
 
-from .conftest import CrashAfterFirstBatch, featdump_env, run_featdump, settings_for, start_featdump, write_images
+from .conftest import (
+    CrashAfterFirstBatch,
+    featdump_env,
+    run_featdump,
+    settings_for,
+    start_featdump,
+    write_images,
+    write_output,
+)
 
 rsatoolbox = pytest.importorskip("rsatoolbox")
 from rsatoolbox.data import Dataset  # noqa: E402
@@ -59,20 +65,6 @@ def reference_cka(first: np.ndarray, second: np.ndarray, unbiased: bool) -> floa
 
     k, l = first @ first.T, second @ second.T  # noqa: E741
     return hsic(k, l) / np.sqrt(hsic(k, k) * hsic(l, l))
-
-
-def write_output(path, layers: dict[str, np.ndarray], batch: int = 8):
-    """A featdump output written by featdump's own writer, holding LAYERS' rows (one image path per row)."""
-    rows = len(next(iter(layers.values())))
-    specs = {name: DatasetSpec(values.shape[1:], str(values.dtype)) for name, values in layers.items()}
-    writer = FeatureWriter.open(path, specs, {"image_count": rows, "layers": list(layers)},
-                                {"model": "synthetic", "layers": list(layers)}, ["a", "b"], batch)
-    for start in range(0, rows, batch):
-        stop = min(start + batch, rows)
-        writer.append({name: values[start:stop] for name, values in layers.items()},
-                      [f"{'ab'[row % 2]}/{row:04d}.jpg" for row in range(start, stop)],
-                      [row % 2 for row in range(start, stop)], [], stop)
-    return writer.finish()
 
 
 @pytest.fixture(scope="module")

@@ -81,10 +81,6 @@ def probe(output: str | Path, layers: list[str] | str | None = None, folds: int 
     there (PROBES.h5), resumable layer by layer. MEMORY and DEVICE as for `featdump.rdm`. {layer: Readout}."""
     stored = Stored.read(output)
     table = class_targets(stored, labels, common)
-    sparse = sparse_classes(table.classes, table.columns, folds)
-    if sparse:
-        log.warning("%d class%s have fewer images than the %d folds (%s): some folds hold none of them.",
-                    len(sparse), "es" * (len(sparse) != 1), folds, ", ".join(sparse[:5]) + ", ..." * (len(sparse) > 5))
     return _read_out("probe", stored, table, layers, folds, alphas, False, seed, memory, device, to, overwrite,
                      progress)
 
@@ -128,6 +124,10 @@ def _read_out(kind: str, stored: Stored, table: Targets, layers, folds: int, alp
     names = stored.select(listed(layers))
     grid, budget, place = parse_alphas(alphas), parse_bytes(memory), resolve_device(device)
     fold = assign_folds(table.count, folds, seed, table.classes)
+    sparse = sparse_classes(table.classes, table.columns, folds) if table.classes is not None else []
+    if sparse:
+        log.warning("%d class%s have fewer images than the %d folds (%s): some folds hold none of them.",
+                    len(sparse), "es" * (len(sparse) != 1), folds, ", ".join(sparse[:5]) + ", ..." * (len(sparse) > 5))
     paths = [stored.paths[row] for row in table.rows]
     made_from = {"source": stored.identity(), "kind": kind, "targets": _digest(table), "layers": names,
                  "folds": folds, "seed": seed, "alphas": grid.tolist(), "per_target": per_target}

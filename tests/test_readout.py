@@ -1,0 +1,329 @@
+"""Read-outs (`featdump probe`, `featdump encode`): equal to scikit-learn's RidgeClassifierCV and RidgeCV fitted on
+each fold's training rows (the same alpha, the same held-out predictions) for narrow and wide layers, read in one
+block or many; targets in any form and row order; folds stratified and seeded; bad input in one line; a kill
+resumed; memory bounded whatever the layer's width."""
+
+from __future__ import annotations
+
+import csv
+import json
+import signal
+import subprocess
+import sys
+
+import h5py
+import numpy as np
+import pytest
+
+import featdump
+from featdump.errors import UsageProblem
+from featdump.readout.folds import assign_folds
+
+from .conftest import featdump_env, run_featdump, start_featdump, write_images, write_output
+
+sklearn = pytest.importorskip("sklearn")
+from sklearn.linear_model import RidgeClassifierCV, RidgeCV  # noqa: E402
+
+ROWS = 90
+ALPHAS = [1e-2, 1e-1, 1.0, 10.0, 100.0, 1e3, 1e4, 1e5, 1e6]
+CLASSES = ("cat", "dog", "fox")
+
+
+def layers_with_signal(rows: int = ROWS, seed: int = 0) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    """Class labels, a narrow layer (24 features: D < N) and a wide map (4 x 10 x 10: D > N) that carry them, both
+    noisy enough (the wide one's noise strong along some directions) that the best alpha is inside ALPHAS."""
+    rng = np.random.default_rng(seed)
+    labels = rng.permutation(np.arange(rows) % 3)
+    narrow = rng.standard_normal((3, 24))[labels] * 0.6 + rng.standard_normal((rows, 24)) + 3.0  # a common offset
+    rotation = np.linalg.qr(rng.standard_normal((400, 400)))[0]
+    wide = (rng.standard_normal((rows, 400)) * np.linspace(5.0, 0.1, 400)) @ rotation + 3.0
+    wide[:, :10] += rng.standard_normal((3, 10))[labels] * 2.0
+    return {"narrow": narrow.astype(np.float32), "wide": wide.reshape(rows, 4, 10, 10).astype(np.float32)}, labels
+
+
+@pytest.fixture(scope="module")
+def study(tmp_path_factory):
+    root = tmp_path_factory.mktemp("readout")
+    layers, labels = layers_with_signal()
+    write_output(root / "feats.h5", layers, labels=labels, classes=CLASSES)
+    rng = np.random.default_rng(1)
+    flat = {name: values.reshape(ROWS, -1).astype(np.float64) for name, values in layers.items()}
+    targets = flat["narrow"][:, :5] @ rng.standard_normal((5, 4))
+    targets += 0.3 * flat["wide"][:, :3] @ rng.standard_normal((3, 4)) + rng.standard_normal(targets.shape)
+    paths = [f"{CLASSES[label]}/{row:04d}.jpg" for row, label in enumerate(labels)]
+    return {"root": root, "file": root / "feats.h5", "flat": flat, "labels": labels, "targets": targets,
+            "paths": paths}
+
+
+def write_table(path, paths, columns: dict[str, np.ndarray], order=None, delimiter=","):
+    """A CSV/TSV with a path column and COLUMNS, its rows in ORDER."""
+    order = np.arange(len(paths)) if order is None else order
+    with open(path, "w", newline="") as handle:
+        writer = csv.writer(handle, delimiter=delimiter)
+        writer.writerow(["path", *columns])
+        for row in order:
+            writer.writerow([paths[row], *(repr(float(values[row])) for values in columns.values())])
+    return path
+
+
+def relative_error(mine: np.ndarray, theirs: np.ndarray) -> float:
+    return float(np.max(np.abs(mine - theirs)) / np.max(np.abs(theirs)))
+
+
+@pytest.mark.parametrize("layer", ["narrow", "wide"])
+@pytest.mark.parametrize("memory", ["1GB", "24KB"])  # one block; many slabs of the wide map, a third pass narrow
+def test_probe_equals_ridge_classifier_cv_on_every_fold(study, layer, memory):
+    readout = featdump.probe(study["file"], [layer], folds=5, alphas=ALPHAS, memory=memory, device="cpu")[layer]
+    features, labels = study["flat"][layer], study["labels"]
+    assert readout.predicted.shape == (ROWS, 3) and readout.columns == list(CLASSES)
+    chosen = set()
+    for fold in range(5):
+        train, test = readout.fold != fold, readout.fold == fold
+        model = RidgeClassifierCV(alphas=ALPHAS).fit(features[train], labels[train])
+        assert readout.alpha[fold] == model.alpha_
+        assert relative_error(readout.predicted[test], model.decision_function(features[test])) < 1e-4
+        assert readout.accuracy[fold] == pytest.approx(model.score(features[test], labels[test]))
+        chosen.add(model.alpha_)
+    assert readout.score > 0.45  # the classes are in the features: above chance (1/3)
+    assert chosen - {ALPHAS[0], ALPHAS[-1]}  # an alpha inside the grid: the choice is tested, not an edge
+
+
+def test_a_binary_probe_has_a_column_per_class_as_scikit_learn_s_one(study, tmp_path):
+    two = study["labels"] % 2
+    write_output(tmp_path / "two.h5", {"narrow": study["flat"]["narrow"].astype(np.float32)}, labels=two)
+    readout = featdump.probe(tmp_path / "two.h5", folds=3, alphas=ALPHAS, device="cpu")["narrow"]
+    features = study["flat"]["narrow"]
+    for fold in range(3):
+        train, test = readout.fold != fold, readout.fold == fold
+        model = RidgeClassifierCV(alphas=ALPHAS).fit(features[train], two[train])
+        assert readout.alpha[fold] == model.alpha_
+        decision = model.decision_function(features[test])
+        assert relative_error(readout.predicted[test, 1], decision) < 1e-4
+        np.testing.assert_allclose(readout.predicted[test, 0], -readout.predicted[test, 1], rtol=1e-9, atol=1e-12)
+
+
+@pytest.mark.parametrize("layer", ["narrow", "wide"])
+@pytest.mark.parametrize("per_target", [False, True])
+def test_encode_equals_ridge_cv_with_targets_in_another_row_order(study, tmp_path, layer, per_target):
+    targets = study["targets"]
+    shuffled = np.random.default_rng(3).permutation(ROWS)
+    table = write_table(tmp_path / "targets.csv", study["paths"],
+                        {f"unit{index}": targets[:, index] for index in range(targets.shape[1])}, shuffled)
+    readout = featdump.encode(study["file"], table, [layer], folds=4, alphas=ALPHAS, per_target=per_target,
+                              device="cpu")[layer]
+    assert readout.columns == ["unit0", "unit1", "unit2", "unit3"]
+    features = study["flat"][layer]
+    for fold in range(4):
+        train, test = readout.fold != fold, readout.fold == fold
+        model = RidgeCV(alphas=ALPHAS, alpha_per_target=per_target).fit(features[train], targets[train])
+        np.testing.assert_array_equal(readout.alpha[fold], model.alpha_)
+        assert relative_error(readout.predicted[test], model.predict(features[test])) < 1e-4
+    for index in range(targets.shape[1]):
+        actual, predicted = targets[:, index], readout.predicted[:, index]
+        assert readout.r[index] == pytest.approx(np.corrcoef(actual, predicted)[0, 1], rel=1e-9)
+        r2 = 1 - ((actual - predicted) ** 2).sum() / ((actual - actual.mean()) ** 2).sum()
+        assert readout.r2[index] == pytest.approx(r2, rel=1e-9)
+    assert readout.score == pytest.approx(np.median(readout.r)) and readout.score > 0.2
+
+
+def test_targets_as_csv_tsv_npy_or_hdf5_with_its_own_paths_give_one_readout(study, tmp_path):
+    targets, paths = study["targets"], study["paths"]
+    order = np.random.default_rng(4).permutation(ROWS)
+    columns = {f"v{index}": targets[:, index] for index in range(targets.shape[1])}
+    np.save(tmp_path / "targets.npy", targets)
+    with h5py.File(tmp_path / "brain.h5", "w") as h5file:
+        group = h5file.create_group("it")
+        group["responses"] = targets[order]
+        group["paths"] = np.array([paths[row] for row in order], dtype=object).astype(h5py.string_dtype())
+    forms = [write_table(tmp_path / "t.csv", paths, columns, order),
+             write_table(tmp_path / "t.tsv", paths, columns, order[::-1], delimiter="\t"),
+             tmp_path / "targets.npy", f"{tmp_path / 'brain.h5'}:it/responses"]
+    results = [featdump.encode(study["file"], form, "narrow", folds=3, alphas=ALPHAS, device="cpu")["narrow"]
+               for form in forms]
+    for result in results[1:]:
+        np.testing.assert_allclose(result.predicted, results[0].predicted, rtol=1e-12)
+        np.testing.assert_array_equal(result.fold, results[0].fold)
+
+
+def test_folds_are_stratified_seeded_and_recorded(study, tmp_path):
+    labels = study["labels"]
+    folds = assign_folds(ROWS, 4, seed=7, classes=labels)
+    np.testing.assert_array_equal(folds, assign_folds(ROWS, 4, seed=7, classes=labels))
+    assert not np.array_equal(folds, assign_folds(ROWS, 4, seed=8, classes=labels))
+    sizes = np.bincount(folds)
+    assert sizes.max() - sizes.min() <= 1
+    for label in range(3):  # each class spread evenly: 30 images over 4 folds, 7 or 8 in each
+        counts = np.bincount(folds[labels == label], minlength=4)
+        assert counts.max() - counts.min() <= 1, counts
+    result = run_featdump("probe", study["file"], "-l", "narrow", "--folds", "4", "--seed", "7", "--alphas",
+                          "0.1,1,10", "-o", tmp_path / "p.h5")
+    assert result.returncode == 0, result.stderr
+    with h5py.File(tmp_path / "p.h5", "r") as h5file:
+        np.testing.assert_array_equal(h5file["fold"][:], folds)
+        np.testing.assert_array_equal(h5file["alphas"][:], [0.1, 1.0, 10.0])
+        assert h5file["readouts/narrow/predicted"].shape == (ROWS, 3)
+
+
+def test_labels_from_a_csv_match_the_output_s_own(study, tmp_path):
+    with open(tmp_path / "labels.csv", "w") as handle:
+        for row in np.random.default_rng(5).permutation(ROWS):
+            handle.write(f"{study['paths'][row]},{CLASSES[study['labels'][row]]}\n")
+    own = featdump.probe(study["file"], "wide", folds=3, alphas=ALPHAS, device="cpu")["wide"]
+    given = featdump.probe(study["file"], "wide", folds=3, alphas=ALPHAS, labels=tmp_path / "labels.csv",
+                           device="cpu")["wide"]
+    np.testing.assert_array_equal(given.fold, own.fold)
+    np.testing.assert_allclose(given.predicted, own.predicted, rtol=1e-12)
+
+
+def test_paths_the_two_sides_do_not_share_are_refused_unless_common(study, tmp_path):
+    paths = [*study["paths"][5:], "extra/1.jpg", "extra/2.jpg"]
+    values = np.concatenate([study["targets"][5:, 0], [1.0, 2.0]])
+    table = write_table(tmp_path / "t.csv", paths, {"score": values})
+    refused = run_featdump("encode", study["file"], table, "-o", tmp_path / "e.h5")
+    assert refused.returncode == 2 and len(refused.stderr.strip().splitlines()) == 1, refused.stderr
+    assert f"5 of {str(study['file'])!r}'s 90 images have no row" in refused.stderr
+    assert "2 of its 87 rows name no image" in refused.stderr and "--common" in refused.stderr
+    result = run_featdump("encode", study["file"], table, "--common", "-l", "narrow", "--alphas", "1,10",
+                          "-o", tmp_path / "e.h5")
+    assert result.returncode == 0, result.stderr
+    with h5py.File(tmp_path / "e.h5", "r") as h5file:
+        assert len(h5file["fold"]) == 85 and h5file["readouts/narrow/predicted"].shape == (85, 1)
+        assert [name.decode() for name in h5file["paths"][:]] == study["paths"][5:]
+
+
+def test_bad_input_is_one_line(study, tmp_path):
+    paths = study["paths"]
+    with open(tmp_path / "one-class.csv", "w") as handle:
+        handle.writelines(f"{path},cat\n" for path in paths)
+    with open(tmp_path / "words.csv", "w") as handle:
+        handle.write("path,score\n" + "".join(f"{path},{'high' if row == 4 else row}\n"
+                                              for row, path in enumerate(paths)))
+    nan = write_table(tmp_path / "nan.csv", paths, {"score": np.where(np.arange(ROWS) == 2, np.nan, 1.0)})
+    twice = write_table(tmp_path / "twice.csv", [*paths, paths[0]], {"score": np.arange(ROWS + 1.0)})
+    np.save(tmp_path / "short.npy", np.zeros(10))
+    bad_rows = {"narrow": study["flat"]["narrow"].astype(np.float32)}
+    bad_rows["narrow"][6, 3] = np.nan
+    write_output(tmp_path / "nan-rows.h5", bad_rows, labels=study["labels"], classes=CLASSES)
+    out = tmp_path / "r.h5"
+    for arguments, message in (
+        (["probe", study["file"], "--folds", "100", "-o", out], "90 images cannot be split into 100 folds"),
+        (["probe", study["file"], "--labels", tmp_path / "one-class.csv", "-o", out], "two classes at least"),
+        (["encode", study["file"], tmp_path / "words.csv", "-o", out], "'high' is not a number"),
+        (["encode", study["file"], nan, "-o", out], "NaN"),
+        (["encode", study["file"], twice, "-o", out], "twice"),
+        (["encode", study["file"], tmp_path / "short.npy", "-o", out], "has 10 rows but"),
+        (["encode", study["file"], tmp_path / "none.csv", "-o", out], "No targets file"),
+        (["probe", study["file"], "-l", "layer9", "-o", out], "holds no layer 'layer9'"),
+        (["probe", study["file"], "--alphas", "-1,2", "-o", out], "--alphas '-1,2'"),
+        (["-q", "probe", tmp_path / "nan-rows.h5", "-o", out], f"holds NaN or inf in 1 row ({paths[6]!r}"),
+        (["probe", tmp_path / "nothing.h5", "-o", out], "No file"),
+    ):
+        result = run_featdump(*arguments)
+        assert result.returncode == 2 and message in result.stderr, (arguments, result.stderr)
+        assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+        assert not out.exists()
+
+
+def test_a_matrix_too_large_for_the_machine_is_refused_with_the_way_out(study, monkeypatch):
+    import featdump.readout.readouts as readouts
+
+    monkeypatch.setattr(readouts, "_free_memory", lambda device: 10_000)  # a machine with 10 KB free
+    with pytest.raises(UsageProblem, match=r"90 x 90 matrices.*--reduce wide=srp:4096"):
+        featdump.probe(study["file"], "wide", device="cpu")
+
+
+def test_result_is_drawn_described_and_done_when_run_again(study, tmp_path):
+    pytest.importorskip("matplotlib")
+    command = ["encode", study["file"], study["root"] / "targets.npy", "--alphas", "1:1e3:4", "-o",
+               tmp_path / "enc.h5", "--plot", tmp_path / "enc.png"]
+    np.save(study["root"] / "targets.npy", study["targets"])
+    result = run_featdump(*command)
+    assert result.returncode == 0, result.stderr
+    assert "Wrote the encodes of 2 layers over 90 images" in result.stderr and "median r" in result.stderr
+    assert (tmp_path / "enc.png").stat().st_size > 5000
+    described = run_featdump("info", tmp_path / "enc.h5")
+    assert described.returncode == 0 and "featdump encode: ridge encoding models of 2 layers" in described.stdout
+    assert "narrow: " in described.stdout and "wide: " in described.stdout
+    as_json = json.loads(run_featdump("info", "--json", tmp_path / "enc.h5").stdout)
+    assert as_json["result"] == "encode" and list(as_json["layers"]) == ["narrow", "wide"]
+    drawn = run_featdump("show", tmp_path / "enc.h5", "-o", tmp_path / "again.png")
+    assert drawn.returncode == 0 and (tmp_path / "again.png").exists()
+    again = run_featdump(*command)
+    assert again.returncode == 0 and "Nothing to do: already wrote" in again.stderr, again.stderr
+    loaded = featdump.encode(study["file"], study["root"] / "targets.npy", alphas="1:1e3:4", to=tmp_path / "enc.h5",
+                             device="cpu")
+    fresh = featdump.encode(study["file"], study["root"] / "targets.npy", alphas="1:1e3:4", device="cpu")
+    for name in ("narrow", "wide"):
+        np.testing.assert_array_equal(loaded[name].predicted, fresh[name].predicted)
+        np.testing.assert_array_equal(loaded[name].r, fresh[name].r)
+
+
+def test_probe_of_a_real_extraction_from_class_folders(tmp_path):
+    write_images(tmp_path / "images", {"apples": 8, "pears": 8}, size=(40, 32))
+    result = run_featdump("extract", "-m", "resnet18", "-w", "none", "-l", "layer4,avgpool", tmp_path / "images",
+                          tmp_path / "feats.h5")
+    assert result.returncode == 0, result.stderr
+    readouts = featdump.probe(tmp_path / "feats.h5", folds=4, alphas=ALPHAS, device="cpu")
+    labels = featdump.load(tmp_path / "feats.h5", "avgpool").labels
+    for name in ("layer4", "avgpool"):  # wide (25,088 features) and wide (512 > 16 images)
+        features = featdump.load(tmp_path / "feats.h5", name).features.reshape(16, -1).astype(np.float64)
+        readout = readouts[name]
+        assert readout.columns == ["apples", "pears"]
+        for fold in range(4):
+            train, test = readout.fold != fold, readout.fold == fold
+            model = RidgeClassifierCV(alphas=ALPHAS).fit(features[train], labels[train])
+            assert readout.alpha[fold] == model.alpha_
+            assert relative_error(readout.predicted[test, 1], model.decision_function(features[test])) < 1e-4
+
+
+@pytest.mark.slow  # a real process killed
+def test_a_kill_resumes_at_the_first_layer_not_written(tmp_path):
+    rng = np.random.default_rng(2)
+    labels = np.arange(40) % 2
+    layers = {f"block{index}": rng.standard_normal((40, 300_000), dtype=np.float32) for index in range(4)}
+    write_output(tmp_path / "blocks.h5", layers, labels=labels)
+    command = ["probe", tmp_path / "blocks.h5", "--memory", "4MB", "--device", "cpu", "-o", tmp_path / "p.h5"]
+    process = start_featdump(*command)
+    for line in process.stderr:
+        if "The probe of block0 is in" in line:
+            process.send_signal(signal.SIGKILL)
+            break
+    process.wait()
+    assert process.returncode == -signal.SIGKILL, "the run ended before the kill"
+    assert (tmp_path / "p.h5.partial").exists() and not (tmp_path / "p.h5").exists()
+    result = run_featdump(*command)
+    assert result.returncode == 0, result.stderr
+    assert "Resuming: 1 of 4 layers' read-outs are in" in result.stderr or "Resuming: 2 of 4" in result.stderr
+    fresh = featdump.probe(tmp_path / "blocks.h5", device="cpu", memory="4MB")
+    with h5py.File(tmp_path / "p.h5", "r") as h5file:
+        assert list(h5file["readouts"]) == sorted(layers) and "writing" not in h5file
+        for name in layers:
+            np.testing.assert_allclose(h5file["readouts"][name]["predicted"][:], fresh[name].predicted, rtol=1e-9)
+
+
+MEASURE = """
+import resource, subprocess, sys
+done = subprocess.run([sys.executable, "-m", "featdump", *sys.argv[1:]], capture_output=True, text=True)
+sys.stderr.write(done.stderr)
+print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)
+"""
+
+
+def peak_rss_mib(*arguments) -> float:
+    result = subprocess.run([sys.executable, "-c", MEASURE, *map(str, arguments)], capture_output=True, text=True,
+                            env=featdump_env(), check=True)
+    assert "Wrote the" in result.stderr, result.stderr
+    return int(result.stdout.strip().splitlines()[-1]) / 1024
+
+
+@pytest.mark.slow  # 480 MB written, two processes measured whole
+def test_a_layer_wider_than_the_memory_bound_stays_within_it(tmp_path):
+    rng = np.random.default_rng(1)
+    wide = rng.standard_normal((60, 2_000_000), dtype=np.float32)  # 480 MB of features
+    write_output(tmp_path / "wide.h5", {"wide": wide, "narrow": wide[:, :1000].copy()}, labels=np.arange(60) % 2)
+    narrow_peak = peak_rss_mib("probe", tmp_path / "wide.h5", "-l", "narrow", "--memory", "32MB", "--device", "cpu",
+                               "-o", tmp_path / "narrow.h5")
+    wide_peak = peak_rss_mib("probe", tmp_path / "wide.h5", "-l", "wide", "--memory", "32MB", "--device", "cpu",
+                             "-o", tmp_path / "wide-probe.h5")
+    print(f"\npeak RSS: {narrow_peak:.0f} MiB for 1,000 features, {wide_peak:.0f} MiB for 2,000,000 (480 MB)")
+    assert wide_peak - narrow_peak < 32 + 32, (narrow_peak, wide_peak)  # the slabs, and allocator slack
