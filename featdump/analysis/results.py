@@ -47,7 +47,10 @@ class Results:
         return cls(output, h5file, lock)
 
     def has(self, group: str, name: str) -> bool:
-        return group in self.file and name in self.file[group]
+        """Whether GROUP/NAME (NAME at the top when GROUP is "") is written."""
+        if group and group not in self.file:
+            return False
+        return name in (self.file[group] if group else self.file)
 
     def discard(self) -> None:
         """Close and delete OUT.partial (a scratch file whose use is over)."""
