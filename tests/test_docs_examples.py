@@ -66,8 +66,13 @@ def examples():
 
 @pytest.fixture(scope="module")
 def analysed(sandbox):
-    """The outputs analysis.md's and training.md's examples read (made only when their examples run: slow ones)."""
-    write_images(sandbox / "compared", {"cats": 3, "dogs": 3}, size=(40, 32), seed=3)  # unbiased CKA needs 4+
+    """The outputs analysis.md's, readouts.md's and training.md's examples read (made only when their examples run:
+    slow ones), and the labels and targets of readouts.md."""
+    compared = write_images(sandbox / "compared", {"cats": 3, "dogs": 3}, size=(40, 32), seed=3)  # unbiased CKA: 4+
+    (sandbox / "labels.csv").write_text("".join(f"{path},{'small' if index % 2 else 'large'}\n"
+                                                for index, path in enumerate(compared)))
+    (sandbox / "it_neurons.csv").write_text("path,n1,n2\n" + "".join(f"{path},{index * 0.5},{(index % 3) - 1.5}\n"
+                                                                     for index, path in enumerate(compared)))
     for name, model, layers in (("feats.h5", "resnet18", "layer3,layer4,avgpool"),
                                 ("resnet18.h5", "resnet18", "layer*"), ("resnet50.h5", "resnet50", "layer*"),
                                 ("vit.h5", "vit_b_16", "encoder.layers.encoder_layer_8")):  # training.md's
@@ -79,7 +84,7 @@ def analysed(sandbox):
 
 @pytest.mark.parametrize("page, line", list(examples()))
 def test_every_shell_example_runs(sandbox, page, line, request):
-    if page == "analysis.md":
+    if page in ("analysis.md", "readouts.md"):
         request.getfixturevalue("analysed")
     words = runnable(line)
     if words[-1].endswith(".h5") and "extract" in words and "--update" not in words:
