@@ -124,6 +124,7 @@ def test_unknown_weights_name(image_folder, tmp_path):
     assert "Unknown weights 'IMAGENET1K_V9' for resnet50" in result.output and "IMAGENET1K_V2" in result.output
 
 
+@pytest.mark.slow  # the entry point as a real process
 def test_extract_as_a_process_writes_a_complete_file(image_folder, tmp_path):
     output = tmp_path / "o.h5"
     result = run_featdump("extract", "-m", "resnet18", "-w", "none", "-l", "layer1.0.relu:2,avgpool",

@@ -99,6 +99,7 @@ def test_under_j0_the_same_message(tmp_path, monkeypatch):
     assert "all input arrays" not in result.output
 
 
+@pytest.mark.slow  # a real process and its workers
 def test_a_bad_image_under_on_error_fail_ends_the_job_and_leaves_no_worker(tmp_path):
     images = write_aspect_ratios(tmp_path / "images", count=9)
     for path in images.iterdir():  # all one size: only the broken file fails

@@ -239,7 +239,7 @@ def test_result_is_drawn_described_and_done_when_run_again(study, tmp_path):
     np.save(study["root"] / "targets.npy", study["targets"])
     result = run_featdump(*command)
     assert result.returncode == 0, result.stderr
-    assert "Wrote the encodes of 2 layers over 90 images" in result.stderr and "median r" in result.stderr
+    assert "Wrote the encoding models of 2 layers over 90 images" in result.stderr and "median r" in result.stderr
     assert (tmp_path / "enc.png").stat().st_size > 5000
     described = run_featdump("info", tmp_path / "enc.h5")
     assert described.returncode == 0 and "featdump encode: ridge encoding models of 2 layers" in described.stdout

@@ -195,6 +195,7 @@ def test_sigterm_and_sigint_commit_and_resume(folder, clean, tmp_path, signal_nu
     np.testing.assert_allclose(final["conv1"], clean[0]["conv1"], rtol=1e-5, atol=1e-5)  # other batch size
 
 
+@pytest.mark.slow  # real signals to a real process
 def test_second_ctrl_c_exits_at_once_leaving_a_valid_file(folder, clean, tmp_path):
     output = tmp_path / "out.h5"
     process = start_featdump(*extract_args(folder, output, "-b", "1"))

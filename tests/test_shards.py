@@ -212,6 +212,7 @@ def test_merge_names_a_missing_an_unfinished_and_a_different_shard(folder, tmp_p
     assert not output.exists()
 
 
+@pytest.mark.slow  # real torchrun processes
 def test_torchrun_two_ranks_merge_to_a_single_run(folder, single, tmp_path):
     output = tmp_path / "out.h5"
     command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", "29517",

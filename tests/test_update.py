@@ -174,6 +174,7 @@ print(json.dumps(reads))
 """
 
 
+@pytest.mark.slow  # a reader process beside a real update
 def test_the_output_stays_readable_while_an_update_runs(tmp_path):
     images, output, stop = tmp_path / "images", tmp_path / "out.h5", tmp_path / "stop"
     write_images(images, {"a": 16}, size=(40, 32))

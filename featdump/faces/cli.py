@@ -462,7 +462,8 @@ def _said_readouts(kind: str, readouts: dict, to: Path, plot: Path | None, start
     measure = "accuracy" if kind == "probe" else "median r"
     peak = f"; the best, {best.layer}: {measure} {best.score:.3f}" if best is not None else ""
     images = len(best.fold) if best is not None else 0
-    click.echo(f"{_done_or_wrote(done_before)} the {kind}s of {len(readouts)} layer{'s' * (len(readouts) != 1)} over "
+    what = "probes" if kind == "probe" else "encoding models"
+    click.echo(f"{_done_or_wrote(done_before)} the {what} of {len(readouts)} layer{'s' * (len(readouts) != 1)} over "
                f"{images} images to {to} in {time.perf_counter() - started:.1f} s{peak}{drawn}.", err=True)
 
 
