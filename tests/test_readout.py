@@ -204,6 +204,7 @@ def test_bad_input_is_one_line(study, tmp_path):
     bad_rows = {"narrow": study["flat"]["narrow"].astype(np.float32)}
     bad_rows["narrow"][6, 3] = np.nan
     write_output(tmp_path / "nan-rows.h5", bad_rows, labels=study["labels"], classes=CLASSES)
+    write_output(tmp_path / "unlabelled.h5", bad_rows, labels=np.full(ROWS, -1))  # not from class folders
     out = tmp_path / "r.h5"
     for arguments, message in (
         (["probe", study["file"], "--folds", "100", "-o", out], "90 images cannot be split into 100 folds"),
@@ -217,6 +218,7 @@ def test_bad_input_is_one_line(study, tmp_path):
         (["probe", study["file"], "--alphas", "-1,2", "-o", out], "--alphas '-1,2'"),
         (["-q", "probe", tmp_path / "nan-rows.h5", "-o", out], f"holds NaN or inf in 1 row ({paths[6]!r}"),
         (["probe", tmp_path / "nothing.h5", "-o", out], "No file"),
+        (["probe", tmp_path / "unlabelled.h5", "-o", out], "90 images have no label"),
     ):
         result = run_featdump(*arguments)
         assert result.returncode == 2 and message in result.stderr, (arguments, result.stderr)

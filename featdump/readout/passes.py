@@ -24,6 +24,7 @@ from featdump.analysis.gram import gram
 from featdump.readout.ridge import FoldFit, PrimalFold, choose, dual_fold
 
 ROW_BLOCK_BYTES = 64 * 1024**2  # a block of whole rows at most, whatever the budget (two exist at once)
+ROW_BLOCK_ROWS_AT_MOST = 8192
 
 
 def is_wide(rows: int, features: int) -> bool:
@@ -82,16 +83,21 @@ def fit_narrow(dataset: h5py.Dataset, used: np.ndarray, targets: torch.Tensor, f
     keep_held = count * len(alphas) * width * 8 <= memory
     held = torch.empty(count, len(alphas), width, dtype=torch.float64, device=device) if keep_held else None
     errors = torch.zeros(folds, len(alphas), width, dtype=torch.float64, device=device)
-    for positions, rows in row_blocks(dataset, used, memory, device, advance):
+    groups = _alpha_groups(len(alphas), width, memory)
+    for positions, rows in row_blocks(dataset, used, memory, device, advance, extra=width * 8 * 3):
         of_rows = torch.as_tensor(fold[positions], device=device)
         block_targets = targets[positions]
         for number, basis in enumerate(bases):
+            projected = basis.project(rows)  # every row: the training ones' errors, the held-out ones' predictions
             training = of_rows != number
-            if bool(training.any()):
-                errors[number] += basis.loo_squared_errors(basis.project(rows[training]), block_targets[training],
-                                                           alphas)
-            if held is not None and bool((~training).any()):
-                held[positions[(~training).cpu().numpy()]] = basis.predictions(basis.project(rows[~training]), alphas)
+            held_out = (~training).nonzero().flatten()
+            for group in groups:
+                fitted = basis.fitted(projected, alphas[group])
+                errors[number, group] += basis.loo_squared_errors(projected, block_targets, fitted, alphas[group],
+                                                                  training)
+                if held is not None and len(held_out):
+                    held[torch.as_tensor(positions, device=device)[held_out], group] = fitted[held_out]
+                del fitted
     counts = [basis.count for basis in bases]
     chosen = [choose(errors[number] / counts[number], per_target) for number in range(folds)]
     if held is not None:
@@ -102,6 +108,13 @@ def fit_narrow(dataset: h5py.Dataset, used: np.ndarray, targets: torch.Tensor, f
         predicted = _third_pass(dataset, used, fold, bases, alphas, chosen, memory, device, advance, width)
     return [FoldFit(chosen[number], errors[number] / counts[number], predicted[number]) for number in range(folds)], \
         nonfinite
+
+
+def _alpha_groups(alphas: int, targets: int, memory: int) -> list[slice]:
+    """The alphas in groups whose fitted values for a block (rows x group x targets) stay small beside the block:
+    all at once for a few targets (one product), fewer for many."""
+    size = max(1, min(alphas, (memory // 8) // max(1, ROW_BLOCK_ROWS_AT_MOST * targets * 8)))
+    return [slice(start, min(start + size, alphas)) for start in range(0, alphas, size)]
 
 
 def _from_held(held: torch.Tensor, fold: np.ndarray, chosen: list[torch.Tensor]) -> list[torch.Tensor]:
@@ -168,14 +181,15 @@ class FoldMoments:
 
 
 def row_blocks(dataset: h5py.Dataset, used: np.ndarray, memory: int, device: torch.device,
-               advance: Callable[[int], None]) -> Iterator[tuple[np.ndarray, torch.Tensor]]:
+               advance: Callable[[int], None], extra: int = 0) -> Iterator[tuple[np.ndarray, torch.Tensor]]:
     """(positions in USED, those rows as a (b, D) float64 tensor) for blocks of whole rows of DATASET, the file's
-    rows read in chunk-aligned spans, the next read on a thread while one is used."""
+    rows read in chunk-aligned spans, the next read on a thread while one is used. EXTRA: bytes the caller holds
+    per row of a block (the block is that much smaller)."""
     features = math.prod(dataset.shape[1:])
     row_bytes = features * dataset.dtype.itemsize
     chunk = dataset.chunks[0] if dataset.chunks else 1
-    step = max(1, min(memory // 4, ROW_BLOCK_BYTES) // max(row_bytes + features * 8, 1))
-    step = max(chunk, step // chunk * chunk)
+    step = max(1, min(memory // 4, ROW_BLOCK_BYTES) // max(row_bytes + features * 8 * 3 + extra, 1))
+    step = min(ROW_BLOCK_ROWS_AT_MOST, max(chunk, step // chunk * chunk))
     last = int(used[-1]) + 1
     spans = [(start, min(start + step, last)) for start in range(0, last, step)]
 

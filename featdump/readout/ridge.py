@@ -102,22 +102,22 @@ class PrimalFold:
         """(b, D) ROWS in the eigenbasis: V^T (x - mean)."""
         return (rows - self.mean) @ self.vectors
 
-    def loo_squared_errors(self, projected: torch.Tensor, targets: torch.Tensor, alphas: torch.Tensor) -> torch.Tensor:
-        """(A, T) the sums of squared leave-one-out errors of training rows PROJECTED (b, D) with TARGETS (b, T)."""
+    def fitted(self, projected: torch.Tensor, alphas: torch.Tensor) -> torch.Tensor:
+        """(b, A, T) the fit's values at rows PROJECTED (b, D) for every alpha of ALPHAS: a training row's fitted
+        value, a held-out row's prediction."""
         shrink = 1.0 / (self.values[:, None] + alphas[None, :])  # (D, A)
-        hat = 1.0 / self.count + (projected * projected) @ shrink  # (b, A)
-        centred = targets - self.mean_target
-        sums = torch.empty(len(alphas), targets.shape[1], dtype=torch.float64, device=targets.device)
-        for index in range(len(alphas)):
-            fitted = projected @ (self.coefficients * shrink[:, index, None])
-            sums[index] = (((centred - fitted) / (1.0 - hat[:, index, None])) ** 2).sum(0)
-        return sums
+        scaled = (self.coefficients[:, None, :] * shrink[:, :, None]).reshape(len(self.values), -1)  # (D, A T)
+        return self.mean_target + (projected @ scaled).reshape(len(projected), len(alphas), -1)
 
-    def predictions(self, projected: torch.Tensor, alphas: torch.Tensor) -> torch.Tensor:
-        """(b, A, T) the predictions of held-out rows PROJECTED (b, D) for every alpha."""
+    def loo_squared_errors(self, projected: torch.Tensor, targets: torch.Tensor, fitted: torch.Tensor,
+                           alphas: torch.Tensor, training: torch.Tensor) -> torch.Tensor:
+        """(A, T) the sums over the TRAINING rows (a (b,) bool mask) of PROJECTED (b, D) of their squared
+        leave-one-out errors, from their FITTED values (b, A, T) at ALPHAS and their TARGETS (b, T)."""
         shrink = 1.0 / (self.values[:, None] + alphas[None, :])
-        return torch.stack([self.mean_target + projected @ (self.coefficients * shrink[:, index, None])
-                            for index in range(len(alphas))], dim=1)
+        hat = 1.0 / self.count + (projected * projected) @ shrink  # (b, A)
+        errors = (targets[:, None, :] - fitted) / (1.0 - hat)[:, :, None]
+        errors *= errors
+        return (training.to(errors.dtype) @ errors.reshape(len(errors), -1)).reshape(len(alphas), -1)
 
     def weights(self, alphas: torch.Tensor, chosen: torch.Tensor) -> torch.Tensor:
         """(D, T) the ridge weights on x - mean for each target's CHOSEN alpha: V diag(1 / (s + alpha)) c."""
