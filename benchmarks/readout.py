@@ -2,7 +2,7 @@
 scikit-learn's RidgeClassifierCV / RidgeCV fitted on the same folds where the layer fits in memory.
 
     python benchmarks/readout.py [--images 2048] [--sklearn-images 512] [--narrow-rows 200000]
-                                 [--narrow-features 1024] [--targets 100] [--only wide,small,narrow]
+                                 [--narrow-features 1024] [--targets 100] [--only wide,small,narrow] [--no-sklearn]
 
     wide     resnet50 (random weights) `layer1` (802,816 features) of 2,048 JPEGs: 6.6 GB, under --memory 1GB
     small    the same layer of the first 512 images (1.6 GB): featdump against scikit-learn in memory
@@ -136,17 +136,18 @@ def main() -> None:
     parser.add_argument("--narrow-features", type=int, default=1024)
     parser.add_argument("--targets", type=int, default=100)
     parser.add_argument("--only", default="wide,small,narrow")
+    parser.add_argument("--no-sklearn", action="store_true", help="featdump's steps only")
     arguments = parser.parse_args()
     chosen = arguments.only.split(",")
     table: list = []
     if "narrow" in chosen:
         path = narrow_layer(arguments.narrow_rows, arguments.narrow_features)
         bench(f"narrow {arguments.narrow_rows} x {arguments.narrow_features}", path, "pooled",
-              random_targets(path, arguments.targets), "1GB", True, table)
+              random_targets(path, arguments.targets), "1GB", not arguments.no_sklearn, table)
     if "small" in chosen:
         path = wide_layer(arguments.sklearn_images)
         bench(f"resnet50 layer1 x {arguments.sklearn_images}", path, "layer1",
-              random_targets(path, arguments.targets), "1GB", True, table)
+              random_targets(path, arguments.targets), "1GB", not arguments.no_sklearn, table)
     if "wide" in chosen:
         path = wide_layer(arguments.images)
         bench(f"resnet50 layer1 x {arguments.images}", path, "layer1", random_targets(path, arguments.targets),

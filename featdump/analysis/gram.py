@@ -106,20 +106,19 @@ def gram(dataset: h5py.Dataset, rows: int, memory: int, device: torch.device,
          advance: Callable[[int], None] = lambda _: None, form: str = "raw", exact: bool = False) -> Gram:
     """The Gram statistics of the first ROWS rows of DATASET (in FORM, one of ROW_FORMS), reading slabs (two at a
     time: the next is read while one is used) of at most MEMORY bytes in all; ADVANCE(bytes) after each read.
-    EXACT: the products in float64 (a ridge fit's condition grows as its alpha shrinks: it needs every digit)."""
+    EXACT: the centring and the products in float64, a piece of PRODUCT_WIDTH features at a time (a ridge fit's
+    condition grows as its alpha shrinks: it needs every digit)."""
     shape = dataset.shape[1:]
-    value_bytes = 4 + 8 * exact  # a slab as read, and its float64 copy
-    budget = max(1, min(memory // 2, SLAB_BYTES) // (max(rows, 1) * value_bytes))
+    budget = max(1, min(memory // 2, SLAB_BYTES) // (max(rows, 1) * 4))
     zeros = dict(dtype=torch.float64, device=device)
     centred, row_sums, shifts = torch.zeros(rows, rows, **zeros), torch.zeros(rows, **zeros), torch.zeros(rows, **zeros)
     mean_square = mean_sum = 0.0
     nonfinite = torch.zeros(rows, dtype=torch.bool, device=device)
-    kind = torch.float64 if exact else torch.float32
-    low = torch.full((rows,), math.inf, device=device, dtype=kind)
-    high = torch.full((rows,), -math.inf, device=device, dtype=kind)
-    row_form = None
+    low = torch.full((rows,), math.inf, device=device)
+    high = torch.full((rows,), -math.inf, device=device)
+    row_form = widened = None
     for block in _prefetched(dataset, rows, slabs(shape, budget), advance):
-        values = torch.from_numpy(block).to(device, kind)
+        values = torch.from_numpy(block).to(device)
         lowest, highest = values.amin(1), values.amax(1)  # NaN in a row makes both NaN, inf one of them
         finite = torch.isfinite(lowest) & torch.isfinite(highest)
         if not bool(finite.all()):
@@ -127,19 +126,25 @@ def gram(dataset: h5py.Dataset, rows: int, memory: int, device: torch.device,
             values[~finite] = 0.0  # out of the products; the row's entries are undefined anyway
         torch.minimum(low, torch.where(finite, lowest, low), out=low)
         torch.maximum(high, torch.where(finite, highest, high), out=high)
-        if row_form is None:
-            row_form = _row_form(values, form)
         if form != "raw":
+            row_form = _row_form(values, form) if row_form is None else row_form
             values -= row_form[0][:, None]
             values *= row_form[1][:, None]
-        centre = values.mean(0)  # any centre keeps the algebra exact; the mean makes the products' values small
-        values -= centre
+        # any centre keeps the algebra exact; the mean makes the products' values small
+        centre = values.mean(0)
+        if exact:
+            centre = centre.to(torch.float64)  # subtracted from each piece as it is widened
+        else:
+            values -= centre
         level = centre.mean()  # r = Y 1 and s = Y c as r and Y (c - level) + level r: the centre's common part
         weights = torch.stack([torch.ones_like(centre), centre - level])  # (large where all features share an
         sums = torch.zeros(rows, 2, **zeros)  # offset) stays out of the float32 products
         with _exact_float32():
             for start in range(0, values.shape[1], PRODUCT_WIDTH):
                 part = values[:, start:start + PRODUCT_WIDTH]
+                if exact:  # widened into one reused buffer (no new pages for every piece)
+                    widened = widened if widened is not None else torch.empty(rows, PRODUCT_WIDTH, **zeros)
+                    part = widened[:, :part.shape[1]].copy_(part).sub_(centre[start:start + PRODUCT_WIDTH])
                 _add_upper_products(centred, part)
                 sums += part @ weights[:, start:start + PRODUCT_WIDTH].T
         row_sums += sums[:, 0]
