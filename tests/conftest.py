@@ -196,3 +196,18 @@ def write_output(path, layers: dict[str, np.ndarray], batch: int = 8, labels=Non
                       [f"{classes[labels[row]]}/{row:04d}.jpg" for row in range(start, stop)],
                       [int(labels[row]) for row in range(start, stop)], [], stop)
     return writer.finish()
+
+
+MEASURE = """
+import resource, subprocess, sys
+done = subprocess.run([sys.executable, "-m", "featdump", *sys.argv[1:]], capture_output=True, text=True)
+assert done.returncode == 0, done.stderr
+print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)
+"""
+
+
+def peak_rss_mib(*arguments) -> float:
+    """Peak RSS of one `featdump ARGUMENTS` process (a fresh parent: no other child counts)."""
+    result = subprocess.run([sys.executable, "-c", MEASURE, *map(str, arguments)], capture_output=True, text=True,
+                            env=featdump_env(), check=True)
+    return int(result.stdout.strip()) / 1024

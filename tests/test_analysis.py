@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import shutil
 import signal
-import subprocess
-import sys
 import warnings
 
 import h5py
@@ -20,7 +18,7 @@ from featdump.job.runner import extract
 
 from .conftest import (
     CrashAfterFirstBatch,
-    featdump_env,
+    peak_rss_mib,
     run_featdump,
     settings_for,
     start_featdump,
@@ -121,21 +119,6 @@ def test_a_large_common_offset_keeps_its_digits(tmp_path):
     for metric in ("correlation", "cosine"):
         ours = featdump.rdm(tmp_path / "offset.h5", metric=metric, memory="2MB", device="cpu")["wide"]
         np.testing.assert_allclose(off_diagonal(ours), off_diagonal(reference_rdm(values, metric)), rtol=1e-5)
-
-
-MEASURE = """
-import resource, subprocess, sys
-done = subprocess.run([sys.executable, "-m", "featdump", *sys.argv[1:]], capture_output=True, text=True)
-assert done.returncode == 0, done.stderr
-print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)
-"""
-
-
-def peak_rss_mib(*arguments) -> float:
-    """Peak RSS of one `featdump ARGUMENTS` process (a fresh parent: no other child counts)."""
-    result = subprocess.run([sys.executable, "-c", MEASURE, *map(str, arguments)], capture_output=True, text=True,
-                            env=featdump_env(), check=True)
-    return int(result.stdout.strip()) / 1024
 
 
 @pytest.mark.slow  # 512 MB written, two processes measured whole

@@ -8,8 +8,6 @@ from __future__ import annotations
 import csv
 import json
 import signal
-import subprocess
-import sys
 
 import h5py
 import numpy as np
@@ -19,7 +17,7 @@ import featdump
 from featdump.errors import UsageProblem
 from featdump.readout.folds import assign_folds
 
-from .conftest import featdump_env, run_featdump, start_featdump, write_images, write_output
+from .conftest import peak_rss_mib, run_featdump, start_featdump, write_images, write_output
 
 sklearn = pytest.importorskip("sklearn")
 from sklearn.linear_model import RidgeClassifierCV, RidgeCV  # noqa: E402
@@ -301,21 +299,6 @@ def test_a_kill_resumes_at_the_first_layer_not_written(tmp_path):
         assert list(h5file["readouts"]) == sorted(layers) and "writing" not in h5file
         for name in layers:
             np.testing.assert_allclose(h5file["readouts"][name]["predicted"][:], fresh[name].predicted, rtol=1e-9)
-
-
-MEASURE = """
-import resource, subprocess, sys
-done = subprocess.run([sys.executable, "-m", "featdump", *sys.argv[1:]], capture_output=True, text=True)
-sys.stderr.write(done.stderr)
-print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)
-"""
-
-
-def peak_rss_mib(*arguments) -> float:
-    result = subprocess.run([sys.executable, "-c", MEASURE, *map(str, arguments)], capture_output=True, text=True,
-                            env=featdump_env(), check=True)
-    assert "Wrote the" in result.stderr, result.stderr
-    return int(result.stdout.strip().splitlines()[-1]) / 1024
 
 
 @pytest.mark.slow  # 480 MB written, two processes measured whole

@@ -24,7 +24,7 @@ import torch
 
 from featdump.analysis.choices import DEFAULT_MEMORY, METRICS
 from featdump.analysis.gram import Gram, gram
-from featdump.analysis.results import Results, finished
+from featdump.analysis.results import Results, computed_into, finished
 from featdump.analysis.stored import Stored, listed
 from featdump.errors import BadOption, UsageProblem
 from featdump.forward.device import resolve_device
@@ -89,15 +89,8 @@ def rdm(output: str | Path, layers: list[str] | str | None = None, metric: str =
             return _read_finished(Path(to), names, metric, stored, as_rsatoolbox)
         results = Results.open(Path(to), made_from, stored.paths, stored.labels, stored.classes, overwrite)
     progress = progress or NoProgress()
-    try:
-        matrices = _compute(stored, names, metric, budget, place, results, progress)
-        if results is not None:
-            results.finish({"metric": metric, "layers": names})
-            results = None
-    finally:
-        progress.close()
-        if results is not None:
-            results.close()
+    matrices = computed_into(results, progress, lambda: _compute(stored, names, metric, budget, place, results,
+                                                                 progress), {"metric": metric, "layers": names})
     return to_rsatoolbox(matrices, metric, stored) if as_rsatoolbox else matrices
 
 

@@ -10,7 +10,9 @@ first entry not written.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 import h5py
 import numpy as np
@@ -21,6 +23,7 @@ from featdump.output.lock import OutputLock
 from featdump.output.writer import close_quietly, publish, write_error
 
 _WRITING = "writing"
+T = TypeVar("T")
 
 
 class Results:
@@ -106,6 +109,21 @@ class Results:
         """Stop without finishing: OUT.partial stays, its entries kept for the next run."""
         close_quietly(self.file)
         self._lock.release()
+
+
+def computed_into(results: Results | None, progress, compute: Callable[[], T], attributes: dict) -> T:
+    """COMPUTE()'s value, RESULTS (when writing one) finished with ATTRIBUTES after it; if it raises, RESULTS is
+    closed unfinished (resumable) instead. PROGRESS is closed either way."""
+    try:
+        value = compute()
+        if results is not None:
+            results.finish(attributes)
+            results = None
+        return value
+    finally:
+        progress.close()
+        if results is not None:
+            results.close()
 
 
 def finished(output: Path, made_from: dict) -> bool:

@@ -31,7 +31,7 @@ import numpy as np
 import torch
 
 from featdump.analysis.choices import DEFAULT_MEMORY
-from featdump.analysis.results import Results, finished
+from featdump.analysis.results import Results, computed_into, finished
 from featdump.analysis.stored import Stored, listed
 from featdump.errors import BadOption, UsageProblem
 from featdump.forward.device import resolve_device
@@ -143,17 +143,9 @@ def _read_out(kind: str, stored: Stored, table: Targets, layers, folds: int, alp
             if not results.has("", name):
                 results.commit("", name, values)
     progress = progress or NoProgress()
-    try:
-        readouts = _fit_layers(kind, stored, table, names, fold, grid, per_target, budget, place, results, progress,
-                               sizes, paths)
-        if results is not None:
-            results.finish({"kind": kind, "layers": names})
-            results = None
-    finally:
-        progress.close()
-        if results is not None:
-            results.close()
-    return readouts
+    return computed_into(results, progress, lambda: _fit_layers(kind, stored, table, names, fold, grid, per_target,
+                                                                budget, place, results, progress, sizes, paths),
+                         {"kind": kind, "layers": names})
 
 
 def _fit_layers(kind, stored, table, names, fold, grid, per_target, budget, place, results, progress, sizes,
