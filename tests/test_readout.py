@@ -312,3 +312,16 @@ def test_a_layer_wider_than_the_memory_bound_stays_within_it(tmp_path):
                              "-o", tmp_path / "wide-probe.h5")
     print(f"\npeak RSS: {narrow_peak:.0f} MiB for 1,000 features, {wide_peak:.0f} MiB for 2,000,000 (480 MB)")
     assert wide_peak - narrow_peak < 32 + 32, (narrow_peak, wide_peak)  # the slabs, and allocator slack
+
+
+def test_a_float16_layer_reads_as_its_values_in_float32(tmp_path):
+    layers, labels = layers_with_signal()
+    half = {name: values.astype(np.float16) for name, values in layers.items()}
+    write_output(tmp_path / "half.h5", half, labels=labels, classes=CLASSES)
+    write_output(tmp_path / "widened.h5", {name: values.astype(np.float32) for name, values in half.items()},
+                 labels=labels, classes=CLASSES)
+    for name in layers:
+        ours = featdump.probe(tmp_path / "half.h5", name, folds=3, alphas=ALPHAS, device="cpu")[name]
+        widened = featdump.probe(tmp_path / "widened.h5", name, folds=3, alphas=ALPHAS, device="cpu")[name]
+        np.testing.assert_array_equal(ours.alpha, widened.alpha)
+        np.testing.assert_allclose(ours.predicted, widened.predicted, rtol=1e-9, atol=1e-12)
