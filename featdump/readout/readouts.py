@@ -273,7 +273,8 @@ def _refuse_too_large(stored: Stored, names: list[str], table: Targets, folds: i
             raise UsageProblem(
                 f"Layer {name} ({table.count} images x {features} features) needs {human_bytes(need)} for its "
                 f"{side} x {side} matrices in float64, besides --memory, and {device} has {human_bytes(available)} "
-                f"free: extract it reduced (--reduce {name}=srp:4096, or pca:1024), or fit it on fewer images.")
+                f"free: extract it reduced (--reduce {name}=srp:4096, or pca:1024), or fit it on fewer images"
+                f"{' (or in the machine memory: --device cpu)' if device.type == 'cuda' else ''}.")
     need = max((passes.working_bytes(table.count, features, len(table.columns), folds, alphas, budget)
                 for features, _ in sizes.values()), default=0)
     log.info("Working memory: --memory %s for the rows read, and at most %s for the matrices (float64).",
