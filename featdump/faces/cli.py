@@ -435,7 +435,8 @@ def cka(output: Path, other: Path | None, layers: str | None, other_layers: str 
 
 
 def _readout_options(command):
-    """The options `probe` and `encode` share, besides those of every analysis."""
+    """The options `probe` and `encode` share, then those of every analysis."""
+    command = _analysis_options(command)
     for option in reversed([
         click.option("-l", "--layers", help="Layers (names or patterns, as for extract; comma-separated).  "
                                             "[default: all]"),
@@ -452,7 +453,7 @@ def _readout_options(command):
                           "/paths."),
     ]):
         command = option(command)
-    return _analysis_options(command)
+    return command
 
 
 def _said_readouts(kind: str, readouts: dict, to: Path, plot: Path | None, started: float, done_before: bool) -> None:
