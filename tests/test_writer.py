@@ -120,6 +120,37 @@ def test_stale_string_references_left_by_a_kill_are_cleared(tmp_path):
         assert list(h5file["paths"].asstr()[:]) == list("abcdxy")
 
 
+def test_chunks_a_kill_left_past_the_recorded_end_of_the_file_are_taken_in(tmp_path):
+    """A kill after HDF5 flushed a chunk index but before it wrote the superblock: the index holds chunks past
+    the end of allocation the superblock records. Resuming freed them ("addr overflow") and gave their addresses
+    to new chunks, so rows written after the resume read back as zeros."""
+    output = tmp_path / "out.h5"
+    specs = {"f": DatasetSpec((64, 28, 28), "float32")}  # 800 KB rows: a chunk of 4 rows is 3.2 MB
+
+    def append(writer, start):
+        writer.append({"f": np.full((4, 64, 28, 28), start, np.float32)}, [f"a/{row}.jpg" for row in
+                      range(start, start + 4)], [0] * 4, [], start + 4)
+
+    writer = FeatureWriter.open(output, specs, {"image_count": 100}, {}, [], batch_size=4)
+    append(writer, 0)
+    append(writer, 4)
+    writer.close()
+    partial = partial_path(output)
+    superblock = partial.read_bytes()[:48]
+    assert superblock[8] == 0  # version 0: the end of allocation is bytes 40-48, no checksum
+    with h5py.File(partial, "r+") as h5file:  # a killed run's rows past the commit, its chunk index flushed
+        h5file["features/f"].resize(16, axis=0)
+        h5file["features/f"][8:16] = 99.0
+    forged = bytearray(partial.read_bytes())
+    forged[40:48] = superblock[40:48]  # ... its superblock not: the recorded end as at the last commit
+    partial.write_bytes(bytes(forged))
+    writer = FeatureWriter.open(output, specs, {"image_count": 100}, {}, [], batch_size=4)
+    append(writer, 8)
+    writer.finish()
+    with h5py.File(output, "r") as h5file:
+        np.testing.assert_array_equal(h5file["features/f"][:, 0, 0, 0], np.repeat([0.0, 4.0, 8.0], 4))
+
+
 KILLED_APPENDER = """
 import sys, numpy as np
 from featdump.output.layout import DatasetSpec

@@ -20,6 +20,7 @@ import numpy as np
 from featdump.errors import OutputExists, ResumeMismatch
 from featdump.output.layout import STRING, partial_path, text_array
 from featdump.output.lock import OutputLock
+from featdump.output.repair import cover_allocations
 from featdump.output.writer import close_quietly, publish, write_error
 
 _WRITING = "writing"
@@ -172,6 +173,7 @@ def _reopen(partial: Path, made_from: dict) -> h5py.File | None:
         changed = sorted(key for key in set(before) | set(made_from) if before.get(key) != made_from.get(key))
         raise ResumeMismatch(f"{str(partial)!r} was started from other files or settings ({', '.join(changed)} "
                              "differ); run the original command to resume it, or pass --overwrite to start over.")
+    cover_allocations(h5file, [])  # an entry a kill left past the recorded end is freed below
     if _WRITING in h5file:
         del h5file[_WRITING]
     return h5file
