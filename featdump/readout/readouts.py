@@ -143,18 +143,34 @@ def _read_out(kind: str, stored: Stored, table: Targets, layers, folds: int, alp
             if not results.has("", name):
                 results.commit("", name, values)
     progress = progress or NoProgress()
-    return computed_into(results, progress, lambda: _fit_layers(kind, stored, table, names, fold, grid, per_target,
-                                                                budget, place, results, progress, sizes, paths),
+    plan = _Plan(kind, stored, table, names, fold, grid, per_target, budget, place, paths)
+    return computed_into(results, progress, lambda: _fit_layers(plan, results, progress, sizes),
                          {"kind": kind, "layers": names})
 
 
-def _fit_layers(kind, stored, table, names, fold, grid, per_target, budget, place, results, progress, sizes,
-                paths) -> dict[str, Readout]:
+@dataclass(frozen=True)
+class _Plan:
+    """What the layers of one read-out share."""
+
+    kind: str
+    stored: Stored
+    table: Targets
+    names: list[str]
+    fold: np.ndarray
+    grid: np.ndarray
+    per_target: bool
+    budget: int
+    device: torch.device
+    paths: list[str]  # of the rows used
+
+
+def _fit_layers(plan: _Plan, results: Results | None, progress: Progress, sizes) -> dict[str, Readout]:
+    kind, table, names, grid, place = plan.kind, plan.table, plan.names, plan.grid, plan.device
     todo = [name for name in names if results is None or not results.has(GROUP, name)]
     if results is not None and len(todo) < len(names):
         log.info("Resuming: %d of %d layers' read-outs are in %s already.", len(names) - len(todo), len(names),
                  results.output)
-    folds = int(fold.max()) + 1
+    folds = int(plan.fold.max()) + 1
     log.info("%s: %d layer%s over %d images, %d %s, %d folds, %d alphas (%g to %g), on %s.",
              "Probes" if kind == "probe" else "Encoding models", len(todo), "s" * (len(todo) != 1), table.count,
              len(table.columns), "classes" if kind == "probe" else "targets", folds, len(grid), grid.min(),
@@ -165,10 +181,9 @@ def _fit_layers(kind, stored, table, names, fold, grid, per_target, budget, plac
     readouts = {}
     for name in names:
         if name not in todo:
-            readouts[name] = _read_layer(results.file, name, kind, paths)
+            readouts[name] = _read_layer(results.file, name, kind, plan.paths)
             continue
-        readouts[name] = _fit_layer(kind, stored, table, name, fold, targets, alphas, grid, per_target, budget,
-                                    place, progress, paths)
+        readouts[name] = _fit_layer(plan, name, targets, alphas, progress)
         if results is not None:
             results.commit(GROUP, name, _entry(readouts[name]), {"layer": name, "score": readouts[name].score})
             log.info("The %s of %s is in %s (%d of %d): %s.", kind, name, results.output, names.index(name) + 1,
@@ -178,8 +193,9 @@ def _fit_layers(kind, stored, table, names, fold, grid, per_target, budget, plac
     return readouts
 
 
-def _fit_layer(kind, stored, table, name, fold, targets, alphas, grid, per_target, budget, place, progress,
-               paths) -> Readout:
+def _fit_layer(plan: _Plan, name: str, targets: torch.Tensor, alphas: torch.Tensor, progress: Progress) -> Readout:
+    stored, table, fold, budget, place = plan.stored, plan.table, plan.fold, plan.budget, plan.device
+
     def advance(count: int) -> None:
         progress.advance(count / 1e6)
 
@@ -190,17 +206,17 @@ def _fit_layer(kind, stored, table, name, fold, targets, alphas, grid, per_targe
                  f"wide: its {table.count} x {table.count} Gram in one pass" if wide
                  else f"narrow: its {features} x {features} covariance per fold in two passes")
         if wide:
-            fits, nonfinite = passes.fit_wide(dataset, stored.rows, table.rows, targets, fold, alphas, per_target,
-                                              budget, place, advance)
+            fits, nonfinite = passes.fit_wide(dataset, stored.rows, table.rows, targets, fold, alphas,
+                                              plan.per_target, budget, place, advance)
         else:
-            fits, nonfinite = passes.fit_narrow(dataset, table.rows, targets, fold, alphas, per_target, budget,
+            fits, nonfinite = passes.fit_narrow(dataset, table.rows, targets, fold, alphas, plan.per_target, budget,
                                                 place, advance, lambda line: log.info("%s: %s.", name, line))
     if bool(nonfinite.any()):
         bad = nonfinite.nonzero().flatten().tolist()
         raise UsageProblem(f"Layer {name} of {str(stored.path)!r} holds NaN or inf in {len(bad)} row"
-                           f"{'s' * (len(bad) != 1)} ({paths[bad[0]]!r}, ...): no fit over them. Extract that layer "
-                           "again (a model in float16 may overflow: --dtype float32, --precision float32).")
-    return _readout(kind, name, fit_results(fits, fold, table.count), fold, grid, per_target, table, paths)
+                           f"{'s' * (len(bad) != 1)} ({plan.paths[bad[0]]!r}, ...): no fit over them. Extract that "
+                           "layer again (a model in float16 may overflow: --dtype float32, --precision float32).")
+    return _readout(plan, name, fit_results(fits, fold, table.count))
 
 
 def fit_results(fits, fold: np.ndarray, count: int) -> tuple[np.ndarray, np.ndarray]:
@@ -212,9 +228,11 @@ def fit_results(fits, fold: np.ndarray, count: int) -> tuple[np.ndarray, np.ndar
     return predicted, np.stack([fit.alpha_index.cpu().numpy() for fit in fits])
 
 
-def _readout(kind, name, fitted, fold, grid, per_target, table: Targets, paths) -> Readout:
+def _readout(plan: _Plan, name: str, fitted: tuple[np.ndarray, np.ndarray]) -> Readout:
+    """The layer NAME's Readout from its held-out predictions and chosen alphas (FITTED), with its scores."""
+    kind, fold, grid, table, paths = plan.kind, plan.fold, plan.grid, plan.table, plan.paths
     predicted, chosen = fitted
-    alpha = grid[chosen] if per_target else grid[chosen[:, 0]]
+    alpha = grid[chosen] if plan.per_target else grid[chosen[:, 0]]
     _warn_at_edge(name, chosen, len(grid))
     folds = int(fold.max()) + 1
     if kind == "probe":
