@@ -61,6 +61,17 @@ class NoImages(UsageProblem):
     """The image folder is missing or holds no image."""
 
 
+class StoreRefused(UsageProblem):
+    """An object store refused access (credentials, permissions) or has no such bucket: no retry will help."""
+
+
+class StoreUnavailable(FeatdumpError):
+    """An object store or web server stayed away past the patience; the partial output resumes when it is back
+    (exit code 75, EX_TEMPFAIL: a scheduler may requeue the job)."""
+
+    exit_code = 75
+
+
 class NothingRead(FeatdumpError):
     """Every image a run tried was skipped: the output was written, but holds no row from this run."""
 

@@ -18,6 +18,8 @@ from featdump.job.settings import Settings
 from featdump.output.layout import DatasetSpec
 from featdump.output.writer import FeatureWriter
 
+from .stores import SeaweedFS
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -211,3 +213,22 @@ def peak_rss_mib(*arguments) -> float:
     result = subprocess.run([sys.executable, "-c", MEASURE, *map(str, arguments)], capture_output=True, text=True,
                             env=featdump_env(), check=True)
     return int(result.stdout.strip()) / 1024
+
+
+@pytest.fixture(scope="module")
+def seaweed(tmp_path_factory):
+    """A SeaweedFS server for this test module (skipped, with the reason, where it cannot start)."""
+    server = SeaweedFS(tmp_path_factory.mktemp("seaweed"))
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def store_env(seaweed, monkeypatch):
+    """This process's environment pointed at the SeaweedFS server, as a user's shell would be."""
+    for key, value in seaweed.env.items():
+        monkeypatch.setenv(key, value)
+    return seaweed

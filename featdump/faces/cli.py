@@ -244,22 +244,25 @@ def _read_config(ctx: click.Context, param, path: Path | None):
 
 
 @main.command()
-@click.argument("images", type=click.Path(path_type=Path))
-@click.argument("output", type=click.Path(dir_okay=False, path_type=Path))
+@click.argument("images")
+@click.argument("output", type=click.Path(dir_okay=False))
 @click.option("-c", "--config", type=click.Path(exists=True, dir_okay=False, path_type=Path), is_eager=True,
               expose_value=True, callback=_read_config,
               help="TOML file of options (keys: the option names with underscores); the environment "
                    "(FEATDUMP_EXTRACT_*) and the command line override it.")
 @_extract_options
-def extract(images: Path, output: Path, **options) -> None:
+def extract(images: str, output: str, **options) -> None:
     """Extract the activations of --layers for every image in IMAGES into the HDF5 file OUTPUT.
 
     IMAGES is a folder, walked recursively in sorted order (images in first-level class folders get
     integer labels), or a list file: .txt (one path per line) or .csv (a `path` column, an optional
     integer `label` column), rows in the list's order, or tar shards in the webdataset layout: a .tar, a
     quoted brace pattern or glob ('shards/{00000..00099}.tar') or a list of .tar files, read in tar order
-    without unpacking (labels from .cls members). OUTPUT is written as OUTPUT.partial and renamed
-    when every image is done; the same command again after an interruption resumes where it stopped.
+    without unpacking (labels from .cls members). Any of these may be a URL: a store prefix
+    (s3://bucket/images/) is read as a folder, tar patterns may be joined with ::, and lists may name URLs
+    (credentials and endpoints as fsspec and the AWS/GCS tools take them). OUTPUT is written as
+    OUTPUT.partial and renamed when every image is done; the same command again after an interruption
+    resumes where it stopped.
 
     \b
     Example:

@@ -11,6 +11,8 @@ from pathlib import Path
 import numpy as np
 
 from featdump.errors import UnknownLayer, UsageProblem
+from featdump.inputs.objects import read_object
+from featdump.inputs.stores import is_url
 from featdump.inputs.tars import read_stored
 from featdump.output.layout import Output
 
@@ -62,7 +64,11 @@ def _read(output: Path, layer: str | None, index: int):
 
 
 def _stored_image(path: Path, root: str, relative: str):
-    """What Pillow opens for a row: its file, or its member's bytes when the row came from a tar."""
+    """What Pillow opens for a row: its file, its object's bytes read back from the store, or its member's bytes
+    when the row came from a tar."""
+    if is_url(root) or is_url(relative):
+        data = read_object(root, relative) or read_stored(root, relative)
+        return io.BytesIO(data) if data is not None else path
     if path.exists():
         return path
     data = read_stored(Path(root), relative)

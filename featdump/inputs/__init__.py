@@ -1,5 +1,7 @@
 """Inputs: images in, batches of model inputs out. `find_images` lists a job's images in order from a folder
-(`folder`), a list file (`listfile`) or tar shards (`tars`) as one `ImageList` (`imagelist`: paths, labels,
+(`folder`), a list file (`listfile`) or tar shards (`tars`), or from where they live at a URL (`stores`: the
+fsspec file systems, their faults and retries; `objects`: a store prefix or listed URLs; `remote_tars`), as one
+`ImageList` (`imagelist`: paths, labels,
 where each image's bytes lie); `decode` opens an image, `preprocess` splits the model's preprocessing into the
 pixels made in the loader's workers and the normalisation on the device; `loader` batches them in source order
 in forked workers (`workers` chooses how many) and ends them whatever happens; `gpu_decode` finishes a batch
@@ -12,36 +14,58 @@ from pathlib import Path
 from featdump.errors import NoImages
 from featdump.inputs.folder import IMAGE_EXTENSIONS, read_folder
 from featdump.inputs.imagelist import Encoded, ImageList
-from featdump.inputs.listfile import read_image_list
+from featdump.inputs.listfile import LIST_SUFFIXES, read_image_list
+from featdump.inputs.objects import read_prefix
+from featdump.inputs.remote_tars import named_remote_tars, read_remote_tars
+from featdump.inputs.stores import Patience, is_url
 from featdump.inputs.tars import TAR_SUFFIX, check_not_compressed, check_tar_names, named_tars, read_tars
 
-__all__ = ["IMAGE_EXTENSIONS", "Encoded", "ImageList", "find_images"]
+__all__ = ["IMAGE_EXTENSIONS", "Encoded", "ImageList", "Patience", "find_images", "is_url"]
 
 
-def find_images(source: Path, named: str = "IMAGES") -> ImageList:
+def find_images(source: Path | str, named: str = "IMAGES", patience: Patience = Patience()) -> ImageList:
     """The images of SOURCE: a folder walked recursively (following symlinks once), a .txt/.csv list file of
-    images or of tars, a .tar file, or a brace pattern or glob of tars; NoImages if there are none, its
-    message naming the argument or option SOURCE came from (NAMED: IMAGES, --pca-fit)."""
+    images or of tars, a .tar file, or a brace pattern or glob of tars; or the same at a URL (a store prefix read
+    as a folder, a list, tar URLs and their brace patterns joined with ::), read within PATIENCE. NoImages if
+    there are none, its message naming the argument or option SOURCE came from (NAMED: IMAGES, --pca-fit)."""
     try:
-        return _find_images(Path(source), named)
+        if is_url(source):
+            return _find_remote_images(str(source), named, patience)
+        return _find_images(Path(source), named, patience)
     except NoImages as error:
         if named == "IMAGES" or str(error).startswith(named):
             raise
         raise NoImages(f"{named} {str(source)!r}: {error}") from error
 
 
-def _find_images(source: Path, named: str) -> ImageList:
+def _find_remote_images(url: str, named: str, patience: Patience) -> ImageList:
+    tars = named_remote_tars(url)
+    if tars is not None:
+        return read_remote_tars(tars, patience)
+    if url.lower().endswith(LIST_SUFFIXES):
+        return _listed_images(read_image_list(url, named, patience), url, patience)
+    return read_prefix(url, patience)
+
+
+def _find_images(source: Path, named: str, patience: Patience) -> ImageList:
     tars = named_tars(source)
     if tars is not None:
         return read_tars(tars)
     if source.is_file():
         check_not_compressed(source)
-        listed = read_image_list(source, named)
-        if any(path.lower().endswith(TAR_SUFFIX) for path in listed.paths):
-            tars = [listed.root / path for path in listed.paths]
-            return read_tars(check_tar_names(tars, f"the list {str(source)!r}"))
-        return listed
+        return _listed_images(read_image_list(source, named, patience), str(source), patience)
     if not source.is_dir():
         raise NoImages(f"{named} {str(source)!r} does not exist (give a folder, a list file, a .tar, or a quoted "
-                       "pattern of .tar files).")
+                       "pattern of .tar files; or their URL).")
     return read_folder(source)
+
+
+def _listed_images(listed: ImageList, source: str, patience: Patience) -> ImageList:
+    """LISTED, or the tars it lists."""
+    if not any(path.lower().endswith(TAR_SUFFIX) for path in listed.paths):
+        return listed
+    if any(is_url(path) for path in listed.paths) or is_url(str(listed.root)):
+        return read_remote_tars([path if is_url(path) else f"{listed.root}/{path}" for path in listed.paths],
+                                patience)
+    tars = [listed.root / path for path in listed.paths]
+    return read_tars(check_tar_names(tars, f"the list {source!r}"))

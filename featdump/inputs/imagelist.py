@@ -57,6 +57,9 @@ class Storage(Protocol):
 
     def open(self, root: Path, relative: str, position: int) -> Encoded: ...
 
+    def open_many(self, root: Path, relatives: Sequence[str], positions: Sequence[int]) -> list[Encoded | Exception]:
+        ...
+
     def stat(self, root: Path, relative: str, position: int) -> tuple[int, int] | None: ...
 
     def select(self, positions: Sequence[int]) -> Storage: ...
@@ -66,6 +69,18 @@ class Storage(Protocol):
     def groups(self) -> list[int] | None: ...
 
     def left_out(self) -> dict[str, int]: ...
+
+
+def open_each(storage: Storage, root: Path, relatives: Sequence[str],
+              positions: Sequence[int]) -> list[Encoded | Exception]:
+    """Each image's bytes (a file's are read when it is decoded), or why they cannot be read, one after another."""
+    found: list[Encoded | Exception] = []
+    for relative, position in zip(relatives, positions):
+        try:
+            found.append(storage.open(root, relative, position))
+        except OSError as error:
+            found.append(error)
+    return found
 
 
 class Files:
@@ -78,6 +93,9 @@ class Files:
         path = root / relative
         found = check_regular_file(path)
         return Encoded(relative, (found.st_size, found.st_mtime_ns), path=path)
+
+    def open_many(self, root: Path, relatives: Sequence[str], positions: Sequence[int]) -> list[Encoded | Exception]:
+        return open_each(self, root, relatives, positions)
 
     def stat(self, root: Path, relative: str, position: int) -> tuple[int, int] | None:
         try:
@@ -110,7 +128,7 @@ class Files:
 class ImageList:
     """The images of a job in order, with their labels and where their bytes lie."""
 
-    root: Path  # the folder, the list file's folder, or the tar shards' common folder
+    root: Path | str  # the folder, the list file's folder, or the tar shards' common folder; or their URL
     paths: tuple[str, ...]  # POSIX paths relative to root (sorted), as a list file gives them, or TAR/MEMBER
     labels: tuple[int, ...]  # index into classes, a list's or a .cls member's integer, or -1
     classes: tuple[str, ...]  # first-level folder names, sorted
@@ -122,6 +140,11 @@ class ImageList:
     def open(self, position: int) -> Encoded:
         """Image POSITION's bytes (raises OSError when they cannot be read)."""
         return self.storage.open(self.root, self.paths[position], position)
+
+    def open_many(self, positions: Sequence[int]) -> list[Encoded | Exception]:
+        """The bytes of the images at POSITIONS, fetched together where they live in a store (an exception in the
+        place of one that cannot be read); StoreUnavailable when the store stays away."""
+        return self.storage.open_many(self.root, [self.paths[p] for p in positions], positions)
 
     def stat(self, position: int) -> tuple[int, int] | None:
         """Image POSITION's (size, mtime_ns) now, or None when it is gone."""

@@ -1,22 +1,30 @@
-"""List file input: the images a .txt or .csv file names, in its order."""
+"""List file input: the images a .txt or .csv file names, in its order; the list, and any of its entries, may be
+URLs (`inputs.objects.ListedURLs` reads those)."""
 
 from __future__ import annotations
 
 import csv
-from pathlib import Path
+import io
+from pathlib import Path, PurePosixPath
 
 from featdump.errors import NoImages
 from featdump.inputs.imagelist import ImageList
+from featdump.inputs.objects import ListedURLs, check_access
+from featdump.inputs.stores import Patience, fetch_all, is_url, join, parent_of
+
+LIST_SUFFIXES = (".txt", ".csv")
 
 
-def read_image_list(path: Path, named: str = "IMAGES") -> ImageList:
+def read_image_list(path: Path | str, named: str = "IMAGES", patience: Patience = Patience()) -> ImageList:
     """The images a list file names, in its order: .txt, one path per line (blank lines and lines starting
     with # ignored), or .csv with a `path` column and an optional integer `label` column. Relative paths
-    are relative to the list's folder; a listed file that is missing becomes a skipped image later."""
-    suffix = path.suffix.lower()
-    if suffix not in (".txt", ".csv"):
+    are relative to the list's folder; a listed file that is missing becomes a skipped image later. Entries may
+    be URLs, and PATH itself may be one: their stores' access is checked before any work."""
+    remote = is_url(path)
+    suffix = PurePosixPath(str(path)).suffix.lower()
+    if suffix not in LIST_SUFFIXES:
         raise NoImages(f"{str(path)!r} is a file: {named} must be a folder, a .txt list or a .csv list.")
-    with open(path, newline="", encoding="utf-8", errors="surrogateescape") as handle:
+    with _list_text(path, patience) as handle:
         if suffix == ".txt":
             entries = [(line.rstrip("\r\n"), -1) for line in handle]
             entries = [(name, label) for name, label in entries if name.strip() and not name.startswith("#")]
@@ -25,7 +33,22 @@ def read_image_list(path: Path, named: str = "IMAGES") -> ImageList:
     if not entries:
         raise NoImages(f"The list {str(path)!r} names no image.")
     paths = tuple(name for name, _ in entries)
-    return ImageList(path.parent, paths, tuple(label for _, label in entries), ())
+    labels = tuple(label for _, label in entries)
+    urls = [name for name in paths if is_url(name)]
+    if not remote and not urls:
+        return ImageList(path.parent, paths, labels, ())
+    root = parent_of(str(path)) if remote else path.parent
+    check_access(urls or [join(str(root), paths[0])], patience)
+    return ImageList(root, paths, labels, (), ListedURLs(patience))
+
+
+def _list_text(path: Path | str, patience: Patience):
+    if not is_url(path):
+        return open(path, newline="", encoding="utf-8", errors="surrogateescape")
+    found = fetch_all([str(path)], patience)[0]
+    if isinstance(found, BaseException):
+        raise NoImages(f"The list {str(path)!r} cannot be read ({found}).")
+    return io.StringIO(found.decode("utf-8", "surrogateescape"), newline="")
 
 
 def _csv_entries(path: Path, handle) -> list[tuple[str, int]]:

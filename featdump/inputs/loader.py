@@ -18,7 +18,8 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from featdump.inputs import ImageList
+from featdump.errors import FeatdumpError
+from featdump.inputs import Encoded, ImageList
 from featdump.inputs.decode import JPEG_EXTENSIONS, describe_failure, open_rgb, plain_jpeg
 from featdump.inputs.preprocess import Preprocess
 
@@ -35,6 +36,7 @@ class Batch:
     jpeg_index: list[tuple[int, int, int]] = field(default_factory=list)  # (position, start, stop) in jpeg_bytes
     file_stats: dict[int, tuple[int, int]] = field(default_factory=dict)  # position: (size, mtime_ns) when read
     mixed_sizes: dict[int, tuple[int, ...]] = field(default_factory=dict)  # position: shape, when they differ
+    fatal: Exception | None = None  # why this batch's images could not be fetched at all (the store is away)
 
     @property
     def encoded(self) -> list[tuple[int, torch.Tensor]]:
@@ -63,6 +65,7 @@ class Item:
     pixels: np.ndarray | None = None
     jpeg: np.ndarray | None = None
     failure: str | None = None
+    fatal: Exception | None = None  # the store stayed away: the job stops
 
     @property
     def kind(self) -> str:
@@ -81,9 +84,22 @@ class ImageDataset(Dataset):
         return len(self.images)
 
     def __getitem__(self, position: int) -> Item:
+        return self.__getitems__([position])[0]
+
+    def __getitems__(self, positions: list[int]) -> list[Item]:
+        """The items of a batch: their bytes fetched together (concurrently where they live in a store), then
+        decoded. A store that stays away (or refuses) fails the batch: its items carry the error, not a skip."""
+        try:
+            found = self.images.open_many(positions)
+        except FeatdumpError as error:
+            return [Item(position, fatal=error) for position in positions]
+        return [self._decoded(position, encoded) for position, encoded in zip(positions, found)]
+
+    def _decoded(self, position: int, encoded: Encoded | Exception) -> Item:
         item = Item(position)
         try:
-            encoded = self.images.open(position)
+            if isinstance(encoded, Exception):
+                raise encoded
             item.file_stat = encoded.file_stat
             if self.gpu_jpegs and encoded.suffix in JPEG_EXTENSIONS and plain_jpeg(encoded.source,
                                                                                     self.preprocess.draft):
@@ -99,6 +115,9 @@ def collate(items: list[Item]) -> Batch:
     """Stack the decoded images into one tensor (one shared-memory handle per batch, not per image). Images the
     preprocessing made in different sizes cannot be stacked: the batch then holds their shapes (`mixed_sizes`),
     for the main process to report; no exception crosses from a worker."""
+    fatal = next((item.fatal for item in items if item.fatal is not None), None)
+    if fatal is not None:
+        return Batch(positions=[], pixels=None, failures=[], end=items[-1].position + 1, fatal=fatal)
     decoded = [item for item in items if item.pixels is not None]
     if len({item.pixels.shape for item in decoded}) > 1:
         return Batch(positions=[], pixels=None, failures=[], end=items[-1].position + 1,

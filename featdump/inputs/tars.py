@@ -13,6 +13,7 @@ entry, `TAR@OFFSET`, whose reason says what was found there.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import glob
 import hashlib
 import logging
@@ -28,7 +29,7 @@ import numpy as np
 
 from featdump.errors import NoImages
 from featdump.inputs.folder import IMAGE_EXTENSIONS
-from featdump.inputs.imagelist import Encoded, ImageList
+from featdump.inputs.imagelist import Encoded, ImageList, open_each
 
 TAR_SUFFIX = ".tar"
 LABEL_SUFFIX = ".cls"
@@ -152,23 +153,27 @@ class _NotPlain(Exception):
 
 def scan_tar(path: Path) -> TarScan:
     """Read PATH's member headers (seeking over the data) into its samples, stopping at any damage."""
-    scan = TarScan()
-    size = os.stat(path).st_size
     with open(path, "rb", buffering=1 << 16) as handle:
-        try:
-            members, scan.damage = _plain_headers(handle, size)
-        except _NotPlain:
-            handle.seek(0)
-            members, scan.damage = _tarfile_headers(handle, size)
-        sample: list[Member] = []
-        for member in members:
-            if sample and _key(member.name) != _key(sample[0].name):
-                _add_sample(scan, sample, handle)
-                sample = []
-            if member.regular:
-                sample.append(member)
-        if sample:
+        return scan_tar_file(handle, os.stat(path).st_size)
+
+
+def scan_tar_file(handle, size: int) -> TarScan:
+    """The samples of the tar of SIZE bytes open in HANDLE (a file, or a store's object read ahead in blocks)."""
+    scan = TarScan()
+    try:
+        members, scan.damage = _plain_headers(handle, size)
+    except _NotPlain:
+        handle.seek(0)
+        members, scan.damage = _tarfile_headers(handle, size)
+    sample: list[Member] = []
+    for member in members:
+        if sample and _key(member.name) != _key(sample[0].name):
             _add_sample(scan, sample, handle)
+            sample = []
+        if member.regular:
+            sample.append(member)
+    if sample:
+        _add_sample(scan, sample, handle)
     return scan
 
 
@@ -283,16 +288,23 @@ def read_tars(paths: Sequence[Path]) -> ImageList:
     folder); NoImages when they hold no image."""
     absolute = [Path(os.path.abspath(path)) for path in paths]
     root = Path(os.path.commonpath([str(path.parent) for path in absolute]))
-    shards, names, labels, tar_of, offsets, sizes, damage = [], [], [], [], [], [], {}
-    ignored, without_image, left_out = collections.Counter(), 0, []
-    for index, path in enumerate(absolute):
+    shards, scans = [], []
+    for path in absolute:
         found = os.stat(path)
-        shard = TarShard(path.relative_to(root).as_posix(), found.st_size, found.st_mtime_ns)
-        shards.append(shard)
+        shards.append(TarShard(path.relative_to(root).as_posix(), found.st_size, found.st_mtime_ns))
         try:
-            scan = scan_tar(path)
+            scans.append(scan_tar(path))
         except OSError as error:  # unreadable (permissions, an I/O error): one skipped entry, like a bad image
-            scan = TarScan(damage=(0, f"cannot be read ({error.strerror or error})"))
+            scans.append(TarScan(damage=(0, f"cannot be read ({error.strerror or error})")))
+    return tar_image_list(root, shards, scans, str(paths[0]), TarMembers)
+
+
+def tar_image_list(root: Path | str, shards: list[TarShard], scans: list[TarScan], first: str, storage) -> ImageList:
+    """The ImageList of the tars SHARDS under ROOT as SCANS found them, read by STORAGE (a TarMembers class)."""
+    names, labels, tar_of, offsets, sizes, damage = [], [], [], [], [], {}
+    ignored, without_image, left_out = collections.Counter(), 0, []
+    for index, (shard, scan) in enumerate(zip(shards, scans)):
+        path = join_location(root, shard.name)
         for member, offset, size, label in scan.images:
             names.append(f"{shard.name}/{member}")
             labels.append(label)
@@ -314,11 +326,16 @@ def read_tars(paths: Sequence[Path]) -> ImageList:
         without_image += scan.without_image
     _log_left_out(ignored, without_image)
     if not names:
-        raise NoImages(f"No images in the {len(shards)} tar files from {str(paths[0])!r} (looked for members named "
+        raise NoImages(f"No images in the {len(shards)} tar files from {first!r} (looked for members named "
                        f"KEY.EXT with EXT one of {', '.join(sorted(ext.lstrip('.') for ext in IMAGE_EXTENSIONS))}).")
-    storage = TarMembers(tuple(shards), np.asarray(tar_of, np.int32), np.asarray(offsets, np.int64),
-                         np.asarray(sizes, np.int64), damage, tuple(left_out))
-    return ImageList(root, tuple(names), tuple(labels), (), storage)
+    located = storage(tuple(shards), np.asarray(tar_of, np.int32), np.asarray(offsets, np.int64),
+                      np.asarray(sizes, np.int64), damage, tuple(left_out))
+    return ImageList(root, tuple(names), tuple(labels), (), located)
+
+
+def join_location(root: Path | str, relative: str) -> Path | str:
+    """RELATIVE under ROOT, a folder or a URL."""
+    return f"{root}/{relative}" if isinstance(root, str) else root / relative
 
 
 def _log_left_out(ignored: collections.Counter, without_image: int) -> None:
@@ -349,13 +366,15 @@ class TarMembers:
             raise DamagedTar(f"{shard.name} ends before this member's bytes (truncated after it was listed)")
         return Encoded(relative, (size, shard.mtime_ns), data=data)
 
+    def open_many(self, root: Path, relatives: Sequence[str], positions: Sequence[int]) -> list[Encoded | Exception]:
+        return open_each(self, root, relatives, positions)
+
     def stat(self, root: Path, relative: str, position: int) -> tuple[int, int] | None:
         return int(self.size[position]), self.tars[int(self.tar[position])].mtime_ns  # as listed for this job
 
     def select(self, positions: Sequence[int]) -> TarMembers:
         chosen = np.asarray(positions, dtype=np.int64)
-        return TarMembers(self.tars, self.tar[chosen], self.offset[chosen], self.size[chosen], self.damage,
-                          self.members_left_out)
+        return dataclasses.replace(self, tar=self.tar[chosen], offset=self.offset[chosen], size=self.size[chosen])
 
     def left_out(self) -> dict[str, int]:
         """Members of this list's tars that are not images, by suffix."""
@@ -403,16 +422,24 @@ def _tar_descriptor(path: Path, shard: TarShard) -> int:
     return descriptor
 
 
-def read_stored(root: Path, relative: str) -> bytes | None:
+def read_stored(root: Path | str, relative: str) -> bytes | None:
     """The bytes of row path RELATIVE (TAR/MEMBER, the member's name as the tar spells it, `./` and all) from
-    its tar under ROOT, or None if it is not there."""
+    its tar under ROOT (a folder or a URL), or None if it is not there."""
     for found in re.finditer(re.escape(TAR_SUFFIX) + "/", relative, re.IGNORECASE):
-        tar, member_name = Path(root, relative[:found.start() + len(TAR_SUFFIX)]), relative[found.end():]
-        if tar.is_file():
-            try:
-                with tarfile.open(tar, "r:") as archive:
-                    member = archive.extractfile(member_name)
-                    return member.read() if member is not None else None
-            except (tarfile.TarError, KeyError, OSError):
-                return None
+        tar, member_name = join_location(root, relative[:found.start() + len(TAR_SUFFIX)]), relative[found.end():]
+        try:
+            with _open_tar(tar) as handle, tarfile.open(fileobj=handle, mode="r:") as archive:
+                member = archive.extractfile(member_name)
+                return member.read() if member is not None else None
+        except (tarfile.TarError, KeyError, OSError):
+            continue
     return None
+
+
+def _open_tar(tar: Path | str):
+    """A binary file of the tar at TAR: a path, or a URL read ahead in blocks."""
+    if isinstance(tar, Path):
+        return open(tar, "rb")
+    from featdump.inputs.stores import filesystem, store_path
+
+    return filesystem(tar).open(store_path(tar), "rb", block_size=1 << 22, cache_type="readahead")

@@ -54,7 +54,7 @@ def fit_set(pca_fit: str, job_images: ImageList, images_argument: Path) -> FitSe
             raise UsageProblem(f"--pca-fit {count}: {images_argument} has only {len(job_images)} images; give at most "
                                f"{len(job_images)}, or a folder or list file of reference images.")
         return FitSet(job_images.part(0, count), f"the first {count} images of {images_argument}")
-    images = find_images(Path(text), named="--pca-fit")
+    images = find_images(text, named="--pca-fit")
     return FitSet(images, f"{len(images)} images of {text}")
 
 

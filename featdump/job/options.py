@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from featdump.errors import BadOption
+from featdump.inputs.stores import is_url
 
 _KINDS = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}
 
@@ -118,3 +119,8 @@ def as_path(value, name: str) -> Path:
     if not isinstance(value, (str, Path)) or not str(value):
         raise BadOption(f"'{name}' must be a path, not {value!r}.")
     return Path(value)
+
+
+def as_location(value, name: str) -> Path | str:
+    """IMAGES: a path, or a URL (s3://, gs://, http(s)://, hf://) kept as text."""
+    return str(value) if isinstance(value, str) and is_url(value) else as_path(value, name)

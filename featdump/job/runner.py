@@ -23,7 +23,7 @@ from featdump.forward.hooks import Capture
 from featdump.forward.layers import Layer, Snapshot, in_model_order, resolve
 from featdump.forward.memory_format import choose_memory_format, format_name
 from featdump.forward.probe import probe
-from featdump.inputs import ImageList, find_images
+from featdump.inputs import ImageList, Patience, find_images, is_url
 from featdump.inputs.gpu_decode import to_device_inputs
 from featdump.inputs.loader import Batch, ImageDataset, batches_of, make_loader
 from featdump.inputs.preprocess import Preprocess
@@ -143,7 +143,7 @@ def extract(settings: Settings, progress: Progress | None = None) -> Summary:
 
 def _plan(settings: Settings) -> Plan:
     check_model_name(settings.model)
-    images = find_images(settings.images)
+    images = find_images(settings.images, patience=Patience(settings.store_patience))
     shard = choose_shard(settings.shard)
     if shard is None:
         return Plan(settings, images, None, settings.output, {}, images)
@@ -381,6 +381,8 @@ def _preprocessing_name(settings: Settings) -> str:
 
 
 def _check_failures(batch: Batch, images: ImageList, on_error: str) -> None:
+    if batch.fatal is not None:  # the store stayed away: the rows before this batch are committed
+        raise batch.fatal
     for position, reason in batch.failures:
         if on_error == "fail":
             raise BadImage(
@@ -401,7 +403,7 @@ def _merge_when_all_ranks_done(plan: Plan) -> None:
         log.info("Merged %d shards into %s.", plan.shard.count, plan.whole_output)
 
 
-def _provenance(settings: Settings, model: Model, image_root: Path) -> dict:
+def _provenance(settings: Settings, model: Model, image_root: Path | str) -> dict:
     """The attributes a new output records: what made it, with which versions, from which command."""
     return {
         "model": settings.model,
@@ -411,7 +413,7 @@ def _provenance(settings: Settings, model: Model, image_root: Path) -> dict:
         "layers": [layer.name for layer in model.layers],
         "preprocessing": repr(model.loaded.preprocessing),
         "image_geometry": json.dumps(model.preprocess.geometry()),  # how `show` lays the image under the maps
-        "image_root": str(Path(image_root).resolve()),
+        "image_root": str(image_root) if is_url(str(image_root)) else str(Path(image_root).resolve()),
         "dtype": settings.dtype,
         "reduce": json.dumps(model.chosen),
         "precision": settings.precision,

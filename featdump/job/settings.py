@@ -12,7 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from featdump.errors import BadOption
-from featdump.job.options import Option, as_path, option, options_of
+from featdump.inputs.stores import DEFAULT_PATIENCE, is_url
+from featdump.job.options import Option, as_location, as_path, option, options_of
 from featdump.job.shards import parse_shard
 from featdump.output.shard_files import shard_pattern
 from featdump.reductions.rules import canonical_rule, check_rule, rules_from_table, uses_pca
@@ -65,7 +66,7 @@ class Settings:
     layers: tuple[str, ...] = option(
         kind=tuple, required=True, short="-l", metavar="LAYERS",
         help="Comma-separated layer paths or patterns (PATH, PATH:K for the K-th call, layer2.*); repeatable.")
-    images: Path = dataclasses.field(default=None)  # a folder of images or a list file (an argument, not an option)
+    images: Path | str = dataclasses.field(default=None)  # a folder, list file, tars, or their URL (an argument)
     output: Path = dataclasses.field(default=None)  # the finished HDF5 file (written as OUTPUT.partial first)
     weights: str = option("DEFAULT", short="-w", help="DEFAULT, a weights name (e.g. IMAGENET1K_V2), none, or a "
                                                       "checkpoint file.")
@@ -112,6 +113,10 @@ class Settings:
         help="Folder of --compile's packages (DIR/aoti) and inductor's caches, shared by runs and by the tasks of "
              "an array (sets TORCHINDUCTOR_CACHE_DIR and TRITON_CACHE_DIR).  [default: TORCHINDUCTOR_CACHE_DIR, "
              "else /tmp/torchinductor_USER]")
+    store_patience: float = option(
+        DEFAULT_PATIENCE, "Seconds a read from an object store or URL retries transient faults (timeouts, resets, "
+                          "5xx, throttling), with backoff, before the job stops (exit 75) keeping its rows.",
+        minimum=0, metavar="SECONDS")
     on_error: str = option("skip", "A bad image is skipped and recorded, or stops the run.", choices=ON_ERROR)
     overwrite: bool = option(False, "Replace an existing output (or partial output).")
     update: bool = option(False, "OUTPUT exists: extract only the images it lacks and append them (cron); rows it "
@@ -132,8 +137,11 @@ class Settings:
     def __post_init__(self):
         for name, declared in OPTIONS.items():
             object.__setattr__(self, name, declared.check(getattr(self, name)))
-        for name in ("images", "output"):
-            object.__setattr__(self, name, as_path(getattr(self, name), name))
+        object.__setattr__(self, "images", as_location(self.images, "images"))
+        if is_url(self.output):
+            raise BadOption(f"OUTPUT {str(self.output)!r} is a URL: HDF5 is written in place, on a file system. "
+                            "Write it locally, then copy the finished file to the store (see docs/stores.md).")
+        object.__setattr__(self, "output", as_path(self.output, "output"))
         object.__setattr__(self, "reduce", tuple(canonical_rule(item) for item in self.reduce))  # one spelling
         if uses_pca(self.reduce) != (self.pca_fit is not None):
             raise BadOption("--reduce pca:K needs --pca-fit N (the first N images) or --pca-fit PATH (a folder or "

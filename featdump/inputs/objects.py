@@ -1,0 +1,191 @@
+"""Objects: images stored as objects at URLs. A store prefix (`s3://bucket/prefix/`) read as a folder: every image
+object under it, listed in pages, named by its key relative to the prefix, labelled by its first-level "folder",
+identified by its ETag, size and modification time as listed. And the URLs of a list file, mixed with paths. A
+loader worker fetches the objects of its batch together, with many requests in flight."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path, PurePosixPath
+
+import numpy as np
+
+from featdump.errors import NoImages, StoreRefused
+from featdump.inputs.folder import IMAGE_EXTENSIONS
+from featdump.inputs.imagelist import Encoded, Files, ImageList
+from featdump.inputs.stores import (
+    Patience,
+    describe,
+    fetch_all,
+    filesystem,
+    is_refused,
+    is_url,
+    join,
+    protocol_of,
+    store_path,
+)
+
+log = logging.getLogger("featdump")
+
+
+# -- a prefix read as a folder ------------------------------------------------------------------------------
+
+
+def read_prefix(url: str, patience: Patience) -> ImageList:
+    """The image objects under the prefix URL (every level), sorted by key, with ImageFolder-style labels from
+    the first level; NoImages when there are none, StoreRefused for bad credentials or a missing bucket."""
+    fs, root = filesystem(url), url.rstrip("/")
+    prefix = fs._strip_protocol(root).rstrip("/")
+    started = time.perf_counter()
+    listed = patience.call(lambda: fs.find(prefix, detail=True, withdirs=False), f"Listing {root}/")
+    keys, identities = [], {}
+    for name, details in listed.items():
+        relative = name[len(prefix) + 1:] if name.startswith(prefix + "/") else None
+        if relative and PurePosixPath(relative).suffix.lower() in IMAGE_EXTENSIONS:
+            keys.append(relative)
+            identities[relative] = _identity(details)
+    log.info("Listed %d objects under %s/ in %.1f s: %d images.", len(listed), root, time.perf_counter() - started,
+             len(keys))
+    if not keys:
+        raise NoImages(f"No images under {root}/ ({len(listed)} objects, none named with an image extension: "
+                       f"{', '.join(sorted(ext.lstrip('.') for ext in IMAGE_EXTENSIONS))}).")
+    keys.sort()
+    in_class_folders = all("/" in key for key in keys)
+    classes = sorted({key.split("/", 1)[0] for key in keys}) if in_class_folders else []
+    index = {name: i for i, name in enumerate(classes)}
+    labels = [index[key.split("/", 1)[0]] if in_class_folders else -1 for key in keys]
+    size, mtime, etag = zip(*(identities[key] for key in keys))
+    storage = StoreObjects(patience, np.asarray(size, np.int64), np.asarray(mtime, np.int64), tuple(etag))
+    return ImageList(root, tuple(keys), tuple(labels), tuple(classes), storage)
+
+
+def _identity(details: dict) -> tuple[int, int, str]:
+    """(size, modification time in ns, ETag) of a listed object, whatever the store calls them."""
+    size = int(details.get("size", details.get("Size", -1)) or 0)
+    when = details.get("LastModified") or details.get("mtime") or details.get("updated") or details.get("created")
+    if isinstance(when, str):
+        when = datetime.fromisoformat(when.replace("Z", "+00:00"))
+    mtime = int(when.timestamp() * 1e9) if isinstance(when, datetime) else int(when or -1)
+    etag = str(details.get("ETag") or details.get("etag") or details.get("md5Hash") or "").strip('"')
+    return size, mtime, etag
+
+
+@dataclass(frozen=True)
+class StoreObjects:
+    """Where the images of a prefix lie: objects under the root URL, with their identities as listed."""
+
+    patience: Patience
+    size: np.ndarray  # int64 per image
+    mtime: np.ndarray  # int64 per image: ns
+    etag: tuple[str, ...]
+
+    def open(self, root: str, relative: str, position: int) -> Encoded:
+        return self.open_many(root, [relative], [position])[0]
+
+    def open_many(self, root: str, relatives: Sequence[str], positions: Sequence[int]) -> list[Encoded | Exception]:
+        fetched = fetch_all([join(root, relative) for relative in relatives], self.patience)
+        return [found if isinstance(found, BaseException) else
+                Encoded(relative, (int(self.size[position]), int(self.mtime[position])), data=found)
+                for relative, position, found in zip(relatives, positions, fetched)]
+
+    def stat(self, root: str, relative: str, position: int) -> tuple[int, int] | None:
+        return int(self.size[position]), int(self.mtime[position])  # as listed for this job
+
+    def select(self, positions: Sequence[int]) -> StoreObjects:
+        chosen = np.asarray(positions, dtype=np.int64)
+        return StoreObjects(self.patience, self.size[chosen], self.mtime[chosen],
+                            tuple(self.etag[p] for p in chosen.tolist()))
+
+    def digest(self, root: str, paths: Sequence[str], labels: Sequence[int], sizes: bool) -> str:
+        """A hash of the keys and labels (and each object's ETag, size and modification time)."""
+        digest = hashlib.sha256()
+        for position, (relative, label) in enumerate(zip(paths, labels)):
+            identity = f"{self.etag[position]}\0{self.size[position]}\0{self.mtime[position]}" if sizes else ""
+            digest.update(f"{relative}\0{identity}\0{label}\n".encode("utf-8", "surrogateescape"))
+        return digest.hexdigest()
+
+    def groups(self) -> list[int] | None:
+        return None
+
+    def left_out(self) -> dict[str, int]:
+        return {}
+
+
+# -- a list of URLs and paths ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ListedURLs(Files):
+    """The images of a list file that names URLs (and paths: relative to the list's folder, itself perhaps a
+    URL). A URL is named and identified by itself: there is no stat per URL (-1 for its size and time)."""
+
+    patience: Patience = Patience()
+
+    def open(self, root, relative: str, position: int) -> Encoded:
+        return self.open_many(root, [relative], [position])[0]
+
+    def open_many(self, root, relatives: Sequence[str], positions: Sequence[int]) -> list[Encoded | Exception]:
+        located = [relative if is_url(relative) or not is_url(str(root)) else join(str(root), relative)
+                   for relative in relatives]
+        results: list[Encoded | Exception | None] = [None] * len(relatives)
+        by_protocol: dict[str, list[int]] = {}
+        for index, where in enumerate(located):
+            if is_url(where):
+                by_protocol.setdefault(protocol_of(where), []).append(index)
+            else:
+                try:
+                    results[index] = Files.open(self, root, relatives[index], positions[index])
+                except Exception as error:  # a missing or unreadable file: a recorded skip
+                    results[index] = error
+        for indices in by_protocol.values():
+            fetched = fetch_all([located[i] for i in indices], self.patience)
+            for i, found in zip(indices, fetched):
+                results[i] = found if isinstance(found, BaseException) else Encoded(relatives[i], (-1, -1),
+                                                                                     data=found)
+        return results
+
+    def stat(self, root, relative: str, position: int) -> tuple[int, int] | None:
+        if is_url(relative) or is_url(str(root)):
+            return -1, -1  # named by its URL: present while the list names it
+        return Files.stat(self, root, relative, position)
+
+    def digest(self, root, paths: Sequence[str], labels: Sequence[int], sizes: bool) -> str:
+        local = Path(root) if not is_url(str(root)) else None
+        return Files.digest(self, local, paths, labels, sizes and local is not None)
+
+    def select(self, positions: Sequence[int]) -> ListedURLs:
+        return self
+
+
+def check_access(urls: Sequence[str], patience: Patience) -> None:
+    """StoreRefused, before any work, when the store of any of URLS refuses its credentials or lacks its bucket:
+    one object of each bucket (or host) is looked up."""
+    firsts: dict[str, str] = {}
+    for url in urls:
+        firsts.setdefault(_bucket_of(url), url)
+    for bucket, url in firsts.items():
+        try:
+            patience.call(lambda url=url: filesystem(url).info(store_path(url)), f"Reading {url}")
+        except FileNotFoundError as error:
+            if is_refused(error):
+                raise StoreRefused(f"Reading {url}: {describe(error)}.") from error
+        except StoreRefused as error:
+            raise StoreRefused(f"{error} Check the credentials the store is given (AWS_ACCESS_KEY_ID, AWS_PROFILE, "
+                               f"~/.config/fsspec) for {bucket}.") from error
+
+
+def _bucket_of(url: str) -> str:
+    protocol, _, rest = url.partition("://")
+    return f"{protocol}://{rest.split('/', 1)[0]}"
+
+
+def read_object(root: str, relative: str, patience: Patience = Patience(seconds=10)) -> bytes | None:
+    """The bytes of row RELATIVE of an output whose images were read under the URL ROOT (or named by their own
+    URL), read back from the store; None when they are not there (or not an object: a tar member)."""
+    found = fetch_all([join(root, relative)], patience)[0]
+    return None if isinstance(found, BaseException) else found

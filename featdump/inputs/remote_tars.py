@@ -1,0 +1,124 @@
+"""Remote tars: webdataset tar shards in an object store or on a web server: a tar URL, a brace pattern of them
+(`s3://bucket/train-{000000..000099}.tar`), several patterns joined with `::`, or a list file of tar URLs.
+
+When the job lists them, each tar's headers are read in one sequential pass of large blocks (several tars at a
+time). A loader worker then fetches the members of its batch that lie in one tar with one ranged request spanning
+them, and the tars of a batch concurrently: a tar costs one request per batch, never one per member. Rows, labels,
+damage and shards by whole tars are those of local tars (`inputs.tars`)."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import functools
+import logging
+import os
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import PurePosixPath
+
+from featdump.errors import NoImages
+from featdump.inputs.imagelist import Encoded, ImageList
+from featdump.inputs.objects import _identity
+from featdump.inputs.stores import Patience, describe, fetch_all, filesystem, is_url, store_path
+from featdump.inputs.tars import (
+    TAR_SUFFIX,
+    DamagedTar,
+    TarMembers,
+    TarScan,
+    TarShard,
+    expand_braces,
+    scan_tar_file,
+    tar_image_list,
+)
+
+PATTERN_SEPARATOR = "::"
+_INDEX_BLOCK = 32 << 20  # bytes per request while a tar's headers are read
+_INDEXING_AT_ONCE = 8
+log = logging.getLogger("featdump")
+
+
+def named_remote_tars(text: str) -> list[str] | None:
+    """The tar URLs TEXT names (a URL, brace patterns, several joined with ::), in order; None when it names no
+    .tar (a prefix or a list)."""
+    urls = [url for pattern in text.split(PATTERN_SEPARATOR) for url in expand_braces(pattern.strip())]
+    tars = [url for url in urls if url.lower().endswith(TAR_SUFFIX)]
+    if not tars:
+        return None
+    others = [url for url in urls if url not in tars or not is_url(url)]
+    if others:
+        raise NoImages(f"The pattern {text!r} names {others[0]!r}, which is not a .tar URL: join only tar URLs "
+                       f"with {PATTERN_SEPARATOR}.")
+    return tars
+
+
+def read_remote_tars(urls: Sequence[str], patience: Patience) -> ImageList:
+    """The samples of the tars at URLS, in order (paths TAR/MEMBER relative to their common prefix)."""
+    root = os.path.commonprefix([url.rsplit("/", 1)[0] + "/" for url in urls]).rsplit("/", 1)[0]
+    started = time.perf_counter()
+    with concurrent.futures.ThreadPoolExecutor(_INDEXING_AT_ONCE) as pool:
+        found = list(pool.map(lambda url: _index(url, patience), urls))
+    missing = [url for url, (shard, _) in zip(urls, found) if shard is None]
+    if missing:
+        shown = ", ".join(missing[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
+        raise NoImages(f"{len(missing)} of the {len(urls)} tar URLs are missing: {shown}. Nothing was read.")
+    shards = [dataclasses.replace(shard, name=url[len(root) + 1:]) for url, (shard, _) in zip(urls, found)]
+    log.info("Read the headers of %d tars in %.1f s.", len(urls), time.perf_counter() - started)
+    storage = functools.partial(RemoteTarMembers, patience=patience)
+    return tar_image_list(root, shards, [scan for _, scan in found], urls[0], storage)
+
+
+def _index(url: str, patience: Patience) -> tuple[TarShard | None, TarScan | None]:
+    """URL's identity and its headers (None, None when it is missing); a transient fault restarts the pass."""
+    fs = filesystem(url)
+    try:
+        details = patience.call(lambda: fs.info(store_path(url)), f"Reading {url}")
+    except FileNotFoundError:
+        return None, None
+    size, mtime, _ = _identity(details)
+
+    def scan() -> TarScan:
+        with fs.open(store_path(url), "rb", block_size=_INDEX_BLOCK, cache_type="readahead") as handle:
+            return scan_tar_file(handle, size)
+
+    try:
+        scanned = patience.call(scan, f"Reading the headers of {url}")
+    except OSError as error:
+        scanned = TarScan(damage=(0, f"cannot be read ({describe(error)})"))
+    return TarShard(PurePosixPath(url).name, size, mtime), scanned
+
+
+@dataclass(frozen=True)
+class RemoteTarMembers(TarMembers):
+    """The members of tars at URLs: a batch's members of one tar are fetched with one ranged request."""
+
+    patience: Patience = Patience()
+
+    def open(self, root: str, relative: str, position: int) -> Encoded:
+        return self.open_many(root, [relative], [position])[0]
+
+    def open_many(self, root: str, relatives: Sequence[str], positions: Sequence[int]) -> list[Encoded | Exception]:
+        results: list[Encoded | Exception | None] = [None] * len(positions)
+        spans: dict[int, list[int]] = {}  # tar -> indices into positions
+        for index, position in enumerate(positions):
+            if self.size[position] < 0:
+                tar = int(self.tar[position])
+                results[index] = DamagedTar(self.damage[(tar, int(self.offset[position]))])
+            else:
+                spans.setdefault(int(self.tar[position]), []).append(index)
+        tars = list(spans)
+        ranges = [(min(int(self.offset[positions[i]]) for i in spans[tar]),
+                   max(int(self.offset[positions[i]] + self.size[positions[i]]) for i in spans[tar])) for tar in tars]
+        fetched = fetch_all([f"{root}/{self.tars[tar].name}" for tar in tars], self.patience, ranges) if tars else []
+        for tar, (start, _), data in zip(tars, ranges, fetched):
+            for index in spans[tar]:
+                position = positions[index]
+                offset, size = int(self.offset[position]) - start, int(self.size[position])
+                if isinstance(data, BaseException) or len(data) < offset + size:
+                    results[index] = data if isinstance(data, BaseException) else DamagedTar(
+                        f"{self.tars[tar].name} ends before this member's bytes (changed after it was listed)")
+                else:
+                    results[index] = Encoded(relatives[index], (size, self.tars[tar].mtime_ns),
+                                             data=data[offset:offset + size])
+        return results

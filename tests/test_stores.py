@@ -1,0 +1,265 @@
+"""Images where they live: an S3 store (a real SeaweedFS server on loopback) and URLs (a real http.server), read
+as the same images on disk are read."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+
+import h5py
+import numpy as np
+import pytest
+
+from featdump.errors import StoreUnavailable
+from featdump.faces.show import _read
+from featdump.inputs import find_images
+from featdump.inputs.stores import Patience, fetch_all
+
+from .conftest import committed_rows, featdump_env, read_output, run_featdump, start_featdump, write_images
+from .stores import http_server
+from .test_tars import member_path, pack
+
+EXTRACT = ["extract", "-m", "resnet18", "-w", "none", "-l", "layer4.1.relu:2,avgpool"]
+LAYERS = ("layer4.1.relu:2", "avgpool")
+
+
+@pytest.fixture(scope="module")
+def images(tmp_path_factory, seaweed):
+    """16 images in two class folders on disk, the same under s3://photos/set/, as 4 tars under
+    s3://photos/shards/, and the folder's rows extracted from disk (default workers and batch size)."""
+    root = tmp_path_factory.mktemp("stored")
+    write_images(root / "images", {"cats": 8, "dogs": 8}, size=(40, 32))
+    pack(root / "images", root / "shards", 4)
+    seaweed.upload(root / "images", "s3://photos/set")
+    seaweed.upload(root / "shards", "s3://photos/shards")
+    output = root / "folder.h5"
+    assert run_featdump(*EXTRACT, root / "images", output).returncode == 0
+    return root, read_output(output)
+
+
+def assert_rows_equal(content: dict, expected: dict, name=lambda path: path, labelled: bool = True) -> None:
+    index = {path: row for row, path in enumerate(expected["paths"])}
+    rows = [index[name(path)] for path in content["paths"]]
+    for layer in LAYERS:
+        np.testing.assert_array_equal(content[layer], expected[layer][rows])
+    labels = expected["labels"][rows] if labelled else np.full(len(rows), -1)  # a list without labels has none
+    np.testing.assert_array_equal(content["labels"], labels)
+
+
+def test_a_prefix_is_read_as_the_folder_it_was_uploaded_from(images, store_env, tmp_path):
+    root, folder = images
+    output = tmp_path / "out.h5"
+    result = run_featdump(*EXTRACT, "s3://photos/set/", output)  # default workers and batch size
+    assert result.returncode == 0, result.stderr
+    assert "Listed 16 objects under s3://photos/set/" in result.stderr
+    content = read_output(output)
+    assert content["paths"] == folder["paths"] and content["classes"] == ["cats", "dogs"]
+    assert_rows_equal(content, folder)
+    with h5py.File(output, "r") as h5file:
+        assert h5file.attrs["image_root"] == "s3://photos/set"  # rows are keys relative to it
+        stats = h5file["file_stats"][:]
+    sizes = {path.removeprefix("photos/set/"): size
+             for path, size in store_env.client().du("photos/set", total=False).items()}
+    assert stats[:, 0].tolist() == [sizes[path] for path in content["paths"]]  # identities as listed
+    assert (stats[:, 1] > 1_700_000_000 * 10**9).all()  # modification times in ns
+
+    info = run_featdump("info", output)
+    assert info.returncode == 0 and "image_root: s3://photos/set" in info.stdout, info.stdout
+    _, _, image, path = _read(output, "avgpool", 9)  # show reads the image back from the store
+    assert path == "dogs/img_001.jpg" and image is not None and image.shape == (224, 224, 3)
+    again = run_featdump(*EXTRACT, "s3://photos/set", output)  # the same prefix, without its slash
+    assert again.returncode == 0 and "Nothing new:" in again.stderr, again.stderr  # same listing, same identities
+
+
+def test_tar_urls_by_brace_patterns_joined_with_colons(images, store_env, tmp_path):
+    root, folder = images
+    output = tmp_path / "out.h5"
+    pattern = "s3://photos/shards/{00000..00001}.tar::s3://photos/shards/0000{2,3}.tar"
+    result = run_featdump(*EXTRACT, pattern, output)
+    assert result.returncode == 0, result.stderr
+    content = read_output(output)
+    assert content["paths"][0] == "00000.tar/cats/img_000.jpg"
+    assert [member_path(path) for path in content["paths"]] == folder["paths"]
+    assert_rows_equal(content, folder, member_path)
+    with h5py.File(output, "r") as h5file:
+        assert h5file.attrs["image_root"] == "s3://photos/shards"
+    _, _, image, path = _read(output, "avgpool", 5)  # read back from its tar in the store
+    assert path == "00001.tar/cats/img_005.png" and image is not None
+
+    for index in range(2):  # shards split by whole tars
+        part = run_featdump(*EXTRACT, "--shard", f"{index}/2", pattern, tmp_path / "sharded.h5")
+        assert part.returncode == 0, part.stderr
+    first = read_output(tmp_path / "sharded.shard-0-of-2.h5")
+    assert {path.split("/")[0] for path in first["paths"]} == {"00000.tar", "00001.tar"}
+
+
+def test_a_list_of_urls_mixed_with_paths_and_a_list_at_a_url(images, store_env, tmp_path):
+    root, folder = images
+    paths = folder["paths"]
+    with http_server(root / "images") as base:
+        listed = tmp_path / "list.txt"
+        lines = [f"{base}/{path}" if row % 3 == 0 else f"s3://photos/set/{path}" if row % 3 == 1
+                 else str(root / "images" / path) for row, path in enumerate(paths)]
+        listed.write_text("\n".join(lines) + "\n")
+        output = tmp_path / "mixed.h5"
+        result = run_featdump(*EXTRACT, listed, output)
+        assert result.returncode == 0, result.stderr
+        content = read_output(output)
+        assert content["paths"] == lines  # each row named by its URL or path
+        assert_rows_equal(content, folder, lambda line: paths[lines.index(line)], labelled=False)
+
+        (root / "images" / "list.txt").write_text("".join(f"{path}\n" for path in paths))  # relative to its URL
+        remote = tmp_path / "remote.h5"
+        result = run_featdump(*EXTRACT, f"{base}/list.txt", remote)
+        assert result.returncode == 0, result.stderr
+        content = read_output(remote)
+        assert content["paths"] == paths
+        np.testing.assert_array_equal(content["avgpool"], folder["avgpool"])
+        _, _, image, _ = _read(remote, "avgpool", 3)
+        assert image is not None
+
+
+def test_missing_and_undecodable_objects_are_recorded_skips(images, store_env, tmp_path):
+    root, folder = images
+    fs = store_env.client()
+    fs.pipe({"photos/broken/a/fine.jpg": (root / "images" / "cats" / "img_000.jpg").read_bytes(),
+             "photos/broken/a/garbage.jpg": b"not a jpeg at all"})
+    listed = tmp_path / "list.txt"
+    listed.write_text("s3://photos/set/cats/img_000.jpg\ns3://photos/set/cats/gone.jpg\n")
+    for source, skipped, reason in [("s3://photos/broken/", "a/garbage.jpg", "cannot identify image file"),
+                                    (listed, "s3://photos/set/cats/gone.jpg", "file not found")]:
+        output = tmp_path / "out.h5"
+        result = run_featdump(*EXTRACT, "--overwrite", source, output)
+        assert result.returncode == 0, result.stderr
+        content = read_output(output)
+        assert content["skipped"] == [skipped] and reason in content["reasons"][0], content["reasons"]
+        assert len(content["paths"]) == 1
+        np.testing.assert_array_equal(content["avgpool"][0], folder["avgpool"][0])
+
+
+def test_bad_credentials_and_a_missing_bucket_stop_before_any_work(images, store_env, tmp_path, monkeypatch):
+    output = tmp_path / "out.h5"
+    listed = tmp_path / "list.txt"
+    listed.write_text("s3://photos/set/cats/img_000.jpg\n")
+    missing = run_featdump(*EXTRACT, "s3://no-such-bucket/images/", output)
+    assert missing.returncode == 2 and "bucket does not exist" in missing.stderr, missing.stderr
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "wrong")
+    for source in ["s3://photos/set/", listed, "s3://photos/shards/00000.tar"]:
+        result = run_featdump(*EXTRACT, source, output)
+        assert result.returncode == 2, result.stderr
+        lines = result.stderr.strip().splitlines()
+        assert len(lines) == 1 and "access refused" in lines[0] and "Traceback" not in result.stderr, lines
+        assert not output.exists() and not (tmp_path / "out.h5.partial").exists()
+
+
+def test_an_output_url_and_a_missing_package_are_refused_with_the_way_out(tmp_path, monkeypatch):
+    refused = run_featdump(*EXTRACT, tmp_path, "s3://photos/out.h5")
+    assert refused.returncode == 2 and "Write it locally, then copy" in refused.stderr, refused.stderr
+    without_s3fs = "import sys; sys.modules['s3fs'] = None; from featdump.faces.cli import main; main()"
+    missing = subprocess.run([sys.executable, "-c", without_s3fs, *EXTRACT, "s3://photos/set/", tmp_path / "o.h5"],
+                             capture_output=True, text=True, env=featdump_env())  # as if the extra were missing
+    assert missing.returncode == 2, missing.stderr
+    assert "needs the package s3fs" in missing.stderr and "pip install 'featdump[s3]'" in missing.stderr
+    monkeypatch.delenv("AWS_ACCESS_KEY_ID", raising=False)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    no_credentials = run_featdump(*EXTRACT, "--store-patience", "60", "s3://photos/set/", tmp_path / "out.h5")
+    assert no_credentials.returncode == 2 and "NoCredentialsError" in no_credentials.stderr  # not retried
+
+
+def test_update_appends_the_objects_added_under_the_prefix(images, store_env, tmp_path):
+    root, _ = images
+    write_images(tmp_path / "grown", {"cats": 3, "dogs": 3}, size=(40, 32))
+    store_env.upload(tmp_path / "grown", "s3://grown/set")
+    output = tmp_path / "out.h5"
+    arguments = [*EXTRACT, "--update", "s3://grown/set/", output]
+    assert run_featdump(*arguments).returncode == 0
+    write_images(tmp_path / "more", {"birds": 2, "cats": 1}, seed=5, size=(40, 32))
+    (tmp_path / "more" / "cats" / "img_000.jpg").rename(tmp_path / "more" / "cats" / "new_000.jpg")
+    store_env.upload(tmp_path / "more", "s3://grown/set")
+    updated = run_featdump(*arguments)
+    assert updated.returncode == 0, updated.stderr
+    assert f"Wrote 3 images (0 skipped) to {output}, 9 in all (0 skipped)," in updated.stderr
+    store_env.client().get("grown/set", str(tmp_path / "everything"), recursive=True)
+    fresh = tmp_path / "fresh.h5"
+    assert run_featdump(*EXTRACT, tmp_path / "everything", fresh).returncode == 0
+    content, expected = read_output(output), read_output(fresh)
+    assert sorted(content["paths"]) == expected["paths"] and content["paths"][-3:] == [
+        "birds/img_000.jpg", "birds/img_001.jpg", "cats/new_000.jpg"]
+    order = [expected["paths"].index(path) for path in content["paths"]]
+    for layer in LAYERS:
+        np.testing.assert_allclose(content[layer], expected[layer][order], rtol=1e-5, atol=1e-6)
+    assert content["classes"] == ["cats", "dogs", "birds"]  # a new class appended
+    again = run_featdump(*arguments)
+    assert again.returncode == 0 and "Nothing new:" in again.stderr, again.stderr
+
+
+def test_transient_faults_are_retried_within_the_patience_then_name_the_object(seaweed):
+    calls = []
+
+    def flaky():
+        calls.append(time.monotonic())
+        if len(calls) < 3:
+            raise ConnectionResetError("connection reset by peer")
+        return "read"
+
+    assert Patience(10).call(flaky, "Reading s3://x/y.jpg") == "read" and len(calls) == 3
+    missing = FileNotFoundError("s3://x/y.jpg")
+    with pytest.raises(FileNotFoundError):  # a missing object is not retried
+        Patience(10).call(lambda: (_ for _ in ()).throw(missing), "Reading s3://x/y.jpg")
+    started = time.monotonic()
+    with pytest.raises(StoreUnavailable, match=r"^Reading http://127\.0\.0\.1:9/away\.jpg: the store did not answer"):
+        fetch_all(["http://127.0.0.1:9/away.jpg"], Patience(2))  # nothing listens on port 9
+    assert time.monotonic() - started < 15
+
+
+@pytest.mark.slow  # real processes: a SIGKILL, then an outage of the store
+def test_a_kill_and_a_store_outage_both_resume_with_the_same_command(seaweed, tmp_path):
+    write_images(tmp_path / "images", {"cats": 20, "dogs": 20}, size=(40, 32))
+    seaweed.upload(tmp_path / "images", "s3://outage/set")
+    fresh = tmp_path / "fresh.h5"
+    assert run_featdump(*EXTRACT, tmp_path / "images", fresh).returncode == 0
+    output, partial = tmp_path / "out.h5", tmp_path / "out.h5.partial"
+    arguments = [*EXTRACT, "-b", "2", "--store-patience", "3", "s3://outage/set/", output]
+    env = featdump_env(**seaweed.env)
+
+    process = start_featdump(*arguments, env=env)  # the default loader workers
+    while committed_rows(partial) <= 0 and process.poll() is None:
+        time.sleep(0.01)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    killed_at = committed_rows(partial)
+    assert 0 < killed_at < 40
+
+    process = start_featdump(*arguments, env=env)
+    while committed_rows(partial) <= killed_at and process.poll() is None:
+        time.sleep(0.01)
+    seaweed.stop()
+    try:
+        _, stderr = process.communicate(timeout=120)
+        lines = [line for line in stderr.splitlines() if "INFO" not in line]
+        assert process.returncode == 75, stderr
+        assert len(lines) == 1 and "the store did not answer" in lines[0] and "s3://outage/set/" in lines[0], lines
+        stopped_at = committed_rows(partial)
+        assert killed_at < stopped_at < 40 and not output.exists()
+    finally:
+        seaweed.start()
+    resumed = run_featdump(*arguments, env=env, process=True)
+    assert resumed.returncode == 0, resumed.stderr
+    assert f"Resuming at image {stopped_at} of 40" in resumed.stderr
+    content, expected = read_output(output), read_output(fresh)
+    assert content["paths"] == expected["paths"]
+    for layer in LAYERS:
+        np.testing.assert_array_equal(content[layer], expected[layer])
+
+
+def test_find_images_lists_a_prefix_in_pages(seaweed, store_env, tmp_path):
+    fs = store_env.client()
+    fs.mkdir("many")
+    fs.pipe({f"many/set/{index:05d}.jpg": b"x" for index in range(2500)})  # past 1,000 keys per page
+    found = find_images("s3://many/set")
+    assert len(found) == 2500 and found.paths[0] == "00000.jpg" and found.paths[-1] == "02499.jpg"
+    assert found.classes == ()
