@@ -82,10 +82,23 @@ def analysed(sandbox):
     return sandbox
 
 
+@pytest.fixture(scope="module")
+def stored(sandbox, seaweed):
+    """stores.md's bucket on the SeaweedFS server: its images as s3://my-lab/stimuli/, its tars as
+    s3://my-lab/shards/, and urls.txt naming some of them beside a local path."""
+    seaweed.upload(sandbox / "images", "s3://my-lab/stimuli")
+    seaweed.upload(sandbox / "shards", "s3://my-lab/shards")
+    (sandbox / "urls.txt").write_text("s3://my-lab/stimuli/cats/img_000.jpg\nimages/dogs/img_000.jpg\n")
+    return seaweed
+
+
 @pytest.mark.parametrize("page, line", list(examples()))
-def test_every_shell_example_runs(sandbox, page, line, request):
+def test_every_shell_example_runs(sandbox, page, line, request, monkeypatch):
     if page in ("analysis.md", "readouts.md"):
         request.getfixturevalue("analysed")
+    if page == "stores.md":  # a real S3 server, the environment pointed at it as a user's shell would be
+        for key, value in request.getfixturevalue("stored").env.items():
+            monkeypatch.setenv(key, value)
     words = runnable(line)
     if words[-1].endswith(".h5") and "extract" in words and "--update" not in words:
         (sandbox / words[-1]).unlink(missing_ok=True)  # each example writes its own output anew

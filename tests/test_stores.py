@@ -3,6 +3,7 @@ as the same images on disk are read."""
 
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
 import sys
@@ -59,6 +60,8 @@ def test_a_prefix_is_read_as_the_folder_it_was_uploaded_from(images, store_env, 
     assert_rows_equal(content, folder)
     with h5py.File(output, "r") as h5file:
         assert h5file.attrs["image_root"] == "s3://photos/set"  # rows are keys relative to it
+        listing = json.loads(h5file.attrs["image_listing"])
+        assert (listing["url"], listing["objects"], listing["images"]) == ("s3://photos/set/", 16, 16)
         stats = h5file["file_stats"][:]
     sizes = {path.removeprefix("photos/set/"): size
              for path, size in store_env.client().du("photos/set", total=False).items()}
@@ -154,6 +157,7 @@ def test_bad_credentials_and_a_missing_bucket_stop_before_any_work(images, store
         assert not output.exists() and not (tmp_path / "out.h5.partial").exists()
 
 
+@pytest.mark.slow  # a real process (without s3fs)
 def test_an_output_url_and_a_missing_package_are_refused_with_the_way_out(tmp_path, monkeypatch):
     refused = run_featdump(*EXTRACT, tmp_path, "s3://photos/out.h5")
     assert refused.returncode == 2 and "Write it locally, then copy" in refused.stderr, refused.stderr
@@ -195,6 +199,27 @@ def test_update_appends_the_objects_added_under_the_prefix(images, store_env, tm
     assert content["classes"] == ["cats", "dogs", "birds"]  # a new class appended
     again = run_featdump(*arguments)
     assert again.returncode == 0 and "Nothing new:" in again.stderr, again.stderr
+
+
+@pytest.mark.slow  # two more extractions; the prefix's --update stays in the quick suite
+def test_update_appends_a_new_tar_of_a_list_of_tar_urls(images, store_env, tmp_path):
+    root, _ = images
+    store_env.upload(root / "shards", "s3://grown-tars/shards")
+    listed = tmp_path / "tars.txt"
+    listed.write_text("".join(f"s3://grown-tars/shards/{index:05d}.tar\n" for index in range(4)))
+    output = tmp_path / "out.h5"
+    arguments = [*EXTRACT, "--update", listed, output]
+    assert run_featdump(*arguments).returncode == 0
+    write_images(tmp_path / "more", {"birds": 3}, seed=7, size=(40, 32))
+    pack(tmp_path / "more", tmp_path / "new", 1, first=4)
+    store_env.upload(tmp_path / "new", "s3://grown-tars/shards")
+    with listed.open("a") as handle:
+        handle.write("s3://grown-tars/shards/00004.tar\n")
+    updated = run_featdump(*arguments)
+    assert updated.returncode == 0, updated.stderr
+    assert f"Wrote 3 images (0 skipped) to {output}, 19 in all (0 skipped)," in updated.stderr
+    content = read_output(output)
+    assert content["paths"][-1] == "00004.tar/birds/img_002.png" and content["labels"][-1] == 0
 
 
 def test_transient_faults_are_retried_within_the_patience_then_name_the_object(seaweed):
@@ -259,7 +284,7 @@ def test_a_kill_and_a_store_outage_both_resume_with_the_same_command(seaweed, tm
 def test_find_images_lists_a_prefix_in_pages(seaweed, store_env, tmp_path):
     fs = store_env.client()
     fs.mkdir("many")
-    fs.pipe({f"many/set/{index:05d}.jpg": b"x" for index in range(2500)})  # past 1,000 keys per page
+    fs.pipe({f"many/set/{index:05d}.jpg": b"x" for index in range(1200)})  # past 1,000 keys per page
     found = find_images("s3://many/set")
-    assert len(found) == 2500 and found.paths[0] == "00000.jpg" and found.paths[-1] == "02499.jpg"
+    assert len(found) == 1200 and found.paths[0] == "00000.jpg" and found.paths[-1] == "01199.jpg"
     assert found.classes == ()

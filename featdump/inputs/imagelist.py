@@ -133,6 +133,7 @@ class ImageList:
     labels: tuple[int, ...]  # index into classes, a list's or a .cls member's integer, or -1
     classes: tuple[str, ...]  # first-level folder names, sorted
     storage: Storage = field(default_factory=Files)
+    listing: dict = field(default_factory=dict)  # what listing a store found (its URL, counts, when), to record
 
     def __len__(self) -> int:
         return len(self.paths)
@@ -168,7 +169,8 @@ class ImageList:
         positions = list(positions)
         return ImageList(self.root, tuple(self.paths[p] for p in positions),
                          tuple(labels) if labels is not None else tuple(self.labels[p] for p in positions),
-                         tuple(classes) if classes is not None else self.classes, self.storage.select(positions))
+                         tuple(classes) if classes is not None else self.classes, self.storage.select(positions),
+                         self.listing)
 
     def part(self, start: int, stop: int) -> ImageList:
         """Images START..STOP-1 (a shard), labelled against the whole list's classes."""

@@ -1,7 +1,8 @@
 """Objects: images stored as objects at URLs. A store prefix (`s3://bucket/prefix/`) read as a folder: every image
 object under it, listed in pages, named by its key relative to the prefix, labelled by its first-level "folder",
-identified by its ETag, size and modification time as listed. And the URLs of a list file, mixed with paths. A
-loader worker fetches the objects of its batch together, with many requests in flight."""
+identified by its ETag, size and modification time as listed (the listing's counts are recorded in the output).
+And the URLs of a list file, mixed with paths. A loader worker fetches the objects of its batch together, with
+many requests in flight."""
 
 from __future__ import annotations
 
@@ -49,8 +50,8 @@ def read_prefix(url: str, patience: Patience) -> ImageList:
         if relative and PurePosixPath(relative).suffix.lower() in IMAGE_EXTENSIONS:
             keys.append(relative)
             identities[relative] = _identity(details)
-    log.info("Listed %d objects under %s/ in %.1f s: %d images.", len(listed), root, time.perf_counter() - started,
-             len(keys))
+    seconds = time.perf_counter() - started
+    log.info("Listed %d objects under %s/ in %.1f s: %d images.", len(listed), root, seconds, len(keys))
     if not keys:
         raise NoImages(f"No images under {root}/ ({len(listed)} objects, none named with an image extension: "
                        f"{', '.join(sorted(ext.lstrip('.') for ext in IMAGE_EXTENSIONS))}).")
@@ -61,7 +62,9 @@ def read_prefix(url: str, patience: Patience) -> ImageList:
     labels = [index[key.split("/", 1)[0]] if in_class_folders else -1 for key in keys]
     size, mtime, etag = zip(*(identities[key] for key in keys))
     storage = StoreObjects(patience, np.asarray(size, np.int64), np.asarray(mtime, np.int64), tuple(etag))
-    return ImageList(root, tuple(keys), tuple(labels), tuple(classes), storage)
+    listing = {"url": f"{root}/", "objects": len(listed), "images": len(keys), "seconds": round(seconds, 3),
+               "listed_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    return ImageList(root, tuple(keys), tuple(labels), tuple(classes), storage, listing)
 
 
 def _identity(details: dict) -> tuple[int, int, str]:

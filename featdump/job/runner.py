@@ -160,7 +160,7 @@ def _run_locked(plan: Plan, lock: OutputLock, progress: Progress, started: float
                                      model.loaded.source, plan.shard_fingerprint)
     if settings.pca_fit is not None:
         _fit_projections(plan, model, fingerprint, lock, progress)
-    attributes = _provenance(settings, model, plan.images.root)
+    attributes = _provenance(settings, model, plan.images)
     if settings.output.exists() and not settings.overwrite:
         job = updating.UpdateJob(settings, plan.images, plan.shard_fingerprint, model, fingerprint, attributes,
                                  lock.hdf5_locking, functools.partial(_fill, lock=lock, progress=progress))
@@ -403,9 +403,11 @@ def _merge_when_all_ranks_done(plan: Plan) -> None:
         log.info("Merged %d shards into %s.", plan.shard.count, plan.whole_output)
 
 
-def _provenance(settings: Settings, model: Model, image_root: Path | str) -> dict:
-    """The attributes a new output records: what made it, with which versions, from which command."""
+def _provenance(settings: Settings, model: Model, images: ImageList) -> dict:
+    """The attributes a new output records: what made it, from which images, with which versions and command."""
+    root = images.root
     return {
+        **({"image_listing": json.dumps(images.listing, sort_keys=True)} if images.listing else {}),
         "model": settings.model,
         "weights": model.loaded.weights,
         "model_source": json.dumps(model.loaded.source, sort_keys=True),
@@ -413,7 +415,7 @@ def _provenance(settings: Settings, model: Model, image_root: Path | str) -> dic
         "layers": [layer.name for layer in model.layers],
         "preprocessing": repr(model.loaded.preprocessing),
         "image_geometry": json.dumps(model.preprocess.geometry()),  # how `show` lays the image under the maps
-        "image_root": str(image_root) if is_url(str(image_root)) else str(Path(image_root).resolve()),
+        "image_root": str(root) if is_url(str(root)) else str(Path(root).resolve()),
         "dtype": settings.dtype,
         "reduce": json.dumps(model.chosen),
         "precision": settings.precision,
