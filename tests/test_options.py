@@ -37,6 +37,7 @@ BAD = {
     "shard": ("5/3", "5/3"),
     "shard_pattern": ("part-{k}.h5", "part-{k}.h5"),
     "merge_timeout": (0, "0"),
+    "store_patience": (-1, "-1"),
     "space_check": ("off", None),
     "pca_fit": ("1", "1"),
 }
