@@ -227,8 +227,10 @@ def seaweed(tmp_path_factory):
 
 
 @pytest.fixture
-def store_env(seaweed, monkeypatch):
-    """This process's environment pointed at the SeaweedFS server, as a user's shell would be."""
+def store_env(seaweed, monkeypatch, tmp_path):
+    """This process's environment pointed at the SeaweedFS server, as a user's shell would be (its cache in
+    TMP_PATH/cache)."""
     for key, value in seaweed.env.items():
         monkeypatch.setenv(key, value)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     return seaweed

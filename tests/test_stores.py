@@ -90,6 +90,12 @@ def test_tar_urls_by_brace_patterns_joined_with_colons(images, store_env, tmp_pa
         assert h5file.attrs["image_root"] == "s3://photos/shards"
     _, _, image, path = _read(output, "avgpool", 5)  # read back from its tar in the store
     assert path == "00001.tar/cats/img_005.png" and image is not None
+    kept = sorted((tmp_path / "cache" / "featdump" / "tar-index").iterdir())
+    assert len(kept) == 4  # each tar's headers, read once and kept
+    index = json.loads(kept[0].read_text())
+    kept[0].write_text(json.dumps({**index, "images": index["images"][:-1]}))  # a kept index one image short
+    again = run_featdump(*EXTRACT, "--overwrite", pattern, output)
+    assert again.returncode == 0 and "Wrote 15 images" in again.stderr, again.stderr  # it was read, not the tar
 
     for index in range(2):  # shards split by whole tars
         part = run_featdump(*EXTRACT, "--shard", f"{index}/2", pattern, tmp_path / "sharded.h5")

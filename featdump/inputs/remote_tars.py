@@ -2,21 +2,27 @@
 (`s3://bucket/train-{000000..000099}.tar`), several patterns joined with `::`, or a list file of tar URLs.
 
 When the job lists them, each tar's headers are read in one sequential pass of large blocks (several tars at a
-time). A loader worker then fetches the members of its batch that lie in one tar with one ranged request spanning
-them, and the tars of a batch concurrently: a tar costs one request per batch, never one per member. Rows, labels,
-damage and shards by whole tars are those of local tars (`inputs.tars`)."""
+time), and kept in the user's cache by the tar's URL, ETag, size and modification time: a resume or an --update
+reads only the headers of tars it has not seen. A loader worker then fetches the members of its batch that lie
+in one tar with one ranged request spanning them, and the tars of a batch concurrently: a tar costs one request
+per batch, never one per member. Rows, labels, damage and shards by whole tars are those of local tars
+(`inputs.tars`)."""
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures
+import contextlib
 import dataclasses
 import functools
+import hashlib
+import json
 import logging
 import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import PurePosixPath
+from pathlib import Path, PurePosixPath
 
 from featdump.errors import NoImages
 from featdump.inputs.imagelist import Encoded, ImageList
@@ -64,7 +70,7 @@ def read_remote_tars(urls: Sequence[str], patience: Patience) -> ImageList:
         shown = ", ".join(missing[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
         raise NoImages(f"{len(missing)} of the {len(urls)} tar URLs are missing: {shown}. Nothing was read.")
     shards = [dataclasses.replace(shard, name=url[len(root) + 1:]) for url, (shard, _) in zip(urls, found)]
-    log.info("Read the headers of %d tars in %.1f s.", len(urls), time.perf_counter() - started)
+    log.info("Listed %d tars in %.1f s.", len(urls), time.perf_counter() - started)
     storage = functools.partial(RemoteTarMembers, patience=patience)
     return tar_image_list(root, shards, [scan for _, scan in found], urls[0], storage)
 
@@ -82,11 +88,49 @@ def _index(url: str, patience: Patience) -> tuple[TarShard | None, TarScan | Non
         with fs.open(store_path(url), "rb", block_size=_INDEX_BLOCK, cache_type="readahead") as handle:
             return scan_tar_file(handle, size)
 
+    shard = TarShard(PurePosixPath(url).name, size, mtime)
+    cached = _index_file(url, details)
+    known = _read_index(cached)
+    if known is not None:
+        return shard, known
     try:
         scanned = patience.call(scan, f"Reading the headers of {url}")
     except OSError as error:
-        scanned = TarScan(damage=(0, f"cannot be read ({describe(error)})"))
-    return TarShard(PurePosixPath(url).name, size, mtime), scanned
+        return shard, TarScan(damage=(0, f"cannot be read ({describe(error)})"))
+    _write_index(cached, scanned)
+    return shard, scanned
+
+
+# -- the headers read once: kept in the user's cache, by the tar's URL and identity ----------------------------
+
+
+def _index_file(url: str, details: dict) -> Path:
+    """Where the headers of the tar at URL, as it is now (ETag, size, modification time), are kept:
+    $XDG_CACHE_HOME/featdump/tar-index (default ~/.cache/featdump/tar-index)."""
+    size, mtime, etag = _identity(details)
+    key = hashlib.sha256(f"{url}\0{size}\0{mtime}\0{etag}".encode("utf-8", "surrogateescape")).hexdigest()
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return cache / "featdump" / "tar-index" / f"{key}.json"
+
+
+def _read_index(path: Path) -> TarScan | None:
+    try:
+        kept = json.loads(path.read_text())
+        return TarScan([tuple(image) for image in kept["images"]], tuple(kept["damage"]) if kept["damage"] else None,
+                       collections.Counter(kept["ignored"]), kept["without_image"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _write_index(path: Path, scan: TarScan) -> None:
+    """Keep SCAN for the next run (a resume, an --update); a cache that cannot be written is skipped."""
+    kept = {"images": scan.images, "damage": scan.damage, "ignored": dict(scan.ignored),
+            "without_image": scan.without_image}
+    with contextlib.suppress(OSError):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        temporary = path.with_suffix(f".{os.getpid()}.tmp")
+        temporary.write_text(json.dumps(kept))
+        os.replace(temporary, path)
 
 
 @dataclass(frozen=True)
