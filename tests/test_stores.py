@@ -16,7 +16,7 @@ import pytest
 from featdump.errors import StoreUnavailable
 from featdump.faces.show import _read
 from featdump.inputs import find_images
-from featdump.inputs.stores import Patience, fetch_all
+from featdump.inputs.stores import Patience, fetch_all, is_missing, is_refused, is_transient
 
 from .conftest import committed_rows, featdump_env, read_output, run_featdump, start_featdump, write_images
 from .stores import http_server
@@ -226,6 +226,24 @@ def test_update_appends_a_new_tar_of_a_list_of_tar_urls(images, store_env, tmp_p
     assert f"Wrote 3 images (0 skipped) to {output}, 19 in all (0 skipped)," in updated.stderr
     content = read_output(output)
     assert content["paths"][-1] == "00004.tar/birds/img_002.png" and content["labels"][-1] == 0
+
+
+def test_each_fault_is_judged_missing_refused_or_transient():
+    import aiohttp
+    from botocore.exceptions import EndpointConnectionError, NoCredentialsError
+
+    def answer(status: int) -> Exception:
+        return aiohttp.ClientResponseError(None, (), status=status)
+
+    missing = [FileNotFoundError("photos/bucket_shots/x.jpg"), answer(404)]
+    refused = [FileNotFoundError("The specified bucket does not exist"), PermissionError("Access Denied"),
+               answer(403), NoCredentialsError()]
+    transient = [ConnectionResetError("reset by peer"), TimeoutError(), answer(503), answer(429),
+                 EndpointConnectionError(endpoint_url="http://127.0.0.1:9"), OSError(5, "SlowDown")]
+    assert [is_missing(error) for error in missing + refused + transient] == [True] * 2 + [False] * 10
+    assert [is_refused(error) for error in missing + refused + transient] == [False] * 2 + [True] * 4 + [False] * 6
+    assert [is_transient(error) for error in missing + refused + transient] == [False] * 6 + [True] * 6
+    assert not is_transient(answer(400))  # a client error: not retried, not a refusal either
 
 
 def test_transient_faults_are_retried_within_the_patience_then_name_the_object(seaweed):

@@ -114,7 +114,9 @@ def is_transient(error: BaseException) -> bool:
 
 
 def _names_bucket(error: BaseException) -> bool:
-    return "bucket" in str(error).lower()
+    """A missing bucket, as S3 (NoSuchBucket) and GCS say it, not an object whose key holds the word."""
+    text = str(error).lower()
+    return "bucket does not exist" in text or "nosuchbucket" in text
 
 
 def _status(error: BaseException) -> int | None:
