@@ -130,6 +130,23 @@ def test_a_list_of_urls_mixed_with_paths_and_a_list_at_a_url(images, store_env, 
         assert image is not None
 
 
+def test_a_file_system_without_async_reads_is_fetched_by_threads(images, tmp_path):
+    """hf:// (huggingface_hub) is such a file system; fsspec's memory:// stands in for it here (no network)."""
+    import fsspec
+
+    root, folder = images
+    memory = fsspec.filesystem("memory")
+    for path in folder["paths"][:6]:
+        memory.pipe_file(f"/photos/{path}", (root / "images" / path).read_bytes())
+    memory.pipe_file("/photos/list.txt", "".join(f"{path}\n" for path in folder["paths"][:6]).encode())
+    output = tmp_path / "out.h5"
+    result = run_featdump(*EXTRACT, "memory://photos/list.txt", output)  # the default workers: forked, as ever
+    assert result.returncode == 0, result.stderr
+    content = read_output(output)
+    assert content["paths"] == folder["paths"][:6]
+    np.testing.assert_array_equal(content["avgpool"], folder["avgpool"][:6])
+
+
 def test_missing_and_undecodable_objects_are_recorded_skips(images, store_env, tmp_path):
     root, folder = images
     fs = store_env.client()
