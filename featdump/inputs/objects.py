@@ -44,6 +44,7 @@ def read_prefix(url: str, patience: Patience) -> ImageList:
     prefix = fs._strip_protocol(root).rstrip("/")
     started = time.perf_counter()
     listed = patience.call(lambda: fs.find(prefix, detail=True, withdirs=False), f"Listing {root}/")
+    fs.invalidate_cache()  # its copy of the listing would live on in every loader worker
     keys, identities = [], {}
     for name, details in listed.items():
         relative = name[len(prefix) + 1:] if name.startswith(prefix + "/") else None
