@@ -5,7 +5,8 @@ with and without ~20 ms added to every request, the fetches alone, and the listi
 
     extract  `featdump extract -m MODEL -w none -l avgpool` (CPU, the default workers and batch size) over IMAGES
              500x375 JPEGs: from their folder, from s3://bench/images/, and from the same through a proxy that
-             holds every request DELAY-MS before passing it on; each in its own process, wall seconds
+             holds every request DELAY-MS before passing it on; each in its own process, wall seconds. Then the
+             same with `-m resnet18 -l conv1`, whose forward stops after conv1: the decoding is the limit
     fetch    the objects' bytes alone, as a loader worker gets them (`inputs.stores.fetch_all`): a batch of 64 at a
              time (the requests in flight) against one at a time, direct and through the proxy
     list     `find_images('s3://bench-list/set/')` of OBJECTS objects, in its own process (paged: 1,000 keys a page)
@@ -78,11 +79,11 @@ class DelayingProxy:
             writer.close()
 
 
-def extract_rate(images: str, model: str, env: dict, what: str) -> tuple[float, float, int]:
+def extract_rate(images: str, model: str, layer: str, env: dict, what: str) -> tuple[float, float, int]:
     """(wall seconds, img/s of the run as its summary says, images) of one extraction in its own process."""
     out = HERE / "data" / "stores-out.h5"
     os.environ.update(env)
-    seconds, stderr = timed_featdump("extract", "-m", model, "-w", "none", "-l", "avgpool", "--device", "cpu",
+    seconds, stderr = timed_featdump("extract", "-m", model, "-w", "none", "-l", layer, "--device", "cpu",
                                      "--overwrite", images, out, what=what)
     line = next(line for line in stderr.splitlines() if line.startswith("Wrote "))
     count, rate = int(line.split()[1]), float(line.split("(")[-1].split()[0])
@@ -134,16 +135,20 @@ def main() -> None:
             server.upload(folder, f"s3://{prefix}")
         proxy = DelayingProxy(server.base + 6, arguments.delay_ms / 1000)
         delayed = {**server.env, "AWS_ENDPOINT_URL": f"http://127.0.0.1:{proxy.port}"}
-        print(f"| {arguments.model}, {arguments.images} JPEGs (500x375), CPU, default workers | wall s | img/s |")
-        print("| --- | --- | --- |")
         rows = [("folder", str(folder), server.env), ("S3 (SeaweedFS, loopback)", f"s3://{prefix}/", server.env),
                 (f"S3 + {arguments.delay_ms:g} ms per request", f"s3://{prefix}/", delayed)]
-        rates = {}
-        for name, images, env in rows:
-            seconds, rate, count = extract_rate(images, arguments.model, env, name)
-            assert count == arguments.images, (name, count)
-            rates[name] = rate
-            print(f"| {name} | {seconds:.1f} | {rate:.1f} ({rate / rates['folder']:.2f}x the folder) |", flush=True)
+        for model, layer, limit in [(arguments.model, "avgpool", "the forward"),
+                                    ("resnet18", "conv1", "decoding (the forward pruned after conv1)")]:
+            print(f"\n| {model} -l {layer}, {arguments.images} JPEGs, CPU, default workers: {limit} the limit "
+                  "| wall s | img/s |")
+            print("| --- | --- | --- |")
+            rates = {}
+            for name, images, env in rows:
+                seconds, rate, count = extract_rate(images, model, layer, env, name)
+                assert count == arguments.images, (name, count)
+                rates[name] = rate
+                print(f"| {name} | {seconds:.1f} | {rate:.1f} ({rate / rates['folder']:.2f}x the folder) |",
+                      flush=True)
         urls = [f"s3://{prefix}/{path.relative_to(folder).as_posix()}" for path in sorted(folder.rglob("*.jpg"))]
         print("\n| fetching the objects alone | 64 in flight, img/s | one at a time, img/s |")
         print("| --- | --- | --- |")

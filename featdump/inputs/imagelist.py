@@ -6,7 +6,7 @@ from __future__ import annotations
 import hashlib
 import io
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Protocol
@@ -57,8 +57,8 @@ class Storage(Protocol):
 
     def open(self, root: Path, relative: str, position: int) -> Encoded: ...
 
-    def open_many(self, root: Path, relatives: Sequence[str], positions: Sequence[int]) -> list[Encoded | Exception]:
-        ...
+    def open_as_ready(self, root: Path, relatives: Sequence[str],
+                      positions: Sequence[int]) -> Iterator[tuple[int, Encoded | Exception]]: ...
 
     def stat(self, root: Path, relative: str, position: int) -> tuple[int, int] | None: ...
 
@@ -72,15 +72,13 @@ class Storage(Protocol):
 
 
 def open_each(storage: Storage, root: Path, relatives: Sequence[str],
-              positions: Sequence[int]) -> list[Encoded | Exception]:
-    """Each image's bytes (a file's are read when it is decoded), or why they cannot be read, one after another."""
-    found: list[Encoded | Exception] = []
-    for relative, position in zip(relatives, positions):
+              positions: Sequence[int]) -> Iterator[tuple[int, Encoded | Exception]]:
+    """(index, bytes) of each image (a file's are read when it is decoded), or why it cannot be read, in turn."""
+    for index, (relative, position) in enumerate(zip(relatives, positions)):
         try:
-            found.append(storage.open(root, relative, position))
+            yield index, storage.open(root, relative, position)
         except OSError as error:
-            found.append(error)
-    return found
+            yield index, error
 
 
 class Files:
@@ -94,7 +92,8 @@ class Files:
         found = check_regular_file(path)
         return Encoded(relative, (found.st_size, found.st_mtime_ns), path=path)
 
-    def open_many(self, root: Path, relatives: Sequence[str], positions: Sequence[int]) -> list[Encoded | Exception]:
+    def open_as_ready(self, root: Path, relatives: Sequence[str],
+                      positions: Sequence[int]) -> Iterator[tuple[int, Encoded | Exception]]:
         return open_each(self, root, relatives, positions)
 
     def stat(self, root: Path, relative: str, position: int) -> tuple[int, int] | None:
@@ -142,10 +141,10 @@ class ImageList:
         """Image POSITION's bytes (raises OSError when they cannot be read)."""
         return self.storage.open(self.root, self.paths[position], position)
 
-    def open_many(self, positions: Sequence[int]) -> list[Encoded | Exception]:
-        """The bytes of the images at POSITIONS, fetched together where they live in a store (an exception in the
-        place of one that cannot be read); StoreUnavailable when the store stays away."""
-        return self.storage.open_many(self.root, [self.paths[p] for p in positions], positions)
+    def open_as_ready(self, positions: Sequence[int]) -> Iterator[tuple[int, Encoded | Exception]]:
+        """(index into POSITIONS, bytes) of each image as they arrive: requested together where they live in a
+        store, an exception for one that cannot be read; StoreUnavailable when the store stays away."""
+        return self.storage.open_as_ready(self.root, [self.paths[p] for p in positions], positions)
 
     def stat(self, position: int) -> tuple[int, int] | None:
         """Image POSITION's (size, mtime_ns) now, or None when it is gone."""

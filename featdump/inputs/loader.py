@@ -87,13 +87,16 @@ class ImageDataset(Dataset):
         return self.__getitems__([position])[0]
 
     def __getitems__(self, positions: list[int]) -> list[Item]:
-        """The items of a batch: their bytes fetched together (concurrently where they live in a store), then
-        decoded. A store that stays away (or refuses) fails the batch: its items carry the error, not a skip."""
+        """The items of a batch: their bytes requested together (concurrently where they live in a store), each
+        decoded as it arrives. A store that stays away (or refuses) fails the batch: its items carry the error,
+        not a skip."""
+        items: list[Item | None] = [None] * len(positions)
         try:
-            found = self.images.open_many(positions)
+            for index, encoded in self.images.open_as_ready(positions):  # each decoded as soon as it is here
+                items[index] = self._decoded(positions[index], encoded)
         except FeatdumpError as error:
             return [Item(position, fatal=error) for position in positions]
-        return [self._decoded(position, encoded) for position, encoded in zip(positions, found)]
+        return items
 
     def _decoded(self, position: int, encoded: Encoded | Exception) -> Item:
         item = Item(position)

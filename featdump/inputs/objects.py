@@ -9,7 +9,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path, PurePosixPath
@@ -23,6 +23,7 @@ from featdump.inputs.stores import (
     Patience,
     describe,
     fetch_all,
+    fetch_as_ready,
     filesystem,
     is_refused,
     is_url,
@@ -89,13 +90,14 @@ class StoreObjects:
     etag: tuple[str, ...]
 
     def open(self, root: str, relative: str, position: int) -> Encoded:
-        return self.open_many(root, [relative], [position])[0]
+        return _only(self.open_as_ready(root, [relative], [position]))
 
-    def open_many(self, root: str, relatives: Sequence[str], positions: Sequence[int]) -> list[Encoded | Exception]:
-        fetched = fetch_all([join(root, relative) for relative in relatives], self.patience)
-        return [found if isinstance(found, BaseException) else
-                Encoded(relative, (int(self.size[position]), int(self.mtime[position])), data=found)
-                for relative, position, found in zip(relatives, positions, fetched)]
+    def open_as_ready(self, root: str, relatives: Sequence[str],
+                      positions: Sequence[int]) -> Iterator[tuple[int, Encoded | Exception]]:
+        for index, found in fetch_as_ready([join(root, relative) for relative in relatives], self.patience):
+            position = positions[index]
+            yield index, found if isinstance(found, BaseException) else Encoded(
+                relatives[index], (int(self.size[position]), int(self.mtime[position])), data=found)
 
     def stat(self, root: str, relative: str, position: int) -> tuple[int, int] | None:
         return int(self.size[position]), int(self.mtime[position])  # as listed for this job
@@ -131,27 +133,26 @@ class ListedURLs(Files):
     patience: Patience = Patience()
 
     def open(self, root, relative: str, position: int) -> Encoded:
-        return self.open_many(root, [relative], [position])[0]
+        return _only(self.open_as_ready(root, [relative], [position]))
 
-    def open_many(self, root, relatives: Sequence[str], positions: Sequence[int]) -> list[Encoded | Exception]:
+    def open_as_ready(self, root, relatives: Sequence[str],
+                      positions: Sequence[int]) -> Iterator[tuple[int, Encoded | Exception]]:
         located = [relative if is_url(relative) or not is_url(str(root)) else join(str(root), relative)
                    for relative in relatives]
-        results: list[Encoded | Exception | None] = [None] * len(relatives)
         by_protocol: dict[str, list[int]] = {}
         for index, where in enumerate(located):
             if is_url(where):
                 by_protocol.setdefault(protocol_of(where), []).append(index)
             else:
                 try:
-                    results[index] = Files.open(self, root, relatives[index], positions[index])
-                except Exception as error:  # a missing or unreadable file: a recorded skip
-                    results[index] = error
+                    yield index, Files.open(self, root, relatives[index], positions[index])
+                except OSError as error:  # a missing or unreadable file: a recorded skip
+                    yield index, error
         for indices in by_protocol.values():
-            fetched = fetch_all([located[i] for i in indices], self.patience)
-            for i, found in zip(indices, fetched):
-                results[i] = found if isinstance(found, BaseException) else Encoded(relatives[i], (-1, -1),
-                                                                                     data=found)
-        return results
+            for at, found in fetch_as_ready([located[i] for i in indices], self.patience):
+                index = indices[at]
+                yield index, found if isinstance(found, BaseException) else Encoded(relatives[index], (-1, -1),
+                                                                                    data=found)
 
     def stat(self, root, relative: str, position: int) -> tuple[int, int] | None:
         if is_url(relative) or is_url(str(root)):
@@ -164,6 +165,14 @@ class ListedURLs(Files):
 
     def select(self, positions: Sequence[int]) -> ListedURLs:
         return self
+
+
+def _only(found: Iterator[tuple[int, Encoded | Exception]]) -> Encoded:
+    """The one image FOUND yields, or its error raised."""
+    _, encoded = next(found)
+    if isinstance(encoded, Exception):
+        raise encoded
+    return encoded
 
 
 def check_access(urls: Sequence[str], patience: Patience) -> None:

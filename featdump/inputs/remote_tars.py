@@ -20,14 +20,14 @@ import json
 import logging
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from featdump.errors import NoImages
 from featdump.inputs.imagelist import Encoded, ImageList
-from featdump.inputs.objects import _identity
-from featdump.inputs.stores import Patience, describe, fetch_all, filesystem, is_url, store_path
+from featdump.inputs.objects import _identity, _only
+from featdump.inputs.stores import Patience, describe, fetch_as_ready, filesystem, is_url, store_path
 from featdump.inputs.tars import (
     TAR_SUFFIX,
     DamagedTar,
@@ -140,29 +140,32 @@ class RemoteTarMembers(TarMembers):
     patience: Patience = Patience()
 
     def open(self, root: str, relative: str, position: int) -> Encoded:
-        return self.open_many(root, [relative], [position])[0]
+        return _only(self.open_as_ready(root, [relative], [position]))
 
-    def open_many(self, root: str, relatives: Sequence[str], positions: Sequence[int]) -> list[Encoded | Exception]:
-        results: list[Encoded | Exception | None] = [None] * len(positions)
+    def open_as_ready(self, root: str, relatives: Sequence[str],
+                      positions: Sequence[int]) -> Iterator[tuple[int, Encoded | Exception]]:
+        """The members of each tar as its span arrives: one ranged request per tar of the batch, all at once."""
         spans: dict[int, list[int]] = {}  # tar -> indices into positions
         for index, position in enumerate(positions):
             if self.size[position] < 0:
                 tar = int(self.tar[position])
-                results[index] = DamagedTar(self.damage[(tar, int(self.offset[position]))])
+                yield index, DamagedTar(self.damage[(tar, int(self.offset[position]))])
             else:
                 spans.setdefault(int(self.tar[position]), []).append(index)
         tars = list(spans)
         ranges = [(min(int(self.offset[positions[i]]) for i in spans[tar]),
                    max(int(self.offset[positions[i]] + self.size[positions[i]]) for i in spans[tar])) for tar in tars]
-        fetched = fetch_all([f"{root}/{self.tars[tar].name}" for tar in tars], self.patience, ranges) if tars else []
-        for tar, (start, _), data in zip(tars, ranges, fetched):
+        urls = [f"{root}/{self.tars[tar].name}" for tar in tars]
+        for at, data in fetch_as_ready(urls, self.patience, ranges):
+            tar, start = tars[at], ranges[at][0]
             for index in spans[tar]:
-                position = positions[index]
-                offset, size = int(self.offset[position]) - start, int(self.size[position])
-                if isinstance(data, BaseException) or len(data) < offset + size:
-                    results[index] = data if isinstance(data, BaseException) else DamagedTar(
-                        f"{self.tars[tar].name} ends before this member's bytes (changed after it was listed)")
-                else:
-                    results[index] = Encoded(relatives[index], (size, self.tars[tar].mtime_ns),
-                                             data=data[offset:offset + size])
-        return results
+                yield index, self._member(relatives[index], positions[index], tar, start, data)
+
+    def _member(self, relative: str, position: int, tar: int, start: int, data: bytes | BaseException):
+        """Member POSITION's bytes cut from DATA, its tar's span from START (or why there are none)."""
+        offset, size = int(self.offset[position]) - start, int(self.size[position])
+        if isinstance(data, BaseException):
+            return data
+        if len(data) < offset + size:
+            return DamagedTar(f"{self.tars[tar].name} ends before this member's bytes (changed after it was listed)")
+        return Encoded(relative, (size, self.tars[tar].mtime_ns), data=data[offset:offset + size])

@@ -6,12 +6,15 @@ fault), and many objects fetched at once with every transient fault retried with
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
+import contextlib
+import heapq
 import os
 import random
 import re
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -24,6 +27,7 @@ _EXTRAS = {  # protocol: (the package that reads it, featdump's extra that insta
 }
 DEFAULT_PATIENCE = 120.0  # seconds a read keeps retrying transient faults before the job stops
 _THREADS = 32  # requests in flight per worker for file systems without an async interface
+_CONNECTIONS = 64  # connections an S3 client keeps open: a batch's requests in flight at once
 T = TypeVar("T")
 
 
@@ -70,8 +74,11 @@ def _make_filesystem(protocol: str, url: str):
     import fsspec
 
     package, extra = _EXTRAS.get(protocol, (None, None))
+    options = {}
+    if protocol in ("s3", "s3a") and "config_kwargs" not in fsspec.config.conf.get(protocol, {}):
+        options["config_kwargs"] = {"max_pool_connections": _CONNECTIONS}  # botocore's 10 would cap a batch
     try:
-        return fsspec.filesystem(protocol, skip_instance_cache=True)
+        return fsspec.filesystem(protocol, skip_instance_cache=True, **options)
     except ImportError as error:
         named = package or getattr(error, "name", None) or "its fsspec implementation"
         how = f"pip install 'featdump[{extra}]'" if extra else f"pip install {named}"
@@ -154,8 +161,8 @@ class Patience:
                     raise
                 self.wait(started, tries, what, error)
 
-    def wait(self, started: float, tries: int, what: str, error: BaseException) -> None:
-        """Sleep before try TRIES + 1, or StoreUnavailable when that would pass the patience."""
+    def pause(self, started: float, tries: int, what: str, error: BaseException) -> float:
+        """Seconds to wait before try TRIES + 1, or StoreUnavailable when that would pass the patience."""
         pause = min(0.2 * 2 ** (tries - 1), 10.0) * random.uniform(0.5, 1.0)
         waited = time.monotonic() - started
         if waited + pause > self.seconds:
@@ -163,55 +170,74 @@ class Patience:
                 f"{what}: the store did not answer ({describe(error)}; {tries} tries in {waited:.0f} s, "
                 f"--store-patience {self.seconds:g}). The output keeps every row written so far: run the same "
                 "command again to resume once the store is back.")
-        time.sleep(pause)
+        return pause
+
+    def wait(self, started: float, tries: int, what: str, error: BaseException) -> None:
+        time.sleep(self.pause(started, tries, what, error))
 
 
 def fetch_all(urls: Sequence[str], patience: Patience,
               ranges: Sequence[tuple[int, int]] | None = None) -> list[bytes | BaseException]:
-    """The bytes of every URL (one protocol), or of its byte range [START, END) in RANGES, fetched concurrently; a
-    missing object's place holds its error. Transient faults are retried (the stragglers together) within
-    PATIENCE; a refusal raises StoreRefused."""
+    """The bytes of every URL (`fetch_as_ready`), in order."""
     results: list[bytes | BaseException | None] = [None] * len(urls)
-    pending = list(range(len(urls)))
-    started, tries = time.monotonic(), 0
-    while pending:
-        fetched = _fetch_once([urls[i] for i in pending], [ranges[i] for i in pending] if ranges else None)
-        retry = []
-        for index, found in zip(pending, fetched):
-            if isinstance(found, BaseException) and is_transient(found):
-                retry.append((index, found))
-            elif isinstance(found, BaseException) and is_refused(found):
-                raise StoreRefused(f"Reading {urls[index]}: access refused ({describe(found)}).") from found
-            else:
-                results[index] = found
-        pending = [index for index, _ in retry]
-        if retry:
-            tries += 1
-            patience.wait(started, tries, f"Reading {urls[retry[0][0]]}", retry[0][1])
+    for index, found in fetch_as_ready(urls, patience, ranges):
+        results[index] = found
     return results
 
 
-def _fetch_once(urls: list[str], ranges: list[tuple[int, int]] | None) -> list[bytes | BaseException]:
-    fs = filesystem(urls[0])
+def fetch_as_ready(urls: Sequence[str], patience: Patience,
+                   ranges: Sequence[tuple[int, int]] | None = None) -> Iterator[tuple[int, bytes | BaseException]]:
+    """(index, bytes) of every URL (one protocol), or of its byte range [START, END) in RANGES, as each arrives:
+    all requested at once, so that the caller decodes the first while the others are on their way. A missing
+    object yields its error; a transient fault is retried after a backoff while the others go on, within
+    PATIENCE of the first try (then StoreUnavailable, naming the object); a refusal raises StoreRefused."""
+    if not urls:
+        return
+    with contextlib.ExitStack() as stack:
+        request = _requester(filesystem(urls[0]), urls, ranges, stack)
+        yield from _as_ready(request, urls, patience)
+
+
+def _as_ready(request, urls: Sequence[str], patience: Patience) -> Iterator[tuple[int, bytes | BaseException]]:
+    started, tries = time.monotonic(), [0] * len(urls)
+    pending = {request(index): index for index in range(len(urls))}
+    due: list[tuple[float, int]] = []  # (when, index) of the retries waiting their turn
+    try:
+        while pending or due:
+            while due and (due[0][0] <= time.monotonic() or not pending):
+                when, index = heapq.heappop(due)
+                time.sleep(max(0.0, when - time.monotonic()))
+                pending[request(index)] = index
+            timeout = max(0.0, due[0][0] - time.monotonic()) if due else None
+            finished, _ = concurrent.futures.wait(pending, timeout, concurrent.futures.FIRST_COMPLETED)
+            for future in finished:
+                index = pending.pop(future)
+                error = future.exception()
+                if error is None:
+                    yield index, future.result()
+                elif is_refused(error):
+                    raise StoreRefused(f"Reading {urls[index]}: access refused ({describe(error)}).") from error
+                elif is_transient(error):
+                    tries[index] += 1
+                    pause = patience.pause(started, tries[index], f"Reading {urls[index]}", error)
+                    heapq.heappush(due, (time.monotonic() + pause, index))
+                else:
+                    yield index, error
+    finally:
+        for future in pending:
+            future.cancel()
+
+
+def _requester(fs, urls: Sequence[str], ranges: Sequence[tuple[int, int]] | None, stack: contextlib.ExitStack):
+    """A function starting the request of URL INDEX, returning its concurrent Future: a coroutine on fsspec's
+    event loop for an async file system, else a call on a thread of a pool that STACK ends."""
     paths = [fs._strip_protocol(url) for url in urls]
+
+    def arguments(index: int) -> dict:
+        return {"start": ranges[index][0], "end": ranges[index][1]} if ranges is not None else {}
+
     if getattr(fs, "async_impl", False):
-        try:
-            if ranges is not None:
-                return fs.cat_ranges(paths, [start for start, _ in ranges], [end for _, end in ranges],
-                                     on_error="return")
-            found = fs.cat(paths, on_error="return")
-        except Exception as error:  # the whole call failed (the endpoint is away): every URL shares its fault
-            return [error] * len(urls)
-        missing = FileNotFoundError("not returned by the store")
-        return [found.get(path, missing) if isinstance(found, dict) else found for path in paths]
-
-    def one(index: int) -> bytes | BaseException:
-        try:
-            if ranges is not None:
-                return fs.cat_file(paths[index], start=ranges[index][0], end=ranges[index][1])
-            return fs.cat_file(paths[index])
-        except Exception as error:  # judged by the caller
-            return error
-
-    with concurrent.futures.ThreadPoolExecutor(min(_THREADS, len(urls))) as pool:
-        return list(pool.map(one, range(len(urls))))
+        return lambda index: asyncio.run_coroutine_threadsafe(fs._cat_file(paths[index], **arguments(index)),
+                                                              fs.loop)
+    pool = stack.enter_context(concurrent.futures.ThreadPoolExecutor(min(_THREADS, len(urls))))
+    return lambda index: pool.submit(fs.cat_file, paths[index], **arguments(index))

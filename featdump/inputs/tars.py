@@ -20,7 +20,7 @@ import logging
 import os
 import re
 import tarfile
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import NamedTuple
@@ -366,7 +366,8 @@ class TarMembers:
             raise DamagedTar(f"{shard.name} ends before this member's bytes (truncated after it was listed)")
         return Encoded(relative, (size, shard.mtime_ns), data=data)
 
-    def open_many(self, root: Path, relatives: Sequence[str], positions: Sequence[int]) -> list[Encoded | Exception]:
+    def open_as_ready(self, root: Path, relatives: Sequence[str],
+                      positions: Sequence[int]) -> Iterator[tuple[int, Encoded | Exception]]:
         return open_each(self, root, relatives, positions)
 
     def stat(self, root: Path, relative: str, position: int) -> tuple[int, int] | None:
