@@ -111,12 +111,13 @@ def test_a_list_of_urls_mixed_with_paths_and_a_list_at_a_url(images, store_env, 
         listed = tmp_path / "list.txt"
         lines = [f"{base}/{path}" if row % 3 == 0 else f"s3://photos/set/{path}" if row % 3 == 1
                  else str(root / "images" / path) for row, path in enumerate(paths)]
-        listed.write_text("\n".join(lines) + "\n")
+        listed.write_text("\n".join([*lines, f"{base}/cats/gone.jpg"]) + "\n")
         output = tmp_path / "mixed.h5"
         result = run_featdump(*EXTRACT, listed, output)
         assert result.returncode == 0, result.stderr
         content = read_output(output)
         assert content["paths"] == lines  # each row named by its URL or path
+        assert content["skipped"] == [f"{base}/cats/gone.jpg"] and "not found" in content["reasons"][0].lower()
         assert_rows_equal(content, folder, lambda line: paths[lines.index(line)], labelled=False)
 
         (root / "images" / "list.txt").write_text("".join(f"{path}\n" for path in paths))  # relative to its URL

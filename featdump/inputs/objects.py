@@ -27,6 +27,7 @@ from featdump.inputs.stores import (
     filesystem,
     is_refused,
     is_url,
+    is_web,
     join,
     protocol_of,
     store_path,
@@ -44,6 +45,7 @@ def read_prefix(url: str, patience: Patience) -> ImageList:
     fs, root = filesystem(url), url.rstrip("/")
     prefix = fs._strip_protocol(root).rstrip("/")
     started = time.perf_counter()
+    log.info("Listing %s/ ...", root)
     listed = patience.call(lambda: fs.find(prefix, detail=True, withdirs=False), f"Listing {root}/")
     fs.invalidate_cache()  # its copy of the listing would live on in every loader worker
     keys, identities = [], {}
@@ -177,10 +179,12 @@ def _only(found: Iterator[tuple[int, Encoded | Exception]]) -> Encoded:
 
 def check_access(urls: Sequence[str], patience: Patience) -> None:
     """StoreRefused, before any work, when the store of any of URLS refuses its credentials or lacks its bucket:
-    one object of each bucket (or host) is looked up."""
+    one object of each bucket is looked up (web servers are not: a list may name thousands, and has no
+    credentials for them)."""
     firsts: dict[str, str] = {}
     for url in urls:
-        firsts.setdefault(_bucket_of(url), url)
+        if not is_web(url):
+            firsts.setdefault(_bucket_of(url), url)
     for bucket, url in firsts.items():
         try:
             patience.call(lambda url=url: filesystem(url).info(store_path(url)), f"Reading {url}")

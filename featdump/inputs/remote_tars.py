@@ -63,6 +63,8 @@ def read_remote_tars(urls: Sequence[str], patience: Patience) -> ImageList:
     """The samples of the tars at URLS, in order (paths TAR/MEMBER relative to their common prefix)."""
     root = os.path.commonprefix([url.rsplit("/", 1)[0] + "/" for url in urls]).rsplit("/", 1)[0]
     started = time.perf_counter()
+    log.info("Listing %d tars (the headers of those not seen before are read once, %d at a time) ...", len(urls),
+             _INDEXING_AT_ONCE)
     with concurrent.futures.ThreadPoolExecutor(_INDEXING_AT_ONCE) as pool:
         found = list(pool.map(lambda url: _index(url, patience), urls))
     missing = [url for url, (shard, _) in zip(urls, found) if shard is None]

@@ -37,6 +37,11 @@ def is_url(text) -> bool:
     return found is not None and found[1].lower() != "file"
 
 
+def is_web(url: str) -> bool:
+    """An http(s) URL: a web server, whose refusal of one URL (401, 403) says nothing of the others."""
+    return protocol_of(url) in ("http", "https")
+
+
 def protocol_of(url: str) -> str:
     return _URL.match(url)[1].lower()
 
@@ -189,8 +194,9 @@ def fetch_as_ready(urls: Sequence[str], patience: Patience,
                    ranges: Sequence[tuple[int, int]] | None = None) -> Iterator[tuple[int, bytes | BaseException]]:
     """(index, bytes) of every URL (one protocol), or of its byte range [START, END) in RANGES, as each arrives:
     all requested at once, so that the caller decodes the first while the others are on their way. A missing
-    object yields its error; a transient fault is retried after a backoff while the others go on, within
-    PATIENCE of the first try (then StoreUnavailable, naming the object); a refusal raises StoreRefused."""
+    object yields its error (so does a web server's refusal of one URL); a transient fault is retried after a
+    backoff while the others go on, within PATIENCE of the first try (then StoreUnavailable, naming the object);
+    a store's refusal raises StoreRefused."""
     if not urls:
         return
     with contextlib.ExitStack() as stack:
@@ -215,7 +221,7 @@ def _as_ready(request, urls: Sequence[str], patience: Patience) -> Iterator[tupl
                 error = future.exception()
                 if error is None:
                     yield index, future.result()
-                elif is_refused(error):
+                elif is_refused(error) and not is_web(urls[index]):
                     raise StoreRefused(f"Reading {urls[index]}: access refused ({describe(error)}).") from error
                 elif is_transient(error):
                     tries[index] += 1
