@@ -70,6 +70,7 @@ def test_a_prefix_is_read_as_the_folder_it_was_uploaded_from(images, store_env, 
 
     info = run_featdump("info", output)
     assert info.returncode == 0 and "image_root: s3://photos/set" in info.stdout, info.stdout
+    assert '"objects": 16' in info.stdout  # the listing, as recorded
     _, _, image, path = _read(output, "avgpool", 9)  # show reads the image back from the store
     assert path == "dogs/img_001.jpg" and image is not None and image.shape == (224, 224, 3)
     again = run_featdump(*EXTRACT, "s3://photos/set", output)  # the same prefix, without its slash

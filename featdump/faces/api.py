@@ -32,7 +32,8 @@ _KEYWORDS = set(OPTIONS) - {"model", "layers"}
 
 
 def extract(images: str | Path, output: str | Path, *, model: str, layers: str | Sequence[str], **options) -> Path:
-    """Extract LAYERS of MODEL for every image of IMAGES (a folder or a list file) into OUTPUT; returns OUTPUT.
+    """Extract LAYERS of MODEL for every image of IMAGES (a folder, a list file, tar shards, or any of these at a
+    URL: `s3://bucket/prefix/`) into OUTPUT; returns OUTPUT.
 
     Keyword options are the CLI's, underscored (batch_size=256, weights="none", reduce="avgpool", ...);
     the behaviour is the CLI's, with errors raised as featdump.errors exceptions.

@@ -17,7 +17,8 @@ from featdump.output.shard_files import shard_count, shard_counts, shard_path
 from featdump.output.update import staging_path
 
 _SHOWN = 20  # skipped and stale images listed by name
-_PROVENANCE = ("image_root", "preprocessing", "command", "featdump_version", "torch_version", "created")
+_PROVENANCE = ("image_root", "image_listing", "preprocessing", "command", "featdump_version", "torch_version",
+               "created")
 
 
 def read_info(output: Path) -> dict:
