@@ -17,7 +17,7 @@ from featdump.inputs.imagelist import Encoded, ImageList
 from featdump.inputs.listfile import LIST_SUFFIXES, read_image_list
 from featdump.inputs.objects import read_prefix
 from featdump.inputs.remote_tars import named_remote_tars, read_remote_tars
-from featdump.inputs.stores import Patience, is_url
+from featdump.inputs.stores import Patience, is_url, join
 from featdump.inputs.tars import TAR_SUFFIX, check_not_compressed, check_tar_names, named_tars, read_tars
 
 __all__ = ["IMAGE_EXTENSIONS", "Encoded", "ImageList", "Patience", "find_images", "is_url"]
@@ -65,7 +65,6 @@ def _listed_images(listed: ImageList, source: str, patience: Patience) -> ImageL
     if not any(path.lower().endswith(TAR_SUFFIX) for path in listed.paths):
         return listed
     if any(is_url(path) for path in listed.paths) or is_url(str(listed.root)):
-        return read_remote_tars([path if is_url(path) else f"{listed.root}/{path}" for path in listed.paths],
-                                patience)
+        return read_remote_tars([join(str(listed.root), path) for path in listed.paths], patience)
     tars = [listed.root / path for path in listed.paths]
     return read_tars(check_tar_names(tars, f"the list {source!r}"))

@@ -53,7 +53,7 @@ def read_prefix(url: str, patience: Patience) -> ImageList:
         relative = name[len(prefix) + 1:] if name.startswith(prefix + "/") else None
         if relative and PurePosixPath(relative).suffix.lower() in IMAGE_EXTENSIONS:
             keys.append(relative)
-            identities[relative] = _identity(details)
+            identities[relative] = object_identity(details)
     seconds = time.perf_counter() - started
     log.info("Listed %d objects under %s/ in %.1f s: %d images.", len(listed), root, seconds, len(keys))
     if not keys:
@@ -71,7 +71,7 @@ def read_prefix(url: str, patience: Patience) -> ImageList:
     return ImageList(root, tuple(keys), tuple(labels), tuple(classes), storage, listing)
 
 
-def _identity(details: dict) -> tuple[int, int, str]:
+def object_identity(details: dict) -> tuple[int, int, str]:
     """(size, modification time in ns, ETag) of a listed object, whatever the store calls them."""
     size = int(details.get("size", details.get("Size", -1)) or 0)
     when = details.get("LastModified") or details.get("mtime") or details.get("updated") or details.get("created")
@@ -92,7 +92,7 @@ class StoreObjects:
     etag: tuple[str, ...]
 
     def open(self, root: str, relative: str, position: int) -> Encoded:
-        return _only(self.open_as_ready(root, [relative], [position]))
+        return only_image(self.open_as_ready(root, [relative], [position]))
 
     def open_as_ready(self, root: str, relatives: Sequence[str],
                       positions: Sequence[int]) -> Iterator[tuple[int, Encoded | Exception]]:
@@ -135,7 +135,7 @@ class ListedURLs(Files):
     patience: Patience = Patience()
 
     def open(self, root, relative: str, position: int) -> Encoded:
-        return _only(self.open_as_ready(root, [relative], [position]))
+        return only_image(self.open_as_ready(root, [relative], [position]))
 
     def open_as_ready(self, root, relatives: Sequence[str],
                       positions: Sequence[int]) -> Iterator[tuple[int, Encoded | Exception]]:
@@ -169,7 +169,7 @@ class ListedURLs(Files):
         return self
 
 
-def _only(found: Iterator[tuple[int, Encoded | Exception]]) -> Encoded:
+def only_image(found: Iterator[tuple[int, Encoded | Exception]]) -> Encoded:
     """The one image FOUND yields, or its error raised."""
     _, encoded = next(found)
     if isinstance(encoded, Exception):

@@ -26,7 +26,7 @@ from pathlib import Path, PurePosixPath
 
 from featdump.errors import NoImages
 from featdump.inputs.imagelist import Encoded, ImageList
-from featdump.inputs.objects import _identity, _only
+from featdump.inputs.objects import object_identity, only_image
 from featdump.inputs.stores import Patience, describe, fetch_as_ready, filesystem, is_url, store_path
 from featdump.inputs.tars import (
     TAR_SUFFIX,
@@ -84,7 +84,7 @@ def _index(url: str, patience: Patience) -> tuple[TarShard | None, TarScan | Non
         details = patience.call(lambda: fs.info(store_path(url)), f"Reading {url}")
     except FileNotFoundError:
         return None, None
-    size, mtime, _ = _identity(details)
+    size, mtime, _ = object_identity(details)
 
     def scan() -> TarScan:
         with fs.open(store_path(url), "rb", block_size=_INDEX_BLOCK, cache_type="readahead") as handle:
@@ -109,7 +109,7 @@ def _index(url: str, patience: Patience) -> tuple[TarShard | None, TarScan | Non
 def _index_file(url: str, details: dict) -> Path:
     """Where the headers of the tar at URL, as it is now (ETag, size, modification time), are kept:
     $XDG_CACHE_HOME/featdump/tar-index (default ~/.cache/featdump/tar-index)."""
-    size, mtime, etag = _identity(details)
+    size, mtime, etag = object_identity(details)
     key = hashlib.sha256(f"{url}\0{size}\0{mtime}\0{etag}".encode("utf-8", "surrogateescape")).hexdigest()
     cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
     return cache / "featdump" / "tar-index" / f"{key}.json"
@@ -142,7 +142,7 @@ class RemoteTarMembers(TarMembers):
     patience: Patience = Patience()
 
     def open(self, root: str, relative: str, position: int) -> Encoded:
-        return _only(self.open_as_ready(root, [relative], [position]))
+        return only_image(self.open_as_ready(root, [relative], [position]))
 
     def open_as_ready(self, root: str, relatives: Sequence[str],
                       positions: Sequence[int]) -> Iterator[tuple[int, Encoded | Exception]]:

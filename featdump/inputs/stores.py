@@ -172,7 +172,8 @@ class Patience:
         waited = time.monotonic() - started
         if waited + pause > self.seconds:
             raise StoreUnavailable(
-                f"{what}: the store did not answer ({describe(error)}; {tries} tries in {waited:.0f} s, "
+                f"{what}: the store did not answer ({describe(error)}; {tries} {'try' if tries == 1 else 'tries'} in "
+                f"{waited:.0f} s, "
                 f"--store-patience {self.seconds:g}). The output keeps every row written so far: run the same "
                 "command again to resume once the store is back.")
         return pause
