@@ -263,6 +263,25 @@ def test_bad_input_is_one_line(study, tmp_path):
     assert not list(tmp_path.iterdir())
 
 
+def test_rdm_and_cka_check_the_gpus_free_memory_before_they_start(study, tmp_path, monkeypatch):
+    """On a GPU with 1 MB free (CUDA faked, its free memory as torch reports it), neither starts: one line with the
+    numbers and the way out, nothing written."""
+    from featdump.errors import UsageProblem
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "set_device", lambda device: None)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (2**20, 80 * 2**30))
+    monkeypatch.setattr(torch.backends.cudnn, "benchmark", False)
+    with pytest.raises(UsageProblem, match=r"An RDM over 12 images needs .* and cuda:0 has 1\.0 MB free: .*--device "
+                                           r"cpu"):
+        featdump.rdm(study / "out.h5", "layer1", device="cuda", to=tmp_path / "r.h5")
+    with pytest.raises(UsageProblem, match=r"CKA over 12 images needs .* and cuda:0 has 1\.0 MB free"):
+        featdump.cka(study / "out.h5", layers="layer1", device="cuda", to=tmp_path / "c.h5")
+    assert not list(tmp_path.iterdir())
+
+
 def rows_with_bad_ones(rows: int, features: int) -> np.ndarray:
     """Random rows, with NaN in row 3, inf in row 7, zeros in row 11 and a constant row 14."""
     values = np.random.default_rng(5).standard_normal((rows, features)).astype(np.float32)

@@ -28,12 +28,15 @@ import os
 import queue
 import threading
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 
 import h5py
 import numpy as np
 import torch
+
+from featdump.errors import UsageProblem
+from featdump.forward.device import exact_float32, free_memory
+from featdump.output.space import human_bytes
 
 _READ_BYTES = 16 * 1024**2  # a read call's size (rows x slab) when the chunks allow
 # Features per float32 product: its rounding grows with the length of the sums (here about 1e-7 relative at
@@ -80,6 +83,24 @@ class Gram:
         gram += adjusted[None, :]
         gram += spread
         return gram
+
+
+# N x N float64 matrices on the device at once: the Gram's statistics, one made from them (uncentred, row-centred)
+# and the result (an RDM; CKA's centring).
+MATRICES_AT_ONCE = 3
+
+
+def check_room(rows: int, memory: int, device: torch.device, what: str) -> None:
+    """UsageProblem, with the numbers and the ways out, when WHAT over ROWS rows (its N x N matrices and slabs of
+    at most MEMORY bytes) cannot fit in what DEVICE has free: said before any work, not as an allocator's error."""
+    need = MATRICES_AT_ONCE * 8 * rows * rows + min(memory, 2 * SLAB_BYTES)
+    available = free_memory(device)
+    if need > available:
+        raise UsageProblem(
+            f"{what} over {rows} images needs {human_bytes(need)} for its {rows} x {rows} matrices in float64 and "
+            f"its slabs, and {device} has {human_bytes(available)} free: use fewer images (a shorter output, or "
+            f"a merged view of part of it){' or the machine memory (--device cpu)' if device.type == 'cuda' else ''}"
+            ", or a smaller --memory.")
 
 
 def slabs(shape: tuple[int, ...], budget: int) -> list[tuple[slice, ...]]:
@@ -139,7 +160,7 @@ def gram(dataset: h5py.Dataset, rows: int, memory: int, device: torch.device,
         level = centre.mean()  # r = Y 1 and s = Y c as r and Y (c - level) + level r: the centre's common part
         weights = torch.stack([torch.ones_like(centre), centre - level])  # (large where all features share an
         sums = torch.zeros(rows, 2, **zeros)  # offset) stays out of the float32 products
-        with _exact_float32():
+        with exact_float32():
             for start in range(0, values.shape[1], PRODUCT_WIDTH):
                 part = values[:, start:start + PRODUCT_WIDTH]
                 if exact:  # widened into one reused buffer (no new pages for every piece)
@@ -289,17 +310,3 @@ def _flat_start(shape: tuple[int, ...], slab: tuple[slice, ...]) -> int:
     """The C-order index of SLAB's first value in a row of SHAPE."""
     strides = [math.prod(shape[axis + 1:]) for axis in range(len(shape))]
     return sum((part.indices(size)[0]) * stride for part, size, stride in zip(slab, shape, strides))
-
-
-@contextmanager
-def _exact_float32():
-    """float32 products as float32 (no TF32 on CUDA, no reduced-precision kernels on the CPU)."""
-    tf32 = torch.backends.cuda.matmul.allow_tf32
-    precision = torch.get_float32_matmul_precision()
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.set_float32_matmul_precision("highest")
-    try:
-        yield
-    finally:
-        torch.backends.cuda.matmul.allow_tf32 = tf32
-        torch.set_float32_matmul_precision(precision)

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from featdump.analysis.choices import DEFAULT_MEMORY, METRICS
-from featdump.analysis.gram import Gram, gram
+from featdump.analysis.gram import Gram, check_room, gram
 from featdump.analysis.results import Results, computed_into, finished
 from featdump.analysis.stored import Stored, listed
 from featdump.errors import BadOption, UsageProblem
@@ -81,6 +81,7 @@ def rdm(output: str | Path, layers: list[str] | str | None = None, metric: str =
     stored = Stored.read(output)
     names = stored.select(listed(layers))
     budget, place = parse_bytes(memory), resolve_device(device)
+    check_room(stored.rows, budget, place, "An RDM")
     results = None
     if to is not None:
         made_from = {"source": stored.identity(), "metric": metric, "layers": names}

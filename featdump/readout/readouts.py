@@ -22,7 +22,6 @@ layer by layer:
 from __future__ import annotations
 
 import logging
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,7 +33,7 @@ from featdump.analysis.choices import DEFAULT_MEMORY
 from featdump.analysis.results import Results, computed_into, finished
 from featdump.analysis.stored import Stored, listed
 from featdump.errors import BadOption, UsageProblem
-from featdump.forward.device import resolve_device
+from featdump.forward.device import free_memory, resolve_device
 from featdump.job.report import NoProgress, Progress
 from featdump.output.layout import text_of
 from featdump.output.space import human_bytes, parse_bytes
@@ -278,7 +277,7 @@ def _warn_at_edge(name: str, chosen: np.ndarray, count: int) -> None:
 def _refuse_too_large(stored: Stored, names: list[str], table: Targets, folds: int, alphas: int, budget: int,
                       device: torch.device) -> dict[str, tuple[int, int]]:
     """{layer: (features, bytes to read)}, after refusing (UsageProblem) a layer whose matrices do not fit here."""
-    available = _free_memory(device)
+    available = free_memory(device)
     sizes = {}
     for name in names:
         with stored.dataset(name) as dataset:
@@ -298,20 +297,6 @@ def _refuse_too_large(stored: Stored, names: list[str], table: Targets, folds: i
     log.info("Working memory: --memory %s for the rows read, and at most %s for the matrices (float64).",
              human_bytes(budget), human_bytes(need))
     return sizes
-
-
-def _free_memory(device: torch.device) -> int:
-    """Bytes free for the matrices on DEVICE: the GPU's free memory, or the machine's available memory."""
-    if device.type == "cuda":
-        return int(torch.cuda.mem_get_info(device)[0])
-    try:
-        with open("/proc/meminfo") as handle:
-            for line in handle:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
 
 def _entry(readout: Readout) -> dict[str, np.ndarray]:

@@ -59,16 +59,26 @@ def snapshot(batch_dim: int, fold: int, reduction: Reduction, dtype: str) -> Sna
     BATCH_DIM is where the output holds its images (0 for most layers, 1 for a sequence-first (L, N, E));
     the batch is moved first, and the reduction applies to that batch-first view. FOLD rows per image in
     that dimension (LeViT's (N x 49, C)) are unfolded to (N, FOLD, C) first.
+
+    Every reduction computes in float32, outside the forward's autocast: a bf16/fp16 output is widened first, and a
+    projection's matmul is not cast down again (under autocast a pca:K projection lost 3 digits).
     """
     storage = getattr(torch, dtype)
 
     def take(output: torch.Tensor) -> torch.Tensor:
         batch_first = output.movedim(batch_dim, 0) if batch_dim else output
-        reduced = reduction.apply(batch_first.unflatten(0, (-1, fold)) if fold > 1 else batch_first)
+        batch_first = batch_first.unflatten(0, (-1, fold)) if fold > 1 else batch_first
+        with torch.autocast(batch_first.device.type, enabled=False):
+            reduced = reduction.apply(_in_float32(batch_first))
         # Contiguous (a channels_last output is transposed here, on the device, not by h5py on the host).
         return reduced.to(storage, copy=True, memory_format=torch.contiguous_format)
 
     return take
+
+
+def _in_float32(output: torch.Tensor) -> torch.Tensor:
+    """OUTPUT as float32 (itself when it is; a float64 or integer output is left as it is)."""
+    return output.float() if output.dtype in (torch.bfloat16, torch.float16) else output
 
 
 def _token_reduction(text: str, layer_name: str, shape: tuple[int, ...], tokens: TokenLayout | None,
