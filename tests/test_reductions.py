@@ -338,3 +338,43 @@ def test_projections_on_cuda_equal_the_cpus():
         reduction = bind("srp:512", "layer2", (128, 28, 28))
         on_cpu, on_cuda = reduction.apply(inputs), reduction.apply(inputs.cuda()).cpu()
         torch.testing.assert_close(on_cuda, on_cpu, rtol=1e-5, atol=1e-5 * on_cpu.abs().max().item())
+
+
+def _random_fit(k: int, dim: int, seed: int = 0):
+    from featdump.reductions.pca import PcaFit
+
+    rng = np.random.default_rng(seed)
+    components = np.linalg.qr(rng.standard_normal((dim, k)))[0].T
+    return PcaFit(rng.standard_normal(dim), components, np.ones(k), float(k), 100, "a test", "gram")
+
+
+@pytest.mark.parametrize("precision", [torch.bfloat16, torch.float16])
+def test_pca_under_autocast_equals_the_projection_in_float64(precision):
+    """The forward's autocast does not reach the projection: the rows are the layer's output (as autocast made it)
+    projected in float32, within float32's rounding of the float64 projection (3e-3 off before)."""
+    from featdump.reductions.methods import bind, snapshot
+
+    shape = (64, 14, 14)
+    fitted = _random_fit(8, math.prod(shape))
+    take = snapshot(0, 1, bind("pca:8", "layer2", shape, pca_fit=fitted), "float32")
+    output = torch.relu(torch.randn(6, *shape, generator=torch.Generator().manual_seed(1))).to(precision)
+    with torch.autocast("cpu", dtype=precision):
+        rows = take(output)
+    exact = (output.double().flatten(1).numpy() - fitted.mean) @ fitted.components.T
+    assert rows.dtype == torch.float32
+    np.testing.assert_allclose(rows.numpy(), exact, rtol=0, atol=2e-6 * np.abs(exact).max())
+
+
+@pytest.mark.parametrize("precision", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("text", ["srp:64", "countsketch:64", "avgpool", "maxpool", "channels:3-9", "flatten", "none"])
+def test_every_reduction_under_autocast_computes_in_float32(precision, text):
+    """Under autocast each reduction gives what it gives, outside autocast, on the output widened to float32."""
+    from featdump.reductions.methods import bind, snapshot
+
+    shape = (32, 7, 7)
+    reduction = bind(text, "layer3", shape)
+    output = torch.randn(4, *shape, generator=torch.Generator().manual_seed(2)).to(precision)
+    with torch.autocast("cpu", dtype=precision):
+        rows = snapshot(0, 1, reduction, "float32")(output)
+    expected = reduction.apply(output.float())
+    assert rows.dtype == torch.float32 and torch.equal(rows, expected.contiguous())
