@@ -108,6 +108,11 @@ class DeviceFailure(FeatdumpError):
     """The GPU itself failed (out of memory, a CUDA error): not an image's fault; the run stops, resumable."""
 
 
+class ProofFailed(FeatdumpError):
+    """A run's rows are farther from the reference path's (CPU, fp32, eager) than its configuration allows, or
+    non-finite where those are finite: the run stops, its committed rows kept."""
+
+
 class MixedSizes(UsageProblem):
     """The preprocessing makes images of different sizes, which cannot be batched."""
 

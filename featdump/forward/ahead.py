@@ -3,6 +3,8 @@ by later runs in about a second, instead of tracing and compiling again in every
 
     CACHE/aoti/KEY.pt2    the package: the pruned graph's kernels and its weights (frozen on the CPU)
     CACHE/aoti/KEY.lock   held by the process building it; the others (a SLURM array) wait, then load it
+    CACHE/aoti/KEY.rejected  why the package failed the first-batch check against eager: later runs with the same
+                          key run eager at once (the package is kept: another task may be loading it)
 
 KEY is a digest of what the package computes: the exported program (its graph, where every module's settings such
 as a BatchNorm's eps are constants, and every parameter, buffer and constant it reads), plus what the export cannot
@@ -74,6 +76,22 @@ _MODEL_LIBRARIES = ("torchvision", "timm", "transformers", "open_clip")
 
 def package_path(cache: Path, key: str) -> Path:
     return Path(cache) / "aoti" / f"{key}.pt2"
+
+
+def reject(path: Path, why: str) -> None:
+    """Mark the package at PATH as failing the check against eager (WHY), for every later run with its key."""
+    marker = path.with_suffix(".rejected")
+    temporary = marker.with_name(f".{marker.name}.{os.getpid()}")
+    temporary.write_text(why + "\n")
+    os.replace(temporary, marker)
+
+
+def rejected(path: Path) -> str | None:
+    """Why the package at PATH was rejected by an earlier run, or None."""
+    try:
+        return path.with_suffix(".rejected").read_text().strip()
+    except FileNotFoundError:
+        return None
 
 
 def load_or_build(exported, device: torch.device, path: Path, lock: Lock) -> tuple[Callable, str]:

@@ -53,6 +53,7 @@ class Summary:
     skipped_before: int = 0
     left_out: dict = field(default_factory=dict)  # suffix: count of tar members that are no image
     layers_added: list = field(default_factory=list)  # layers an --update added to the rows already stored
+    proof: dict | None = None  # this run's proof (`featdump.job.proof`), as the output records it
 
     @property
     def new_rows(self) -> int:
@@ -74,7 +75,7 @@ class Summary:
             added = (f"Added {', '.join(self.layers_added)} to the {self.rows_before} rows of {self.output} "
                      f"in {self.seconds:.1f} s")
             return f"{added}; {self.new_rows} new images ({self.new_skipped} skipped), {self.rows} rows in all, " \
-                   f"{human_bytes(self.size_bytes)}{self._stale_note()}{self._left_out_note()}."
+                   f"{human_bytes(self.size_bytes)}{self._stale_note()}{self._left_out_note()}{self._proof_note()}."
         if self.processed == 0:
             return (f"Nothing new: {self.output} already holds {self.rows} images ({self.skipped} skipped)"
                     f"{self._stale_note()}.")
@@ -84,8 +85,17 @@ class Summary:
         return (
             f"Wrote {self.new_rows} images ({self.new_skipped} skipped) to {self.output}{in_all} in "
             f"{self.seconds:.1f} s ({rate:.1f} img/s{resumed}), {human_bytes(self.size_bytes)}{self._stale_note()}"
-            f"{self._left_out_note()}."
+            f"{self._left_out_note()}{self._proof_note()}."
         )
+
+    def _proof_note(self) -> str:
+        """The proof in a few words: how many images, the largest error against the tolerance."""
+        if not self.proof or not self.proof.get("proved"):
+            return ""
+        largest = max((layer["largest"] for layer in self.proof["layers"].values()), key=float, default=0.0)
+        proof = self.proof
+        return (f"; proof: {len(proof['images'])} images recomputed on the reference path, within {float(largest):.1e} "
+                f"of it (tolerance {proof['tolerance']:.0e} for {proof['configuration']})")
 
     def _left_out_note(self) -> str:
         if not self.left_out:
@@ -101,10 +111,10 @@ class Summary:
 
 
 def summarize(images: Path, output: Path, after: Committed, before: Committed, processed: int, start: int,
-              started: float, stale: int = 0, left_out: dict | None = None) -> Summary:
+              started: float, stale: int = 0, left_out: dict | None = None, proof: dict | None = None) -> Summary:
     """The summary of a finished run over IMAGES; NothingRead when it tried images and could read none."""
     summary = Summary(output, after.rows, after.skipped, processed, start, time.perf_counter() - started,
-                      output.stat().st_size, stale, before.rows, before.skipped, left_out or {})
+                      output.stat().st_size, stale, before.rows, before.skipped, left_out or {}, proof=proof)
     if summary.processed and not summary.new_rows:
         raise NothingRead(
             f"No image could be read: {summary.new_skipped} tried from {images}, all skipped; "

@@ -18,7 +18,14 @@ import torchvision
 
 from featdump.errors import BadImage, Interrupted, ModelFailed, UsageProblem
 from featdump.forward.compiling import compile_capture, compiled_note
-from featdump.forward.device import autocast, padded, place_model, resolve_decode, resolve_device
+from featdump.forward.device import (
+    autocast,
+    out_of_memory_as_failure,
+    padded,
+    place_model,
+    resolve_decode,
+    resolve_device,
+)
 from featdump.forward.hooks import Capture
 from featdump.forward.layers import Layer, Snapshot, in_model_order, resolve
 from featdump.forward.memory_format import choose_memory_format, format_name
@@ -29,6 +36,7 @@ from featdump.inputs.loader import Batch, ImageDataset, batches_of, make_loader
 from featdump.inputs.preprocess import Preprocess
 from featdump.inputs.workers import choose_workers
 from featdump.job import fitting, updating
+from featdump.job.proof import Proof, Reference, departures, describe_configuration, plan_sample, reference_copy
 from featdump.job.report import NoProgress, Progress, Summary, summarize
 from featdump.job.settings import Settings
 from featdump.job.shards import Shard, choose_shard, plan_shard, wait_for_all_ranks
@@ -77,6 +85,7 @@ class Model:
     dtype: str
     memory_format: torch.memory_format  # of the weights and of every batch of inputs
     infos: list = dataclasses.field(default_factory=list)  # the probe's LayerInfos, to resolve more layers by
+    reference: torch.nn.Module | None = None  # the model on the reference path (CPU, fp32), for the proof
 
     def with_layers(self, names: list[str], chosen: dict[str, str], fits: dict | None = None) -> Model:
         """This model capturing the layers NAMES (in the model's order) with the reductions CHOSEN (FITS: the PCA
@@ -111,6 +120,11 @@ class Model:
     def device_bytes(self) -> int:
         """What the reductions hold on the device (projection matrices)."""
         return sum(reduction.device_bytes for reduction in self.reductions.values())
+
+    def with_reference_snapshots(self) -> dict[str, Snapshot]:
+        """The snapshots the reference path stores: the same reductions, cast to float32 (compared in float64)."""
+        return {layer.name: snapshot(layer.batch_dim, layer.fold, self.reductions[layer.name], "float32")
+                for layer in self.layers}
 
     def snapshots(self) -> dict[str, Snapshot]:
         """Each layer's output to the tensor stored: reduced on the device, cast, a new tensor."""
@@ -174,9 +188,9 @@ def _run_locked(plan: Plan, lock: OutputLock, progress: Progress, started: float
         log.info("Resuming at image %d of %d (%d rows committed).", before.images, len(plan.images), before.rows)
     output = _fill(writer, plan.images, settings, model, lock, progress)
     with Output.open(output) as finished:
-        after = finished.committed
+        after, proofs = finished.committed, finished.proofs
     return summarize(settings.images, output, after, before, len(plan.images) - before.images, before.images, started,
-                    left_out=plan.images.left_out())
+                     left_out=plan.images.left_out(), proof=proofs[-1] if proofs else None)
 
 
 def _fit_projections(plan: Plan, model: Model, fingerprint: dict, lock: OutputLock, progress: Progress) -> None:
@@ -204,7 +218,7 @@ def _fit_projections(plan: Plan, model: Model, fingerprint: dict, lock: OutputLo
                                                  for layer in layers})
         writer = FeatureWriter.open(path, staged.specs, stage_fingerprint, {}, list(images.classes),
                                     settings.batch_size, locking=False)
-        return _fill(writer, images, dataclasses.replace(settings, output=path), staged, lock, progress)
+        return _fill(writer, images, dataclasses.replace(settings, output=path, proof=0), staged, lock, progress)
 
     finished = [settings.output] if settings.output.exists() and not settings.overwrite else []  # rerun, update
     made = fitting.obtain_fits(plan.whole_output, digests, dims, fits, stage,
@@ -241,9 +255,11 @@ def _fill(writer: FeatureWriter, images: ImageList, settings: Settings, model: M
                 if settings.compile else None
             progress.start(len(images), start)
             job = _Job(settings, images, model, capture, writer, record, offset,
-                       owned_files=(writer.path, *([lock.path] if lock.path else [])))
+                       owned_files=(writer.path, *([lock.path] if lock.path else [])),
+                       proof=_proof(settings, model, images, start, writer.path))
             _run_batches(job, progress, stop)
             writer.note({"compiled": compiled_note(compiled, settings.compile)})
+            writer.record_proof(job.proof.entry())
         if stop.signal_number is not None:
             raise Interrupted(
                 f"Stopped by {signal.Signals(stop.signal_number).name} after {writer.committed_images} of "
@@ -255,6 +271,26 @@ def _fill(writer: FeatureWriter, images: ImageList, settings: Settings, model: M
         record.remove()  # only a kill leaves it, for info to report the job as stopped
         progress.close()
         writer.close()
+
+
+def _departures(settings: Settings, device: torch.device) -> list[str]:
+    """How this run departs from the reference path (none: it is the reference)."""
+    return departures(device, settings.precision, settings.compile, settings.decode, settings.fast_decode)
+
+
+def _proof(settings: Settings, model: Model, images: ImageList, start: int, output: Path) -> Proof:
+    """The proof of a run over IMAGES from position START (`featdump.job.proof`); one that proves nothing when the
+    run is the reference path or --proof is 0."""
+    parts = _departures(settings, model.device)
+    configuration = describe_configuration(model.device, parts)
+    reference = None
+    if model.reference is not None and settings.proof:
+        reference = Reference(model.reference, model.layers, model.with_reference_snapshots(),
+                              model.loaded.preprocessing)
+    first_batch_end = min(len(images), start + settings.batch_size)
+    return Proof(reference, images, parts, configuration,
+                 plan_sample(settings.proof, start, first_batch_end, len(images)),
+                 settings.precision == "fp16", str(output), settings.dtype)
 
 
 def _dataset_spec(layer: Layer, reduction: Reduction | None, dtype: str, layout: TokenLayout | None) -> DatasetSpec:
@@ -270,6 +306,7 @@ def _dataset_spec(layer: Layer, reduction: Reduction | None, dtype: str, layout:
 def _prepare_model(settings: Settings, device: torch.device) -> Model:
     """The loaded model on DEVICE, its split preprocessing, the validated layers and their datasets."""
     loaded = load_model(settings.model, settings.weights, settings.seed, settings.transform, settings.trust_pickle)
+    reference = reference_copy(loaded.module) if settings.proof and _departures(settings, device) else None
     memory_format, why = choose_memory_format(loaded.module)
     log.debug("Memory layout: %s (%s).", format_name(memory_format), why)
     loaded.module = place_model(loaded.module, device, settings.precision, memory_format)
@@ -287,7 +324,7 @@ def _prepare_model(settings: Settings, device: torch.device) -> Model:
             log.info("Layer %s holds the batch in dimension %d: stored batch-first, %s.", layer.name,
                      layer.batch_dim, layer.layout)
     chosen = choose(settings.reduce, [layer.name for layer in layers], infos, settings.model)
-    model = Model(loaded, preprocess, layers, chosen, {}, device, settings.dtype, memory_format, infos)
+    model = Model(loaded, preprocess, layers, chosen, {}, device, settings.dtype, memory_format, infos, reference)
     for layer in layers:
         if method_of(chosen[layer.name]) != "pca":
             layout, unknown = model.tokens(layer)
@@ -308,6 +345,7 @@ class _Job:
     record: ProgressRecord
     offset: int  # images the job's output held before this list (an update's): for the progress record
     owned_files: tuple[Path, ...]  # the output's files, which loader workers close
+    proof: Proof  # the run's rows checked against the reference path
 
 
 def _run_batches(job: _Job, progress: Progress, stop: StopSignals) -> None:
@@ -335,7 +373,9 @@ def _run_batches(job: _Job, progress: Progress, stop: StopSignals) -> None:
                 if device.type == "cuda" or job.capture.strategy == "compiled graph":
                     inputs = padded(inputs, settings.batch_size)  # one shape (cudnn.benchmark, one compile)
                 inputs = inputs.contiguous(memory_format=job.model.memory_format)
-                features = {name: values[:count] for name, values in job.capture.run(inputs).items()}
+                with out_of_memory_as_failure(device, settings.batch_size, str(job.writer.path)):
+                    features = {name: values[:count] for name, values in job.capture.run(inputs).items()}
+                job.proof.check(batch, features)
             sink.put(features, batch, images, device)
             waiting, computing = waiting + tock - tick, computing + time.perf_counter() - tock
             progress.advance(batch.size)

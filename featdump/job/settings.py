@@ -117,6 +117,11 @@ class Settings:
         DEFAULT_PATIENCE, "Seconds a read from an object store or URL retries transient faults (timeouts, resets, "
                           "5xx, throttling), with backoff, before the job stops (exit 75) keeping its rows.",
         minimum=0, metavar="SECONDS")
+    proof: int = option(
+        8, "Images recomputed on the reference path (CPU, fp32, eager, hooks, exact decoding) and compared with the "
+           "run's rows, per layer, when the run is not that path (CUDA, bf16/fp16, --compile, --decode gpu, "
+           "--fast-decode): most at the first batch, a few spread over the job; recorded in the output, and a "
+           "layer beyond its tolerance stops the run. 0: no proof.", minimum=0, metavar="N")
     on_error: str = option("skip", "A bad image is skipped and recorded, or stops the run.", choices=ON_ERROR)
     overwrite: bool = option(False, "Replace an existing output (or partial output).")
     update: bool = option(False, "OUTPUT exists: extract only the images it lacks and append them (cron); rows it "

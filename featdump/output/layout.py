@@ -188,6 +188,20 @@ def create_features(group: h5py.Group, specs: dict[str, DatasetSpec], batch_size
             spec.fit.store(group.file.require_group("pca").create_group(name))
 
 
+PROOF = "proof"  # the root attribute: a JSON list, one entry per run that wrote rows (extract, update, shard)
+
+
+def append_proof(h5file: h5py.File, entry: dict) -> None:
+    """Add one run's proof (`featdump.job.proof`) to the file's list."""
+    h5file.attrs[PROOF] = json.dumps([*proofs_of(h5file.attrs), entry])
+
+
+def proofs_of(attrs) -> list[dict]:
+    """The proofs a file's (or a shard's) attributes record, oldest first."""
+    text = text_of(attrs.get(PROOF))
+    return json.loads(text) if text else []
+
+
 def set_attribute(h5file: h5py.File, key: str, value) -> None:
     """An attribute with its text as valid UTF-8 (lists of text as string arrays)."""
     if isinstance(value, list):
@@ -351,6 +365,10 @@ class Output:
     @property
     def fingerprint(self) -> dict:
         return json.loads(self.file.attrs.get("fingerprint", "{}"))
+
+    @property
+    def proofs(self) -> list[dict]:
+        return proofs_of(self.file.attrs)
 
     @property
     def layers(self) -> list[str]:

@@ -22,6 +22,7 @@ from featdump.output import fingerprint as fingerprints
 from featdump.output.layout import (
     Committed,
     DatasetSpec,
+    append_proof,
     as_text,
     create_features,
     create_layout,
@@ -132,6 +133,14 @@ class FeatureWriter:
         """Record ATTRIBUTES of this run on the file (how it ran, not what it holds: no commit needed)."""
         try:
             self._file.attrs.update(attributes)
+            self._file.flush()
+        except OSError as error:
+            raise write_error(self.path, error, self.committed_rows) from error
+
+    def record_proof(self, entry: dict) -> None:
+        """Record this run's proof (`featdump.job.proof`) beside the earlier runs'."""
+        try:
+            append_proof(self._file, entry)
             self._file.flush()
         except OSError as error:
             raise write_error(self.path, error, self.committed_rows) from error
