@@ -97,6 +97,7 @@ def _file_info(output: Output) -> dict:
         "stale": output.stale_count(),
         "stale_examples": output.named_rows("stale", _SHOWN),
         "provenance": {key: text_of(attrs[key]) for key in _PROVENANCE if key in attrs},
+        "proof": output.proofs,
     }
 
 
@@ -194,8 +195,23 @@ def describe(output: Path) -> list[str]:
     for name, count in (("skipped", info["skipped"]), ("stale", info["stale"])):
         if count > _SHOWN:
             lines.append(f"  ({count - _SHOWN} more {name}: h5py f['{name}/paths'], f['{name}/reasons'])")
+    lines += _proof_lines(info["proof"])
     for key, value in info["provenance"].items():
         lines.append(f"{key + ':':<11} {value.replace(chr(10), ' ')}")
+    return lines
+
+
+def _proof_lines(proofs: list[dict]) -> list[str]:
+    """Each run's proof: its configuration, the images recomputed on the reference path, each layer's errors."""
+    lines = []
+    for proof in proofs:
+        if not proof.get("proved"):
+            lines.append(f"proof:      none ({proof['configuration']}: {proof.get('why', 'no image proved')})")
+            continue
+        lines.append(f"proof:      {proof['configuration']}: {len(proof['images'])} images recomputed on the reference "
+                     f"path ({proof['reference']}); tolerance {proof['tolerance']:.0e} of a row's largest value")
+        lines += [f"  {name}: largest {float(errors['largest']):.1e}, median {float(errors['median']):.1e}"
+                  for name, errors in proof["layers"].items()]
     return lines
 
 
