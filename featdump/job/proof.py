@@ -78,7 +78,7 @@ class _Sample:
 def plan_sample(count: int, start: int, first_end: int, end: int) -> _Sample:
     """COUNT images of positions START..END: three quarters (at most the whole first batch, START..FIRST_END) from
     the first batch, the rest one per stretch of the positions after it, seeded."""
-    count_first = min(count - count // 4, first_end - start)
+    count_first = min(count - min(count // 4, end - first_end), first_end - start)
     spread = min(count - count_first, end - first_end)
     rng = np.random.default_rng(SEED)
     stretches = np.linspace(first_end, end, spread + 1).astype(int)

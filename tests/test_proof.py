@@ -1,0 +1,188 @@
+"""The proof (`featdump.job.proof`): a run off the reference path (here bf16/fp16 autocast and --compile on the CPU)
+records per-layer errors of a seeded sample of its images recomputed on the CPU in fp32, eager; info and the
+summary show it; --proof 0 turns it off; an fp16 overflow stops the run naming the layer; an out-of-memory error
+of the forward is one line, its rows kept, and the same command finishes."""
+
+from __future__ import annotations
+
+import json
+
+import h5py
+import numpy as np
+import pytest
+
+import featdump
+from featdump.job.proof import plan_sample, row_errors
+from featdump.job.tolerances import tolerance
+
+from .conftest import read_output, run_featdump, user_project, write_images
+
+MODELS = '''
+from pathlib import Path
+
+import torch
+from torch import nn
+
+
+class Overflowing(nn.Module):
+    """A convolution whose outputs pass fp16's 65,504 (about 1.6e5), finite in fp32."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3, stride=8, bias=False)
+        self.pool = nn.AdaptiveAvgPool2d(1)
+
+    def forward(self, x):
+        return self.pool(self.conv(x)).flatten(1)
+
+
+def overflowing():
+    model = Overflowing()
+    with torch.no_grad():
+        model.conv.weight.fill_(3000.0)
+    return model
+
+
+class RunsOutOfMemory(nn.Module):
+    """Raises CUDA's out-of-memory error at its third forward of a real batch while MARKER exists (then deletes it)."""
+
+    marker = None
+    batches = 0
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.conv = nn.Conv2d(3, 8, 3, stride=4)
+        self.pool = nn.AdaptiveAvgPool2d(1)
+
+    def forward(self, x):
+        if x.shape[0] > 4:  # not the dry forwards of a few images
+            RunsOutOfMemory.batches += 1
+            if RunsOutOfMemory.batches == 3 and self.marker is not None and Path(self.marker).exists():
+                Path(self.marker).unlink()
+                raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")
+        return self.pool(torch.relu(self.conv(x))).flatten(1)
+
+
+def runs_out_of_memory():
+    import os
+
+    RunsOutOfMemory.marker = os.environ.get("OOM_MARKER")
+    return RunsOutOfMemory()
+'''
+
+
+@pytest.fixture(scope="module")
+def images(tmp_path_factory):
+    root = tmp_path_factory.mktemp("proof") / "images"
+    write_images(root, {"a": 10, "b": 10}, seed=3)
+    return root
+
+
+def test_a_bf16_run_proves_its_rows_and_info_and_the_summary_show_it(images, tmp_path):
+    output = tmp_path / "bf16.h5"
+    result = run_featdump("extract", "-m", "resnet18", "-w", "none", "-l", "layer2,avgpool", "--precision", "bf16",
+                          images, output)
+    assert result.returncode == 0, result.stderr
+    assert "; proof: 8 images recomputed on the reference path, within " in result.stderr
+    assert "(tolerance 5e-02 for cpu, bf16)." in result.stderr
+    with h5py.File(output, "r") as h5file:
+        (proof,) = json.loads(h5file.attrs["proof"])
+    assert proof["configuration"] == "cpu, bf16" and proof["proved"] and proof["tolerance"] == 0.05
+    assert len(proof["images"]) == len(set(proof["images"])) == 8  # 20 images in one default batch of 64: all first
+    bf16 = featdump.load(output, "layer2").features
+    reference = tmp_path / "fp32.h5"
+    assert run_featdump("extract", "-m", "resnet18", "-w", "none", "-l", "layer2,avgpool", images,
+                        reference).returncode == 0
+    fp32 = featdump.load(reference, "layer2")
+    rows = [fp32.paths.index(path) for path in proof["images"]]
+    errors = row_errors(bf16[rows].reshape(8, -1).astype(np.float64), fp32.features[rows].reshape(8, -1))
+    assert proof["layers"]["layer2"]["largest"] == pytest.approx(max(errors), rel=1e-3)
+    assert proof["layers"]["layer2"]["median"] == pytest.approx(float(np.median(errors)), rel=1e-3)  # fp32 paths: 1e-7
+    assert 1e-4 < max(errors) < 0.05  # bf16 is not fp32, and within its tolerance
+    info = run_featdump("info", output).stdout
+    assert "proof:      cpu, bf16: 8 images recomputed on the reference path (cpu, fp32, eager, hooks" in info
+    assert f"  layer2: largest {max(errors):.1e}, median {np.median(errors):.1e}" in info
+    assert json.loads(run_featdump("info", "--json", output).stdout)["proof"] == [proof]
+    with h5py.File(reference, "r") as h5file:  # the reference path needs no proof, and says so
+        assert json.loads(h5file.attrs["proof"])[0] == {
+            "configuration": "cpu", "reference": "cpu, fp32, eager, hooks, the original files decoded on the CPU",
+            "proved": False, "why": "the run is the reference path"}
+
+
+def test_proof_0_turns_it_off_and_a_config_file_sets_it_the_same(images, tmp_path):
+    output = tmp_path / "off.h5"
+    result = run_featdump("extract", "-m", "resnet18", "-w", "none", "-l", "avgpool", "--precision", "bf16",
+                          "--proof", "0", images, output)
+    assert result.returncode == 0 and "proof:" not in result.stderr, result.stderr
+    assert "proof:      none (cpu, bf16: --proof 0)" in run_featdump("info", output).stdout
+    config = tmp_path / "run.toml"
+    config.write_text('model = "resnet18"\nweights = "none"\nlayers = ["avgpool"]\nprecision = "bf16"\nproof = 2\n')
+    assert run_featdump("extract", "--config", config, images, tmp_path / "two.h5").returncode == 0
+    with h5py.File(tmp_path / "two.h5", "r") as h5file:
+        assert len(json.loads(h5file.attrs["proof"])[0]["images"]) == 2
+    bad = run_featdump("extract", "-m", "resnet18", "-l", "avgpool", "--proof", "-1", images, tmp_path / "x.h5")
+    assert bad.returncode == 2 and "--proof" in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
+
+
+def test_an_fp16_overflow_stops_the_run_naming_the_layer(images, tmp_path):
+    with user_project(tmp_path, "proof_models", MODELS, {}):
+        fp32 = run_featdump("extract", "-m", "proof_models:overflowing", "-l", "conv", images, tmp_path / "fp32.h5",
+                            cwd=tmp_path)
+        assert fp32.returncode == 0, fp32.stderr
+        assert np.isfinite(featdump.load(tmp_path / "fp32.h5", "conv").features).all()
+        assert np.abs(featdump.load(tmp_path / "fp32.h5", "conv").features).max() > 65504
+        result = run_featdump("extract", "-m", "proof_models:overflowing", "-l", "conv", "--precision", "fp16",
+                              images, tmp_path / "fp16.h5", cwd=tmp_path)
+    assert result.returncode == 1, result.stderr
+    message = error_line(result.stderr)
+    assert message.startswith("Error: Layer conv: the rows of cpu, fp16 are non-finite (inf or NaN) where the "
+                              "reference path's are finite"), message
+    assert "Run with --precision bf16 (fp32's range) or fp32" in message
+    assert not (tmp_path / "fp16.h5").exists()  # never passed off as done
+
+
+def test_out_of_memory_in_the_forward_is_one_line_keeps_the_rows_and_the_same_command_finishes(tmp_path):
+    """140 images in default batches of 64: the third batch's forward raises; two batches stay committed."""
+    with user_project(tmp_path, "oom_models", MODELS, {"": 140}) as folder:
+        (folder / "marker").touch()
+        command = ["extract", "-m", "oom_models:runs_out_of_memory", "-l", "pool", folder / "images",
+                   folder / "out.h5"]
+        env = {**__import__("os").environ, "OOM_MARKER": str(folder / "marker")}
+        failed = run_featdump(*command, env=env, cwd=folder)
+        assert failed.returncode == 1, failed.stderr
+        message = error_line(failed.stderr)
+        assert message.startswith(
+            "Error: Out of memory on cpu at --batch-size 64 (CUDA out of memory. Tried to allocate 20.00 GiB)"), message
+        assert message.endswith("run the same command with a smaller --batch-size (e.g. 32) to resume."), message
+        assert len(read_output(folder / "out.h5.partial", rows=None)["paths"]) == 128
+        finished = run_featdump(*command, env=env, cwd=folder)
+        assert finished.returncode == 0 and "resumed at image 128" in finished.stderr, finished.stderr
+        straight = run_featdump(*command[:-1], folder / "straight.h5", env=env, cwd=folder)
+        assert straight.returncode == 0, straight.stderr
+    np.testing.assert_array_equal(read_output(folder / "out.h5")["pool"], read_output(folder / "straight.h5")["pool"])
+
+
+def error_line(stderr: str) -> str:
+    """The one error line, the last of the log, and no traceback."""
+    lines = stderr.strip().splitlines()
+    assert [line for line in lines if line.startswith("Error:")] == lines[-1:] and "Traceback" not in stderr, stderr
+    return lines[-1]
+
+
+def test_the_sample_takes_most_from_the_first_batch_and_spreads_the_rest():
+    sample = plan_sample(8, 0, 64, 10_000)
+    assert sample.count_first == 6 and len(sample.later) == 2
+    assert all(64 <= position < 10_000 for position in sample.later)
+    assert plan_sample(8, 0, 64, 10_000) == sample  # seeded
+    assert plan_sample(8, 0, 4, 11).count_first == 4 and len(plan_sample(8, 0, 4, 11).later) == 4
+    assert plan_sample(8, 0, 20, 20).count_first == 8 and not plan_sample(8, 0, 20, 20).later
+
+
+def test_errors_are_per_row_and_non_finite_only_where_the_reference_is_finite():
+    reference = np.array([[1.0, -4.0, 2.0], [np.inf, 1.0, 0.0]])
+    got = np.array([[1.0, -4.1, 2.0], [np.inf, 1.0, 0.0]])
+    assert row_errors(got, reference) == [pytest.approx(0.025), 0.0]
+    assert row_errors(np.array([[1.0, np.inf, 2.0]]), reference[:1]) == [float("inf")]
+    assert tolerance(["cuda", "bf16", "compile"]) == pytest.approx(1e-3 + 5e-2 + 1e-4)
+    assert tolerance(["bf16"], "float16") == pytest.approx(5e-2 + 2**-11)
