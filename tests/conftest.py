@@ -23,6 +23,15 @@ from .stores import SeaweedFS
 REPO = Path(__file__).resolve().parents[1]
 
 
+def pytest_configure(config):
+    """The suite's expectations are the CPU's (fp32, exact against recomputations on the CPU): it sees no GPU, also
+    on a GPU node, where `auto` would otherwise send about 100 CLI calls to CUDA. `pytest -m cuda` runs the tests
+    marked cuda there, with the GPU."""
+    selection = config.option.markexpr or ""
+    if "cuda" not in selection or "not cuda" in selection:
+        os.environ["CUDA_VISIBLE_DEVICES"] = ""  # before anything asks torch for a device; subprocesses inherit it
+
+
 def write_images(root: Path, layout: dict[str, int], seed: int = 0, size=(64, 48)) -> list[str]:
     """Write random-but-smooth RGB JPEG/PNG images: {class folder: count}; '' puts them at the root."""
     rng = np.random.default_rng(seed)

@@ -205,7 +205,7 @@ def test_the_package_key_follows_what_the_export_sees():
 def test_the_first_batch_check_is_tight_in_float32():
     from featdump.forward.compiling import relative_difference, tolerance
 
-    assert tolerance("fp32") == 1e-5 and tolerance("bf16") == 1e-4
+    assert tolerance("fp32") == 1e-5 and tolerance("bf16") == 5e-2 and tolerance("fp16") == 1e-2
     eager = {"bn": torch.ones(2, 8) * 10}
     assert relative_difference({"bn": eager["bn"] + 5e-4}, eager) > tolerance("fp32")  # eps 1e-5 -> 1e-4: 5e-5
 
@@ -223,3 +223,25 @@ def test_a_factory_changed_between_two_compiled_runs_gets_a_new_package(project,
     for name, values in eager.items():
         scale = max(float(np.abs(values).max()), 1e-6)
         assert float(np.abs(compiled[name] - values).max()) <= 1e-5 * scale, name
+
+
+@pytest.mark.slow  # one AOTInductor build
+def test_compiled_bf16_is_accepted_then_loaded_and_a_rejected_package_is_kept_not_rebuilt(project, tmp_path):
+    """bf16 compiled and eager differ by about 1e-2 (benchmarks/precision.py): the check allows bf16's rounding, so
+    the package is built once and loaded by the next run. A package marked as failing the check (as a run marks
+    it) is neither removed nor built again: later runs are eager at once, saying why."""
+    cache = tmp_path / "cache"
+    eager, _, _ = extract(project, "tiny_models:cnn", tmp_path / "eager.h5", "--precision", "bf16")
+    for run, verb in enumerate(("Built", "Loaded")):
+        compiled, note, log = extract(project, "tiny_models:cnn", tmp_path / f"run{run}.h5", "--compile",
+                                      "--compile-cache", cache, "--precision", "bf16")
+        assert f"{verb} the compiled forward in" in log and note.startswith("yes: AOTInductor package"), log
+        for name, values in eager.items():
+            assert float(np.abs(compiled[name] - values).max()) <= 5e-2 * float(np.abs(values).max()), name
+    (package,) = (cache / "aoti").glob("*.pt2")
+    package.with_suffix(".rejected").write_text("it differs from eager by 3.0e-01 of a layer's largest value\n")
+    _, note, log = extract(project, "tiny_models:cnn", tmp_path / "run2.h5", "--compile", "--compile-cache", cache,
+                           "--precision", "bf16")
+    assert f"--compile: running eager, its package {package.name} failed the check against eager before" in log
+    assert note.startswith("no: its package") and package.exists()
+    assert "Built the compiled forward" not in log and "Compiled the forward" not in log

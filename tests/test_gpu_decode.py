@@ -3,6 +3,8 @@ when a GPU is present."""
 
 from __future__ import annotations
 
+import json
+
 import h5py
 import numpy as np
 import pytest
@@ -12,12 +14,17 @@ from torchvision.models import get_model_weights
 
 from featdump.inputs import find_images
 from featdump.inputs.gpu_decode import to_device_inputs
+from featdump.job.proof import row_errors
+from featdump.job.tolerances import tolerance
 from featdump.inputs.loader import ImageDataset, collate
 from featdump.inputs.preprocess import Preprocess
 
 from .conftest import run_featdump, write_images
 
-needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (none on this machine)")
+def needs_cuda(test):
+    """A CUDA test: run by `pytest -m cuda` on a GPU node, skipped elsewhere."""
+    return pytest.mark.cuda(pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (run "
+                                               "`pytest -m cuda` on a GPU node)")(test))
 
 
 def make_folder(root):
@@ -50,8 +57,9 @@ def test_decoded_batch_matches_the_cpu_path_in_source_order(tmp_path):
     cpu_inputs = to_device_inputs(cpu_batch, preprocess, images, torch.device("cpu"))
     assert gpu_batch.positions == cpu_batch.positions and not gpu_batch.encoded
     assert [images.paths[p] for p, _ in gpu_batch.failures] == ["a/fake.jpg"]
-    # Tensor resize vs PIL resize differ by rounding only.
-    assert (gpu_inputs - cpu_inputs).abs().mean() < 0.02
+    # Tensor resize vs PIL resize differ by rounding only; nvJPEG's chroma upsampling differs from libjpeg's (about
+    # one level of 255): bounded per image, as torchvision's own nvJPEG tests do.
+    assert (gpu_inputs - cpu_inputs).abs().flatten(1).mean(dim=1).max() < 0.02
 
 
 @needs_cuda
@@ -67,8 +75,12 @@ def test_cuda_extract_with_gpu_decode_bf16_is_close_to_cpu(tmp_path):
     with h5py.File(outputs["cpu"]) as cpu, h5py.File(outputs["cuda"]) as cuda:
         assert list(cpu["paths"].asstr()[:]) == list(cuda["paths"].asstr()[:])
         reference, candidate = cpu["features/avgpool"][:], cuda["features/avgpool"][:]
-    correlation = np.corrcoef(reference.ravel(), candidate.ravel())[0, 1]
-    assert correlation > 0.99, correlation
+        (proof,) = json.loads(cuda.attrs["proof"])
+    allowed = tolerance(["cuda", "bf16", "gpu decode"])
+    errors = row_errors(candidate.astype(np.float64), reference.astype(np.float64))  # each image on its own
+    assert max(errors) <= allowed, errors
+    assert proof["proved"] and proof["configuration"].startswith("cuda:0 (") and proof["tolerance"] == allowed
+    assert max(layer["largest"] for layer in proof["layers"].values()) <= allowed
 
 
 @needs_cuda
@@ -82,8 +94,11 @@ def test_cuda_fp32_matches_cpu_features(tmp_path):
                               "--decode", "cpu", images, outputs[device])
         assert result.returncode == 0, result.stderr
     with h5py.File(outputs["cpu"]) as cpu, h5py.File(outputs["cuda"]) as cuda:
-        for name in ("layer2.0.bn1", "fc"):
-            np.testing.assert_allclose(cuda["features"][name][:], cpu["features"][name][:], rtol=2e-2, atol=2e-2)
+        for name in ("layer2.0.bn1", "fc"):  # fp32 with TF32 off: kernel order alone, per row
+            got, expected = (file["features"][name][:] for file in (cuda, cpu))
+            errors = row_errors(got.reshape(len(got), -1).astype(np.float64),
+                                expected.reshape(len(expected), -1).astype(np.float64))
+            assert max(errors) <= 1e-4, (name, errors)
 
 
 def test_auto_decodes_on_the_cpu_until_the_gpu_path_is_measured():

@@ -327,7 +327,8 @@ def test_a_fit_too_large_for_the_memory_limit_is_refused_with_the_numbers():
         check_fit_fits("layer1", 20000, 802816, 16, limit=4 * 1024**3)
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (none on this machine)")
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (run `pytest -m cuda` on a GPU node)")
 def test_projections_on_cuda_equal_the_cpus():
     from featdump.reductions.methods import bind
 
