@@ -14,12 +14,13 @@ from torchvision.models import get_model_weights
 
 from featdump.inputs import find_images
 from featdump.inputs.gpu_decode import to_device_inputs
-from featdump.job.proof import row_errors
-from featdump.job.tolerances import tolerance
 from featdump.inputs.loader import ImageDataset, collate
 from featdump.inputs.preprocess import Preprocess
+from featdump.job.proof import row_errors
+from featdump.job.tolerances import tolerance
 
 from .conftest import run_featdump, write_images
+
 
 def needs_cuda(test):
     """A CUDA test: run by `pytest -m cuda` on a GPU node, skipped elsewhere."""
