@@ -141,7 +141,8 @@ def run_featdump(args, device):
     settings = Settings(model=args.model, layers=(args.layer,), images=Path(args.images), output=Path(args.out),
                         weights="none", batch_size=args.batch_size, num_workers=args.workers, device=str(device),
                         overwrite=True, dtype=args.dtype, precision=args.precision, decode=args.decode,
-                        fast_decode=args.fast_decode)
+                        fast_decode=args.fast_decode, compile=args.compile, reduce=tuple(args.reduce),
+                        compile_cache=str(Path(args.out).parent / "compile-cache"))
     summary = extract(settings, timer)
     return timer.stopped - timer.started, {"total_seconds": summary.seconds, "steady_img_s": timer.steady_rate()}
 
@@ -192,6 +193,8 @@ def main():
     parser.add_argument("--decode", default="cpu")
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--fast-decode", action="store_true")
+    parser.add_argument("--compile", action="store_true")
+    parser.add_argument("--reduce", action="append", default=[])
     parser.add_argument("--loader", choices=["featdump", "pil"], default="featdump")
     args = parser.parse_args()
     device = resolve_device(args.device)

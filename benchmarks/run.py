@@ -5,7 +5,8 @@
 CPU (always): featdump vs the bare limit (the model truncated at the layer, same DataLoader and
 preprocessing, no hooks, no writes), vs the seeds' hook recipe and vs create_feature_extractor kept in
 RAM (time and peak RSS), and truncation (resnet50 layer1 vs the full model).
-GPU (when CUDA is present): resnet50 avgpool from JPEG at batch 256, --decode cpu/gpu x fp32/bf16,
+GPU (when CUDA is present; `--gpu`: these alone): resnet50 avgpool from JPEG at batch 256, --decode cpu/gpu x
+fp32/bf16, --compile bf16 (loading its package), layer3 --reduce srp:4096,
 resnet50 layer3 stored as float16, and the machine's limits measured by this script.
 """
 
@@ -171,12 +172,18 @@ def photo_rows(count: int, workers: int, repeats: int) -> list[str]:
 def gpu_rows(images: Path, count: int, workers: int) -> list[str]:
     rows = ["img/s: images over the whole batch loop (worker start-up included); steady: after the first batch.",
             "", "| resnet50 on CUDA, batch 256 | time (s) | img/s | steady img/s |", "| --- | ---: | ---: | ---: |"]
-    runs = {f"avgpool --decode {decode} --precision {precision}": ("avgpool", decode, precision, "float32")
+    runs = {f"avgpool --decode {decode} --precision {precision}": ("avgpool", decode, precision, "float32", {})
             for decode in ("cpu", "gpu") for precision in ("fp32", "bf16")}
-    runs["layer3 float16 --decode gpu bf16"] = ("layer3", "gpu", "bf16", "float16")
-    for label, (layer, decode, precision, dtype) in runs.items():
+    runs["layer3 float16 --decode gpu bf16"] = ("layer3", "gpu", "bf16", "float16", {})
+    runs["avgpool --compile bf16 (the package built, then loaded)"] = ("avgpool", "cpu", "bf16", "float32",
+                                                                        {"compile": True})
+    runs["layer3 --reduce srp:4096 bf16"] = ("layer3", "cpu", "bf16", "float32", {"reduce": "srp:4096"})
+    for label, (layer, decode, precision, dtype, more) in runs.items():
+        if more.get("compile"):  # the first run builds the package; the row is the run that loads it
+            measure("featdump", "resnet50", layer, images, workers, batch_size=256, device="cuda", decode=decode,
+                    precision=precision, dtype=dtype, **more)
         result = measure("featdump", "resnet50", layer, images, workers, batch_size=256, device="cuda",
-                         decode=decode, precision=precision, dtype=dtype)
+                         decode=decode, precision=precision, dtype=dtype, **more)
         steady = result["steady_img_s"] or 0.0
         written = f" ({steady * 1024 * 14 * 14 * 2 / 1e6:.0f} MB/s written)" if layer == "layer3" else ""
         rows.append(f"| {label} | {result['seconds']:.2f} | {count / result['seconds']:.0f} | {steady:.0f}{written} |")
@@ -248,7 +255,13 @@ def main():
     parser.add_argument("--gpu-images", type=int, default=20480,
                         help="JPEGs for the GPU rows (>= 20,000: a steady rate over many batches of 256)")
     parser.add_argument("--write-results", action="store_true", help="also write benchmarks/RESULTS.md")
+    parser.add_argument("--gpu", action="store_true", help="the GPU rows alone (eager, bf16, channels_last as "
+                        "chosen, --compile, GPU decode, SRP), in one command; fails without CUDA")
     args = parser.parse_args()
+    if args.gpu:
+        if not torch.cuda.is_available():
+            raise SystemExit("--gpu: CUDA is not available on this machine.")
+        args.skip_cpu, args.photos = True, 0
     images = make_images(HERE / "data" / f"images-{args.images}", args.images)
     lines = [f"Machine: {machine()}", f"Images: {args.images} JPEGs of 500x375, {args.workers} DataLoader workers", ""]
     if not args.skip_cpu:

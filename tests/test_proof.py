@@ -186,3 +186,27 @@ def test_errors_are_per_row_and_non_finite_only_where_the_reference_is_finite():
     assert row_errors(np.array([[1.0, np.inf, 2.0]]), reference[:1]) == [float("inf")]
     assert tolerance(["cuda", "bf16", "compile"]) == pytest.approx(1e-3 + 5e-2 + 1e-4)
     assert tolerance(["bf16"], "float16") == pytest.approx(5e-2 + 2**-11)
+
+
+def test_shards_and_updates_record_their_own_proof(tmp_path):
+    images = tmp_path / "images"
+    write_images(images, {"a": 6, "b": 6}, seed=4)
+    base = ["extract", "-m", "resnet18", "-w", "none", "-l", "avgpool", "--precision", "bf16"]
+    for index in range(2):
+        result = run_featdump(*base, "--shard", f"{index}/2", images, tmp_path / "out.h5")
+        assert result.returncode == 0, result.stderr
+    assert run_featdump("merge", tmp_path / "out.h5").returncode == 0
+    with h5py.File(tmp_path / "out.h5", "r") as h5file:
+        proofs = json.loads(h5file.attrs["proof"])
+    assert [proof["shard"] for proof in proofs] == [0, 1] and all(proof["proved"] for proof in proofs)
+    assert sorted(path for proof in proofs for path in proof["images"]) == featdump.load(tmp_path / "out.h5",
+                                                                                        "avgpool").paths
+    single = tmp_path / "single.h5"
+    assert run_featdump(*base, images, single).returncode == 0
+    write_images(images, {"c": 3}, seed=5)
+    updated = run_featdump(*base, "--update", images, single)
+    assert updated.returncode == 0, updated.stderr
+    with h5py.File(single, "r") as h5file:
+        first, update = json.loads(h5file.attrs["proof"])
+    assert "run" not in first and update["run"] == "update" and update["proved"]
+    assert sorted(update["images"]) == ["c/img_000.jpg", "c/img_001.jpg", "c/img_002.png"]

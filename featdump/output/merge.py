@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -13,6 +14,7 @@ from featdump.output import fingerprint as fingerprints
 from featdump.output import netcdf
 from featdump.output.layout import (
     FORMAT,
+    PROOF,
     STRING,
     UPGRADED,
     Committed,
@@ -21,6 +23,7 @@ from featdump.output.layout import (
     create_layout,
     name_dimensions,
     partial_path,
+    proofs_of,
     set_attribute,
     text_of,
     write_paths,
@@ -162,6 +165,8 @@ def _write_merged(merged: h5py.File, output: Path, shards: list[Path], summaries
     merged.attrs["commands"] = np.array([str(summary["attrs"].get("command", "")) for summary in summaries],
                                         dtype=STRING)
     merged.attrs["virtual"] = not copy
+    merged.attrs[PROOF] = json.dumps([{**entry, "shard": index} for index, summary in enumerate(summaries)
+                                      for entry in proofs_of(summary["attrs"])])  # each shard proved its own rows
     if not copy:  # what Output.open checks before a virtual view is read
         merged.attrs["merged_sizes"] = np.array([path.stat().st_size for path in shards], dtype=np.int64)
     with Output.open(shards[0]) as first:

@@ -28,6 +28,7 @@ from featdump.output import netcdf
 from featdump.output.layout import (
     Committed,
     Output,
+    append_proof,
     as_text,
     name_dimensions,
     partial_path,
@@ -254,6 +255,8 @@ def _add_layers(h5file: h5py.File, grown: Output, plan: UpdatePlan, record: dict
         if pca is not None and f"pca/{name}" not in h5file:
             h5file.copy(pca, h5file.require_group("pca"), name=name)
             netcdf.forget(h5file["pca"][name])
+    for entry in grown.proofs:  # the proof of the run that computed the new layers
+        append_proof(h5file, {**entry, "run": f"added {', '.join(plan.new_layers)}"})
     h5file.flush()
     for name in plan.new_layers:
         h5file.move(f"{_GROWING}/{name}", f"features/{name}")
@@ -308,6 +311,8 @@ def _append_staged(h5file: h5py.File, staged: Output, plan: UpdatePlan, images_d
     h5file.attrs["reduce"] = json.dumps(fingerprint["reduce"])
     fingerprints.store(h5file.attrs, {**fingerprint, "images": images_digest,
                                       "image_count": held.images + added.images})
+    for entry in staged.proofs:  # the update's own proof, beside the earlier runs'
+        append_proof(h5file, {**entry, "run": "update"})
     h5file.flush()
     Committed(rows + added.rows, held.images + added.images, skipped + added.skipped).store(h5file)
     h5file.flush()
