@@ -38,6 +38,7 @@ BAD = {
     "shard_pattern": ("part-{k}.h5", "part-{k}.h5"),
     "merge_timeout": (0, "0"),
     "store_patience": (-1, "-1"),
+    "proof": (-1, "-1"),
     "space_check": ("off", None),
     "pca_fit": ("1", "1"),
 }
