@@ -6,8 +6,9 @@ CPU (always): featdump vs the bare limit (the model truncated at the layer, same
 preprocessing, no hooks, no writes), vs the seeds' hook recipe and vs create_feature_extractor kept in
 RAM (time and peak RSS), and truncation (resnet50 layer1 vs the full model).
 GPU (when CUDA is present; `--gpu`: these alone): resnet50 avgpool from JPEG at batch 256, --decode cpu/gpu x
-fp32/bf16, --compile bf16 (loading its package), layer3 --reduce srp:4096,
-resnet50 layer3 stored as float16, and the machine's limits measured by this script.
+fp32/bf16, --compile bf16 (loading its package), layer3 --reduce srp:4096, resnet50 layer3 stored as float16,
+avgpool from tar shards, a probe of layer2 on the GPU, and the machine's limits measured by this script (the
+forward alone, contiguous and channels_last; decode alone; disk writes).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from PIL import Image
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
+GPU = "cuda"  # the GPU rows' device
 
 
 def make_images(folder: Path, count: int, contrast: float = 0.0, seed: int = 0) -> Path:
@@ -187,8 +189,38 @@ def gpu_rows(images: Path, count: int, workers: int) -> list[str]:
         steady = result["steady_img_s"] or 0.0
         written = f" ({steady * 1024 * 14 * 14 * 2 / 1e6:.0f} MB/s written)" if layer == "layer3" else ""
         rows.append(f"| {label} | {result['seconds']:.2f} | {count / result['seconds']:.0f} | {steady:.0f}{written} |")
+    rows.append(tar_row(images, count))
+    rows += ["", readout_row(images, count, workers)]
     rows += ["", "| limits measured here | value |", "| --- | ---: |"] + gpu_limits(images, count, workers)
     return rows
+
+
+def tar_row(images: Path, count: int) -> str:
+    """The same JPEGs packed into 16 webdataset tars, read by a whole `featdump extract --device cuda`."""
+    sys.path.insert(0, str(REPO))
+    from benchmarks.tars import pack
+
+    shards = pack(images, HERE / "data" / f"{images.name}-tars", 16)
+    out = HERE / "data" / "gpu-tars.h5"
+    seconds, _ = timed_featdump("extract", "-m", "resnet50", "-w", "none", "-l", "avgpool", "--device", GPU,
+                                "--precision", "bf16", "--batch-size", "256", "--overwrite", shards, out,
+                                what="extract from tar shards")
+    out.unlink()
+    return f"| avgpool from 16 tar shards --precision bf16 (whole command) | {seconds:.2f} | {count / seconds:.0f} | |"
+
+
+def readout_row(images: Path, count: int, workers: int) -> str:
+    """`featdump probe --device cuda` of resnet50 layer2 (401,408 features, float16) over the 10 classes."""
+    layer_file = HERE / "data" / "gpu-layer2.h5"
+    measure("featdump", "resnet50", "layer2", images, workers, keep=layer_file, batch_size=256, device=GPU,
+            precision="bf16", dtype="float16")
+    results = HERE / "data" / "gpu-probe.h5"
+    seconds, _ = timed_featdump("probe", layer_file, "-l", "layer2", "--device", GPU, "--memory", "8GB",
+                                "-o", results, "--overwrite", what="probe on the GPU")
+    layer_file.unlink()
+    results.unlink()
+    return ("| read-out on CUDA | time (s) |\n| --- | ---: |\n"
+            f"| probe of layer2 ({count} rows x 401,408 float16), 5 folds, --memory 8GB | {seconds:.1f} |")
 
 
 def gpu_limits(images: Path, count: int, workers: int) -> list[str]:
@@ -202,17 +234,8 @@ def gpu_limits(images: Path, count: int, workers: int) -> list[str]:
     from featdump.inputs.preprocess import Preprocess
     from featdump.sources.models import default_preprocessing
 
-    model = resnet50().eval().cuda().to(memory_format=torch.channels_last)
-    x = torch.randn(256, 3, 224, 224, device="cuda").contiguous(memory_format=torch.channels_last)
-    with torch.inference_mode(), torch.autocast("cuda", dtype=torch.bfloat16):
-        for _ in range(3):
-            model(x)
-        torch.cuda.synchronize()
-        started = time.perf_counter()
-        for _ in range(10):
-            model(x)
-        torch.cuda.synchronize()
-    forward = 2560 / (time.perf_counter() - started)
+    forward = {layout: forward_rate(resnet50().eval().cuda(), layout)
+               for layout in (torch.contiguous_format, torch.channels_last)}
     found, preprocess = find_images(images), Preprocess(default_preprocessing("resnet50"))
     rates = {}
     for gpu in (False, True):
@@ -232,10 +255,27 @@ def gpu_limits(images: Path, count: int, workers: int) -> list[str]:
         os.fsync(handle.fileno())
     write_rate = 32 * len(block) / (time.perf_counter() - started) / 1e6
     path.unlink()
-    return [f"| resnet50 bf16 channels_last forward alone, batch 256 | {forward:.0f} img/s |",
+    return [f"| resnet50 bf16 forward alone, batch 256, contiguous | {forward[torch.contiguous_format]:.0f} img/s |",
+            f"| resnet50 bf16 forward alone, batch 256, channels_last (featdump's choice) | "
+            f"{forward[torch.channels_last]:.0f} img/s |",
             f"| decode + resize alone, PIL in {workers} workers | {rates[False]:.0f} img/s |",
             f"| decode + resize alone, nvjpeg (--decode gpu) | {rates[True]:.0f} img/s |",
             f"| disk write bandwidth (2 GiB, fsync) | {write_rate:.0f} MB/s |"]
+
+
+def forward_rate(model: torch.nn.Module, layout: torch.memory_format, batch: int = 256) -> float:
+    """Images a second through MODEL in bf16 on random inputs in LAYOUT, after three warm-up batches."""
+    model = model.to(memory_format=layout)
+    x = torch.randn(batch, 3, 224, 224, device="cuda").contiguous(memory_format=layout)
+    with torch.inference_mode(), torch.autocast("cuda", dtype=torch.bfloat16):
+        for _ in range(3):
+            model(x)
+        torch.cuda.synchronize()
+        started = time.perf_counter()
+        for _ in range(10):
+            model(x)
+        torch.cuda.synchronize()
+    return 10 * batch / (time.perf_counter() - started)
 
 
 def machine() -> str:
@@ -255,8 +295,8 @@ def main():
     parser.add_argument("--gpu-images", type=int, default=20480,
                         help="JPEGs for the GPU rows (>= 20,000: a steady rate over many batches of 256)")
     parser.add_argument("--write-results", action="store_true", help="also write benchmarks/RESULTS.md")
-    parser.add_argument("--gpu", action="store_true", help="the GPU rows alone (eager, bf16, channels_last as "
-                        "chosen, --compile, GPU decode, SRP), in one command; fails without CUDA")
+    parser.add_argument("--gpu", action="store_true", help="the GPU rows alone (eager, bf16, channels_last, "
+                        "--compile, GPU decode, SRP, tar shards, a read-out), in one command; fails without CUDA")
     args = parser.parse_args()
     if args.gpu:
         if not torch.cuda.is_available():
