@@ -3,15 +3,19 @@ as the same images on disk are read."""
 
 from __future__ import annotations
 
+import io
 import json
+import os
 import signal
 import subprocess
 import sys
+import tarfile
 import time
 
 import h5py
 import numpy as np
 import pytest
+from PIL import Image
 
 from featdump.errors import StoreUnavailable
 from featdump.faces.show import _read
@@ -19,7 +23,7 @@ from featdump.inputs import find_images
 from featdump.inputs.stores import Patience, fetch_all, is_missing, is_refused, is_transient
 
 from .conftest import committed_rows, featdump_env, read_output, run_featdump, start_featdump, write_images
-from .stores import http_server
+from .stores import http_server, silent_server
 from .test_tars import member_path, pack
 
 EXTRACT = ["extract", "-m", "resnet18", "-w", "none", "-l", "layer4.1.relu:2,avgpool"]
@@ -263,6 +267,11 @@ def test_each_fault_is_judged_missing_refused_or_transient():
     assert [is_refused(error) for error in missing + refused + transient] == [False] * 2 + [True] * 4 + [False] * 6
     assert [is_transient(error) for error in missing + refused + transient] == [False] * 6 + [True] * 6
     assert not is_transient(answer(400))  # a client error: not retried, not a refusal either
+    looked_up = FileNotFoundError("http://127.0.0.1:9/x.tar")  # fsspec's http lookup, whatever went wrong
+    looked_up.__cause__ = TimeoutError()
+    assert is_transient(looked_up) and not is_missing(looked_up)
+    looked_up.__cause__ = answer(404)
+    assert is_missing(looked_up) and not is_transient(looked_up)
 
 
 def test_transient_faults_are_retried_within_the_patience_then_name_the_object(seaweed):
@@ -331,3 +340,60 @@ def test_find_images_lists_a_prefix_in_pages(seaweed, store_env, tmp_path):
     found = find_images("s3://many/set")
     assert len(found) == 1200 and found.paths[0] == "00000.jpg" and found.paths[-1] == "01199.jpg"
     assert found.classes == ()
+
+
+def _noise_tar(path, seed: int, flip: bool) -> None:
+    """16 uncompressed 40x32 PNGs of noise (so every rebuild is the same size) in classes a/ and b/, with .cls."""
+    rng = np.random.default_rng(seed)
+    with tarfile.open(path, "w") as archive:
+        for index in range(16):
+            image = io.BytesIO()
+            Image.fromarray(rng.integers(0, 256, (32, 40, 3), dtype=np.uint8)).save(image, "png", compress_level=0)
+            label = b"%d" % ((index + flip) % 2)
+            for name, data in ((f"{index:03d}.png", image.getvalue()), (f"{index:03d}.cls", label)):
+                info = tarfile.TarInfo(name)
+                info.size = len(data)
+                archive.addfile(info, io.BytesIO(data))
+
+
+def test_a_tar_rebuilt_at_a_web_server_to_the_same_size_and_time_is_read_anew(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    served, tar = tmp_path / "served", tmp_path / "served" / "shard.tar"
+    served.mkdir()
+    _noise_tar(tar, seed=0, flip=False)
+    size, when = tar.stat().st_size, tar.stat().st_mtime
+    with http_server(served, ranges=True) as base:
+        assert run_featdump(*EXTRACT, f"{base}/shard.tar", tmp_path / "old.h5").returncode == 0
+        _noise_tar(tar, seed=1, flip=True)  # other images, other labels: the same size, the same Last-Modified
+        os.utime(tar, (when, when))
+        assert tar.stat().st_size == size
+        again = run_featdump(*EXTRACT, "--overwrite", f"{base}/shard.tar", tmp_path / "new.h5")
+        assert again.returncode == 0 and "Wrote 16 images (0 skipped)" in again.stderr, again.stderr
+    assert run_featdump(*EXTRACT, tar, tmp_path / "local.h5").returncode == 0
+    content, expected = read_output(tmp_path / "new.h5"), read_output(tmp_path / "local.h5")
+    assert content["labels"].tolist() == expected["labels"].tolist() == [1, 0] * 8
+    for layer in LAYERS:
+        np.testing.assert_array_equal(content[layer], expected[layer])
+
+
+def test_a_web_server_that_ignores_range_still_gives_every_tar_member(images, tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    root, folder = images
+    with http_server(root / "shards") as base:  # Python's http.server sends whole files
+        result = run_featdump(*EXTRACT, f"{base}/{{00000..00003}}.tar", tmp_path / "out.h5")
+    assert result.returncode == 0 and "Wrote 16 images (0 skipped)" in result.stderr, result.stderr
+    assert_rows_equal(read_output(tmp_path / "out.h5"), folder, member_path)
+
+
+@pytest.mark.slow  # a store that hangs: seconds of waiting
+def test_a_store_that_hangs_ends_the_job_within_a_small_multiple_of_the_patience(tmp_path, monkeypatch):
+    with silent_server() as url:
+        monkeypatch.setenv("AWS_ENDPOINT_URL", url)
+        monkeypatch.setenv("AWS_ACCESS_KEY_ID", "key")
+        monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "secret")
+        for source in ("s3://hung/set/", f"{url}/shard.tar"):
+            started = time.monotonic()
+            result = run_featdump(*EXTRACT, "--store-patience", "4", source, tmp_path / "out.h5")
+            seconds = time.monotonic() - started
+            assert result.returncode == 75 and "did not answer" in result.stderr, result.stderr
+            assert seconds < 3 * 4, (source, seconds)

@@ -6,6 +6,8 @@ many requests in flight."""
 
 from __future__ import annotations
 
+import contextlib
+import email.utils
 import hashlib
 import logging
 import time
@@ -42,7 +44,7 @@ log = logging.getLogger("featdump")
 def read_prefix(url: str, patience: Patience) -> ImageList:
     """The image objects under the prefix URL (every level), sorted by key, with ImageFolder-style labels from
     the first level; NoImages when there are none, StoreRefused for bad credentials or a missing bucket."""
-    fs, root = filesystem(url), url.rstrip("/")
+    fs, root = filesystem(url, patience), url.rstrip("/")
     prefix = fs._strip_protocol(root).rstrip("/")
     started = time.perf_counter()
     log.info("Listing %s/ ...", root)
@@ -74,12 +76,25 @@ def read_prefix(url: str, patience: Patience) -> ImageList:
 def object_identity(details: dict) -> tuple[int, int, str]:
     """(size, modification time in ns, ETag) of a listed object, whatever the store calls them."""
     size = int(details.get("size", details.get("Size", -1)) or 0)
-    when = details.get("LastModified") or details.get("mtime") or details.get("updated") or details.get("created")
+    when = details.get("LastModified") or details.get("mtime") or details.get("updated") or details.get("created") \
+        or details.get("Last-Modified")  # a web server's, as fsspec passes its header on
     if isinstance(when, str):
-        when = datetime.fromisoformat(when.replace("Z", "+00:00"))
+        when = _parse_time(when)
     mtime = int(when.timestamp() * 1e9) if isinstance(when, datetime) else int(when or -1)
-    etag = str(details.get("ETag") or details.get("etag") or details.get("md5Hash") or "").strip('"')
+    etag = next((str(details[key]).strip('"') for key in _CHECKSUMS if details.get(key)), "")
     return size, mtime, etag
+
+
+_CHECKSUMS = ("ETag", "etag", "md5Hash", "Content-MD5", "Digest")  # S3's, GCS's, a web server's
+
+
+def _parse_time(text: str) -> datetime | None:
+    """An ISO 8601 time (S3, GCS) or an HTTP date (`Wed, 21 Oct 2015 07:28:00 GMT`); None if it is neither."""
+    with contextlib.suppress(ValueError):
+        return datetime.fromisoformat(text.replace("Z", "+00:00"))
+    with contextlib.suppress(TypeError, ValueError):
+        return email.utils.parsedate_to_datetime(text)
+    return None
 
 
 @dataclass(frozen=True)
@@ -187,7 +202,7 @@ def check_access(urls: Sequence[str], patience: Patience) -> None:
             firsts.setdefault(_bucket_of(url), url)
     for bucket, url in firsts.items():
         try:
-            patience.call(lambda url=url: filesystem(url).info(store_path(url)), f"Reading {url}")
+            patience.call(lambda url=url: filesystem(url, patience).info(store_path(url)), f"Reading {url}")
         except FileNotFoundError as error:
             if is_refused(error):
                 raise StoreRefused(f"Reading {url}: {describe(error)}.") from error

@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
-from featdump.errors import StoreRefused, StoreUnavailable, UsageProblem
+from featdump.errors import FeatdumpError, StoreRefused, StoreUnavailable, UsageProblem
 
 _URL = re.compile(r"^([a-zA-Z][a-zA-Z0-9+.-]*)://")
 _EXTRAS = {  # protocol: (the package that reads it, featdump's extra that installs it)
@@ -65,31 +65,54 @@ def _configuration() -> tuple:
     return tuple(sorted((key, value) for key, value in os.environ.items() if key.startswith(_CONFIGURED_BY)))
 
 
-def filesystem(url: str):
+def filesystem(url: str, patience: Patience | None = None):
     """The fsspec file system reading URL's protocol, made once per process (loader workers make their own: an
-    async file system's event loop does not survive a fork). UsageProblem naming the extra when it is missing."""
+    async file system's event loop does not survive a fork), its requests bounded by PATIENCE (`_bounded`).
+    UsageProblem naming the extra when it is missing."""
     protocol = protocol_of(url)
-    key = (protocol, os.getpid(), _configuration())
+    timeout = (patience or Patience()).request_timeout
+    key = (protocol, os.getpid(), _configuration(), timeout)
     if key not in _filesystems:
-        _filesystems[key] = _make_filesystem(protocol, url)
+        _filesystems[key] = _make_filesystem(protocol, url, timeout)
     return _filesystems[key]
 
 
-def _make_filesystem(protocol: str, url: str):
+def _make_filesystem(protocol: str, url: str, timeout: float):
     import fsspec
 
     package, extra = _EXTRAS.get(protocol, (None, None))
-    options = {}
-    if protocol in ("s3", "s3a") and "config_kwargs" not in fsspec.config.conf.get(protocol, {}):
-        options["config_kwargs"] = {"max_pool_connections": _CONNECTIONS}  # botocore's 10 would cap a batch
     try:
-        return fsspec.filesystem(protocol, skip_instance_cache=True, **options)
+        return _bounded(fsspec.filesystem(protocol, skip_instance_cache=True, **_options(protocol, timeout)))
     except ImportError as error:
         named = package or getattr(error, "name", None) or "its fsspec implementation"
         how = f"pip install 'featdump[{extra}]'" if extra else f"pip install {named}"
         raise UsageProblem(f"Reading {url} needs the package {named}, which is not installed: {how}.") from error
     except ValueError as error:
         raise UsageProblem(f"{url}: no fsspec file system reads {protocol}:// ({error}).") from error
+
+
+def _options(protocol: str, timeout: float) -> dict:
+    """What the file system of PROTOCOL is made with, beyond the user's fsspec configuration: S3's connection pool
+    (botocore's 10 would cap a batch) and, for S3 and http(s), connect and read timeouts of TIMEOUT with the
+    client's own retries off, so that Patience alone retries and bounds a request that hangs."""
+    import fsspec
+
+    configured = fsspec.config.conf.get(protocol, {})
+    if protocol in ("s3", "s3a") and "config_kwargs" not in configured:
+        return {"config_kwargs": {"max_pool_connections": _CONNECTIONS, "connect_timeout": timeout,
+                                  "read_timeout": timeout, "retries": {"total_max_attempts": 1}}}
+    if protocol in ("http", "https") and "client_kwargs" not in configured:
+        import aiohttp
+
+        return {"client_kwargs": {"timeout": aiohttp.ClientTimeout(sock_connect=timeout, sock_read=timeout)}}
+    return {}
+
+
+def _bounded(fs):
+    """FS with its own retry loop (s3fs retries 5 times, sleeping, inside one of Patience's tries) turned off."""
+    if hasattr(fs, "retries"):
+        fs.retries = 1
+    return fs
 
 
 def store_path(url: str) -> str:
@@ -100,8 +123,24 @@ def store_path(url: str) -> str:
 # -- what a failure means ----------------------------------------------------------------------------
 
 
+def _underlying(error: BaseException) -> BaseException:
+    """What ERROR means: fsspec's http file system reports any failed lookup (a timeout too) as FileNotFoundError
+    raised from the real error; a connection fault, a timeout or a 5xx under it is judged instead."""
+    cause = error.__cause__
+    if isinstance(error, FileNotFoundError) and cause is not None and _is_connection_fault(cause):
+        return cause
+    return error
+
+
+def _is_connection_fault(error: BaseException) -> bool:
+    status = _status(error)
+    return isinstance(error, (TimeoutError, ConnectionError)) or (status is not None and status >= 500) \
+        or any(kind.__name__ == "ClientConnectionError" for kind in type(error).__mro__)  # aiohttp's
+
+
 def is_missing(error: BaseException) -> bool:
     """The object is not there (a recorded skip), as opposed to its bucket."""
+    error = _underlying(error)
     return isinstance(error, FileNotFoundError) and not _names_bucket(error) or _status(error) in (404, 410)
 
 
@@ -112,6 +151,7 @@ _NO_CREDENTIALS = ("NoCredentialsError", "PartialCredentialsError", "CredentialR
 def is_refused(error: BaseException) -> bool:
     """Access refused, no credentials, or the bucket missing: no retry helps, and no other object will fare
     better."""
+    error = _underlying(error)
     return isinstance(error, PermissionError) or (isinstance(error, FileNotFoundError) and _names_bucket(error)) \
         or _status(error) in (401, 403) or type(error).__name__ in _NO_CREDENTIALS
 
@@ -119,7 +159,9 @@ def is_refused(error: BaseException) -> bool:
 def is_transient(error: BaseException) -> bool:
     """A fault that may pass (timeouts, resets, 5xx, throttling): anything but a missing object, a refusal or a
     client error. Unknown faults are retried too: the patience bounds them."""
-    if is_missing(error) or is_refused(error) or isinstance(error, (IsADirectoryError, NotADirectoryError)):
+    error = _underlying(error)
+    if is_missing(error) or is_refused(error) or isinstance(error, (IsADirectoryError, NotADirectoryError,
+                                                                    FeatdumpError)):
         return False
     status = _status(error)
     return status is None or status >= 500 or status in (408, 429)
@@ -151,6 +193,12 @@ class Patience:
     10 s) before the job stops with StoreUnavailable, naming the object."""
 
     seconds: float = DEFAULT_PATIENCE
+
+    @property
+    def request_timeout(self) -> float:
+        """Seconds one request may wait to connect, or between bytes, before it counts as a failed try: half the
+        patience (1 s to 60 s), so that a store that hangs ends the job within about 1.5x the patience."""
+        return min(60.0, max(1.0, self.seconds / 2))
 
     def call(self, attempt: Callable[[], T], what: str) -> T:
         """ATTEMPT's result; a transient fault retried, a refusal as StoreRefused, any other error raised."""
@@ -201,7 +249,7 @@ def fetch_as_ready(urls: Sequence[str], patience: Patience,
     if not urls:
         return
     with contextlib.ExitStack() as stack:
-        request = _requester(filesystem(urls[0]), urls, ranges, stack)
+        request = _requester(filesystem(urls[0], patience), urls, ranges, stack)
         yield from _as_ready(request, urls, patience)
 
 
