@@ -15,6 +15,7 @@ import pytest
 
 import featdump
 from featdump.errors import UsageProblem
+from featdump.readout import passes
 from featdump.readout.folds import assign_folds
 
 from .conftest import peak_rss_mib, run_featdump, start_featdump, write_images, write_output
@@ -187,6 +188,31 @@ def test_paths_the_two_sides_do_not_share_are_refused_unless_common(study, tmp_p
     with h5py.File(tmp_path / "e.h5", "r") as h5file:
         assert len(h5file["fold"]) == 85 and h5file["readouts/narrow/predicted"].shape == (85, 1)
         assert [name.decode() for name in h5file["paths"][:]] == study["paths"][5:]
+
+
+@pytest.mark.parametrize("memory", ["1GB", "24KB"])  # one slab read through h5py; many, each row's read straight
+def test_common_fits_the_gram_of_the_rows_used_alone(study, tmp_path, monkeypatch, memory):
+    used = np.arange(0, ROWS, 2)  # labels for half the rows
+    labels = study["labels"]
+    with open(tmp_path / "labels.csv", "w") as handle:
+        handle.writelines(f"{study['paths'][row]},{CLASSES[labels[row]]}\n" for row in used)
+    sizes, real = [], passes.gram
+
+    def measured_gram(*arguments, **options):
+        stats = real(*arguments, **options)
+        sizes.append(tuple(stats.centred.shape))
+        return stats
+
+    monkeypatch.setattr(passes, "gram", measured_gram)
+    readout = featdump.probe(study["file"], "wide", folds=3, alphas=ALPHAS, labels=tmp_path / "labels.csv",
+                             common=True, memory=memory, device="cpu")["wide"]
+    assert sizes == [(len(used), len(used))]  # not (90, 90)
+    features = study["flat"]["wide"][used]
+    for fold in range(3):
+        train, test = readout.fold != fold, readout.fold == fold
+        model = RidgeClassifierCV(alphas=ALPHAS).fit(features[train], labels[used][train])
+        assert readout.alpha[fold] == model.alpha_
+        assert relative_error(readout.predicted[test], model.decision_function(features[test])) < 1e-4
 
 
 def test_bad_input_is_one_line(study, tmp_path):

@@ -123,12 +123,15 @@ def slab_width(shape: tuple[int, ...], slab: tuple[slice, ...]) -> int:
 ROW_FORMS = ("raw", "scaled", "standardised")  # rows as stored; over their spread (cosine); less their mean too
 
 
-def gram(dataset: h5py.Dataset, rows: int, memory: int, device: torch.device,
+def gram(dataset: h5py.Dataset, rows: int | np.ndarray, memory: int, device: torch.device,
          advance: Callable[[int], None] = lambda _: None, form: str = "raw", exact: bool = False) -> Gram:
-    """The Gram statistics of the first ROWS rows of DATASET (in FORM, one of ROW_FORMS), reading slabs (two at a
-    time: the next is read while one is used) of at most MEMORY bytes in all; ADVANCE(bytes) after each read.
-    EXACT: the centring and the products in float64, a piece of PRODUCT_WIDTH features at a time (a ridge fit's
-    condition grows as its alpha shrinks: it needs every digit)."""
+    """The Gram statistics of the first ROWS rows of DATASET, or of the rows ROWS names (sorted file rows: a
+    read-out's rows used), in FORM (one of ROW_FORMS), reading slabs (two at a time: the next is read while one is
+    used) of at most MEMORY bytes in all; ADVANCE(bytes) after each read. EXACT: the centring and the products in
+    float64, a piece of PRODUCT_WIDTH features at a time (a ridge fit's condition grows as its alpha shrinks: it
+    needs every digit)."""
+    picked = np.arange(rows) if isinstance(rows, int) else np.asarray(rows, dtype=np.int64)
+    rows = len(picked)
     shape = dataset.shape[1:]
     budget = max(1, min(memory // 2, SLAB_BYTES) // (max(rows, 1) * 4))
     zeros = dict(dtype=torch.float64, device=device)
@@ -138,7 +141,7 @@ def gram(dataset: h5py.Dataset, rows: int, memory: int, device: torch.device,
     low = torch.full((rows,), math.inf, device=device)
     high = torch.full((rows,), -math.inf, device=device)
     row_form = widened = None
-    for block in _prefetched(dataset, rows, slabs(shape, budget), advance):
+    for block in _prefetched(dataset, picked, slabs(shape, budget), advance):
         values = torch.from_numpy(block).to(device)
         lowest, highest = values.amin(1), values.amax(1)  # NaN in a row makes both NaN, inf one of them
         finite = torch.isfinite(lowest) & torch.isfinite(highest)
@@ -214,11 +217,14 @@ def _mirror_upper(centred: torch.Tensor) -> None:
         diagonal.copy_(torch.triu(diagonal) + torch.triu(diagonal, 1).T)
 
 
-def _prefetched(dataset: h5py.Dataset, rows: int, parts: list[tuple[slice, ...]], advance) -> Iterator[np.ndarray]:
-    """Each slab of PARTS, read on a thread while the one before is used: at most two slabs exist at once."""
+def _prefetched(dataset: h5py.Dataset, picked: np.ndarray, parts: list[tuple[slice, ...]],
+                advance) -> Iterator[np.ndarray]:
+    """Each slab of PARTS (of the rows PICKED), read on a thread while the one before is used: at most two slabs
+    exist at once."""
     tokens, ready = threading.Semaphore(2), queue.Queue()
     stop = threading.Event()
-    offsets = raw_row_offsets(dataset, rows) if len(parts) > 1 else None
+    offsets = raw_row_offsets(dataset, int(picked[-1]) + 1) if len(parts) > 1 and len(picked) else None
+    offsets = offsets[picked] if offsets is not None else None
 
     def read() -> None:
         descriptor = os.open(dataset.file.filename, os.O_RDONLY) if offsets is not None else None
@@ -227,7 +233,7 @@ def _prefetched(dataset: h5py.Dataset, rows: int, parts: list[tuple[slice, ...]]
                 tokens.acquire()
                 if stop.is_set():
                     return
-                ready.put(_read_slab(dataset, rows, slab, advance, offsets, descriptor))
+                ready.put(_read_slab(dataset, picked, slab, advance, offsets, descriptor))
             ready.put(None)
         except BaseException as error:  # given to the caller, raised there
             ready.put(error)
@@ -253,11 +259,13 @@ def _prefetched(dataset: h5py.Dataset, rows: int, parts: list[tuple[slice, ...]]
         reader.join()
 
 
-def _read_slab(dataset: h5py.Dataset, rows: int, slab: tuple[slice, ...], advance,
+def _read_slab(dataset: h5py.Dataset, picked: np.ndarray, slab: tuple[slice, ...], advance,
                offsets: np.ndarray | None = None, descriptor: int | None = None) -> np.ndarray:
-    """Rows 0..ROWS of DATASET's SLAB as one (rows, width) float32 array. With OFFSETS (each row's place in the
-    file, `raw_row_offsets`), each row's slab is read straight from DESCRIPTOR (a slab is contiguous within a
-    row): only its bytes; HDF5 would read each row's whole chunk for every slab. Else through h5py, in groups."""
+    """The rows PICKED (sorted) of DATASET's SLAB as one (rows, width) float32 array. With OFFSETS (each picked
+    row's place in the file, `raw_row_offsets`), each row's slab is read straight from DESCRIPTOR (a slab is
+    contiguous within a row): only its bytes; HDF5 would read each row's whole chunk for every slab. Else through
+    h5py, in groups."""
+    rows = len(picked)
     shape = dataset.shape[1:]
     width = slab_width(shape, slab)
     block = np.empty((rows, width), dtype=np.float32)
@@ -277,12 +285,17 @@ def _read_slab(dataset: h5py.Dataset, rows: int, slab: tuple[slice, ...], advanc
     view = block.reshape(rows, *(len(range(*part.indices(size))) for part, size in zip(slab, shape)))
     chunk_rows = dataset.chunks[0] if dataset.chunks else 1
     step = max(chunk_rows, (_READ_BYTES // max(width * dataset.dtype.itemsize, 1)) // chunk_rows * chunk_rows)
-    for start in range(0, rows, step):
-        stop = min(start + step, rows)
-        if dataset.dtype == np.float32:
+    every = rows == 0 or int(picked[-1]) == rows - 1  # rows 0..ROWS-1: read straight into place
+    for start in range(0, int(picked[-1]) + 1 if rows else 0, step):
+        stop = min(start + step, int(picked[-1]) + 1)
+        if every and dataset.dtype == np.float32:
             dataset.read_direct(view, np.s_[(slice(start, stop), *slab)], np.s_[start:stop])
-        else:  # float16 (or another type): read as stored, widened here
+        elif every:  # float16 (or another type): read as stored, widened here
             view[start:stop] = dataset[(slice(start, stop), *slab)]
+        else:  # a span of the file, of which the rows picked are kept
+            low, high = np.searchsorted(picked, [start, stop])
+            if high > low:
+                view[low:high] = dataset[(slice(start, stop), *slab)][picked[low:high] - start]
         advance((stop - start) * width * dataset.dtype.itemsize)
     return block
 

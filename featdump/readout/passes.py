@@ -44,11 +44,10 @@ def working_bytes(rows: int, features: int, targets: int, folds: int, alphas: in
 def fit_wide(dataset: h5py.Dataset, file_rows: int, used: np.ndarray, targets: torch.Tensor, fold: np.ndarray,
              alphas: torch.Tensor, per_target: bool, memory: int, device: torch.device,
              advance: Callable[[int], None]) -> tuple[list[FoldFit], torch.Tensor]:
-    """Every fold's fit of a wide layer (rows USED of its first FILE_ROWS) from its Gram; the rows' nonfinite mask."""
-    stats = gram(dataset, file_rows, memory, device, advance, exact=True)
-    index = torch.as_tensor(used, device=device)
-    matrix = stats.centred if len(used) == file_rows else stats.centred[index][:, index]
-    nonfinite = stats.nonfinite[index]
+    """Every fold's fit of a wide layer (rows USED of its first FILE_ROWS) from the Gram of the rows used alone;
+    the rows' nonfinite mask."""
+    stats = gram(dataset, file_rows if len(used) == file_rows else used, memory, device, advance, exact=True)
+    matrix, nonfinite = stats.centred, stats.nonfinite
     del stats
     if bool(nonfinite.any()):
         return [], nonfinite
