@@ -215,6 +215,24 @@ def test_common_fits_the_gram_of_the_rows_used_alone(study, tmp_path, monkeypatc
         assert relative_error(readout.predicted[test], model.decision_function(features[test])) < 1e-4
 
 
+def test_a_probe_of_a_csv_s_labels_records_those_labels(study, tmp_path):
+    """The CSV's classes (other than the output's folder labels) are the file's /labels and /classes: the accuracy
+    recomputed from the file is the one recorded."""
+    with open(tmp_path / "labels.csv", "w") as handle:
+        handle.writelines(f"{path},{'odd' if row % 2 else 'even'}\n" for row, path in enumerate(study["paths"]))
+    result = run_featdump("probe", study["file"], "--labels", tmp_path / "labels.csv", "-l", "narrow",
+                          "--folds", "3", "-o", tmp_path / "p.h5")
+    assert result.returncode == 0, result.stderr
+    with h5py.File(tmp_path / "p.h5", "r") as h5file:
+        labels, fold = h5file["labels"][:], h5file["fold"][:]
+        assert [name.decode() for name in h5file["columns"][:]] == ["even", "odd"]
+        assert [str(name) for name in h5file["labels"].attrs["classes"]] == ["even", "odd"]
+        assert labels.tolist() == [row % 2 for row in range(ROWS)]
+        right = h5file["readouts/narrow/predicted"][:].argmax(1) == labels
+        recorded = h5file["readouts/narrow/accuracy"][:]
+    np.testing.assert_allclose([right[fold == number].mean() for number in range(3)], recorded)
+
+
 def test_bad_input_is_one_line(study, tmp_path):
     paths = study["paths"]
     with open(tmp_path / "one-class.csv", "w") as handle:

@@ -21,7 +21,7 @@ from featdump.output.merge import merge
 from featdump.output.writer import FeatureWriter
 from featdump.training.plan import EpochPlan, blocks_of
 
-from .conftest import featdump_env, write_images
+from .conftest import featdump_env, run_featdump, write_images
 
 ROWS = 203  # no multiple of the chunks, the batches or the buffer
 
@@ -82,12 +82,30 @@ def test_an_epoch_yields_every_row_once_with_the_file_s_values_and_labels(output
     assert len(dropped["row"]) == ROWS // 16 * 16 and len(set(dropped["row"])) == len(dropped["row"])
 
 
-def test_ranks_split_an_epoch_without_overlap(output):
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_ranks_split_an_epoch_into_runs_of_the_same_length(output, drop_last):
     path, _ = output
-    parts = [collect(DataLoader(featdump.FeatureDataset(path, batch_size=16, rank=rank, world=2), batch_size=None,
-                                num_workers=2))["row"] for rank in range(2)]
-    assert not set(parts[0]) & set(parts[1]) and sorted([*parts[0], *parts[1]]) == list(range(ROWS))
-    assert abs(len(parts[0]) - len(parts[1])) <= 1
+    parts = [collect(DataLoader(featdump.FeatureDataset(path, batch_size=16, rank=rank, world=2, drop_last=drop_last),
+                                batch_size=None, num_workers=2))["row"] for rank in range(2)]
+    shared = set(parts[0]) & set(parts[1])
+    if drop_last:  # 101 each (the last row of the order left out), whole batches: 6 of 16
+        assert len(parts[0]) == len(parts[1]) == 96 and not shared
+    else:  # 102 each: the last rank's run wraps around to the first row of the order, as DistributedSampler pads
+        assert len(parts[0]) == len(parts[1]) == 102 and len(shared) == 1
+        assert sorted(set([*parts[0], *parts[1]])) == list(range(ROWS))
+
+
+@pytest.mark.parametrize("workers", [0, 3])
+def test_every_rank_yields_as_many_batches(workers):
+    """240 rows, world 7, batch 17: ranks of 34 or 35 samples yielded 2 or 3 batches, and DDP hung."""
+    for drop_last in (False, True):
+        counts = []
+        for rank in range(7):
+            plan = EpochPlan(blocks_of([240], [8]), 1, 17, 17 * 4, True, 0, 0, rank, 7, drop_last)
+            yielded = [plan.stream(worker, max(workers, 1)) for worker in range(max(workers, 1))]
+            counts.append(sum(len(stream) for stream in yielded))
+            assert counts[-1] == len(plan)
+        assert counts == [2 if drop_last else 3] * 7, counts
 
 
 def test_the_order_depends_on_the_seed_and_the_epoch_only(output):
@@ -120,6 +138,27 @@ def test_a_batch_mixes_the_rows_of_many_chunks(tmp_path):
     assert [len(batch["row"]) for batch in batches] == [16] * 12 + [8]  # 200 = 2 windows of 96 and one of 8
     for batch in batches[:-1]:
         assert len(set(batch["row"].numpy() // 8)) >= 5, batch["row"]
+
+
+def test_a_class_sorted_file_s_batches_hold_nearly_as_many_classes_as_a_permutation_s(tmp_path):
+    """20 classes of 200 rows in class order, chunks of 32 rows, a window of 1,024 rows (32 chunks) and batches of
+    64: blocks of whole 8 MB (the file) gave a window of 1,024 neighbouring rows, about 5.5 classes a batch."""
+    path, classes, each = tmp_path / "sorted.h5", 20, 200
+    labels = np.repeat(np.arange(classes), each)
+    writer = FeatureWriter.open(path, {"x": DatasetSpec((512,), "float32")}, {"image_count": classes * each},
+                                {"model": "synthetic", "layers": ["x"]}, [f"c{k}" for k in range(classes)], 8)
+    for start in range(0, classes * each, 8):
+        writer.append({"x": np.zeros((8, 512), dtype=np.float32)}, [f"{row}.jpg" for row in range(start, start + 8)],
+                      labels[start:start + 8].tolist(), [], start + 8)
+    writer.finish()
+    with h5py.File(path) as h5file:
+        assert h5file["features/x"].chunks[0] == 32
+    mine = [len(set(batch["label"].tolist()))
+            for batch in featdump.FeatureDataset(path, batch_size=64, buffer_rows=1024)][:-1]
+    rng = np.random.default_rng(0)
+    shuffled = [labels[rng.permutation(len(labels))[:64]] for _ in range(200)]
+    permutation = np.mean([len(set(batch.tolist())) for batch in shuffled])  # about 19.3
+    assert np.mean(mine) >= 0.6 * permutation, (np.mean(mine), permutation)  # about 13.5
 
 
 @pytest.mark.filterwarnings("ignore:This DataLoader will create")  # 3 workers on 2 cores: slow, not wrong
@@ -267,3 +306,17 @@ def test_a_zstd_layer_reads_in_a_process_that_never_wrote_one(tmp_path):
                             env=featdump_env(), timeout=120)
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == [str(ROWS), str(ROWS)]
+
+
+def test_featdump_s_readers_share_a_file_in_one_process(output):
+    """While a FeatureDataset iterates in this process (no workers), load, probe, rdm and info read the same file."""
+    path, layers = output
+    batches = iter(featdump.FeatureDataset(path, "vector", batch_size=16))
+    first = next(batches)  # the file is open in this process now
+    loaded = featdump.load(path, "vector")
+    np.testing.assert_array_equal(loaded.features, layers["vector"])
+    probed = featdump.probe(path, "vector", folds=3, device="cpu")["vector"]
+    assert probed.predicted.shape == (ROWS, 3)
+    assert run_featdump("info", path).returncode == 0
+    rest = list(batches)
+    assert sum(len(batch["row"]) for batch in [first, *rest]) == ROWS

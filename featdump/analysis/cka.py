@@ -18,7 +18,6 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-import h5py
 import numpy as np
 import torch
 
@@ -30,6 +29,7 @@ from featdump.analysis.stored import Stored, listed
 from featdump.errors import UsageProblem
 from featdump.forward.device import resolve_device
 from featdump.job.report import NoProgress, Progress
+from featdump.output.layout import open_to_read
 from featdump.output.space import human_bytes, parse_bytes
 
 log = logging.getLogger("featdump")
@@ -198,7 +198,7 @@ def _unbiased_hsic(left: np.ndarray, right: np.ndarray) -> float:
 
 
 def _read_finished(path: Path) -> Cka:
-    with h5py.File(path, "r") as h5file:
+    with open_to_read(path) as h5file:
         dataset = h5file["cka"]
         return Cka(dataset[:], list(dataset.attrs["rows"].astype(str)), list(dataset.attrs["columns"].astype(str)),
                    int(dataset.attrs["images"]), bool(dataset.attrs["unbiased"]))

@@ -18,7 +18,6 @@ import logging
 import math
 from pathlib import Path
 
-import h5py
 import numpy as np
 import torch
 
@@ -29,6 +28,7 @@ from featdump.analysis.stored import Stored, listed
 from featdump.errors import BadOption, UsageProblem
 from featdump.forward.device import resolve_device
 from featdump.job.report import NoProgress, Progress
+from featdump.output.layout import open_to_read
 from featdump.output.space import human_bytes, parse_bytes
 
 log = logging.getLogger("featdump")
@@ -96,7 +96,7 @@ def rdm(output: str | Path, layers: list[str] | str | None = None, metric: str =
 
 
 def _read_finished(path: Path, names: list[str], metric: str, stored: Stored, as_rsatoolbox: bool):
-    with h5py.File(path, "r") as h5file:
+    with open_to_read(path) as h5file:
         matrices = {name: h5file[GROUP][name][:] for name in names}
     return to_rsatoolbox(matrices, metric, stored) if as_rsatoolbox else matrices
 

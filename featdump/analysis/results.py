@@ -18,7 +18,7 @@ import h5py
 import numpy as np
 
 from featdump.errors import OutputExists, ResumeMismatch
-from featdump.output.layout import STRING, partial_path, text_array
+from featdump.output.layout import STRING, open_to_read, partial_path, text_array
 from featdump.output.lock import OutputLock
 from featdump.output.repair import cover_allocations
 from featdump.output.writer import close_quietly, publish, write_error
@@ -134,7 +134,7 @@ def finished(output: Path, made_from: dict) -> bool:
     if not output.exists():
         return False
     try:
-        with h5py.File(output, "r") as h5file:
+        with open_to_read(output) as h5file:
             before = json.loads(h5file.attrs.get("made_from", "{}")) if h5file.attrs.get("complete", False) else None
     except (OSError, ValueError):
         before = None

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import h5py
 import numpy as np
 
 from featdump.errors import NotAnOutput
 from featdump.faces.curves import is_readouts, layer_scores, readout_lines
-from featdump.output.layout import Output, partial_path, text_of
+from featdump.output.layout import Output, open_to_read, partial_path, text_of
 from featdump.output.lock import lock_holder
 from featdump.output.merge import merge_problem
 from featdump.output.progress import describe_running, read_record, running_lines, stopped_line
@@ -51,7 +50,7 @@ def _readouts(path: Path) -> dict | None:
     """What a PROBES.h5 or ENC.h5 (or its .partial) at PATH holds, as plain values; None for any other file."""
     path = path if path.exists() else partial_path(path)
     try:
-        with h5py.File(path, "r") as h5file:
+        with open_to_read(path) as h5file:
             if not is_readouts(h5file):
                 return None
             kind, names, scores = layer_scores(h5file)
@@ -152,7 +151,7 @@ def describe(output: Path) -> list[str]:
     """Lines saying what OUTPUT (or OUTPUT.partial) holds and how far its run got."""
     path = Path(output) if Path(output).exists() else partial_path(Path(output))
     if _readouts(path) is not None:
-        with h5py.File(path, "r") as h5file:
+        with open_to_read(path) as h5file:
             return readout_lines(path, h5file)
     info = read_info(output)
     if info.get("state") in ("running", "starting"):

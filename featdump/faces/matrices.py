@@ -12,7 +12,7 @@ import numpy as np
 from featdump.errors import NotAnOutput
 from featdump.faces.curves import draw_readouts, is_readouts
 from featdump.faces.show import pyplot
-from featdump.output.layout import text_of
+from featdump.output.layout import open_to_read, text_of
 
 _MOST_RDMS = 16  # drawn side by side; a file with more draws its first 16 (and says so in the title)
 
@@ -20,7 +20,7 @@ _MOST_RDMS = 16  # drawn side by side; a file with more draws its first 16 (and 
 def is_results(path: Path) -> bool:
     """Whether PATH is a file `featdump rdm`, `cka`, `probe` or `encode` wrote."""
     try:
-        with h5py.File(path, "r") as h5file:
+        with open_to_read(path) as h5file:
             return "made_from" in h5file.attrs
     except OSError:
         return False
@@ -32,7 +32,7 @@ def draw_results(path: Path, picture: Path) -> Path:
     PICTURE."""
     plt = pyplot()
     try:
-        with h5py.File(path, "r") as h5file:
+        with open_to_read(path) as h5file:
             if "cka" in h5file:
                 figure = _draw_cka(plt, h5file["cka"])
             elif "rdms" in h5file:

@@ -25,7 +25,7 @@ import h5py
 from featdump.errors import UsageProblem
 from featdump.inputs import ImageList, find_images
 from featdump.output import fingerprint as fingerprints
-from featdump.output.layout import Output, partial_path
+from featdump.output.layout import Output, open_to_read, partial_path
 from featdump.output.lock import waiting_lock
 from featdump.output.space import check_space, human_bytes
 from featdump.reductions.pca import MEMORY_LIMIT, PcaFit, check_fit_fits, fit
@@ -160,7 +160,7 @@ def _discard_other_staging(job_output: Path, digest: str) -> None:
     """Remove staged activations made for another fit (another K, model or fit set)."""
     for path in (stage_path(job_output), partial_path(stage_path(job_output))):
         try:
-            with h5py.File(path, "r", locking=False) as h5file:
+            with open_to_read(path) as h5file:
                 made_for = fingerprints.stored(h5file.attrs).get("pca_stage")
         except (OSError, ValueError):  # missing, or unreadable (a kill while creating it)
             made_for = None
@@ -192,7 +192,7 @@ def _write_fits(path: Path, fits: dict[str, PcaFit]) -> None:
     reader never sees half a fit file)."""
     kept = {}
     try:
-        with h5py.File(path, "r", locking=False) as h5file:
+        with open_to_read(path) as h5file:
             kept = {name: PcaFit.read(h5file["pca"][name]) for name in h5file.get("pca", {}) if name not in fits}
     except (OSError, KeyError):  # none yet, or unreadable: written anew
         kept = {}
@@ -211,7 +211,7 @@ def _read_fits(paths: list[Path], digests: dict[str, str], dims: dict[str, tuple
         if not path.exists() or len(found) == len(dims):
             continue
         try:
-            with h5py.File(path, "r", locking=False) as h5file:
+            with open_to_read(path) as h5file:
                 here = {}
                 for name, (dim, k) in _without(dims, found).items():
                     group = h5file.get(f"pca/{name}")

@@ -290,6 +290,15 @@ def text_of(value) -> str | None:
 # -- reading -------------------------------------------------------------------------------------
 
 
+def open_to_read(path) -> h5py.File:
+    """PATH opened to read, as every featdump reader opens a file: without HDF5's file lock (featdump's own lock
+    guards writers, and readers must not block a growth's final commit). One way everywhere, because HDF5 refuses
+    a second open of a file in one process with other locking flags ("file locking flag values don't match"): a
+    FeatureDataset iterating while `featdump.load` or `probe` reads the same file. A script holding such a file
+    with h5py opens it with `locking=False` too."""
+    return h5py.File(path, "r", locking=False)
+
+
 class Output:
     """An output file opened to read what it holds, up to its commit counters (use as a context manager)."""
 
@@ -304,7 +313,8 @@ class Output:
             raise NotAnOutput(f"No file {str(path)!r}.")
         register_filters()
         try:
-            h5file = h5py.File(path, mode) if locking is None else h5py.File(path, mode, locking=locking)
+            h5file = open_to_read(path) if mode == "r" else \
+                h5py.File(path, mode) if locking is None else h5py.File(path, mode, locking=locking)
         except OSError as error:
             raise NotAnOutput(f"{str(path)!r} is not a readable HDF5 file ({error}).") from error
         if "committed" not in h5file.attrs or "features" not in h5file:

@@ -22,6 +22,7 @@ from featdump.output.layout import (
     Output,
     create_layout,
     name_dimensions,
+    open_to_read,
     partial_path,
     proofs_of,
     set_attribute,
@@ -107,7 +108,7 @@ def _a_merged_view(output: Path) -> bool:
     if not output.exists():
         return False
     try:  # plain h5py: a view whose shards have grown since is what is merged again
-        with h5py.File(output, "r", locking=False) as held:
+        with open_to_read(output) as held:
             return bool(held.attrs.get("virtual", False)) and "merged_from" in held.attrs
     except OSError:  # not an HDF5 file: not ours to replace
         return False

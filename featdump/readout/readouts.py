@@ -35,7 +35,7 @@ from featdump.analysis.stored import Stored, listed
 from featdump.errors import BadOption, UsageProblem
 from featdump.forward.device import free_memory, resolve_device
 from featdump.job.report import NoProgress, Progress
-from featdump.output.layout import text_of
+from featdump.output.layout import open_to_read, text_of
 from featdump.output.space import human_bytes, parse_bytes
 from featdump.readout import passes
 from featdump.readout.choices import DEFAULT_ALPHAS, DEFAULT_FOLDS
@@ -136,7 +136,9 @@ def _read_out(kind: str, stored: Stored, table: Targets, layers, folds: int, alp
     sizes = _refuse_too_large(stored, names, table, folds, len(grid), budget, place)
     results = None
     if to is not None:
-        results = Results.open(Path(to), made_from, paths, stored.labels[table.rows], stored.classes, overwrite)
+        labels, classes = (table.classes, table.columns) if table.classes is not None else \
+            (stored.labels[table.rows], stored.classes)  # a probe's: the labels probed (a CSV's, or the output's)
+        results = Results.open(Path(to), made_from, paths, labels, classes, overwrite)
         columns = np.array(table.columns, dtype=h5py.string_dtype())
         for name, values in (("fold", fold), ("alphas", grid), ("columns", columns)):
             if not results.has("", name):
@@ -310,7 +312,7 @@ def _entry(readout: Readout) -> dict[str, np.ndarray]:
 
 def read_readouts(path: Path, names: list[str] | None = None) -> dict[str, Readout]:
     """The read-outs of a PROBES.h5 or ENC.h5 (NAMES, or all in their recorded order)."""
-    with h5py.File(path, "r") as h5file:
+    with open_to_read(path) as h5file:
         kind = text_of(h5file.attrs.get("kind")) or "probe"
         paths = [text_of(item) for item in h5file["paths"][:]]
         recorded = [text_of(name) for name in h5file.attrs.get("layers", [])] or list(h5file[GROUP])

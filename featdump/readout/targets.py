@@ -21,6 +21,7 @@ import numpy as np
 
 from featdump.analysis.stored import Stored
 from featdump.errors import UsageProblem
+from featdump.output.layout import open_to_read
 
 
 @dataclass(frozen=True)
@@ -168,7 +169,7 @@ def _numbers(table: list[list[str]], columns: list[str], where: str) -> np.ndarr
 def _read_hdf5(path: Path, name: str, where: str) -> tuple[list[str], np.ndarray, list[str]]:
     """(paths, values, column names) of FILE.h5's dataset NAME (or its one numeric dataset besides `paths`)."""
     try:
-        with h5py.File(path, "r") as h5file:
+        with open_to_read(path) as h5file:
             if not name:
                 found = [key for key, item in h5file.items() if isinstance(item, h5py.Dataset) and key != "paths"
                          and item.dtype.kind in "fiub"]

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from featdump.errors import BadOption
-from featdump.output.layout import register_filters
+from featdump.output.layout import open_to_read, register_filters
 from featdump.training.plan import EpochPlan, Window, blocks_of
 from featdump.training.stored import StoredRows, read_stored
 
@@ -105,7 +105,7 @@ class _Files(ExitStack):
         found = self.datasets.get((part, name))
         if found is None:
             if part not in self.open:
-                self.open[part] = self.enter_context(h5py.File(self.stored.parts[part].path, "r", locking=False))
+                self.open[part] = self.enter_context(open_to_read(self.stored.parts[part].path))
             held = self.open[part]
             found = self.datasets[(part, name)] = held["labels"] if name == _LABELS else held["features"][name]
         return found

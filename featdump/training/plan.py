@@ -1,10 +1,14 @@
 """Plan: one epoch of a FeatureDataset, fixed before any row is read, from the seed, the epoch, the batch size, the
 buffer, the rank and the loader's workers alone:
 
-1. the blocks of rows (aligned with the chunks) in a seeded random order (file order without shuffle);
-2. their samples, one after another, cut into `world` near-equal runs: rank r takes the r-th;
-3. a rank's run cut into windows of `buffer` samples (whole batches): a window is read at once and its samples put
-   in a seeded random order, then cut into batches; so a batch mixes the rows of every chunk in its window;
+1. the blocks of rows (each one chunk of every layer) in a seeded random order (file order without shuffle);
+2. their samples, one after another, cut into `world` runs of the same length, so that every rank yields as many
+   batches (DistributedSampler's rule): ceil(N / world) samples each, the last rank's run wrapping around to the
+   first samples again; with drop_last, floor(N / world) each, the last N mod world samples left out;
+3. a rank's run cut into windows of `buffer` samples (whole batches): a window's blocks are read at once, in file
+   order (neighbours in one read), and its samples put in a seeded random order, then cut into batches; so a batch
+   mixes the rows of every chunk in its window, and a window holds buffer / chunk rows chunks drawn from the whole
+   file;
 4. window i goes to loader worker i % workers, and the DataLoader takes the workers' batches in turn.
 
 Resuming at batch K (`start`): the batches an uninterrupted epoch yields from its K-th on, in the same order; each
@@ -61,9 +65,11 @@ class EpochPlan:
         if shuffle:
             order = [blocks[index] for index in np.random.default_rng([seed, epoch, 0]).permutation(len(blocks))]
         total = sum(block.stop - block.start for block in order) * tokens
-        first, last = total * rank // world, total * (rank + 1) // world
+        each = total // world if drop_last else -(-total // world)
+        first, last = each * rank, each * (rank + 1)
         self.samples = last - first
-        self.windows = _windows(order, tokens, first, last, self.buffer)
+        laps = -(-last // total) if total else 1  # the run past the last sample wraps around
+        self.windows = _windows(order * laps, tokens, first, last, self.buffer)
 
     def batches_in(self, window: Window) -> int:
         full, rest = divmod(window.samples, self.batch_size)
@@ -113,11 +119,27 @@ def _windows(order: list[Block], tokens: int, first: int, last: int, size: int) 
             pieces.append(Piece(block, begin - position, begin - position + take))
             filled, begin = filled + take, begin + take
             if filled == size:
-                windows.append(Window(len(windows), tuple(pieces), filled))
+                windows.append(Window(len(windows), _in_file_order(pieces, tokens), filled))
                 pieces, filled = [], 0
         position += count
         if position >= last:
             break
     if filled:
-        windows.append(Window(len(windows), tuple(pieces), filled))
+        windows.append(Window(len(windows), _in_file_order(pieces, tokens), filled))
     return windows
+
+
+def _in_file_order(pieces: list[Piece], tokens: int) -> tuple[Piece, ...]:
+    """A window's PIECES sorted by their place in the files, neighbours joined: its reads go forward, one read per
+    run of adjacent blocks (the window's samples are put in a random order anyway). A block taken twice (a wrapped
+    rank's run) stays twice."""
+    joined: list[Piece] = []
+    for piece in sorted(pieces, key=lambda piece: (piece.block.part, piece.block.start, piece.first)):
+        before = joined[-1] if joined else None
+        if before is not None and before.block.part == piece.block.part and before.block.stop == piece.block.start \
+                and piece.first == 0 and before.last == (before.block.stop - before.block.start) * tokens:
+            block = Block(piece.block.part, before.block.start, piece.block.stop)
+            joined[-1] = Piece(block, before.first, before.last + piece.last)
+        else:
+            joined.append(piece)
+    return tuple(joined)

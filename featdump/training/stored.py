@@ -18,9 +18,9 @@ from featdump.output import netcdf
 from featdump.output.layout import Output, partial_path, text_of
 
 TOKENS = (None, "all", "patches")
-# A block of rows, read whole: a multiple of every layer's chunk rows, of 16 MiB or more (a random read of that size
-# goes at about the speed of a sequential one, from a disk too), while it stays under 64 MiB.
-_BLOCK_BYTES, _BLOCK_LEAST = 64 * 1024**2, 16 * 1024**2
+# A block of rows, the unit of the shuffle, read whole: the common multiple of every layer's chunk rows while that
+# stays under 64 MiB (else the largest chunk). Chunks follow the extraction's batches (64 rows by default).
+_BLOCK_BYTES = 64 * 1024**2
 
 
 @dataclass(frozen=True)
@@ -30,7 +30,7 @@ class Part:
     path: Path
     rows: int
     offset: int
-    block_rows: int  # rows read at once: a multiple of every layer's chunk rows where that stays small
+    block_rows: int  # rows read whole, the shuffle's unit: every layer's chunks at once
 
 
 @dataclass(frozen=True)
@@ -190,16 +190,13 @@ def _check_rows(output: Output, names: list[str], rows: int) -> None:
 
 
 def _block_rows(output: Output, names: list[str]) -> int:
-    """Rows read at once from this file: a multiple of the least common multiple of the layers' chunk rows, of
-    _BLOCK_LEAST bytes or more, under _BLOCK_BYTES; where the common multiple alone is over that, the largest
-    chunk."""
+    """The shuffle's unit of rows in this file: the least common multiple of the layers' chunk rows (one chunk of
+    each read whole), or the largest chunk where that multiple is over _BLOCK_BYTES."""
     chunks = [_chunk_rows(output.features(name)) for name in names]
     row_bytes = max(1, sum(math.prod(output.features(name).shape[1:]) * output.features(name).dtype.itemsize
                            for name in names))
     common = math.lcm(*chunks)
-    if common * row_bytes > _BLOCK_BYTES:
-        return max(chunks)
-    return common * max(1, min(-(-_BLOCK_LEAST // (common * row_bytes)), _BLOCK_BYTES // (common * row_bytes)))
+    return max(chunks) if common * row_bytes > _BLOCK_BYTES else common
 
 
 def _chunk_rows(dataset: h5py.Dataset) -> int:
