@@ -226,6 +226,8 @@ def test_update_appends_the_objects_added_under_the_prefix(images, store_env, tm
     for layer in LAYERS:
         np.testing.assert_allclose(content[layer], expected[layer][order], rtol=1e-5, atol=1e-6)
     assert content["classes"] == ["cats", "dogs", "birds"]  # a new class appended
+    with h5py.File(output, "r", locking=False) as h5file:
+        assert json.loads(h5file.attrs["image_listing"])["objects"] == 9  # the listing this update read
     again = run_featdump(*arguments)
     assert again.returncode == 0 and "Nothing new:" in again.stderr, again.stderr
 

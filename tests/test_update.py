@@ -116,6 +116,32 @@ def test_update_reports_stale_rows_and_refuses_another_configuration(tmp_path):
     assert other.returncode == 2 and "seed: 0 when started, 3 now" in other.stderr
 
 
+def test_an_update_with_no_new_image_records_the_stale_rows_it_reports(tmp_path):
+    images, output = tmp_path / "images", tmp_path / "out.h5"
+    written = write_images(images, {"a": 4}, size=(40, 32))
+    assert run_featdump(*update_args(images, output)).returncode == 0
+    os.utime(images / written[2], ns=(1_000_000_000, 1_000_000_000))  # the same bytes, another time: changed
+    for _ in range(2):  # the second run finds them recorded already
+        result = run_featdump(*update_args(images, output))
+        assert result.returncode == 0 and "1 rows are stale" in result.stderr, result.stderr
+        with h5py.File(output, "r", locking=False) as h5file:
+            assert [name.decode() for name in h5file["stale/paths"][:]] == [written[2]]
+        assert f"{written[2]}: changed" in run_featdump("info", output).stdout
+
+
+def test_a_tar_member_named_twice_is_no_stale_row(tmp_path):
+    import tarfile
+
+    write_images(tmp_path / "images", {"a": 2}, size=(40, 32))
+    with tarfile.open(tmp_path / "shard.tar", "w") as archive:
+        for name, source in (("x/0.jpg", "a/img_000.jpg"), ("x/0.jpg", "a/img_001.jpg")):
+            archive.add(tmp_path / "images" / source, arcname=name)
+    output = tmp_path / "out.h5"
+    assert run_featdump(*update_args(tmp_path / "shard.tar", output)).returncode == 0
+    again = run_featdump(*update_args(tmp_path / "shard.tar", output))
+    assert again.returncode == 0 and "stale" not in again.stderr, again.stderr
+
+
 def test_update_over_a_list_file_keeps_its_labels_and_refuses_shards(tmp_path):
     names = write_images(tmp_path / "pool", {"": 5}, size=(40, 32))
     listing, output = tmp_path / "list.csv", tmp_path / "out.h5"

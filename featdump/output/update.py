@@ -11,6 +11,7 @@ files. A kill at any moment leaves OUT with every row and layer it had; the next
 
 from __future__ import annotations
 
+import collections
 import json
 import logging
 import os
@@ -164,11 +165,17 @@ def new_images(images: ImageList, known: set[str], classes: tuple[str, ...]) -> 
 
 
 def stale_rows(held: Output, images: ImageList) -> list[tuple[str, str]]:
-    """(path, why) for rows whose image is no longer in IMAGES, or whose size or modification time changed."""
-    present = {path: position for position, path in enumerate(images.paths)}
+    """(path, why) for rows whose image is no longer in IMAGES, or whose size or modification time changed. The
+    k-th row of a path is the k-th image of that path (a tar may hold one member name twice)."""
+    present: dict[str, list[int]] = {}
+    for position, path in enumerate(images.paths):
+        present.setdefault(path, []).append(position)
+    seen: collections.Counter = collections.Counter()
     stale = []
     for path, size, mtime in held.row_files():
-        found = images.stat(present[path]) if path in present else None
+        same = present.get(path, [])
+        found = images.stat(same[seen[path]]) if seen[path] < len(same) else None
+        seen[path] += 1
         if found is None:
             stale.append((path, "disappeared"))
         elif size >= 0 and found != (size, mtime):
@@ -282,9 +289,9 @@ def _open_for_writing(output: Path, locking: bool, patience: float = 600.0) -> h
 def _append_staged(h5file: h5py.File, staged: Output, plan: UpdatePlan, images_digest: str) -> None:
     added = staged.committed
     held = Committed.of(h5file)
-    if held == Committed(plan.base.rows + added.rows, plan.base.images + added.images,
-                         plan.base.skipped + added.skipped) and (added.images or not plan.new_layers):
-        return  # a kill came after the commit: the rows are there
+    if added.images and held == Committed(plan.base.rows + added.rows, plan.base.images + added.images,
+                                          plan.base.skipped + added.skipped):
+        return  # a kill came after the commit: the rows are there (and all recorded before them)
     if held != plan.base:
         raise ResumeMismatch(f"{staging_path(Path(h5file.filename))} was staged for another state of the output; "
                              "remove it and run the update again.")
@@ -306,6 +313,8 @@ def _append_staged(h5file: h5py.File, staged: Output, plan: UpdatePlan, images_d
                    np.array(staged.file["skipped/reasons"].asstr()[:added.skipped], dtype=object))
     h5file["labels"].attrs["classes"] = text_array(staged.classes)
     write_stale(h5file, plan.stale)
+    if "image_listing" in staged.attrs:  # the listing this update read (a prefix's object count, ...)
+        h5file.attrs["image_listing"] = staged.attrs["image_listing"]
     fingerprint = {key: value for key, value in plan.fingerprint.items() if key != "update_of"}
     h5file.attrs["layers"] = text_array(fingerprint["layers"])
     h5file.attrs["reduce"] = json.dumps(fingerprint["reduce"])
