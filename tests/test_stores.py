@@ -136,6 +136,17 @@ def test_a_list_of_urls_mixed_with_paths_and_a_list_at_a_url(images, store_env, 
         assert image is not None
 
 
+def test_a_list_in_a_bucket_resolves_dot_dot_as_a_local_list_does(images, store_env, tmp_path):
+    root, folder = images
+    lines = "".join(f"../set/{path}\n" for path in folder["paths"])
+    store_env.client().pipe("photos/lists/list.txt", lines.encode())
+    result = run_featdump(*EXTRACT, "s3://photos/lists/list.txt", tmp_path / "out.h5")
+    assert result.returncode == 0 and "(0 skipped)" in result.stderr, result.stderr
+    content = read_output(tmp_path / "out.h5")
+    assert content["paths"] == [f"../set/{path}" for path in folder["paths"]]
+    assert_rows_equal(content, folder, lambda path: path.removeprefix("../set/"), labelled=False)
+
+
 def test_a_file_system_without_async_reads_is_fetched_by_threads(images, tmp_path):
     """hf:// (huggingface_hub) is such a file system; fsspec's memory:// stands in for it here (no network)."""
     import fsspec
@@ -274,6 +285,13 @@ def test_each_fault_is_judged_missing_refused_or_transient():
     assert is_transient(looked_up) and not is_missing(looked_up)
     looked_up.__cause__ = answer(404)
     assert is_missing(looked_up) and not is_transient(looked_up)
+    from botocore.exceptions import ClientError
+
+    bad_request = ClientError({"Error": {"Code": "InvalidRequest", "Message": "bad"},
+                               "ResponseMetadata": {"HTTPStatusCode": 400}}, "GetObject")
+    wrapped = OSError(5, "bad")  # as s3fs raises it
+    wrapped.__cause__ = bad_request
+    assert not is_transient(bad_request) and not is_transient(wrapped)  # S3's 400: no retry helps
 
 
 def test_transient_faults_are_retried_within_the_patience_then_name_the_object(seaweed):

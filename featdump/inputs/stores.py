@@ -11,6 +11,7 @@ import concurrent.futures
 import contextlib
 import heapq
 import os
+import posixpath
 import random
 import re
 import time
@@ -47,8 +48,16 @@ def protocol_of(url: str) -> str:
 
 
 def join(root: str, relative: str) -> str:
-    """RELATIVE under the URL ROOT (a relative that is itself a URL stays as it is)."""
-    return relative if is_url(relative) else root.rstrip("/") + "/" + relative
+    """RELATIVE under the URL ROOT, its `.` and `..` resolved as a path's are (`s3://b/lists` + `../images/x.png`
+    is `s3://b/images/x.png`); a relative that is itself a URL stays as it is."""
+    if is_url(relative):
+        return relative
+    joined = root.rstrip("/") + "/" + relative
+    if not {".", ".."} & set(relative.split("/")):
+        return joined
+    scheme, rest = joined.split("://", 1)
+    host, _, key = rest.partition("/")
+    return f"{scheme}://{host}/{posixpath.normpath(key).lstrip('/')}"
 
 
 def parent_of(url: str) -> str:
@@ -174,7 +183,13 @@ def _names_bucket(error: BaseException) -> bool:
 
 
 def _status(error: BaseException) -> int | None:
+    """The HTTP status an error carries: aiohttp's `status`, urllib's `code`, botocore's response metadata."""
     status = getattr(error, "status", None) or getattr(error, "code", None)
+    response = getattr(error, "response", None)
+    if status is None and isinstance(response, dict):
+        status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+    if status is None and error.__cause__ is not None:  # s3fs's OSError raised from botocore's ClientError
+        return _status(error.__cause__)
     return status if isinstance(status, int) and 100 <= status < 600 else None
 
 
