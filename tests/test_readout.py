@@ -233,6 +233,20 @@ def test_a_probe_of_a_csv_s_labels_records_those_labels(study, tmp_path):
     np.testing.assert_allclose([right[fold == number].mean() for number in range(3)], recorded)
 
 
+def test_tables_as_spreadsheets_write_them(study, tmp_path):
+    """A byte-order mark (Excel's UTF-8 CSV), spaces around the column names, labels that are equal numbers."""
+    paths = study["paths"]
+    table = tmp_path / "bom.csv"
+    table.write_text("\ufeffpath, score \n" + "".join(f"{path},{row * 0.5}\n" for row, path in enumerate(paths)),
+                     encoding="utf-8")
+    encoded = featdump.encode(study["file"], table, "narrow", folds=3, device="cpu")["narrow"]
+    assert encoded.columns == ["score"]
+    with open(tmp_path / "numbers.csv", "w", encoding="utf-8-sig") as handle:
+        handle.writelines(f"{path},{('1', '01', '1.0')[row % 3]}\n" for row, path in enumerate(paths))
+    probed = featdump.probe(study["file"], "narrow", folds=3, labels=tmp_path / "numbers.csv", device="cpu")
+    assert probed["narrow"].columns == ["01", "1", "1.0"]  # the same order whatever Python's hash seed
+
+
 def test_bad_input_is_one_line(study, tmp_path):
     paths = study["paths"]
     with open(tmp_path / "one-class.csv", "w") as handle:
@@ -240,7 +254,11 @@ def test_bad_input_is_one_line(study, tmp_path):
     with open(tmp_path / "words.csv", "w") as handle:
         handle.write("path,score\n" + "".join(f"{path},{'high' if row == 4 else row}\n"
                                               for row, path in enumerate(paths)))
-    nan = write_table(tmp_path / "nan.csv", paths, {"score": np.where(np.arange(ROWS) == 2, np.nan, 1.0)})
+    nan = write_table(tmp_path / "nan.csv", paths, {"score": np.where(np.arange(ROWS) == 2, np.nan, 1.0)},
+                      order=np.arange(ROWS)[::-1])  # the NaN on the CSV's line 89 (the output's row 3)
+    with open(tmp_path / "empty-label.csv", "w") as handle:
+        handle.writelines(f"{path},{'' if row == 5 else 'cat' if row % 2 else 'dog'}\n"
+                          for row, path in enumerate(paths))
     twice = write_table(tmp_path / "twice.csv", [*paths, paths[0]], {"score": np.arange(ROWS + 1.0)})
     np.save(tmp_path / "short.npy", np.zeros(10))
     bad_rows = {"narrow": study["flat"]["narrow"].astype(np.float32)}
@@ -252,7 +270,9 @@ def test_bad_input_is_one_line(study, tmp_path):
         (["probe", study["file"], "--folds", "100", "-o", out], "90 images cannot be split into 100 folds"),
         (["probe", study["file"], "--labels", tmp_path / "one-class.csv", "-o", out], "two classes at least"),
         (["encode", study["file"], tmp_path / "words.csv", "-o", out], "'high' is not a number"),
-        (["encode", study["file"], nan, "-o", out], "NaN"),
+        (["encode", study["file"], nan, "-o", out], "NaN or infinite target value (the first: line 89, 'score')"),
+        (["probe", study["file"], "--labels", tmp_path / "empty-label.csv", "-o", out],
+         f"gives 1 image an empty label ({paths[5]!r})"),
         (["encode", study["file"], twice, "-o", out], "twice"),
         (["encode", study["file"], tmp_path / "short.npy", "-o", out], "has 10 rows but"),
         (["encode", study["file"], tmp_path / "none.csv", "-o", out], "No targets file"),

@@ -57,9 +57,13 @@ def class_targets(stored: Stored, labels: str | Path | None, common: bool) -> Ta
         paths, table = _read_table(Path(labels), want_header=False)
         if not table or len(table[0]) < 1:
             raise UsageProblem(f"{str(labels)!r} holds no label column: write path,label on each line.")
-        texts = [row[0] for row in table]
+        texts = [row[0].strip() for row in table]
+        empty = [path for path, text in zip(paths, texts) if not text]
+        if empty:
+            raise UsageProblem(f"{str(labels)!r} gives {len(empty)} image{'s' * (len(empty) != 1)} an empty label "
+                               f"({empty[0]!r}): give each a label, or leave its line out (with --common).")
         rows, order = match_rows(stored, paths, common, str(labels))
-        texts = [texts[index].strip() for index in order]
+        texts = [texts[index] for index in order]
         names = _sorted_labels(set(texts))
         classes = np.array([names.index(text) for text in texts], dtype=np.int64)
         source = str(labels)
@@ -92,8 +96,9 @@ def numeric_targets(stored: Stored, targets: str | Path, common: bool) -> Target
     else:
         paths, table = _read_table(path, want_header=True)
         header, table = table[0], table[1:]
-        columns = header
+        columns = [name.strip() for name in header]
         values = _numbers(table, columns, text)
+        _refuse_nonfinite(values, columns, text, "line", first=2)  # named by the CSV's own lines
         rows, order = match_rows(stored, paths[1:], common, text)
         values = values[order]
     _refuse_nonfinite(values, columns, text)
@@ -128,7 +133,7 @@ def _read_table(path: Path, want_header: bool) -> tuple[list[str], list[list[str
     otherwise a first line whose path cell reads `path` is a header and is dropped."""
     if not path.exists():
         raise UsageProblem(f"No file {str(path)!r}.")
-    with open(path, newline="", encoding="utf-8", errors="surrogateescape") as handle:
+    with open(path, newline="", encoding="utf-8-sig", errors="surrogateescape") as handle:  # a BOM (Excel's) dropped
         first = handle.readline()
         handle.seek(0)
         delimiter = "\t" if path.suffix.lower() == ".tsv" or "\t" in first else ","
@@ -210,18 +215,22 @@ def _as_matrix(values: np.ndarray, where: str) -> np.ndarray:
     return values[:, None] if values.ndim == 1 else values
 
 
-def _refuse_nonfinite(values: np.ndarray, columns: list[str], where: str) -> None:
+def _refuse_nonfinite(values: np.ndarray, columns: list[str], where: str, unit: str = "row", first: int = 1) -> None:
+    """UsageProblem naming the first missing, NaN or infinite value: its UNIT (row, or a CSV's line) counted from
+    FIRST, and its column."""
     bad = np.argwhere(~np.isfinite(values))
     if len(bad):
         row, column = bad[0]
         raise UsageProblem(f"{where!r} has {len(bad)} missing, NaN or infinite target value{'s' * (len(bad) != 1)} "
-                           f"(the first: row {row + 1}, {columns[column]!r}): fill or drop them before fitting.")
+                           f"(the first: {unit} {row + first}, {columns[column]!r}): fill or drop them before "
+                           "fitting.")
 
 
 def _sorted_labels(labels: set[str]) -> list[str]:
-    """Labels in ascending order: as numbers when they all are, else as text."""
+    """Labels in ascending order: as numbers when they all are (equal numbers, '1', '01', '1.0', by their text),
+    else as text; never in the set's order, which depends on Python's hash seed."""
     try:
-        return sorted(labels, key=float)
+        return sorted(labels, key=lambda label: (float(label), label))
     except ValueError:
         return sorted(labels)
 
