@@ -310,6 +310,12 @@ def test_result_is_drawn_described_and_done_when_run_again(study, tmp_path):
     assert "narrow: " in described.stdout and "wide: " in described.stdout
     as_json = json.loads(run_featdump("info", "--json", tmp_path / "enc.h5").stdout)
     assert as_json["result"] == "encode" and list(as_json["layers"]) == ["narrow", "wide"]
+    fitted = featdump.encode(study["file"], study["root"] / "targets.npy", alphas="1:1e3:4", device="cpu")
+    best = max(fitted.values(), key=lambda readout: readout.score)
+    assert f"the best, {best.layer}: median r {best.score:.3f}" in result.stderr  # one median r everywhere
+    for name, readout in fitted.items():
+        assert as_json["measure"] == "median r" and as_json["layers"][name]["score"] == pytest.approx(readout.score)
+        assert f"  {name}: {readout.score:.3f} (folds " in described.stdout
     drawn = run_featdump("show", tmp_path / "enc.h5", "-o", tmp_path / "again.png")
     assert drawn.returncode == 0 and (tmp_path / "again.png").exists()
     again = run_featdump(*command)
@@ -320,6 +326,25 @@ def test_result_is_drawn_described_and_done_when_run_again(study, tmp_path):
     for name in ("narrow", "wide"):
         np.testing.assert_array_equal(loaded[name].predicted, fresh[name].predicted)
         np.testing.assert_array_equal(loaded[name].r, fresh[name].r)
+
+
+def test_the_probe_picture_s_chance_is_the_majority_class_s_share(tmp_path):
+    pytest.importorskip("matplotlib")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from featdump.faces.curves import draw_readouts
+
+    labels = (np.arange(ROWS) % 10 >= 3).astype(np.int64)  # 30% / 70%
+    layers, _ = layers_with_signal()
+    write_output(tmp_path / "unbalanced.h5", {"narrow": layers["narrow"]}, labels=labels, classes=("few", "many"))
+    featdump.probe(tmp_path / "unbalanced.h5", folds=3, device="cpu", to=tmp_path / "p.h5")
+    with h5py.File(tmp_path / "p.h5", "r", locking=False) as h5file:
+        figure = draw_readouts(plt, h5file)
+    drawn = figure.axes[0].get_legend_handles_labels()[1]
+    assert "chance (majority class, 0.70)" in drawn and "1 / classes (0.50)" in drawn, drawn
 
 
 def test_probe_of_a_real_extraction_from_class_folders(tmp_path):

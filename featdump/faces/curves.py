@@ -8,12 +8,20 @@ import h5py
 import numpy as np
 
 from featdump.output.layout import text_of
+from featdump.readout.scores import MEASURES, chance, layer_score
 
 GROUP = "readouts"  # as analysis/readouts writes it (read here without importing torch)
 
 
 def is_readouts(h5file: h5py.File) -> bool:
     return GROUP in h5file and "fold" in h5file
+
+
+def layer_summaries(h5file: h5py.File, kind: str, names: list[str]) -> np.ndarray:
+    """Each layer's one number (`readout.scores`), as the summary line and `Readout.score` give it."""
+    def read(name: str, key: str):
+        return h5file[GROUP][name][key][:] if key in h5file[GROUP][name] else None
+    return np.array([layer_score(kind, read(name, "accuracy"), read(name, "r")) for name in names])
 
 
 def layer_scores(h5file: h5py.File) -> tuple[str, list[str], np.ndarray]:
@@ -28,17 +36,23 @@ def layer_scores(h5file: h5py.File) -> tuple[str, list[str], np.ndarray]:
 
 def draw_readouts(plt, h5file: h5py.File):
     kind, names, scores = layer_scores(h5file)
-    measure = "accuracy" if kind == "probe" else "median r"
+    measure = MEASURES[kind]
     figure, axis = plt.subplots(figsize=(max(4.5, 0.5 * len(names) + 2.5), 4))
     places = np.arange(len(names))
     for fold in range(scores.shape[1]):
-        axis.scatter(places, scores[:, fold], s=10, color="0.6", zorder=2, label="folds" if fold == 0 else None)
-    mean, spread = np.nanmean(scores, 1), np.nanstd(scores, 1)
-    axis.errorbar(places, mean, yerr=spread, color="C0", marker="o", capsize=3, zorder=3,
-                  label=f"mean {measure} (± sd over folds)")
+        axis.scatter(places, scores[:, fold], s=10, color="0.6", zorder=2,
+                     label=f"each fold's {measure}" if fold == 0 else None)
+    summaries = layer_summaries(h5file, kind, names)
+    spread = np.nanstd(scores, 1) if kind == "probe" else None
+    axis.errorbar(places, summaries, yerr=spread, color="C0", marker="o", capsize=3, zorder=3,
+                  label="accuracy (mean ± sd over folds)" if kind == "probe" else
+                  "median r (over targets, every image held out once)")
     if kind == "probe":
-        classes = len(h5file["columns"])
-        axis.axhline(1.0 / classes, color="0.4", linestyle=":", linewidth=1, label=f"chance (1/{classes})")
+        majority, uniform = chance(h5file["labels"][:])
+        axis.axhline(majority, color="0.4", linestyle=":", linewidth=1,
+                     label=f"chance (majority class, {majority:.2f})")
+        if abs(majority - uniform) > 1e-9:
+            axis.axhline(uniform, color="0.7", linestyle=":", linewidth=1, label=f"1 / classes ({uniform:.2f})")
     axis.set_xticks(places, names, rotation=60, ha="right", fontsize=8)
     axis.set_ylabel(measure)
     images, folds = len(h5file["fold"]), scores.shape[1]
@@ -52,7 +66,6 @@ def draw_readouts(plt, h5file: h5py.File):
 def readout_lines(path, h5file: h5py.File) -> list[str]:
     """What `featdump info` says of a PROBES.h5 or ENC.h5."""
     kind, names, scores = layer_scores(h5file)
-    measure = "accuracy" if kind == "probe" else "median r"
     columns = [text_of(name) for name in h5file["columns"][:]]
     what = "classes" if kind == "probe" else "targets"
     lines = [f"file:       {path}",
@@ -62,8 +75,12 @@ def readout_lines(path, h5file: h5py.File) -> list[str]:
              f"images:     {len(h5file['fold'])}, {scores.shape[1] if len(names) else '?'} folds",
              f"{what + ':':<11} {len(columns)} ({', '.join(columns[:8])}{', ...' if len(columns) > 8 else ''})",
              f"alphas:     {', '.join(f'{value:g}' for value in h5file['alphas'][:])}",
-             f"layers ({measure}, mean over folds ± sd):"]
-    lines += [f"  {name}: {np.nanmean(row):.3f} ± {np.nanstd(row):.3f}" for name, row in zip(names, scores)]
+             "layers (accuracy, mean over folds ± sd):" if kind == "probe" else
+             "layers (median r over targets; the folds' own median r from lowest to highest):"]
+    summaries = layer_summaries(h5file, kind, names)
+    lines += [f"  {name}: {summary:.3f} ± {np.nanstd(row):.3f}" if kind == "probe" else
+              f"  {name}: {summary:.3f} (folds {np.nanmin(row):.3f} to {np.nanmax(row):.3f})"
+              for name, summary, row in zip(names, summaries, scores)]
     lines.append("draw:       featdump show " + str(path))
     return lines
 

@@ -7,13 +7,14 @@ from pathlib import Path
 import numpy as np
 
 from featdump.errors import NotAnOutput
-from featdump.faces.curves import is_readouts, layer_scores, readout_lines
+from featdump.faces.curves import is_readouts, layer_scores, layer_summaries, readout_lines
 from featdump.output.layout import Output, open_to_read, partial_path, text_of
 from featdump.output.lock import lock_holder
 from featdump.output.merge import merge_problem
 from featdump.output.progress import describe_running, read_record, running_lines, stopped_line
 from featdump.output.shard_files import shard_count, shard_counts, shard_path
 from featdump.output.update import staging_path
+from featdump.readout.scores import MEASURES
 
 _SHOWN = 20  # skipped and stale images listed by name
 _PROVENANCE = ("image_root", "image_listing", "preprocessing", "command", "featdump_version", "torch_version",
@@ -54,11 +55,12 @@ def _readouts(path: Path) -> dict | None:
             if not is_readouts(h5file):
                 return None
             kind, names, scores = layer_scores(h5file)
+            summaries = layer_summaries(h5file, kind, names)
             return {"state": "complete" if h5file.attrs.get("complete", False) else "partial", "file": str(path),
-                    "result": kind, "images": len(h5file["fold"]),
+                    "result": kind, "images": len(h5file["fold"]), "measure": MEASURES[kind],
                     "columns": [text_of(name) for name in h5file["columns"][:]],
-                    "layers": {name: {"mean": float(np.nanmean(row)), "folds": row.tolist()}
-                               for name, row in zip(names, scores)}}
+                    "layers": {name: {"score": summary, "mean": float(np.nanmean(row)), "folds": row.tolist()}
+                               for name, summary, row in zip(names, summaries, scores)}}
     except OSError:
         return None
 

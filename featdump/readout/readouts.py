@@ -40,6 +40,7 @@ from featdump.output.space import human_bytes, parse_bytes
 from featdump.readout import passes
 from featdump.readout.choices import DEFAULT_ALPHAS, DEFAULT_FOLDS
 from featdump.readout.folds import assign_folds, sparse_classes
+from featdump.readout.scores import MEASURES, layer_score
 from featdump.readout.targets import Targets, class_targets, numeric_targets
 
 log = logging.getLogger("featdump")
@@ -66,8 +67,8 @@ class Readout:
 
     @property
     def score(self) -> float:
-        """The layer's summary: the mean accuracy over folds, or the median r over targets (Brain-Score's)."""
-        return float(np.mean(self.accuracy)) if self.kind == "probe" else float(np.nanmedian(self.r))
+        """The layer's one number (`scores.layer_score`): accuracy, or median r."""
+        return layer_score(self.kind, self.accuracy, self.r)
 
 
 def probe(output: str | Path, layers: list[str] | str | None = None, folds: int = DEFAULT_FOLDS,
@@ -330,7 +331,7 @@ def _read_layer(h5file: h5py.File, name: str, kind: str, paths: list[str]) -> Re
 def _summary(readout: Readout) -> str:
     if readout.kind == "probe":
         return f"accuracy {readout.score:.3f} (folds {readout.fold_score.min():.3f} to {readout.fold_score.max():.3f})"
-    return f"median r {readout.score:.3f} over {len(readout.columns)} targets"
+    return f"{MEASURES['encode']} {readout.score:.3f} over {len(readout.columns)} targets"
 
 
 def _digest(table: Targets) -> str:
