@@ -5,6 +5,7 @@ layers, an unfinished file's committed rows, and one-line errors for bad input."
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 
@@ -27,17 +28,17 @@ ROWS = 203  # no multiple of the chunks, the batches or the buffer
 
 
 def write_output(path, rows: int = ROWS, compression: str = "none", dtype: str = "float32", finish: bool = True,
-                 batch: int = 8):
+                 batch: int = 8, classes=("a", "b", "c"), only=None):
     """A featdump output by featdump's writer: a map (6, 4, 4), a vector (10,), a sequence (5, 8) with one class
     token and a 2x2 patch grid; labels 0-2; rows written in batches of BATCH (its chunks follow them)."""
     rng = np.random.default_rng(7)
     layers = {"map": rng.standard_normal((rows, 6, 4, 4)), "vector": rng.standard_normal((rows, 10)),
               "sequence": rng.standard_normal((rows, 5, 8))}
-    layers = {name: values.astype(dtype) for name, values in layers.items()}
+    layers = {name: values.astype(dtype) for name, values in layers.items() if only is None or name in only}
     specs = {name: DatasetSpec(values.shape[1:], dtype, tokens=(1, 2, 2) if name == "sequence" else None)
              for name, values in layers.items()}
     writer = FeatureWriter.open(path, specs, {"image_count": rows}, {"model": "synthetic", "layers": list(layers)},
-                                ["a", "b", "c"], batch, compression)
+                                list(classes), batch, compression)
     for start in range(0, rows, batch):
         stop = min(start + batch, rows)
         writer.append({name: values[start:stop] for name, values in layers.items()},
@@ -254,6 +255,8 @@ def test_bad_input_is_one_featdump_error(output, tmp_path):
     path, _ = output
     with h5py.File(tmp_path / "other.h5", "w") as h5file:
         h5file["x"] = np.zeros(3)
+    other_classes, _ = write_output(tmp_path / "classes.h5", classes=("x", "y", "z"))
+    other_layers, _ = write_output(tmp_path / "layers.h5", only=("vector", "sequence"))
     for arguments, message in (
         (dict(path=path, layers="nope"), "holds no layer 'nope'"),
         (dict(path=tmp_path / "other.h5"), "not one featdump wrote"),
@@ -263,10 +266,23 @@ def test_bad_input_is_one_featdump_error(output, tmp_path):
         (dict(path=path, tokens="some"), "tokens='some'"),
         (dict(path=path, rank=2, world=2), "rank=2 of world=2"),
         (dict(path=path, batch_size=0), "batch_size=0"),
+        (dict(path=path, dtype="float32"), "dtype='float32': give a torch dtype"),
+        (dict(path=path, seed=-1), "seed=-1"),
+        (dict(path=path, seed="0"), "seed='0'"),
+        (dict(path=[path, other_classes]), re.escape("not a part of the first file's job (classes ['x', 'y', 'z']")),
+        (dict(path=[path, other_layers]), re.escape("not a part of the first file's job (no layer 'map')")),
     ):
         with pytest.raises(FeatdumpError, match=message) as raised:
             featdump.FeatureDataset(**arguments)
         assert "\n" not in str(raised.value)
+
+
+def test_numpy_integers_are_counts(output):
+    path, _ = output
+    dataset = featdump.FeatureDataset(path, "vector", batch_size=np.int64(16), seed=np.int32(3), rank=np.int64(0),
+                                      world=np.int64(1), start_batch=np.int64(2), dtype=torch.float64)
+    batches = list(dataset)
+    assert len(batches) == len(dataset) == 13 - 2 and batches[0]["features"]["vector"].dtype == torch.float64
 
 
 def test_rank_and_world_default_to_torch_distributed_s(output, tmp_path):

@@ -12,6 +12,7 @@ batches. A merged view is read through its shard files.
 from __future__ import annotations
 
 import math
+import numbers
 from contextlib import ExitStack
 
 import h5py
@@ -39,7 +40,11 @@ class FeatureDataset(torch.utils.data.IterableDataset):
                  tokens: str | None = None, buffer_rows: int | None = None, drop_last: bool = False,
                  rank: int | None = None, world: int | None = None, start_batch: int = 0, dtype=None):
         super().__init__()
-        _check_counts(batch_size=(batch_size, 1), buffer_rows=(buffer_rows, 1), start_batch=(start_batch, 0))
+        batch_size, buffer_rows, start_batch, seed = _counts(batch_size=(batch_size, 1), buffer_rows=(buffer_rows, 1),
+                                                             start_batch=(start_batch, 0), seed=(seed, 0))
+        if dtype is not None and not isinstance(dtype, torch.dtype):
+            raise BadOption(f"FeatureDataset: dtype={dtype!r}: give a torch dtype (torch.float32, torch.float16) or "
+                            "None (as stored).")
         self.stored: StoredRows = read_stored(path, layers, tokens)
         self.batch_size, self.shuffle, self.seed, self.drop_last = batch_size, shuffle, seed, drop_last
         self.tokens, self.dtype, self.start_batch, self.epoch = tokens, dtype, start_batch, 0
@@ -215,14 +220,20 @@ def _rank_and_world(rank: int | None, world: int | None) -> tuple[int, int]:
         initialised = distributed.is_available() and distributed.is_initialized()
         rank = rank if rank is not None else (distributed.get_rank() if initialised else 0)
         world = world if world is not None else (distributed.get_world_size() if initialised else 1)
+    rank, world = _counts(rank=(rank, 0), world=(world, 1))
     if not 0 <= rank < world:
         raise BadOption(f"FeatureDataset: rank={rank} of world={world}: a rank runs from 0 to world - 1.")
     return rank, world
 
 
-def _check_counts(**values: tuple[int | None, int]) -> None:
-    """BadOption for a count (name=(value, least)) that is not a whole number of at least its least (None: unset)."""
+def _counts(**values: tuple[int | None, int]) -> list[int | None]:
+    """Each count (name=(value, least)) as an int (numpy's integers too), up front; BadOption for one that is not a
+    whole number of at least its least (None: unset)."""
+    counts = []
     for name, (value, least) in values.items():
-        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < least):
+        if value is not None and (not isinstance(value, numbers.Integral) or isinstance(value, (bool, np.bool_))
+                                  or value < least):
             raise BadOption(f"FeatureDataset: {name}={value!r}: give a whole number of {least} or more.")
+        counts.append(None if value is None else int(value))
+    return counts
 

@@ -103,14 +103,16 @@ def read_stored(path, layers, tokens: str | None) -> StoredRows:
     files = [Path(item) for item in path] if isinstance(path, (list, tuple)) else _files_of(Path(path))
     if not files:
         raise UsageProblem("FeatureDataset: the list of shard files is empty.")
-    parts, first = [], None
+    parts, first, classes, made_by = [], None, (), {}
     offset = 0
     for file in files:
         with _open(file) as output:
             names = _layers(output, layers) if first is None else [layer.name for layer in first]
+            if first is not None:
+                _check_same_job(file, output, names, classes, made_by)
             forms = [_form(output, name, tokens) for name in names]
             if first is None:
-                first, classes = forms, output.classes
+                first, classes, made_by = forms, output.classes, _made_by(output)
             _check_alike(file, forms, first)
             rows = output.committed.rows
             _check_rows(output, names, rows)
@@ -172,6 +174,27 @@ def _form(output: Output, name: str, tokens: str | None) -> LayerForm:
         return LayerForm(name, shape, dtype, "channels_first" if axes[0] == "channel" else "channels_last")
     raise UsageProblem(f"tokens={tokens!r} on layer {name!r} of shape {shape}: it has no tokens (a (tokens, dim) "
                        "sequence, or a (channels, y, x) map whose positions are its tokens); use tokens=None.")
+
+
+def _made_by(output: Output) -> dict:
+    """What makes a file's rows one job's: its model, weights and seed."""
+    return {key: text_of(output.attrs.get(key)) for key in ("model", "weights", "seed")}
+
+
+def _check_same_job(path: Path, output: Output, names: list[str], classes, made_by: dict) -> None:
+    """UsageProblem when the file at PATH is not a part of the first file's job: another model, other classes (its
+    labels would mean other things), or without one of its layers NAMES."""
+    missing = [name for name in names if name not in output.layers]
+    mine = _made_by(output)
+    differs = [f"{key} {mine[key]!r}, the first file's {made_by[key]!r}" for key in made_by
+               if mine[key] != made_by[key]]
+    if list(output.classes) != list(classes):
+        differs.append(f"classes {list(output.classes)[:4]}, the first file's {list(classes)[:4]}")
+    if missing:
+        differs.append(f"no layer {missing[0]!r}")
+    if differs:
+        raise UsageProblem(f"{str(path)!r} is not a part of the first file's job ({'; '.join(differs)}): give the "
+                           "shard files of one job, or read each output with its own FeatureDataset.")
 
 
 def _check_alike(path: Path, forms: list[LayerForm], first: list[LayerForm]) -> None:
