@@ -93,3 +93,20 @@ def test_info_answers_from_the_moment_the_job_holds_its_lock(tmp_path):
     assert "starting" in states and "running" in states, states
     assert set(states) <= {"starting", "running", "complete"}  # complete: finished, the process still exiting
     assert info_json(output)["state"] == "complete"
+
+
+def test_a_bar_of_megabytes_read_shows_sizes_and_log_lines_are_spaced(capsys, caplog):
+    from featdump.faces.cli import _BarProgress, _LogProgress
+
+    bar = _BarProgress("MB")
+    bar.start(3535.36, 0)
+    bar.advance(1422.6913280000015)
+    bar.close()
+    shown = capsys.readouterr().err
+    assert "1.42G/3.54G" in shown and "B/s]" in shown and "1422.69" not in shown, shown
+    lines = _LogProgress("MB")
+    with caplog.at_level("INFO", logger="featdump"):
+        lines.start(100, 0)
+        for _ in range(100):  # ten 10% steps at once: one line, not ten
+            lines.advance(1)
+    assert len([record for record in caplog.records if "MB" in record.getMessage()]) <= 1

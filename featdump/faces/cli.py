@@ -534,14 +534,17 @@ class _BarProgress:
 
     def __init__(self, unit: str = "img"):
         self._bar, self._unit = None, unit
+        self._scale = 1e6 if unit == "MB" else 1  # megabytes read are shown as bytes: 1.42 GB/3.54 GB, 210 MB/s
 
     def start(self, total: int, done: int) -> None:
         from tqdm import tqdm
 
-        self._bar = tqdm(total=total, initial=done, unit=self._unit, dynamic_ncols=True, smoothing=0.1)
+        units = dict(unit="B", unit_scale=True, unit_divisor=1000) if self._scale != 1 else dict(unit=self._unit)
+        self._bar = tqdm(total=total * self._scale, initial=done * self._scale, dynamic_ncols=True, smoothing=0.1,
+                         **units)
 
     def advance(self, images: int) -> None:
-        self._bar.update(images)
+        self._bar.update(images * self._scale)
 
     def close(self) -> None:
         if self._bar is not None:
@@ -550,10 +553,10 @@ class _BarProgress:
 
 
 class _LogProgress:
-    """Plain log lines (about every 30 s and at 10% steps) when stderr is not a terminal."""
+    """Plain log lines when stderr is not a terminal: every 30 s, and at 10% steps at most every 5 s."""
 
-    def __init__(self, unit: str = "img", every_seconds: float = 30.0):
-        self._every, self._unit = every_seconds, unit
+    def __init__(self, unit: str = "img", every_seconds: float = 30.0, least_seconds: float = 5.0):
+        self._every, self._least, self._unit = every_seconds, least_seconds, unit
 
     def start(self, total: int, done: int) -> None:
         self._total, self._done, self._first = total, done, done
@@ -563,7 +566,7 @@ class _LogProgress:
     def advance(self, images: int) -> None:
         self._done += images
         now = time.monotonic()
-        if now - self._last >= self._every or self._done >= self._next_step:
+        if now - self._last >= self._every or (self._done >= self._next_step and now - self._last >= self._least):
             rate = (self._done - self._first) / max(now - self._started, 1e-9)
             names = "images" if self._unit == "img" else self._unit
             log.info("%d/%d %s (%.0f%%), %.1f %s/s", self._done, self._total, names,

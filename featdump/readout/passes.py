@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from featdump.analysis.gram import gram
+from featdump.output.space import human_bytes
 from featdump.readout.ridge import FoldFit, PrimalFold, choose, dual_fold
 
 ROW_BLOCK_BYTES = 64 * 1024**2  # a block of whole rows at most, whatever the budget (two exist at once)
@@ -102,8 +103,9 @@ def fit_narrow(dataset: h5py.Dataset, used: np.ndarray, targets: torch.Tensor, f
     if held is not None:
         predicted = _from_held(held, fold, chosen)
     else:
-        say(f"the held-out predictions at every alpha ({_mb(count * len(alphas) * width * 8)}) are more than the "
-            "memory budget: a third pass predicts with the alphas chosen")
+        held_bytes = human_bytes(count * len(alphas) * width * 8)
+        say(f"the held-out predictions at every alpha ({held_bytes}) are more than the memory budget: a third pass "
+            "predicts with the alphas chosen")
         predicted = _third_pass(dataset, used, fold, bases, alphas, chosen, memory, device, advance, width)
     return [FoldFit(chosen[number], errors[number] / counts[number], predicted[number]) for number in range(folds)], \
         nonfinite
@@ -208,7 +210,3 @@ def row_blocks(dataset: h5py.Dataset, used: np.ndarray, memory: int, device: tor
                 pending = pool.submit(read, following)
             if len(positions):
                 yield positions, torch.from_numpy(block).to(device, torch.float64)
-
-
-def _mb(count: int) -> str:
-    return f"{count / 1e6:.0f} MB"
