@@ -136,6 +136,15 @@ def test_a_list_of_urls_mixed_with_paths_and_a_list_at_a_url(images, store_env, 
         assert image is not None
 
 
+def test_a_single_object_url_is_one_image(images, store_env, tmp_path):
+    root, folder = images
+    result = run_featdump(*EXTRACT, "s3://photos/set/dogs/img_001.jpg", tmp_path / "one.h5")
+    assert result.returncode == 0 and "Wrote 1 images (0 skipped)" in result.stderr, result.stderr
+    content = read_output(tmp_path / "one.h5")
+    assert content["paths"] == ["img_001.jpg"]
+    assert_rows_equal(content, folder, lambda path: "dogs/" + path, labelled=False)
+
+
 def test_a_list_in_a_bucket_resolves_dot_dot_as_a_local_list_does(images, store_env, tmp_path):
     root, folder = images
     lines = "".join(f"../set/{path}\n" for path in folder["paths"])

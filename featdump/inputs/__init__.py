@@ -9,12 +9,12 @@ whose JPEGs are left to nvjpeg."""
 
 from __future__ import annotations
 
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 from featdump.errors import NoImages
 from featdump.inputs.folder import IMAGE_EXTENSIONS, read_folder
 from featdump.inputs.imagelist import Encoded, ImageList
-from featdump.inputs.listfile import LIST_SUFFIXES, read_image_list
+from featdump.inputs.listfile import LIST_SUFFIXES, one_object, read_image_list
 from featdump.inputs.objects import read_prefix
 from featdump.inputs.remote_tars import named_remote_tars, read_remote_tars
 from featdump.inputs.stores import Patience, is_url, join
@@ -44,6 +44,8 @@ def _find_remote_images(url: str, named: str, patience: Patience) -> ImageList:
         return read_remote_tars(tars, patience)
     if url.lower().endswith(LIST_SUFFIXES):
         return _listed_images(read_image_list(url, named, patience), url, patience)
+    if PurePosixPath(url).suffix.lower() in IMAGE_EXTENSIONS:
+        return one_object(url, patience)
     return read_prefix(url, patience)
 
 

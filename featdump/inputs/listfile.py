@@ -64,3 +64,9 @@ def _csv_entries(path: Path, handle) -> list[tuple[str, int]]:
         if row["path"]:
             entries.append((row["path"], int(label) if label else -1))
     return entries
+
+
+def one_object(url: str, patience: Patience) -> ImageList:
+    """The single image at URL, read as a list naming it alone (relative to its folder, as a prefix's keys are)."""
+    check_access([url], patience)
+    return ImageList(parent_of(url), (url.rsplit("/", 1)[1],), (-1,), (), ListedURLs(patience))
