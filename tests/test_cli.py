@@ -25,6 +25,12 @@ def test_help_on_every_command(command):
     assert "featdump " in result.output.split("Options:")[0]  # an example command line
 
 
+def test_extract_help_says_update_adds_images_and_layers():
+    result = invoke("extract", "--help")
+    said = " ".join(result.output.split())
+    assert "the images it lacks" in said and "the layers --layers names that it lacks" in said, said
+
+
 def test_help_and_version_as_a_process():
     result = run_featdump("--help", process=True)
     assert result.returncode == 0 and "list-layers" in result.stdout

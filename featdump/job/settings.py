@@ -124,8 +124,8 @@ class Settings:
            "layer beyond its tolerance stops the run. 0: no proof.", minimum=0, metavar="N")
     on_error: str = option("skip", "A bad image is skipped and recorded, or stops the run.", choices=ON_ERROR)
     overwrite: bool = option(False, "Replace an existing output (or partial output).")
-    update: bool = option(False, "OUTPUT exists: extract only the images it lacks and append them (cron); rows it "
-                                 "has stay.")
+    update: bool = option(False, "OUTPUT exists: extract only the images it lacks and append them (cron), and add "
+                                 "the layers --layers names that it lacks, for every stored row; rows it has stay.")
     shard: str | None = option(
         kind=str, optional=True, metavar="K/N", syntax=parse_shard,
         help="Extract part K (0-based) of N of the sorted images into OUTPUT's shard file; `none` turns off the "
