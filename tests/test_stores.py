@@ -196,7 +196,8 @@ def test_bad_credentials_and_a_missing_bucket_stop_before_any_work(images, store
     listed = tmp_path / "list.txt"
     listed.write_text("s3://photos/set/cats/img_000.jpg\n")
     missing = run_featdump(*EXTRACT, "s3://no-such-bucket/images/", output)
-    assert missing.returncode == 2 and "bucket does not exist" in missing.stderr, missing.stderr
+    assert missing.returncode == 2 and "the bucket does not exist" in missing.stderr, missing.stderr
+    assert "access refused" not in missing.stderr
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "wrong")
     for source in ["s3://photos/set/", listed, "s3://photos/shards/00000.tar"]:
         result = run_featdump(*EXTRACT, source, output)

@@ -193,6 +193,13 @@ def _status(error: BaseException) -> int | None:
     return status if isinstance(status, int) and 100 <= status < 600 else None
 
 
+def refusal(error: BaseException) -> str:
+    """What a refusal says: the bucket does not exist, or access refused (its kind and first line)."""
+    if _names_bucket(_underlying(error)) or _names_bucket(error):
+        return f"the bucket does not exist ({describe(error)})"
+    return f"access refused ({describe(error)})"
+
+
 def describe(error: BaseException) -> str:
     """One line: the error's kind and its first line."""
     text = str(error).splitlines()[0] if str(error) else ""
@@ -224,7 +231,7 @@ class Patience:
             except Exception as error:  # judged below: only transient faults are retried
                 tries += 1
                 if is_refused(error):
-                    raise StoreRefused(f"{what}: access refused ({describe(error)}).") from error
+                    raise StoreRefused(f"{what}: {refusal(error)}.") from error
                 if not is_transient(error):
                     raise
                 self.wait(started, tries, what, error)
@@ -286,7 +293,7 @@ def _as_ready(request, urls: Sequence[str], patience: Patience) -> Iterator[tupl
                 if error is None:
                     yield index, future.result()
                 elif is_refused(error) and not is_web(urls[index]):
-                    raise StoreRefused(f"Reading {urls[index]}: access refused ({describe(error)}).") from error
+                    raise StoreRefused(f"Reading {urls[index]}: {refusal(error)}.") from error
                 elif is_transient(error):
                     tries[index] += 1
                     pause = patience.pause(started, tries[index], f"Reading {urls[index]}", error)

@@ -40,10 +40,11 @@ def check_name(name: str) -> None:
         return
     for task, kind in _OTHER_TASKS.items():
         if name in list_models(module=getattr(torchvision.models, task)):
+            part = ", quantize=True)` (it runs on the CPU)" if task == "quantization" else ").backbone`"
             raise UnsupportedModel(
                 f"{name!r} is {kind} model of torchvision; featdump reads classification-style backbones, which "
                 "take a batch of images and return tensors. Wrap the part you want in a factory, e.g. "
-                f"`def build(): return torchvision.models.get_model({name!r}, weights=None).backbone`, and pass "
+                f"`def build(): return torchvision.models.get_model({name!r}, weights=None{part}, and pass "
                 "--model yourmodule:build."
             )
     close = difflib.get_close_matches(name, names, n=5, cutoff=0.5)
