@@ -10,7 +10,7 @@ from click.testing import CliRunner
 
 from featdump.faces.cli import main
 
-from .conftest import featdump_env, run_featdump
+from .conftest import featdump_env, run_featdump, write_images
 
 
 def invoke(*args):
@@ -29,6 +29,14 @@ def test_extract_help_says_update_adds_images_and_layers():
     result = invoke("extract", "--help")
     said = " ".join(result.output.split())
     assert "the images it lacks" in said and "the layers --layers names that it lacks" in said, said
+
+
+def test_layers_given_with_a_space_are_told_to_use_a_comma(tmp_path):
+    write_images(tmp_path / "images", {"a": 1})
+    for last in ([tmp_path / "images", tmp_path / "out.h5"], [tmp_path / "out.h5"]):  # extra argument; IMAGES missing
+        result = run_featdump("extract", "-m", "resnet18", "-w", "none", "-l", "layer1", "layer4.1.relu:2", *last)
+        assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1, result.stderr
+        assert result.stderr.strip().endswith("Layers are comma-separated: -l layer1,layer4.1.relu:2."), result.stderr
 
 
 def test_help_and_version_as_a_process():

@@ -12,7 +12,8 @@ from pathlib import Path
 import click
 
 from featdump.analysis.choices import DEFAULT_MEMORY, METRICS
-from featdump.errors import FeatdumpError
+from featdump.errors import FeatdumpError, NoImages
+from featdump.forward.patterns import LAYER_LIKE
 from featdump.job.options import Option
 from featdump.job.settings import OPTIONS, Settings
 from featdump.readout.choices import DEFAULT_ALPHAS, DEFAULT_FOLDS
@@ -37,13 +38,15 @@ class _Group(click.Group):
             _fail(_usage_line(error, "featdump --help"), 2)
 
     def invoke(self, ctx: click.Context):
+        given = list(ctx.args)  # the subcommand's arguments (Click empties ctx.args as it invokes)
         try:
             return super().invoke(ctx)
         except click.UsageError as error:  # a subcommand's: missing argument, bad path, unknown option
             name = ctx.invoked_subcommand
-            _fail(_usage_line(error, f"featdump {name} --help" if name else "featdump --help"), 2)
+            _fail(_usage_line(error, f"featdump {name} --help" if name else "featdump --help")
+                  + _spaced_layers(given), 2)
         except FeatdumpError as error:
-            _fail(str(error), error.exit_code)
+            _fail(str(error) + (_spaced_layers(given) if isinstance(error, NoImages) else ""), error.exit_code)
         except KeyboardInterrupt:
             _fail("Interrupted before any batch was written.", 130)
         except BrokenPipeError:  # `featdump list-layers resnet50 | head`
@@ -61,6 +64,16 @@ def _usage_line(error: click.UsageError, help_command: str) -> str:
     """Click's message in one line, with where to look: `Error: Missing option '-m'. See `featdump extract --help`.`"""
     message = " ".join(error.format_message().split())
     return f"{message}{'' if message.endswith('.') else '.'} See `{help_command}`."
+
+
+def _spaced_layers(args: list[str]) -> str:
+    """A word more when `-l layer1 layer2 IMAGES OUT` took layer2 for IMAGES: the word after --layers's value
+    reads like a layer name and is no file."""
+    for index, arg in enumerate(args[:-2]):
+        following = args[index + 2]
+        if arg in ("-l", "--layers") and LAYER_LIKE.fullmatch(following) and not Path(following).exists():
+            return f" Layers are comma-separated: -l {args[index + 1]},{following}."
+    return ""
 
 
 def _fail(message: str, exit_code: int):

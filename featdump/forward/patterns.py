@@ -6,6 +6,7 @@ from __future__ import annotations
 import difflib
 import fnmatch
 import logging
+import re
 from typing import TYPE_CHECKING
 
 from featdump.errors import UnknownLayer
@@ -14,6 +15,9 @@ if TYPE_CHECKING:  # the probe needs torch; patterns are text (settings check th
     from featdump.forward.probe import LayerInfo
 
 log = logging.getLogger("featdump")
+
+
+LAYER_LIKE = re.compile(r"[A-Za-z_]\w*(\.\w+)*(:\d+)?(@[\w.]+)?")  # layer2, layer4.1.relu:2, backbone@pool
 
 
 def is_pattern(text: str) -> bool:
