@@ -84,3 +84,33 @@ def test_files_that_are_not_outputs_get_one_line(tmp_path):
             read_info(path)
         with pytest.raises(NotAnOutput):
             featdump.load(path, "avgpool")
+
+
+def test_layers_in_the_model_s_order_and_every_result_described(images, tmp_path):
+    """-l avgpool,layer1: the file, info (text and JSON), a probe and an RDM list layer1 first, as the model runs
+    them (the HDF5 group lists them alphabetically); rdm and cka results are described, not refused."""
+    output = tmp_path / "out.h5"
+    extract(settings_for(images, output, layers=("avgpool", "layer1"), reduce="layer1=avgpool"))
+    code, text, _ = info(output)
+    assert code == 0 and text.index("  layer1: ") < text.index("  avgpool: ")
+    assert list(read_info(output)["layers"]) == ["layer1", "avgpool"]
+    probes = featdump.probe(output, "avgpool,layer1", folds=2, device="cpu", to=tmp_path / "p.h5")
+    assert list(probes) == ["layer1", "avgpool"]
+    assert list(read_info(tmp_path / "p.h5")["layers"]) == ["layer1", "avgpool"]
+    featdump.rdm(output, "avgpool,layer1", to=tmp_path / "r.h5", device="cpu")
+    featdump.cka(output, layers="avgpool,layer1", to=tmp_path / "c.h5", device="cpu")
+    code, text, _ = info(tmp_path / "r.h5")
+    assert code == 0 and "result:     featdump rdm: correlation RDMs of 2 layers" in text
+    assert text.index("  layer1") < text.index("  avgpool")
+    code, text, _ = info(tmp_path / "c.h5")
+    assert code == 0 and "result:     featdump cka: linear CKA, 2 x 2 layers" in text and "layer1 1.000" in text
+    assert read_info(tmp_path / "c.h5")["result"] == "cka"
+
+
+def test_info_names_how_many_classes_it_leaves_out(tmp_path):
+    write_images(tmp_path / "images", {f"class_{index:02d}": 1 for index in range(11)})
+    output = tmp_path / "out.h5"
+    extract(settings_for(tmp_path / "images", output))
+    code, text, _ = info(output)
+    assert code == 0 and "class_07, and 3 more (info --json lists them all)" in text, text
+    assert len(read_info(output)["classes"]) == 11

@@ -14,7 +14,7 @@ import h5py
 import numpy as np
 
 from featdump.forward.patterns import select_stored
-from featdump.output.layout import Output, text_of
+from featdump.output.layout import Output
 
 
 @dataclass(frozen=True)
@@ -31,9 +31,7 @@ class Stored:
     def read(cls, path: str | Path) -> Stored:
         path = Path(path)
         with Output.open(path) as output:
-            held = output.layers
-            recorded = [text_of(name) for name in output.attrs.get("layers", [])]
-            layers = [name for name in recorded if name in held] + [name for name in held if name not in recorded]
+            layers = output.layers
             fingerprint = hashlib.sha256(json.dumps(output.fingerprint, sort_keys=True).encode()).hexdigest()[:16]
             return cls(path, output.committed.rows, output.paths(), output.labels(), output.classes, layers,
                        fingerprint)

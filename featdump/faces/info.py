@@ -24,9 +24,9 @@ _PROVENANCE = ("image_root", "image_listing", "preprocessing", "command", "featd
 def read_info(output: Path) -> dict:
     """Everything `featdump info` reports on OUTPUT (or OUTPUT.partial, or OUTPUT's shards) as plain values."""
     path = Path(output)
-    readouts = _readouts(path)
-    if readouts is not None:
-        return readouts
+    results = _results(path)
+    if results is not None:
+        return results
     job = _job_state(path)
     if job is not None and job["state"] in ("running", "starting"):
         return job  # the file is being written: everything comes from the progress record
@@ -47,11 +47,26 @@ def read_info(output: Path) -> dict:
     return info
 
 
-def _readouts(path: Path) -> dict | None:
-    """What a PROBES.h5 or ENC.h5 (or its .partial) at PATH holds, as plain values; None for any other file."""
+def _results(path: Path) -> dict | None:
+    """What a file of `featdump rdm`, `cka`, `probe` or `encode` (or its .partial) at PATH holds, as plain values;
+    None for any other file."""
     path = path if path.exists() else partial_path(path)
     try:
         with open_to_read(path) as h5file:
+            if "made_from" not in h5file.attrs:
+                return None
+            state = {"state": "complete" if h5file.attrs.get("complete", False) else "partial", "file": str(path),
+                     "images": len(h5file["paths"]) if "paths" in h5file else None}
+            if "rdms" in h5file:
+                held = list(h5file["rdms"])
+                order = [text_of(name) for name in h5file.attrs.get("layers", []) if text_of(name) in held]
+                return {**state, "result": "rdm", "metric": text_of(h5file.attrs.get("metric")),
+                        "layers": order + [name for name in held if name not in order]}
+            if "cka" in h5file:
+                matrix = h5file["cka"]
+                return {**state, "result": "cka", "unbiased": bool(matrix.attrs.get("unbiased", False)),
+                        "rows": [text_of(name) for name in matrix.attrs["rows"]],
+                        "columns": [text_of(name) for name in matrix.attrs["columns"]], "cka": matrix[:].tolist()}
             if not is_readouts(h5file):
                 return None
             kind, names, scores = layer_scores(h5file)
@@ -149,10 +164,29 @@ def _shard_lines(info: dict) -> list[str]:
     return lines
 
 
+def _matrix_lines(results: dict) -> list[str]:
+    """What `featdump info` says of an RDMS.h5 or CKA.h5."""
+    lines = [f"file:       {results['file']}",
+             f"complete:   {'yes' if results['state'] == 'complete' else 'no (run the same command to resume)'}",
+             f"images:     {results['images']}"]
+    if results["result"] == "rdm":
+        lines += [f"result:     featdump rdm: {results['metric']} RDMs of {len(results['layers'])} layers",
+                  "layers:"] + [f"  {name}" for name in results["layers"]]
+    else:
+        lines += [f"result:     featdump cka: {'unbiased ' if results['unbiased'] else ''}linear CKA, "
+                  f"{len(results['rows'])} x {len(results['columns'])} layers", "cka:"]
+        lines += [f"  {row}: " + ", ".join(f"{column} {value:.3f}" for column, value in zip(results["columns"], values))
+                  for row, values in zip(results["rows"], results["cka"])]
+    return lines + [f"draw:       featdump show {results['file']}"]
+
+
 def describe(output: Path) -> list[str]:
     """Lines saying what OUTPUT (or OUTPUT.partial) holds and how far its run got."""
     path = Path(output) if Path(output).exists() else partial_path(Path(output))
-    if _readouts(path) is not None:
+    results = _results(path)
+    if results is not None and results["result"] in ("rdm", "cka"):
+        return _matrix_lines(results)
+    if results is not None:
         with open_to_read(path) as h5file:
             return readout_lines(path, h5file)
     info = read_info(output)
@@ -186,7 +220,8 @@ def describe(output: Path) -> list[str]:
               for name, layer in info["layers"].items()]
     if info["classes"]:
         names = info["classes"]
-        lines.append(f"classes:    {len(names)} ({', '.join(names[:8])}{', ...' if len(names) > 8 else ''})")
+        more = f", and {len(names) - 8} more (info --json lists them all)" if len(names) > 8 else ""
+        lines.append(f"classes:    {len(names)} ({', '.join(names[:8])}{more})")
     lines.append(f"skipped:    {info['skipped']}")
     lines += [f"  {name}: {reason}" for name, reason in info["skipped_examples"]]
     if info["stale"]:

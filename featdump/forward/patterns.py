@@ -122,7 +122,7 @@ def select_stored(selectors: list[str], names: list[str], where: str) -> list[st
             raise UnknownLayer(f"Layer pattern {text!r} matches no layer of {where}; it holds {', '.join(names)}.")
         for name in matched:
             chosen.setdefault(name)
-    return list(chosen)
+    return [name for name in names if name in chosen]
 
 
 def _split_suffix(name: str) -> tuple[str, str]:

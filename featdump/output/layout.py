@@ -382,7 +382,11 @@ class Output:
 
     @property
     def layers(self) -> list[str]:
-        return netcdf.layer_names(self.file)
+        """The layers it holds in the one order the file records them in (the model's), then any it does not
+        record (never the HDF5 group's alphabetical order)."""
+        held = netcdf.layer_names(self.file)
+        recorded = [text_of(name) for name in self.file.attrs.get("layers", []) if text_of(name) in held]
+        return recorded + [name for name in held if name not in recorded]
 
     def features(self, layer: str) -> h5py.Dataset:
         return self.file["features"][layer]

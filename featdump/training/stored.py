@@ -147,9 +147,7 @@ def _open(path: Path) -> Output:
 
 
 def _layers(output: Output, layers) -> list[str]:
-    held = output.layers
-    recorded = [text_of(name) for name in output.attrs.get("layers", []) if text_of(name) in held]
-    order = recorded + [name for name in held if name not in recorded]
+    order = output.layers
     if layers is None:
         return order
     selectors = [part.strip() for part in (layers.split(",") if isinstance(layers, str) else layers) if part.strip()]
