@@ -247,6 +247,24 @@ def test_tables_as_spreadsheets_write_them(study, tmp_path):
     assert probed["narrow"].columns == ["01", "1", "1.0"]  # the same order whatever Python's hash seed
 
 
+def test_targets_named_by_absolute_paths_under_the_image_root_are_matched(study, tmp_path):
+    layers, labels = layers_with_signal()
+    rooted = tmp_path / "rooted.h5"
+    write_output(rooted, {"narrow": layers["narrow"]}, labels=labels, classes=CLASSES, root="/data/stimuli")
+    absolute = write_table(tmp_path / "abs.csv", [f"/data/stimuli/{path}" for path in study["paths"]],
+                           {"score": study["targets"][:, 0]})
+    relative = write_table(tmp_path / "rel.csv", study["paths"], {"score": study["targets"][:, 0]})
+    mine = featdump.encode(rooted, absolute, folds=3, device="cpu")["narrow"]
+    theirs = featdump.encode(rooted, relative, folds=3, device="cpu")["narrow"]
+    np.testing.assert_array_equal(mine.predicted, theirs.predicted)
+    elsewhere = write_table(tmp_path / "other.csv", [f"/elsewhere/{path}" for path in study["paths"]],
+                            {"score": study["targets"][:, 0]})
+    with pytest.raises(UsageProblem) as refused:
+        featdump.encode(rooted, elsewhere, device="cpu")
+    assert f"the output {study['paths'][0]!r}, {study['paths'][1]!r}, ..." in str(refused.value)
+    assert "image_root '/data/stimuli'" in str(refused.value)
+
+
 def test_bad_input_is_one_line(study, tmp_path):
     paths = study["paths"]
     with open(tmp_path / "one-class.csv", "w") as handle:

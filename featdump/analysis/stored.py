@@ -14,7 +14,7 @@ import h5py
 import numpy as np
 
 from featdump.forward.patterns import select_stored
-from featdump.output.layout import Output
+from featdump.output.layout import Output, text_of
 
 
 @dataclass(frozen=True)
@@ -26,6 +26,7 @@ class Stored:
     classes: list[str]
     layers: list[str]  # in the order the run recorded them (its model's order)
     fingerprint: str  # a digest of the run's fingerprint: which run made the file
+    root: str = ""  # the image_root the paths are relative to (a folder, or a URL prefix)
 
     @classmethod
     def read(cls, path: str | Path) -> Stored:
@@ -34,7 +35,7 @@ class Stored:
             layers = output.layers
             fingerprint = hashlib.sha256(json.dumps(output.fingerprint, sort_keys=True).encode()).hexdigest()[:16]
             return cls(path, output.committed.rows, output.paths(), output.labels(), output.classes, layers,
-                       fingerprint)
+                       fingerprint, text_of(output.attrs.get("image_root")) or "")
 
     def select(self, selectors: list[str] | None) -> list[str]:
         """The layers SELECTORS name (patterns as in extract); all of them when None."""

@@ -107,7 +107,9 @@ def numeric_targets(stored: Stored, targets: str | Path, common: bool) -> Target
 
 def match_rows(stored: Stored, paths: list[str], common: bool, where: str) -> tuple[np.ndarray, np.ndarray]:
     """(output rows, PATHS' rows) of the images both name, in the output's order. UsageProblem with both counts
-    when they differ and not COMMON, or when PATHS names an image twice."""
+    when they differ and not COMMON, or when PATHS names an image twice. Paths that carry the output's image_root
+    (absolute, or its URL) are matched without it."""
+    paths = [_within_root(path, stored.root) for path in paths]
     place: dict[str, int] = {}
     for index, path in enumerate(paths):
         if path in place:
@@ -117,14 +119,23 @@ def match_rows(stored: Stored, paths: list[str], common: bool, where: str) -> tu
     rows = [row for row, path in enumerate(stored.paths) if path in place]
     missing, extra = stored.rows - len(rows), len(paths) - len(rows)
     if not rows:
-        raise UsageProblem(f"None of {where!r}'s {len(paths)} paths is an image of {str(stored.path)!r} (it names "
-                           f"{paths[0]!r}, the output {stored.paths[0]!r}): give the paths as `featdump info` shows "
-                           "them, relative to the image folder.")
+        shown = ", ".join(repr(path) for path in stored.paths[:2])
+        raise UsageProblem(f"None of {where!r}'s {len(paths)} paths is an image of {str(stored.path)!r}: it names "
+                           f"{paths[0]!r}, the output {shown}, ... (relative to its image_root {stored.root!r}); "
+                           "give the paths as the output stores them.")
     if (missing or extra) and not common:
         raise UsageProblem(f"{missing} of {str(stored.path)!r}'s {stored.rows} images have no row in {where!r}, and "
                            f"{extra} of its {len(paths)} rows name no image of the output; pass --common "
                            f"(common=True) to use the {len(rows)} images both have.")
     return np.array(rows, dtype=np.int64), np.array([place[stored.paths[row]] for row in rows], dtype=np.int64)
+
+
+def _within_root(path: str, root: str) -> str:
+    """PATH relative to ROOT when it starts with it (ROOT a folder or a URL; `file://ROOT` too); else as it is."""
+    for prefix in (root, f"file://{root}") if root else ():
+        if path.startswith(prefix.rstrip("/") + "/"):
+            return path[len(prefix.rstrip("/")) + 1:]
+    return path
 
 
 def _read_table(path: Path, want_header: bool) -> tuple[list[str], list[list[str]]]:
