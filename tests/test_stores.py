@@ -347,8 +347,9 @@ def test_a_kill_and_a_store_outage_both_resume_with_the_same_command(seaweed, tm
     seaweed.stop()
     try:
         _, stderr = process.communicate(timeout=120)
-        lines = [line for line in stderr.splitlines() if " INFO: " not in line]  # the log's lines
+        lines = [line for line in stderr.splitlines() if " INFO: " not in line and " WARNING: " not in line]
         assert process.returncode == 75, stderr
+        assert " WARNING: Reading s3://outage/set/" in stderr and "trying again in" in stderr  # the waits, said
         assert len(lines) == 1 and "the store did not answer" in lines[0] and "s3://outage/set/" in lines[0], lines
         stopped_at = committed_rows(partial)
         assert killed_at < stopped_at < 40 and not output.exists()
@@ -427,3 +428,9 @@ def test_a_store_that_hangs_ends_the_job_within_a_small_multiple_of_the_patience
             seconds = time.monotonic() - started
             assert result.returncode == 75 and "did not answer" in result.stderr, result.stderr
             assert seconds < 3 * 4, (source, seconds)
+            where = f"endpoint {url} from AWS_ENDPOINT_URL" if source.startswith("s3") else f"server {url[7:]}"
+            waits = [line for line in result.stderr.splitlines() if "WARNING" in line and "trying again in" in line]
+            if source.startswith("s3"):  # (the web server's one try, HEAD then GET, takes the whole patience)
+                assert waits and where in waits[0], result.stderr  # each wait said, naming where it waits
+            last = result.stderr.strip().splitlines()[-1]
+            assert where in last and "Nothing was ever read from it: check its address" in last, last

@@ -10,13 +10,15 @@ import asyncio
 import concurrent.futures
 import contextlib
 import heapq
+import logging
+import math
 import os
 import posixpath
 import random
 import re
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TypeVar
 
 from featdump.errors import FeatdumpError, StoreRefused, StoreUnavailable, UsageProblem
@@ -30,6 +32,7 @@ DEFAULT_PATIENCE = 120.0  # seconds a read keeps retrying transient faults befor
 _THREADS = 32  # requests in flight per worker for file systems without an async interface
 _CONNECTIONS = 64  # connections an S3 client keeps open: a batch's requests in flight at once
 T = TypeVar("T")
+log = logging.getLogger("featdump")
 
 
 def is_url(text) -> bool:
@@ -208,6 +211,29 @@ def describe(error: BaseException) -> str:
 
 # -- retries -------------------------------------------------------------------------------------------------
 
+_URL_IN = re.compile(r"[a-zA-Z][a-zA-Z0-9+.-]*://\S+")
+_SAY_EVERY = 5.0  # seconds: a job logs one of its waits at most this often
+
+
+def endpoint(url: str) -> str:
+    """Where URL's requests go, and what said so: S3's endpoint from AWS_ENDPOINT_URL(_S3), fsspec's configuration
+    or AWS's default; a web server's host."""
+    protocol = protocol_of(url)
+    if protocol in ("s3", "s3a"):
+        for variable in ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL"):
+            if os.environ.get(variable):
+                return f"endpoint {os.environ[variable]} from {variable}"
+        import fsspec
+
+        configured = fsspec.config.conf.get(protocol, {})
+        address = configured.get("endpoint_url") or configured.get("client_kwargs", {}).get("endpoint_url")
+        if address:
+            return f"endpoint {address} from fsspec's configuration"
+        return "AWS's own endpoint (no AWS_ENDPOINT_URL is set)"
+    if protocol in ("http", "https"):
+        return f"server {url.split('/')[2]}"
+    return f"{protocol}:// store"
+
 
 @dataclass(frozen=True)
 class Patience:
@@ -215,6 +241,10 @@ class Patience:
     10 s) before the job stops with StoreUnavailable, naming the object."""
 
     seconds: float = DEFAULT_PATIENCE
+    state: dict = field(default_factory=dict, compare=False, repr=False)  # answered (a store did), said_at (a wait)
+
+    def answered(self) -> None:
+        self.state["answered"] = True
 
     @property
     def request_timeout(self) -> float:
@@ -227,7 +257,9 @@ class Patience:
         started, tries = time.monotonic(), 0
         while True:
             try:
-                return attempt()
+                found = attempt()
+                self.answered()
+                return found
             except Exception as error:  # judged below: only transient faults are retried
                 tries += 1
                 if is_refused(error):
@@ -237,15 +269,26 @@ class Patience:
                 self.wait(started, tries, what, error)
 
     def pause(self, started: float, tries: int, what: str, error: BaseException) -> float:
-        """Seconds to wait before try TRIES + 1, or StoreUnavailable when that would pass the patience."""
+        """Seconds to wait before try TRIES + 1 (said in the log, at most every few seconds), or StoreUnavailable
+        when that would pass the patience."""
         pause = min(0.2 * 2 ** (tries - 1), 10.0) * random.uniform(0.5, 1.0)
         waited = time.monotonic() - started
+        url = _URL_IN.search(what)
+        where = endpoint(url[0]) if url else "the store"
         if waited + pause > self.seconds:
             raise StoreUnavailable(
                 f"{what}: the store did not answer ({describe(error)}; {tries} {'try' if tries == 1 else 'tries'} in "
-                f"{waited:.0f} s, "
-                f"--store-patience {self.seconds:g}). The output keeps every row written so far: run the same "
-                "command again to resume once the store is back.")
+                f"{waited:.0f} s, --store-patience {self.seconds:g}; {where}). " + (
+                    "The output keeps every row written so far: run the same command again to resume once the store "
+                    "is back." if self.state.get("answered") else
+                    "Nothing was ever read from it: check its address" + (
+                        " (AWS_ENDPOINT_URL) and the credentials (AWS_ACCESS_KEY_ID, AWS_PROFILE)"
+                        if url and protocol_of(url[0]) in ("s3", "s3a") else "") +
+                    ", then run the same command again."))
+        if time.monotonic() - self.state.get("said_at", -math.inf) >= _SAY_EVERY:
+            self.state["said_at"] = time.monotonic()
+            log.warning("%s: %s; trying again in %.1f s (%.0f of %g s of --store-patience; %s)", what,
+                        describe(error), pause, waited, self.seconds, where)
         return pause
 
     def wait(self, started: float, tries: int, what: str, error: BaseException) -> None:
@@ -291,6 +334,7 @@ def _as_ready(request, urls: Sequence[str], patience: Patience) -> Iterator[tupl
                 index = pending.pop(future)
                 error = future.exception()
                 if error is None:
+                    patience.answered()
                     yield index, future.result()
                 elif is_refused(error) and not is_web(urls[index]):
                     raise StoreRefused(f"Reading {urls[index]}: {refusal(error)}.") from error
