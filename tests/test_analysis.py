@@ -174,8 +174,9 @@ def test_cka_within_one_output_equals_numpy_and_is_drawn(study, tmp_path):
     cli = run_featdump("cka", study / "out.h5", "-l", "layer*", "--unbiased", "-o", tmp_path / "c.h5", "--plot",
                        tmp_path / "c.png")
     assert cli.returncode == 0, cli.stderr
-    info = run_featdump("info", tmp_path / "c.h5")  # a result is not an output: info says what to do with it
-    assert info.returncode == 2 and "draw it with `featdump show" in info.stderr, info.stderr
+    info = run_featdump("info", tmp_path / "c.h5")  # a result is described, and how to draw it
+    assert info.returncode == 0 and "featdump cka: unbiased linear CKA, 2 x 2 layers" in info.stdout, info.stdout
+    assert f"draw:       featdump show {tmp_path / 'c.h5'}" in info.stdout
     assert "Wrote unbiased CKA of 2 x 2 layers over 12 images" in cli.stderr
     with h5py.File(tmp_path / "c.h5", "r") as h5file:
         assert list(h5file["cka"].attrs["rows"]) == ["layer1", "layer3"] and h5file["cka"].attrs["unbiased"]
@@ -377,3 +378,28 @@ def test_rdm_and_cka_run_again_on_their_finished_result_are_done(study, tmp_path
         other = run_featdump(*command, "--metric" if command[0] == "rdm" else "--unbiased",
                              *(["euclidean"] if command[0] == "rdm" else []), "-o", target)
         assert other.returncode == 2 and "--overwrite" in other.stderr, other.stderr
+
+
+def test_a_large_rdm_is_drawn_as_block_means_in_class_order(tmp_path):
+    """1,000 rows of 4 classes, interleaved: the picture groups them by class and draws 256 x 256 block means
+    (a nearest-pixel squeeze would alias); panels fill their rows."""
+    from featdump.faces.matrices import panel_columns, shown_matrix
+
+    rng = np.random.default_rng(0)
+    labels = rng.integers(0, 4, 1000)
+    values = (labels[:, None] != labels[None, :]).astype(np.float64) + 0.01 * rng.standard_normal((1000, 1000))
+    with h5py.File(tmp_path / "m.h5", "w") as h5file:
+        h5file["rdm"] = values
+    order = np.argsort(labels, kind="stable")
+    with h5py.File(tmp_path / "m.h5", "r") as h5file:
+        drawn, scale = shown_matrix(h5file["rdm"], order)
+        small, whole = shown_matrix(h5file["rdm"], order[:200])
+    assert drawn.shape == (256, 256) and scale == 256 / 1000 and whole == 1.0
+    edges = np.linspace(0, 1000, 257).astype(int)
+    ordered = values[np.ix_(order, order)]
+    expected = np.array([[ordered[edges[i]:edges[i + 1], edges[j]:edges[j + 1]].mean() for j in range(256)]
+                         for i in range(256)])
+    np.testing.assert_allclose(drawn, expected, rtol=1e-12)
+    np.testing.assert_array_equal(small, values[np.ix_(order[:200], order[:200])])
+    assert drawn[:40, :40].mean() < 0.1 and drawn[:40, -40:].mean() > 0.9  # class blocks, not moire
+    assert [panel_columns(count) for count in (1, 3, 5, 6, 7, 8, 16)] == [1, 3, 5, 6, 4, 4, 4]

@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import signal
 import textwrap
@@ -121,6 +122,13 @@ def test_a_kill_at_several_moments_of_a_growth_resumes_and_readers_read_the_old_
             assert "task:       adding layers layer3 to the 64 rows stored" in info.stdout, info.stdout
         process.send_signal(signal.SIGKILL)
         process.wait()
+        killed = run_featdump("info", output).stdout  # a killed growth shows, as a killed extraction does
+        assert "update:     not finished (killed, or running): new layers (layer3): " in killed, killed
+        if staged.name.endswith(".grow.partial"):
+            assert re.search(r"new layers \(layer3\): \d+ of 64 stored rows done in out.h5.grow.partial", killed)
+        else:
+            assert "new layers (layer3): staged, not yet joined in out.h5.grow; new images: " in killed, killed
+            assert re.search(r"new images: \d+ of 8 new images done in out.h5.update.partial", killed), killed
         np.testing.assert_array_equal(reader["features/layer1"][:], expected_layer1)
         assert set(reader["features"]) == {"layer1", "path", "label"}  # the layer and its coordinates
     reader.close()

@@ -104,6 +104,10 @@ def test_a_bar_of_megabytes_read_shows_sizes_and_log_lines_are_spaced(capsys, ca
     bar.close()
     shown = capsys.readouterr().err
     assert "1.42G/3.54G" in shown and "B/s]" in shown and "1422.69" not in shown, shown
+    nothing = _BarProgress()  # an update that only adds layers: its new images' loop has none
+    nothing.start(0, 0)
+    nothing.close()
+    assert capsys.readouterr().err == ""
     lines = _LogProgress("MB")
     with caplog.at_level("INFO", logger="featdump"):
         lines.start(100, 0)

@@ -550,6 +550,8 @@ class _BarProgress:
         self._scale = 1e6 if unit == "MB" else 1  # megabytes read are shown as bytes: 1.42 GB/3.54 GB, 210 MB/s
 
     def start(self, total: int, done: int) -> None:
+        if total <= done:  # nothing to do (an update that only adds layers has no new image): no empty bar
+            return
         from tqdm import tqdm
 
         units = dict(unit="B", unit_scale=True, unit_divisor=1000) if self._scale != 1 else dict(unit=self._unit)
@@ -557,7 +559,8 @@ class _BarProgress:
                          **units)
 
     def advance(self, images: int) -> None:
-        self._bar.update(images * self._scale)
+        if self._bar is not None:
+            self._bar.update(images * self._scale)
 
     def close(self) -> None:
         if self._bar is not None:

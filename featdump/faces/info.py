@@ -13,7 +13,7 @@ from featdump.output.lock import lock_holder
 from featdump.output.merge import merge_problem
 from featdump.output.progress import describe_running, read_record, running_lines, stopped_line
 from featdump.output.shard_files import shard_count, shard_counts, shard_path
-from featdump.output.update import staging_path
+from featdump.output.update import grow_path, staging_path
 from featdump.readout.scores import MEASURES
 
 _SHOWN = 20  # skipped and stale images listed by name
@@ -109,12 +109,39 @@ def _file_info(output: Output) -> dict:
         "skipped_examples": output.named_rows("skipped", _SHOWN),
         "shard": fingerprint.get("shard"),
         "merged": _merged_info(output.path, attrs) if "merged_from" in attrs else None,
-        "updating": any(path.exists() for path in (staging_path(output.path), partial_path(staging_path(output.path)))),
+        "update": _update_info(output.path),
         "stale": output.stale_count(),
         "stale_examples": output.named_rows("stale", _SHOWN),
         "provenance": {key: text_of(attrs[key]) for key in _PROVENANCE if key in attrs},
         "proof": output.proofs,
     }
+
+
+def _update_info(path: Path) -> dict | None:
+    """An --update of PATH not finished (killed, or running): each of its staging files, the new layers of the
+    stored rows (OUT.grow) and the new images (OUT.update), and how far it got; None when there is none."""
+    parts = {}
+    for what, staged in (("new layers", grow_path(path)), ("new images", staging_path(path))):
+        for file in (staged, partial_path(staged)):
+            if file.exists():
+                try:
+                    with Output.open(file) as held:
+                        parts[what] = {"file": str(file), "layers": held.layers, "done": held.committed.images,
+                                       "of": held.fingerprint.get("image_count"), "finished": held.complete}
+                except NotAnOutput:
+                    parts[what] = {"file": str(file), "layers": [], "done": 0, "of": None, "finished": False}
+    return parts or None
+
+
+def _update_line(update: dict) -> str:
+    parts = []
+    for what, part in update.items():
+        layers = f" ({', '.join(part['layers'])})" if what == "new layers" else ""
+        rows = "stored rows" if what == "new layers" else "new images"
+        state = "staged, not yet joined" if part["finished"] else f"{part['done']} of {part['of'] or '?'} {rows} done"
+        parts.append(f"{what}{layers}: {state} in {Path(part['file']).name}")
+    return ("update:     not finished (killed, or running): " + "; ".join(parts) + ". The rows shown are valid; run "
+            "the same --update command again to finish it")
 
 
 def _merged_info(path: Path, attrs) -> dict:
@@ -207,9 +234,8 @@ def describe(output: Path) -> list[str]:
         merged = info["merged"]
         kind = "virtual datasets reading the shards" if merged["virtual"] else "a self-contained copy"
         lines.append(f"merged:     {len(merged['shards'])} shards, {kind}")
-    if info["updating"]:
-        lines.append("update:     interrupted (or running): the rows shown are valid; run the same "
-                     "--update command again to finish it")
+    if info["update"]:
+        lines.append(_update_line(info["update"]))
     if info.get("job"):
         lines.append(stopped_line(info["job"]))
     if not info["complete"]:
