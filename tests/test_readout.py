@@ -265,6 +265,23 @@ def test_targets_named_by_absolute_paths_under_the_image_root_are_matched(study,
     assert "image_root '/data/stimuli'" in str(refused.value)
 
 
+def test_a_long_fit_is_announced_with_its_cost_and_counted_fold_by_fold(study, monkeypatch, caplog):
+    """Thresholds lowered so that this small layer's fits count as long ones."""
+    import featdump.readout.readouts as readouts
+
+    monkeypatch.setattr(readouts, "_SAY_COST_ABOVE", 0.0)
+    monkeypatch.setattr(readouts, "_SAY_COST_FROM", 1)
+    monkeypatch.setattr(passes.FitClock, "quiet_below", 0.0)
+    with caplog.at_level("INFO", logger="featdump"):
+        featdump.probe(study["file"], "wide", folds=3, device="cpu")
+    said = [record.getMessage() for record in caplog.records]
+    cost = next(line for line in said if "its fit is 3 eigendecompositions of 60 x 60" in line)
+    assert "fewer --folds, or the layer reduced at extract (--reduce wide=srp:4096" in cost
+    folds = [line for line in said if "fitted (" in line]
+    assert [line.split(": ", 1)[1].split(" fitted")[0] for line in folds] == [f"fold {k} of 3" for k in (1, 2, 3)]
+    assert "s for the other 2)" in folds[0] and folds[-1].endswith("s so far).")
+
+
 def test_bad_input_is_one_line(study, tmp_path):
     paths = study["paths"]
     with open(tmp_path / "one-class.csv", "w") as handle:

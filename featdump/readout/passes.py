@@ -13,6 +13,7 @@ smaller (as scikit-learn's RidgeCV picks its `gram` or `cov` mode).
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 
@@ -42,9 +43,43 @@ def working_bytes(rows: int, features: int, targets: int, folds: int, alphas: in
     return 8 * (moments + folds * features * features + held)
 
 
+class FitClock:
+    """Says each fold's fit as it ends, with the time the layer's other fits will take at that pace (a fit of a
+    wide layer of thousands of images takes minutes, while the progress bar, which counts the bytes read, stands
+    still); quiet for fits under a second."""
+
+    quiet_below = 1.0  # seconds a fit
+
+    def __init__(self, folds: int, say: Callable[[str], None]):
+        self.folds, self.say, self.started, self.done = folds, say, time.perf_counter(), 0
+
+    def fitted(self) -> None:
+        self.done += 1
+        spent = time.perf_counter() - self.started
+        if spent / self.done >= self.quiet_below:
+            left = spent / self.done * (self.folds - self.done)
+            self.say(f"fold {self.done} of {self.folds} fitted ({spent:.0f} s so far"
+                     + (f"; about {left:.0f} s for the other {self.folds - self.done})" if left else ")"))
+
+
+def eigh_seconds(size: int, device: torch.device) -> float:
+    """About how long an eigendecomposition of a SIZE x SIZE float64 matrix takes on DEVICE: one of 384 x 384
+    timed here, scaled by the cube of the size."""
+    sample = torch.randn(384, 384, dtype=torch.float64, device=device)
+    sample = sample @ sample.T
+    torch.linalg.eigh(sample)  # warm
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    started = time.perf_counter()
+    torch.linalg.eigh(sample)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return (time.perf_counter() - started) * (size / 384) ** 3
+
+
 def fit_wide(dataset: h5py.Dataset, file_rows: int, used: np.ndarray, targets: torch.Tensor, fold: np.ndarray,
              alphas: torch.Tensor, per_target: bool, memory: int, device: torch.device,
-             advance: Callable[[int], None]) -> tuple[list[FoldFit], torch.Tensor]:
+             advance: Callable[[int], None], clock: FitClock | None = None) -> tuple[list[FoldFit], torch.Tensor]:
     """Every fold's fit of a wide layer (rows USED of its first FILE_ROWS) from the Gram of the rows used alone;
     the rows' nonfinite mask."""
     stats = gram(dataset, file_rows if len(used) == file_rows else used, memory, device, advance, exact=True)
@@ -57,12 +92,15 @@ def fit_wide(dataset: h5py.Dataset, file_rows: int, used: np.ndarray, targets: t
     for number in range(int(fold.max()) + 1):
         train, test = torch.nonzero(folds != number).flatten(), torch.nonzero(folds == number).flatten()
         fits.append(dual_fold(matrix, train, test, targets, alphas, per_target))
+        if clock is not None:
+            clock.fitted()
     return fits, nonfinite
 
 
 def fit_narrow(dataset: h5py.Dataset, used: np.ndarray, targets: torch.Tensor, fold: np.ndarray,
                alphas: torch.Tensor, per_target: bool, memory: int, device: torch.device,
-               advance: Callable[[int], None], say: Callable[[str], None]) -> tuple[list[FoldFit], torch.Tensor]:
+               advance: Callable[[int], None], say: Callable[[str], None],
+               clock: FitClock | None = None) -> tuple[list[FoldFit], torch.Tensor]:
     """Every fold's fit of a narrow layer, in two passes over its rows USED (three when the held-out predictions
     at every alpha would not fit MEMORY); the rows' nonfinite mask (no fit when any is)."""
     folds = int(fold.max()) + 1
@@ -77,7 +115,11 @@ def fit_narrow(dataset: h5py.Dataset, used: np.ndarray, targets: torch.Tensor, f
         moments.add(rows, targets[positions], torch.as_tensor(fold[positions], device=device))
     if bool(nonfinite.any()):
         return [], nonfinite
-    bases = [moments.fold_fit(number) for number in range(folds)]
+    bases = []
+    for number in range(folds):
+        bases.append(moments.fold_fit(number))
+        if clock is not None:
+            clock.fitted()
     del moments
     count, width = len(used), targets.shape[1]
     keep_held = count * len(alphas) * width * 8 <= memory

@@ -207,18 +207,38 @@ def _fit_layer(plan: _Plan, name: str, targets: torch.Tensor, alphas: torch.Tens
         log.info("%s: %d images x %d features, %s.", name, table.count, features,
                  f"wide: its {table.count} x {table.count} Gram in one pass" if wide
                  else f"narrow: its {features} x {features} covariance per fold in two passes")
+        folds = int(fold.max()) + 1
+        _say_fit_cost(name, table.count * (folds - 1) // folds if wide else features, folds, place)
+        clock = passes.FitClock(folds, lambda line: log.info("%s: %s.", name, line))
         if wide:
             fits, nonfinite = passes.fit_wide(dataset, stored.rows, table.rows, targets, fold, alphas,
-                                              plan.per_target, budget, place, advance)
+                                              plan.per_target, budget, place, advance, clock)
         else:
             fits, nonfinite = passes.fit_narrow(dataset, table.rows, targets, fold, alphas, plan.per_target, budget,
-                                                place, advance, lambda line: log.info("%s: %s.", name, line))
+                                                place, advance, lambda line: log.info("%s: %s.", name, line), clock)
     if bool(nonfinite.any()):
         bad = nonfinite.nonzero().flatten().tolist()
         raise UsageProblem(f"Layer {name} of {str(stored.path)!r} holds NaN or inf in {len(bad)} row"
                            f"{'s' * (len(bad) != 1)} ({plan.paths[bad[0]]!r}, ...): no fit over them. Extract that "
                            "layer again (a model in float16 may overflow: --dtype float32, --precision float32).")
     return _readout(plan, name, fit_results(fits, fold, table.count))
+
+
+_SAY_COST_ABOVE = 30.0  # seconds of fits in a layer worth saying before they start
+_SAY_COST_FROM = 1024  # rows (wide) or features (narrow): smaller fits take no time worth saying
+
+
+def _say_fit_cost(name: str, size: int, folds: int, device: torch.device) -> None:
+    """Before a layer whose FOLDS eigendecompositions of SIZE x SIZE will take long: what they cost here, and how
+    to make them cheaper (the progress bar counts bytes read, and stands still while they run)."""
+    if size < _SAY_COST_FROM:
+        return
+    each = passes.eigh_seconds(size, device)
+    if each * folds >= _SAY_COST_ABOVE:
+        log.warning("%s: its fit is %d eigendecompositions of %d x %d (one per fold), about %.0f s each here "
+                    "(%.0f s in all), after the layer is read; fewer --folds, or the layer reduced at extract "
+                    "(--reduce %s=srp:4096, or pca:1024), make it cheaper.", name, folds, size, size, each,
+                    each * folds, name)
 
 
 def fit_results(fits, fold: np.ndarray, count: int) -> tuple[np.ndarray, np.ndarray]:
