@@ -114,3 +114,13 @@ def test_a_bar_of_megabytes_read_shows_sizes_and_log_lines_are_spaced(capsys, ca
         for _ in range(100):  # ten 10% steps at once: one line, not ten
             lines.advance(1)
     assert len([record for record in caplog.records if "MB" in record.getMessage()]) <= 1
+
+
+def test_sizes_under_a_megabyte_are_not_zero_megabytes():
+    from featdump.output.progress import describe_running, running_lines
+    from featdump.output.space import human_bytes
+
+    assert [human_bytes(count) for count in (512, 350_000, 2_500_000)] == ["512 B", "350.0 KB", "2.5 MB"]
+    record = {"pid": 1, "host": "h", "started": 0.0, "images_done": 1, "image_count": 2, "skipped": 0, "rate": 1.0,
+              "layers": {}, "size_bytes": 350_000, "file": "out.h5"}
+    assert "size:       350.0 KB so far" in running_lines(describe_running(record, running=True))

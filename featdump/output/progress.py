@@ -9,6 +9,8 @@ import socket
 import time
 from pathlib import Path
 
+from featdump.output.space import human_bytes
+
 
 def record_path(output: Path) -> Path:
     """OUT.progress.json for OUT (also when given OUT.partial)."""
@@ -114,7 +116,7 @@ def running_lines(state: dict) -> list[str]:
     lines.append("layers:")
     lines += [f"  {name}: {tuple(shape)}" for name, shape in (state["layers"] or {}).items()]
     if state["size_bytes"] is not None:
-        lines.append(f"size:       {state['size_bytes'] / 1e6:.1f} MB so far")
+        lines.append(f"size:       {human_bytes(state['size_bytes'])} so far")
     return lines
 
 
