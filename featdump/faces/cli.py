@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import shlex
 import sys
 import time
@@ -569,7 +570,8 @@ class _BarProgress:
 
 
 class _LogProgress:
-    """Plain log lines when stderr is not a terminal: every 30 s, and at 10% steps at most every 5 s."""
+    """Plain log lines when stderr is not a terminal: every 30 s, and at 10% steps (the first at once, the others
+    at most every 5 s: a quick job says ten lines in ten seconds at most, not ten at once)."""
 
     def __init__(self, unit: str = "img", every_seconds: float = 30.0, least_seconds: float = 5.0):
         self._every, self._least, self._unit = every_seconds, least_seconds, unit
@@ -577,17 +579,19 @@ class _LogProgress:
     def start(self, total: int, done: int) -> None:
         self._total, self._done, self._first = total, done, done
         self._started = self._last = time.monotonic()
+        self._said = -math.inf  # when a step was last said
         self._next_step = done + max(1, total // 10)
 
     def advance(self, images: int) -> None:
         self._done += images
         now = time.monotonic()
-        if now - self._last >= self._every or (self._done >= self._next_step and now - self._last >= self._least):
+        step = self._done >= self._next_step and now - self._said >= self._least
+        if now - self._last >= self._every or step:
             rate = (self._done - self._first) / max(now - self._started, 1e-9)
             names = "images" if self._unit == "img" else self._unit
             log.info("%d/%d %s (%.0f%%), %.1f %s/s", self._done, self._total, names,
                      100.0 * self._done / max(self._total, 1), rate, self._unit)
-            self._last = now
+            self._last = self._said = now
             while self._next_step <= self._done:
                 self._next_step += max(1, self._total // 10)
 
