@@ -122,7 +122,9 @@ def test_a_kill_at_several_moments_of_a_growth_resumes_and_readers_read_the_old_
             assert "task:       adding layers layer3 to the 64 rows stored" in info.stdout, info.stdout
         process.send_signal(signal.SIGKILL)
         process.wait()
-        killed = run_featdump("info", output).stdout  # a killed growth shows, as a killed extraction does
+        described = run_featdump("info", output)  # a killed growth shows, as a killed extraction does
+        assert described.returncode == 0, described.stderr
+        killed = described.stdout
         assert "update:     not finished (killed, or running): new layers (layer3): " in killed, killed
         if staged.name.endswith(".grow.partial"):
             assert re.search(r"new layers \(layer3\): \d+ of 64 stored rows done in out.h5.grow.partial", killed)

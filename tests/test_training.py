@@ -336,3 +336,6 @@ def test_featdump_s_readers_share_a_file_in_one_process(output):
     assert run_featdump("info", path).returncode == 0
     rest = list(batches)
     assert sum(len(batch["row"]) for batch in [first, *rest]) == ROWS
+    with h5py.File(path, "r"):  # a script's own handle, h5py's default flags: featdump's readers still read
+        np.testing.assert_array_equal(featdump.load(path, "vector").features, layers["vector"])
+        assert len(list(featdump.FeatureDataset(path, "vector", batch_size=64))) == 4

@@ -79,7 +79,8 @@ def test_update_12_20_120_with_a_kill_equals_a_fresh_run(tmp_path):
     assert len(midway) == 20
     assert_rows_kept(after, midway)
     info = run_featdump("info", output)
-    assert "update:     interrupted" in info.stdout
+    assert "update:     not finished (killed, or running): new images: " in info.stdout, info.stdout
+    assert "of 100 new images done in out.h5.update.partial" in info.stdout
 
     third = run_featdump(*update_args(images, output))
     assert third.returncode == 0, third.stderr

@@ -294,9 +294,14 @@ def open_to_read(path) -> h5py.File:
     """PATH opened to read, as every featdump reader opens a file: without HDF5's file lock (featdump's own lock
     guards writers, and readers must not block a growth's final commit). One way everywhere, because HDF5 refuses
     a second open of a file in one process with other locking flags ("file locking flag values don't match"): a
-    FeatureDataset iterating while `featdump.load` or `probe` reads the same file. A script holding such a file
-    with h5py opens it with `locking=False` too."""
-    return h5py.File(path, "r", locking=False)
+    FeatureDataset iterating while `featdump.load` or `probe` reads the same file. When a script of the same
+    process holds the file with h5py's default flags, it is opened with those instead."""
+    try:
+        return h5py.File(path, "r", locking=False)
+    except OSError as error:
+        if "locking flag values don't match" not in str(error):
+            raise
+        return h5py.File(path, "r")  # as the handle already open in this process (h5py's default)
 
 
 class Output:
