@@ -1,0 +1,80 @@
+"""Videos: which files are videos, each video's frame times, the clips it gives and their frames, decoded by seeking,
+against every frame decoded from the start and the sampling rule applied by hand."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from featdump.inputs.video import ClipPlan, decode_clip, looks_like_video, video_info
+
+from .videos import frame_pixels, write_video
+
+av = pytest.importorskip("av")
+
+
+def all_frames(path) -> tuple[list[float], list[np.ndarray]]:
+    """Every frame of PATH decoded from the start: (times from the first frame, RGB)."""
+    with av.open(str(path)) as container:
+        frames = list(container.decode(video=0))
+    first = frames[0].time
+    return [frame.time - first for frame in frames], [frame.to_ndarray(format="rgb24") for frame in frames]
+
+
+def on_screen(times: list[float], at: float) -> int:
+    """The index of the last frame whose time is <= AT (the rule, by hand)."""
+    return max(index for index, time in enumerate(times) if time <= at + 1e-9)
+
+
+@pytest.mark.parametrize("suffix", [".mkv", ".mp4"])
+def test_a_clip_s_frames_are_those_on_screen_at_its_sampling_times(tmp_path, suffix):
+    """50 lossless frames at 25 fps (the last at 1.96 s), keyframes every 12 frames; clips of 4 frames at 10 fps
+    every 0.45 s: each frame the one on screen at s + k/10, as decoding every frame from the start says."""
+    path = write_video(tmp_path / f"v{suffix}", 50)
+    times, frames = all_frames(path)
+    assert np.array_equal(frames[17], frame_pixels(17))  # lossless: the frames are the ones written
+    info = video_info(str(path))
+    assert info.last == pytest.approx(1.96) and info.rate == 25 and info.size == (48, 64)
+    plan = ClipPlan.of(4, 10, 0.45)
+    starts = plan.starts(info.last)
+    assert starts == [0.0, 0.45, 0.9, 1.35]  # the next, 1.8, would end at 2.1 > 1.96
+    for start in starts:
+        clip = decode_clip(str(path), info, plan.times(start))
+        expected = [on_screen(times, at) for at in plan.times(start)]
+        assert clip.shape == (4, 48, 64, 3) and clip.dtype == np.uint8
+        for frame, index in zip(clip, expected):
+            np.testing.assert_array_equal(frame, frames[index])
+
+
+def test_clip_starts_follow_the_rule_to_the_last_frame():
+    plan = ClipPlan.of(16, 15)  # back to back: a clip every 16/15 s
+    assert plan.every == pytest.approx(16 / 15) and plan.span == pytest.approx(1.0)
+    assert plan.starts(0.99) == []  # shorter than one clip
+    assert plan.starts(1.0) == [0.0]  # exactly one: its last frame on the video's last
+    assert len(plan.starts(60.0)) == 56 and plan.starts(60.0)[-1] == pytest.approx(55 * 16 / 15)
+    assert ClipPlan.of(1, 2.0).starts(1.0) == [0.0, 0.5, 1.0]  # single frames of an image model, 2 a second
+    tr = ClipPlan.of(1, 25, 1.49)
+    assert tr.starts(10.0) == pytest.approx([1.49 * index for index in range(7)])  # on an fMRI TR grid
+
+
+def test_a_frame_past_the_last_stays_on_screen_and_a_lossy_video_counts_alike(tmp_path):
+    path = write_video(tmp_path / "lossy.mp4", 30, fps=30, lossless=False)
+    info = video_info(str(path))
+    assert info.last == pytest.approx(29 / 30)
+    assert ClipPlan.of(8, 6).starts(info.last) == []  # 7/6 s of frames: longer than the video
+    assert ClipPlan.of(4, 6).starts(info.last) == [0.0]  # the next would end at 1.17 s
+    assert decode_clip(str(path), info, np.array([0.5, 0.9667, 5.0])).shape == (3, 48, 64, 3)
+
+
+def test_videos_are_known_by_their_first_bytes(tmp_path):
+    for name in ("a.mkv", "b.mp4"):
+        write_video(tmp_path / name, 3)
+        assert looks_like_video((tmp_path / name).read_bytes()[:12])
+    renamed = tmp_path / "clip.bin"
+    renamed.write_bytes((tmp_path / "b.mp4").read_bytes())
+    assert looks_like_video(renamed.read_bytes()[:12])  # by content, not by suffix
+    assert not looks_like_video(b"\xff\xd8\xff\xe0\x00\x10JFIF\x00\x01")  # a JPEG
+    damaged = tmp_path / "damaged.mp4"
+    damaged.write_bytes((tmp_path / "b.mp4").read_bytes()[:200])
+    with pytest.raises((av.error.FFmpegError, ValueError, StopIteration)):
+        video_info(str(damaged))
