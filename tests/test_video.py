@@ -78,3 +78,21 @@ def test_videos_are_known_by_their_first_bytes(tmp_path):
     damaged.write_bytes((tmp_path / "b.mp4").read_bytes()[:200])
     with pytest.raises((av.error.FFmpegError, ValueError, StopIteration)):
         video_info(str(damaged))
+
+
+def test_a_list_of_videos_becomes_rows_one_per_clip(tmp_path):
+    from featdump.inputs.clips import clip_rows
+    from featdump.inputs.imagelist import ImageList
+
+    write_video(tmp_path / "a" / "long.mkv", 50)
+    write_video(tmp_path / "a" / "short.mkv", 5)
+    (tmp_path / "b").mkdir()
+    (tmp_path / "b" / "bad.mp4").write_bytes(b"\x00\x00\x00\x18ftypmp42" + bytes(100))  # a header, then nothing
+    videos = ImageList(tmp_path, ("a/long.mkv", "a/short.mkv", "b/bad.mp4"), (0, 0, 1), ("a", "b"))
+    rows = clip_rows(videos, ClipPlan.of(4, 10, 0.5))
+    assert rows.videos.paths == ("a/long.mkv",) * 4 + ("a/short.mkv", "b/bad.mp4")
+    assert rows.videos.labels == (0, 0, 0, 0, 0, 1)
+    assert rows.starts[:4] == (0.0, 0.5, 1.0, 1.5) and all(np.isnan(rows.starts[4:]))
+    assert rows.without_clip[4].startswith("shorter than one clip: 0.160 s from its first frame to its last")
+    assert rows.without_clip[5].startswith("cannot be read as a video (")
+    assert set(rows.infos) == {"a/long.mkv", "a/short.mkv"} and rows.infos["a/long.mkv"].last == pytest.approx(1.96)
