@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 
 from featdump.inputs.video import ClipPlan, decode_clip, looks_like_video, video_info
 
@@ -96,3 +97,36 @@ def test_a_list_of_videos_becomes_rows_one_per_clip(tmp_path):
     assert rows.without_clip[4].startswith("shorter than one clip: 0.160 s from its first frame to its last")
     assert rows.without_clip[5].startswith("cannot be read as a video (")
     assert set(rows.infos) == {"a/long.mkv", "a/short.mkv"} and rows.infos["a/long.mkv"].last == pytest.approx(1.96)
+
+
+def test_a_clip_row_is_its_frames_through_the_model_s_preprocessing(tmp_path):
+    """r3d_18's weights' transform on each clip, and resnet18's on each sampled frame (clips of 1), against the
+    frames chosen by hand from a decode of every frame."""
+    from PIL import Image
+    from torchvision.models import get_model_weights
+
+    from featdump.inputs.clips import ClipDataset, ClipPreprocess, clip_rows
+    from featdump.inputs.imagelist import ImageList
+    from featdump.inputs.preprocess import Preprocess
+
+    path = write_video(tmp_path / "v" / "a.mkv", 50, size=(96, 128))
+    times, frames = all_frames(path)
+    videos = ImageList(tmp_path / "v", ("a.mkv",), (-1,), ())
+    video_transform = get_model_weights("r3d_18").DEFAULT.transforms()
+    plan = ClipPlan.of(8, 15, 0.5)
+    rows = clip_rows(videos, plan)
+    dataset = ClipDataset(rows, plan, ClipPreprocess(video_transform, 8))
+    assert dataset.preprocess.size == (8, 112, 112) and len(dataset) == len(rows.starts) == 3
+    for position, start in enumerate(rows.starts):
+        chosen = np.stack([frames[on_screen(times, at)] for at in plan.times(start)])
+        expected = video_transform(torch.from_numpy(chosen).permute(0, 3, 1, 2)).numpy()
+        np.testing.assert_array_equal(dataset[position].pixels, expected)
+    image_plan = ClipPlan.of(1, 2.0)  # an image model on 2 frames a second
+    image_transform = get_model_weights("resnet18").DEFAULT.transforms()
+    rows = clip_rows(videos, image_plan)
+    assert rows.starts == (0.0, 0.5, 1.0, 1.5)
+    preprocess = Preprocess(image_transform)
+    dataset = ClipDataset(rows, image_plan, preprocess)
+    for position, start in enumerate(rows.starts):
+        expected = preprocess.pixels(Image.fromarray(frames[on_screen(times, start)]))
+        np.testing.assert_array_equal(dataset[position].pixels, expected)

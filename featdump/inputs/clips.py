@@ -14,9 +14,15 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+import torch
+from PIL import Image
+
 from featdump.inputs.decode import describe_failure
 from featdump.inputs.imagelist import ImageList
-from featdump.inputs.video import ClipPlan, VideoInfo, video_info
+from featdump.inputs.loader import ImageDataset, Item
+from featdump.inputs.preprocess import Preprocess
+from featdump.inputs.video import ClipPlan, VideoInfo, decode_clip, video_info
 
 log = logging.getLogger("featdump")
 
@@ -64,3 +70,45 @@ def clip_rows(videos: ImageList, plan: ClipPlan) -> ClipRows:
 def _readable(source):
     """What PyAV opens: a path as text, or the bytes' stream as it is."""
     return str(source) if isinstance(source, Path) else source
+
+
+class ClipPreprocess(Preprocess):
+    """A video model's preprocessing of a clip's frames, run whole in the loader workers: torchvision's
+    VideoClassification (and any transform like it) takes (T, C, H, W) uint8 and gives (C, T, H, W) float."""
+
+    def __init__(self, transforms, frames: int):
+        self.transforms, self.split, self.draft = transforms, False, None
+        made = transforms(torch.zeros(frames, 3, 240, 320, dtype=torch.uint8))
+        self.size = tuple(made.shape[1:])  # (T, H, W): the model's input past its batch and channel axes
+        self._portrait_size = self.size
+
+    def clip_pixels(self, frames: np.ndarray) -> np.ndarray:
+        """FRAMES ((T, H, W, 3) uint8 RGB) as the model takes them."""
+        return self.transforms(torch.from_numpy(frames).permute(0, 3, 1, 2)).numpy()
+
+
+class ClipDataset(ImageDataset):
+    """Row i of a job's clips: its frames decoded by seeking (`inputs.video`), then the model's preprocessing: a
+    video model's of the (T, H, W, 3) frames (`ClipPreprocess`), or an image model's of the one frame of a clip of
+    1 (each sampled frame a row). A video with no clip is its row's recorded skip."""
+
+    def __init__(self, rows: ClipRows, plan: ClipPlan, preprocess: Preprocess):
+        super().__init__(rows.videos, preprocess)
+        self.rows, self.plan = rows, plan
+
+    def _decoded(self, position: int, encoded) -> Item:
+        item = Item(position)
+        try:
+            if isinstance(encoded, Exception):
+                raise encoded
+            item.file_stat = encoded.file_stat
+            if position in self.rows.without_clip:
+                item.failure = self.rows.without_clip[position]
+                return item
+            info = self.rows.infos[self.rows.videos.paths[position]]
+            frames = decode_clip(_readable(encoded.source), info, self.plan.times(self.rows.starts[position]))
+            item.pixels = self.preprocess.clip_pixels(frames) if isinstance(self.preprocess, ClipPreprocess) \
+                else self.preprocess.pixels(Image.fromarray(frames[0]))
+        except Exception as error:  # any decoding failure is recorded, not raised
+            item.failure = describe_failure(error)
+        return item
