@@ -130,3 +130,20 @@ def test_a_clip_row_is_its_frames_through_the_model_s_preprocessing(tmp_path):
     for position, start in enumerate(rows.starts):
         expected = preprocess.pixels(Image.fromarray(frames[on_screen(times, start)]))
         np.testing.assert_array_equal(dataset[position].pixels, expected)
+
+
+def test_torchvision_s_video_models_state_their_clip_and_keep_the_time_axis():
+    from featdump.sources.video_models import build, clip_defaults, video_model_names
+
+    assert set(video_model_names()) == {"r3d_18", "mc3_18", "r2plus1d_18", "s3d", "mvit_v1_b", "mvit_v2_s",
+                                        "swin3d_t", "swin3d_s", "swin3d_b"}
+    assert clip_defaults("r3d_18") == (16, 15.0) and clip_defaults("mvit_v1_b") == (16, 7.5)
+    assert clip_defaults("swin3d_t") == (32, 15.0)
+    model = build("r3d_18", seed=0)
+    seen = {}
+    model.layer2.register_forward_hook(lambda module, inputs, output: seen.update(layer2=output.shape))
+    with torch.inference_mode():
+        model(torch.randn(1, 3, 16, 112, 112))
+    assert tuple(seen["layer2"]) == (1, 128, 8, 28, 28)  # (channel, time, y, x): the time axis kept
+    again = build("r3d_18", seed=0)
+    assert torch.equal(model.layer2[0].conv1[0].weight, again.layer2[0].conv1[0].weight)  # seeded
