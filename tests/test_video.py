@@ -91,12 +91,16 @@ def test_a_list_of_videos_becomes_rows_one_per_clip(tmp_path):
     (tmp_path / "b" / "bad.mp4").write_bytes(b"\x00\x00\x00\x18ftypmp42" + bytes(100))  # a header, then nothing
     videos = ImageList(tmp_path, ("a/long.mkv", "a/short.mkv", "b/bad.mp4"), (0, 0, 1), ("a", "b"))
     rows = clip_rows(videos, ClipPlan.of(4, 10, 0.5))
-    assert rows.videos.paths == ("a/long.mkv",) * 4 + ("a/short.mkv", "b/bad.mp4")
-    assert rows.videos.labels == (0, 0, 0, 0, 0, 1)
-    assert rows.starts[:4] == (0.0, 0.5, 1.0, 1.5) and all(np.isnan(rows.starts[4:]))
-    assert rows.without_clip[4].startswith("shorter than one clip: 0.160 s from its first frame to its last")
-    assert rows.without_clip[5].startswith("cannot be read as a video (")
-    assert set(rows.infos) == {"a/long.mkv", "a/short.mkv"} and rows.infos["a/long.mkv"].last == pytest.approx(1.96)
+    assert rows.paths == ("a/long.mkv",) * 4 + ("a/short.mkv", "b/bad.mp4")
+    assert rows.labels == (0, 0, 0, 0, 0, 1)
+    clips = rows.clips
+    assert clips.starts[:4] == (0.0, 0.5, 1.0, 1.5) and all(np.isnan(clips.starts[4:]))
+    assert clips.reasons[:4] == ("",) * 4
+    assert clips.reasons[4].startswith("shorter than one clip: 0.160 s from its first frame to its last")
+    assert clips.reasons[5].startswith("cannot be read as a video (")
+    part = rows.select([1, 3])  # a shard, a selection: the clips go with their rows
+    assert part.clips.starts == (0.5, 1.5) and part.row_coordinates([0, 1])["clip_start"].tolist() == [0.5, 1.5]
+    assert rows.digest() != clip_rows(videos, ClipPlan.of(4, 10, 0.25)).digest()  # the clips are in the digest
 
 
 def test_a_clip_row_is_its_frames_through_the_model_s_preprocessing(tmp_path):
@@ -115,19 +119,19 @@ def test_a_clip_row_is_its_frames_through_the_model_s_preprocessing(tmp_path):
     video_transform = get_model_weights("r3d_18").DEFAULT.transforms()
     plan = ClipPlan.of(8, 15, 0.5)
     rows = clip_rows(videos, plan)
-    dataset = ClipDataset(rows, plan, ClipPreprocess(video_transform, 8))
-    assert dataset.preprocess.size == (8, 112, 112) and len(dataset) == len(rows.starts) == 3
-    for position, start in enumerate(rows.starts):
+    dataset = ClipDataset(rows, ClipPreprocess(video_transform, 8))
+    assert dataset.preprocess.size == (8, 112, 112) and len(dataset) == len(rows.clips.starts) == 3
+    for position, start in enumerate(rows.clips.starts):
         chosen = np.stack([frames[on_screen(times, at)] for at in plan.times(start)])
         expected = video_transform(torch.from_numpy(chosen).permute(0, 3, 1, 2)).numpy()
         np.testing.assert_array_equal(dataset[position].pixels, expected)
     image_plan = ClipPlan.of(1, 2.0)  # an image model on 2 frames a second
     image_transform = get_model_weights("resnet18").DEFAULT.transforms()
     rows = clip_rows(videos, image_plan)
-    assert rows.starts == (0.0, 0.5, 1.0, 1.5)
+    assert rows.clips.starts == (0.0, 0.5, 1.0, 1.5)
     preprocess = Preprocess(image_transform)
-    dataset = ClipDataset(rows, image_plan, preprocess)
-    for position, start in enumerate(rows.starts):
+    dataset = ClipDataset(rows, preprocess)
+    for position, start in enumerate(rows.clips.starts):
         expected = preprocess.pixels(Image.fromarray(frames[on_screen(times, start)]))
         np.testing.assert_array_equal(dataset[position].pixels, expected)
 

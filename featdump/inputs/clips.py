@@ -8,10 +8,10 @@ which the loader records as a skipped input with that reason, as it does a bad i
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -19,7 +19,7 @@ import torch
 from PIL import Image
 
 from featdump.inputs.decode import describe_failure
-from featdump.inputs.imagelist import ImageList
+from featdump.inputs.imagelist import ClipTable, ImageList
 from featdump.inputs.loader import ImageDataset, Item
 from featdump.inputs.preprocess import Preprocess
 from featdump.inputs.video import ClipPlan, VideoInfo, decode_clip, video_info
@@ -27,44 +27,37 @@ from featdump.inputs.video import ClipPlan, VideoInfo, decode_clip, video_info
 log = logging.getLogger("featdump")
 
 
-@dataclass(frozen=True)
-class ClipRows:
-    """The rows of a job's videos: the image list of their videos, one entry per row, each row's clip start
-    (NaN for a video that gives no clip), why such a video gives none, and each video's frame times."""
-
-    videos: ImageList  # row-aligned: a video's path once per clip
-    starts: tuple[float, ...]
-    without_clip: dict[int, str]  # row: why its video gives no clip
-    infos: dict[str, VideoInfo]  # path: its frame times, read once while listing
-
-
-def clip_rows(videos: ImageList, plan: ClipPlan) -> ClipRows:
-    """VIDEOS' clips under PLAN as rows, in the videos' order; each video opened once for its frame times."""
+def clip_rows(videos: ImageList, plan: ClipPlan) -> ImageList:
+    """VIDEOS' clips under PLAN as rows (the same path once per clip, `clips` saying which), in the videos' order;
+    each video opened once for its frame times."""
     started = time.perf_counter()
     positions: list[int] = []
     starts: list[float] = []
-    without: dict[int, str] = {}
-    infos: dict[str, VideoInfo] = {}
-    for position, path in enumerate(videos.paths):
+    reasons: list[str] = []
+    for position in range(len(videos)):
         try:
             info = video_info(_readable(videos.open(position).source))
         except Exception as error:  # any failure to read it is this video's skip, as a bad image's
-            without[len(positions)] = f"cannot be read as a video ({describe_failure(error)})"
             positions.append(position)
             starts.append(math.nan)
+            reasons.append(f"cannot be read as a video ({describe_failure(error)})")
             continue
-        infos[path] = info
         found = plan.starts(info.last)
         if not found:
-            without[len(positions)] = (f"shorter than one clip: {info.last:.3f} s from its first frame to its last, "
-                                       f"where a clip of {plan.frames} frames at {plan.fps:g} fps spans "
-                                       f"{plan.span:.3f} s")
-            found = [math.nan]
+            positions.append(position)
+            starts.append(math.nan)
+            reasons.append(f"shorter than one clip: {info.last:.3f} s from its first frame to its last, where a "
+                           f"clip of {plan.frames} frames at {plan.fps:g} fps spans {plan.span:.3f} s")
+            continue
         positions += [position] * len(found)
         starts += found
-    log.info("Listed %d clips of %d videos (%d give none) in %.1f s.", len(starts) - len(without), len(videos),
-             len(without), time.perf_counter() - started)
-    return ClipRows(videos.select(positions), tuple(starts), without, infos)
+        reasons += [""] * len(found)
+    without = sum(1 for reason in reasons if reason)
+    log.info("Listed %d clips of %d videos (%d give none) in %.1f s.", len(starts) - without, len(videos), without,
+             time.perf_counter() - started)
+    rows = videos.select(positions)
+    return dataclasses.replace(rows, clips=ClipTable(plan.frames, plan.fps, plan.every, tuple(starts),
+                                                     tuple(reasons)))
 
 
 def _readable(source):
@@ -90,11 +83,14 @@ class ClipPreprocess(Preprocess):
 class ClipDataset(ImageDataset):
     """Row i of a job's clips: its frames decoded by seeking (`inputs.video`), then the model's preprocessing: a
     video model's of the (T, H, W, 3) frames (`ClipPreprocess`), or an image model's of the one frame of a clip of
-    1 (each sampled frame a row). A video with no clip is its row's recorded skip."""
+    1 (each sampled frame a row). A video with no clip is its row's recorded skip. Each worker reads a video's
+    frame times once, when it first decodes one of its clips."""
 
-    def __init__(self, rows: ClipRows, plan: ClipPlan, preprocess: Preprocess):
-        super().__init__(rows.videos, preprocess)
-        self.rows, self.plan = rows, plan
+    def __init__(self, images: ImageList, preprocess: Preprocess):
+        super().__init__(images, preprocess)
+        clips = images.clips
+        self.plan = ClipPlan(clips.frames, clips.fps, clips.every)
+        self._infos: dict[str, VideoInfo] = {}
 
     def _decoded(self, position: int, encoded) -> Item:
         item = Item(position)
@@ -102,13 +98,23 @@ class ClipDataset(ImageDataset):
             if isinstance(encoded, Exception):
                 raise encoded
             item.file_stat = encoded.file_stat
-            if position in self.rows.without_clip:
-                item.failure = self.rows.without_clip[position]
+            clips = self.images.clips
+            if clips.reasons[position]:
+                item.failure = clips.reasons[position]
                 return item
-            info = self.rows.infos[self.rows.videos.paths[position]]
-            frames = decode_clip(_readable(encoded.source), info, self.plan.times(self.rows.starts[position]))
+            path = self.images.paths[position]
+            if path not in self._infos:
+                self._infos = {path: video_info(_readable(encoded.source))}  # the last video's alone
+            frames = decode_clip(_readable(encoded.source), self._infos[path], self.plan.times(clips.starts[position]))
             item.pixels = self.preprocess.clip_pixels(frames) if isinstance(self.preprocess, ClipPreprocess) \
                 else self.preprocess.pixels(Image.fromarray(frames[0]))
         except Exception as error:  # any decoding failure is recorded, not raised
             item.failure = describe_failure(error)
         return item
+
+
+def dataset_for(images: ImageList, preprocess: Preprocess, gpu_jpegs: bool = False) -> ImageDataset:
+    """The loader's dataset of IMAGES: their clips' (a video job's), or their images'."""
+    if images.clips is not None:
+        return ClipDataset(images, preprocess)
+    return ImageDataset(images, preprocess, gpu_jpegs)

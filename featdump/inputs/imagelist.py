@@ -124,8 +124,29 @@ class Files:
 
 
 @dataclass(frozen=True)
+class ClipTable:
+    """Which clip of its video each row of a video job is (`inputs.clips` makes it): the clips' frames and rate,
+    each row's start in seconds (NaN: its video gives no clip, for the reason beside it)."""
+
+    frames: int
+    fps: float
+    every: float
+    starts: tuple[float, ...]
+    reasons: tuple[str, ...]  # "" for a row with a clip
+
+    def select(self, positions: Sequence[int]) -> ClipTable:
+        return ClipTable(self.frames, self.fps, self.every, tuple(self.starts[p] for p in positions),
+                         tuple(self.reasons[p] for p in positions))
+
+    def attributes(self) -> dict:
+        """What an output records of its clips (and its fingerprint holds)."""
+        return {"clip_frames": self.frames, "clip_fps": self.fps, "clip_every": self.every}
+
+
+@dataclass(frozen=True)
 class ImageList:
-    """The images of a job in order, with their labels and where their bytes lie."""
+    """The images of a job in order, with their labels and where their bytes lie; for a job of videos, its rows
+    are clips (`clips`: each row's start, the same path once per clip)."""
 
     root: Path | str  # the folder, the list file's folder, or the tar shards' common folder; or their URL
     paths: tuple[str, ...]  # POSIX paths relative to root (sorted), as a list file gives them, or TAR/MEMBER
@@ -133,6 +154,7 @@ class ImageList:
     classes: tuple[str, ...]  # first-level folder names, sorted
     storage: Storage = field(default_factory=Files)
     listing: dict = field(default_factory=dict)  # what listing a store found (its URL, counts, when), to record
+    clips: ClipTable | None = None  # a video job's rows: which clip of its video each is
 
     def __len__(self) -> int:
         return len(self.paths)
@@ -151,8 +173,19 @@ class ImageList:
         return self.storage.stat(self.root, self.paths[position], position)
 
     def digest(self, sizes: bool = True) -> str:
-        """A hash of the paths (and sizes): changes when an image is added, removed (or replaced)."""
-        return self.storage.digest(self.root, self.paths, self.labels, sizes)
+        """A hash of the paths (and sizes): changes when an image is added, removed (or replaced); for clips, of
+        their settings and starts too."""
+        digest = self.storage.digest(self.root, self.paths, self.labels, sizes)
+        if self.clips is None:
+            return digest
+        starts = ",".join(f"{start:.9g}" for start in self.clips.starts)
+        return hashlib.sha256(f"{digest}\0{self.clips.attributes()}\0{starts}".encode()).hexdigest()
+
+    def row_coordinates(self, positions: Sequence[int]) -> dict[str, np.ndarray]:
+        """What a row records beside its path and label: a clip's start (seconds), for the rows at POSITIONS."""
+        if self.clips is None:
+            return {}
+        return {"clip_start": np.array([self.clips.starts[p] for p in positions], dtype=np.float64)}
 
     def groups(self) -> list[int] | None:
         """The first position of each group that one process should read whole (a tar), or None."""
@@ -169,7 +202,7 @@ class ImageList:
         return ImageList(self.root, tuple(self.paths[p] for p in positions),
                          tuple(labels) if labels is not None else tuple(self.labels[p] for p in positions),
                          tuple(classes) if classes is not None else self.classes, self.storage.select(positions),
-                         self.listing)
+                         self.listing, self.clips.select(positions) if self.clips is not None else None)
 
     def part(self, start: int, stop: int) -> ImageList:
         """Images START..STOP-1 (a shard), labelled against the whole list's classes."""
