@@ -39,6 +39,9 @@ BAD = {
     "merge_timeout": (0, "0"),
     "store_patience": (-1, "-1"),
     "proof": (-1, "-1"),
+    "clip": (0, "0"),
+    "fps": (-2, "-2"),
+    "clip_every": ("often", "often"),
     "space_check": ("off", None),
     "pca_fit": ("1", "1"),
 }

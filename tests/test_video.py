@@ -9,7 +9,7 @@ import torch
 
 from featdump.inputs.video import ClipPlan, decode_clip, looks_like_video, video_info
 
-from .videos import frame_pixels, write_video
+from .videos import frame_pixels, one_thread, write_video
 
 av = pytest.importorskip("av")
 
@@ -123,7 +123,7 @@ def test_a_clip_row_is_its_frames_through_the_model_s_preprocessing(tmp_path):
     assert dataset.preprocess.size == (8, 112, 112) and len(dataset) == len(rows.clips.starts) == 3
     for position, start in enumerate(rows.clips.starts):
         chosen = np.stack([frames[on_screen(times, at)] for at in plan.times(start)])
-        expected = video_transform(torch.from_numpy(chosen).permute(0, 3, 1, 2)).numpy()
+        expected = one_thread(video_transform, torch.from_numpy(chosen).permute(0, 3, 1, 2)).numpy()
         np.testing.assert_array_equal(dataset[position].pixels, expected)
     image_plan = ClipPlan.of(1, 2.0)  # an image model on 2 frames a second
     image_transform = get_model_weights("resnet18").DEFAULT.transforms()

@@ -37,3 +37,15 @@ def write_video(path: Path, frames: int, fps: int = 25, size=(48, 64), seed: int
         for packet in stream.encode():
             container.mux(packet)
     return path
+
+
+def one_thread(function, *args):
+    """FUNCTION(*ARGS) on one torch thread, as a loader worker runs (torch's uint8 resize rounds by thread count)."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return function(*args)
+    finally:
+        torch.set_num_threads(threads)

@@ -161,11 +161,11 @@ def list_layers(model: str, depth: int | None, as_json: bool, transform: str | N
     """
     from featdump.forward.patterns import match_pattern
     from featdump.forward.probe import probe
-    from featdump.inputs.preprocess import Preprocess
-    from featdump.sources.models import load_model
+    from featdump.inputs.clips import preprocess_for
+    from featdump.sources.models import clip_of, load_model
 
     loaded = load_model(model, weights="none", transform=transform, trust_pickle=trust_pickle)
-    size = Preprocess(loaded.preprocessing).size
+    size = preprocess_for(loaded.preprocessing, clip_of(model)[0]).size  # a video model's: (frames, H, W)
     infos = [info for info in probe(loaded.module, (3, *size)) if depth is None or info.depth <= depth]
     selected = {}
     if pattern:

@@ -21,6 +21,7 @@ from featdump.inputs.objects import read_prefix
 from featdump.inputs.remote_tars import named_remote_tars, read_remote_tars
 from featdump.inputs.stores import Patience, is_url, join
 from featdump.inputs.tars import TAR_SUFFIX, check_not_compressed, check_tar_names, named_tars, read_tars
+from featdump.inputs.video import is_video_file
 
 __all__ = ["IMAGE_EXTENSIONS", "Encoded", "ImageList", "Patience", "find_images", "is_url"]
 
@@ -55,6 +56,8 @@ def _find_images(source: Path, named: str, patience: Patience) -> ImageList:
     tars = named_tars(source)
     if tars is not None:
         return read_tars(tars)
+    if source.is_file() and is_video_file(source):
+        return ImageList(source.parent, (source.name,), (-1,), ())  # one video: its clips are the rows
     if source.is_file():
         check_not_compressed(source)
         return _listed_images(read_image_list(source, named, patience), str(source), patience)

@@ -12,24 +12,62 @@ import dataclasses
 import logging
 import math
 import time
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 import numpy as np
 import torch
 from PIL import Image
+from torchvision.transforms._presets import VideoClassification
 
+from featdump.errors import MixedSizes, UsageProblem
 from featdump.inputs.decode import describe_failure
 from featdump.inputs.imagelist import ClipTable, ImageList
 from featdump.inputs.loader import ImageDataset, Item
 from featdump.inputs.preprocess import Preprocess
-from featdump.inputs.video import ClipPlan, VideoInfo, decode_clip, video_info
+from featdump.inputs.video import VIDEO_SUFFIXES, ClipPlan, VideoInfo, decode_clip, is_video_file, video_info
 
 log = logging.getLogger("featdump")
 
 
-def clip_rows(videos: ImageList, plan: ClipPlan) -> ImageList:
-    """VIDEOS' clips under PLAN as rows (the same path once per clip, `clips` saying which), in the videos' order;
-    each video opened once for its frame times."""
+def as_rows(images: ImageList, frames: int | None, fps: float | None, every: float | None,
+            model_clip: tuple[int, float | None]) -> ImageList:
+    """IMAGES as a job's rows: a list of videos (every path a video's) as clips of FRAMES at FPS, one every EVERY
+    seconds (defaults: MODEL_CLIP, the model's (frames, rate or None); else 1 frame, each video's own rate, back to
+    back); images as they are. UsageProblem for clip options on images, or a video model on images."""
+    if not is_video_list(images):
+        asked = [name for name, value in (("--clip", frames), ("--fps", fps), ("--clip-every", every)) if value]
+        if asked or model_clip[0] > 1:
+            what = f"{', '.join(asked)} apply to videos" if asked else \
+                f"the model is a video model (clips of {model_clip[0]} frames)"
+            raise UsageProblem(f"IMAGES holds images, and {what}: give a video ({', '.join(VIDEO_SUFFIXES)}), or "
+                               "a folder, list or tars of them.")
+        return images
+    return clip_rows(images, ClipPlan.asked(frames or model_clip[0], fps or model_clip[1], every))
+
+
+def is_video_list(images: ImageList) -> bool:
+    """Whether every path of IMAGES names a video: by its suffix, or a local file's first bytes (a video named
+    otherwise); its content is checked again as it is read."""
+    def video(path: str) -> bool:
+        if PurePosixPath(path).suffix.lower() in VIDEO_SUFFIXES:
+            return True
+        local = Path(images.root) / path if isinstance(images.root, Path) else None
+        return local is not None and local.is_file() and is_video_file(local)
+
+    return len(images) > 0 and all(video(path) for path in images.paths)
+
+
+def preprocess_for(transforms, frames: int, fast_decode: bool = False) -> Preprocess:
+    """The split of a model's preprocessing: a video model's (torchvision's VideoClassification) of clips of
+    FRAMES, else an image model's."""
+    if isinstance(transforms, VideoClassification):
+        return ClipPreprocess(transforms, frames)
+    return Preprocess(transforms, fast_decode)
+
+
+def clip_rows(videos: ImageList, asked: ClipPlan) -> ImageList:
+    """VIDEOS' clips under the plan ASKED (made concrete for each video's rate) as rows (the same path once per
+    clip, `clips` saying which), in the videos' order; each video opened once for its frame times."""
     started = time.perf_counter()
     positions: list[int] = []
     starts: list[float] = []
@@ -37,6 +75,7 @@ def clip_rows(videos: ImageList, plan: ClipPlan) -> ImageList:
     for position in range(len(videos)):
         try:
             info = video_info(_readable(videos.open(position).source))
+            plan = asked.for_video(info.rate)
         except Exception as error:  # any failure to read it is this video's skip, as a bad image's
             positions.append(position)
             starts.append(math.nan)
@@ -56,7 +95,7 @@ def clip_rows(videos: ImageList, plan: ClipPlan) -> ImageList:
     log.info("Listed %d clips of %d videos (%d give none) in %.1f s.", len(starts) - without, len(videos), without,
              time.perf_counter() - started)
     rows = videos.select(positions)
-    return dataclasses.replace(rows, clips=ClipTable(plan.frames, plan.fps, plan.every, tuple(starts),
+    return dataclasses.replace(rows, clips=ClipTable(asked.frames, asked.fps, asked.every, tuple(starts),
                                                      tuple(reasons)))
 
 
@@ -75,9 +114,28 @@ class ClipPreprocess(Preprocess):
         self.size = tuple(made.shape[1:])  # (T, H, W): the model's input past its batch and channel axes
         self._portrait_size = self.size
 
+    def check_sizes(self, shapes, named: str) -> None:
+        """MixedSizes when a clip (path: its (C, T, H, W) as preprocessed) does not come out at the model's input
+        size: a batch needs one."""
+        odd = {path: tuple(shape[1:]) for path, shape in shapes.items() if tuple(shape[1:]) != self.size}
+        if odd:
+            path, shape = next(iter(odd.items()))
+            raise MixedSizes(f"{named} makes clips of different sizes ({path!r} comes out {shape}, where "
+                             f"{self.size} was expected): a batch needs one size; give a --transform that crops.")
+
+    def check_one_size(self, named: str) -> None:
+        pass  # one clip size, whatever a video's aspect: VideoClassification crops
+
     def clip_pixels(self, frames: np.ndarray) -> np.ndarray:
-        """FRAMES ((T, H, W, 3) uint8 RGB) as the model takes them."""
-        return self.transforms(torch.from_numpy(frames).permute(0, 3, 1, 2)).numpy()
+        """FRAMES ((T, H, W, 3) uint8 RGB) as the model takes them, computed on one thread: torch's antialiased
+        uint8 resize rounds differently on one thread and on two (by a level of 255 here), and a loader worker
+        has one; so every process makes the same pixels."""
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            return self.transforms(torch.from_numpy(frames).permute(0, 3, 1, 2)).numpy()
+        finally:
+            torch.set_num_threads(threads)
 
 
 class ClipDataset(ImageDataset):
@@ -89,7 +147,7 @@ class ClipDataset(ImageDataset):
     def __init__(self, images: ImageList, preprocess: Preprocess):
         super().__init__(images, preprocess)
         clips = images.clips
-        self.plan = ClipPlan(clips.frames, clips.fps, clips.every)
+        self.asked = ClipPlan(clips.frames, clips.fps, clips.every)
         self._infos: dict[str, VideoInfo] = {}
 
     def _decoded(self, position: int, encoded) -> Item:
@@ -105,7 +163,9 @@ class ClipDataset(ImageDataset):
             path = self.images.paths[position]
             if path not in self._infos:
                 self._infos = {path: video_info(_readable(encoded.source))}  # the last video's alone
-            frames = decode_clip(_readable(encoded.source), self._infos[path], self.plan.times(clips.starts[position]))
+            info = self._infos[path]
+            frames = decode_clip(_readable(encoded.source), info,
+                                 self.asked.for_video(info.rate).times(clips.starts[position]))
             item.pixels = self.preprocess.clip_pixels(frames) if isinstance(self.preprocess, ClipPreprocess) \
                 else self.preprocess.pixels(Image.fromarray(frames[0]))
         except Exception as error:  # any decoding failure is recorded, not raised

@@ -8,16 +8,18 @@ from pathlib import Path
 
 from featdump.errors import NoImages
 from featdump.inputs.imagelist import ImageList
+from featdump.inputs.video import VIDEO_SUFFIXES
 
 IMAGE_EXTENSIONS = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff"})
 log = logging.getLogger("featdump")
 
 
 def read_folder(root: Path) -> ImageList:
-    """The images under ROOT (walked recursively, symlinks followed once); labels from first-level folders."""
-    paths = sorted(_walk(root))
+    """The images under ROOT (walked recursively, symlinks followed once), or its videos when it holds no image;
+    labels from first-level folders."""
+    paths = sorted(_walk(root, IMAGE_EXTENSIONS)) or sorted(_walk(root, VIDEO_SUFFIXES))
     if not paths:
-        extensions = ", ".join(sorted(ext.lstrip(".") for ext in IMAGE_EXTENSIONS))
+        extensions = ", ".join(sorted(ext.lstrip(".") for ext in (*IMAGE_EXTENSIONS, *VIDEO_SUFFIXES)))
         tars = sorted(root.glob("*.tar"))
         hint = f" It holds {len(tars)} .tar files: for tar shards, pass '{root / '*.tar'}' (quoted)." if tars else ""
         raise NoImages(f"No images in {str(root)!r} (looked for {extensions}, in any case, in all subfolders).{hint}")
@@ -28,7 +30,7 @@ def read_folder(root: Path) -> ImageList:
     return ImageList(root, tuple(paths), tuple(labels), tuple(classes))
 
 
-def _walk(root: Path):
+def _walk(root: Path, suffixes):
     seen_folders = set()
 
     def unreadable(error: OSError) -> None:
@@ -43,5 +45,5 @@ def _walk(root: Path):
         subfolders.sort()
         relative_folder = Path(folder).relative_to(root)
         for name in files:
-            if Path(name).suffix.lower() in IMAGE_EXTENSIONS:
+            if Path(name).suffix.lower() in suffixes:
                 yield (relative_folder / name).as_posix()

@@ -29,6 +29,14 @@ def looks_like_video(head: bytes) -> bool:
     return head[4:8] == b"ftyp" or head[:4] == b"\x1a\x45\xdf\xa3" or (head[:4] == b"RIFF" and head[8:12] == b"AVI ")
 
 
+def is_video_file(path) -> bool:
+    """Whether the file at PATH is a video: by its suffix, or by its first bytes."""
+    if str(path).lower().endswith(VIDEO_SUFFIXES):
+        return True
+    with open(path, "rb") as handle:
+        return looks_like_video(handle.read(12))
+
+
 def _av():
     try:
         import av
@@ -49,10 +57,24 @@ class ClipPlan:
     @classmethod
     def of(cls, frames: int, fps: float, every: float | None = None) -> ClipPlan:
         """The plan for FRAMES at FPS, a clip every EVERY seconds (default N/F: back to back)."""
-        if frames < 1 or not fps > 0 or (every is not None and not every > 0):
+        return cls.asked(frames, fps, every).for_video(0.0)
+
+    @classmethod
+    def asked(cls, frames: int, fps: float | None = None, every: float | None = None) -> ClipPlan:
+        """The plan as asked, before a video is seen: FPS None (0) for each video's own rate, EVERY None (0) for
+        back to back."""
+        if frames < 1 or (fps is not None and not fps > 0) or (every is not None and not every > 0):
             raise UsageProblem(f"--clip {frames}, --fps {fps}, --clip-every {every}: give a clip of 1 frame or more, "
                                "and a positive rate and step.")
-        return cls(frames, float(fps), float(every) if every is not None else frames / float(fps))
+        return cls(int(frames), float(fps or 0.0), float(every or 0.0))
+
+    def for_video(self, rate: float) -> ClipPlan:
+        """This plan for a video of RATE frames a second: its own rate where none was asked, clips back to back
+        where no step was."""
+        fps = self.fps or rate
+        if not fps > 0:
+            raise ValueError("it states no frame rate: give --fps")
+        return ClipPlan(self.frames, fps, self.every or self.frames / fps)
 
     @property
     def span(self) -> float:

@@ -31,8 +31,9 @@ from featdump.forward.layers import Layer, Snapshot, in_model_order, resolve
 from featdump.forward.memory_format import choose_memory_format, format_name
 from featdump.forward.probe import probe
 from featdump.inputs import ImageList, Patience, find_images, is_url
+from featdump.inputs.clips import as_rows, dataset_for, preprocess_for
 from featdump.inputs.gpu_decode import to_device_inputs
-from featdump.inputs.loader import Batch, ImageDataset, batches_of, make_loader
+from featdump.inputs.loader import Batch, batches_of, make_loader
 from featdump.inputs.preprocess import Preprocess
 from featdump.inputs.workers import choose_workers
 from featdump.job import fitting, updating
@@ -52,7 +53,7 @@ from featdump.output.writer import FeatureWriter
 from featdump.reductions.methods import bind, snapshot
 from featdump.reductions.record import Reduction
 from featdump.reductions.rules import choose, method_of
-from featdump.sources.models import LoadedModel, check_model_name, load_model
+from featdump.sources.models import LoadedModel, check_model_name, clip_of, load_model
 from featdump.sources.tokens import TokenLayout, token_layout
 from featdump.version import __version__
 
@@ -157,7 +158,8 @@ def extract(settings: Settings, progress: Progress | None = None) -> Summary:
 
 def _plan(settings: Settings) -> Plan:
     check_model_name(settings.model)
-    images = find_images(settings.images, patience=Patience(settings.store_patience))
+    images = as_rows(find_images(settings.images, patience=Patience(settings.store_patience)), settings.clip,
+                     settings.fps, settings.clip_every, clip_of(settings.model))
     shard = choose_shard(settings.shard)
     if shard is None:
         return Plan(settings, images, None, settings.output, {}, images)
@@ -310,7 +312,8 @@ def _prepare_model(settings: Settings, device: torch.device) -> Model:
     memory_format, why = choose_memory_format(loaded.module)
     log.debug("Memory layout: %s (%s).", format_name(memory_format), why)
     loaded.module = place_model(loaded.module, device, settings.precision, memory_format)
-    preprocess = Preprocess(loaded.preprocessing, settings.fast_decode)
+    preprocess = preprocess_for(loaded.preprocessing, settings.clip or clip_of(settings.model)[0],
+                                settings.fast_decode)
     if settings.fast_decode and preprocess.draft is None:
         log.warning("--fast-decode needs a resize in the preprocessing; decoding every image whole.")
     try:
@@ -351,7 +354,7 @@ class _Job:
 def _run_batches(job: _Job, progress: Progress, stop: StopSignals) -> None:
     settings, images, device, preprocess = job.settings, job.images, job.model.device, job.model.preprocess
     gpu_jpegs = resolve_decode(settings.decode, device, preprocess) == "gpu"
-    loader = make_loader(ImageDataset(images, preprocess, gpu_jpegs), job.writer.committed_images,
+    loader = make_loader(dataset_for(images, preprocess, gpu_jpegs), job.writer.committed_images,
                          settings.batch_size, choose_workers(settings.num_workers), pin_memory=device.type == "cuda",
                          owned_files=job.owned_files)
     waiting = computing = 0.0
@@ -448,6 +451,7 @@ def _provenance(settings: Settings, model: Model, images: ImageList) -> dict:
     root = images.root
     return {
         **({"image_listing": json.dumps(images.listing, sort_keys=True)} if images.listing else {}),
+        **(images.clips.attributes() if images.clips is not None else {}),
         "model": settings.model,
         "weights": model.loaded.weights,
         "model_source": json.dumps(model.loaded.source, sort_keys=True),

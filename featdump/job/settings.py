@@ -83,6 +83,18 @@ class Settings:
         help="DataLoader worker processes decoding images.  [default: the job's CPUs less one: "
              "SLURM_CPUS_PER_TASK, else the CPU affinity mask]")
     device: str = option("auto", "auto, cpu, cuda or cuda:N.", syntax=_device_syntax)
+    clip: int | None = option(
+        kind=int, optional=True, minimum=1, metavar="N",
+        help="Videos: frames per clip, a row each.  [default: the model's own (a torchvision video model's weights "
+             "state it), 1 for an image model: each sampled frame a row]")
+    fps: float | None = option(
+        kind=float, optional=True, minimum=0, metavar="F",
+        help="Videos: frames sampled a second.  [default: the model's rate where it states one, else each video's "
+             "own]")
+    clip_every: float | None = option(
+        kind=float, optional=True, minimum=0, metavar="SECONDS",
+        help="Videos: a clip starts every SECONDS (1.49: on an fMRI's TR grid).  [default: --clip / --fps, clips "
+             "back to back]")
     dtype: str = option("float32", "Storage dtype.", choices=DTYPES)
     reduce: tuple[str, ...] = option(
         (), kind=tuple, metavar="[PATTERN=]REDUCTION", syntax=check_rule, table=rules_from_table,

@@ -10,6 +10,7 @@ it is "a netCDF dimension but not a netCDF variable"), attached to each axis of 
     /file_stat                    /file_stats' second axis: size, modification time
     /features/path, label         hard links to /paths and /labels (no copy), named in each layer's
                                   `coordinates`: xarray shows them as the coordinates along `image`
+    /clip_start, /features/clip_start   a video job's: each row's clip start (seconds), a coordinate too
     /skipped/skipped, /stale/stale, .../raw_paths/raw_path, /pca/<layer>/component, input, skipped
 
 `label` makes a file so, idempotently; `forget` drops what a copy from another file brought (its references
@@ -22,7 +23,8 @@ import h5py
 import numpy as np
 
 IMAGE = "image"
-COORDINATES = {"path": "paths", "label": "labels"}  # the coordinate along `image` in /features: its dataset
+COORDINATES = {"path": "paths", "label": "labels", "clip_start": "clip_start"}  # along `image` in /features: its
+# dataset (clip_start: a video job's, each row's clip start in seconds)
 ATTRIBUTES = ("DIMENSION_LIST", "REFERENCE_LIST", "CLASS", "NAME", "coordinates", "_Netcdf4Dimid")
 _NOT_A_VARIABLE = "This is a netCDF dimension but not a netCDF variable.%10d"
 _REDUCED_AXIS = {"pca": "component", "srp": "projection", "countsketch": "projection"}
@@ -67,8 +69,9 @@ def layer_names(h5file: h5py.File) -> list[str]:
 def label(h5file: h5py.File) -> None:
     """Give every dataset of the featdump output H5FILE named dimensions, and its layers their coordinates."""
     image = _scale(h5file, IMAGE, None)
-    for name in ("paths", "labels"):
-        _attach(h5file[name], [image])
+    for name in ("paths", "labels", "clip_start"):
+        if name in h5file:
+            _attach(h5file[name], [image])
     _attach(h5file["file_stats"], [image, _scale(h5file, "file_stat", 2)])
     _label_named_rows(h5file)
     for group in ("skipped", "stale"):
@@ -77,7 +80,7 @@ def label(h5file: h5py.File) -> None:
     features = h5file["features"]
     layers = layer_names(h5file)
     for coordinate, target in COORDINATES.items():
-        if coordinate not in features:
+        if coordinate not in features and target in h5file:
             features[coordinate] = h5file[target]
     coordinates = " ".join(name for name in COORDINATES if _is_coordinate(h5file, name))
     for name in layers:

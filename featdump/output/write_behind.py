@@ -27,6 +27,7 @@ class QueuedBatch:
     skipped: list[tuple[str, str]]  # (path, why)
     images_done: int  # source images done after this batch (the commit counter)
     file_stats: list[tuple[int, int]]
+    coordinates: dict  # what the rows record beside their paths (a clip's start)
 
 
 class WriteBehind:
@@ -56,7 +57,8 @@ class WriteBehind:
         item = QueuedBatch(host, copied, [images.paths[p] for p in batch.positions],
                            [images.labels[p] for p in batch.positions],
                            [(images.paths[p], reason) for p, reason in batch.failures], batch.end,
-                           [batch.file_stats.get(p, (-1, -1)) for p in batch.positions])
+                           [batch.file_stats.get(p, (-1, -1)) for p in batch.positions],
+                           images.row_coordinates(batch.positions))
         while True:
             self._raise_if_failed()
             try:
@@ -89,7 +91,8 @@ class WriteBehind:
                 if item.copied is not None:
                     item.copied.synchronize()
                 arrays = {name: tensor.numpy() for name, tensor in item.host.items()}
-                self._writer.append(arrays, item.paths, item.labels, item.skipped, item.images_done, item.file_stats)
+                self._writer.append(arrays, item.paths, item.labels, item.skipped, item.images_done, item.file_stats,
+                                    item.coordinates)
                 if self._record is not None:
                     committed = self._writer.committed
                     self._record.update(self._record_offset + item.images_done, committed.rows, committed.skipped)

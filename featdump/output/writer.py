@@ -94,8 +94,10 @@ class FeatureWriter:
         skipped: list[tuple[str, str]],
         images_done: int,
         file_stats: list[tuple[int, int]] | None = None,
+        coordinates: dict[str, np.ndarray] | None = None,
     ) -> None:
-        """Write one batch's rows and skipped images, then commit: counters last, in one write, flushed."""
+        """Write one batch's rows and skipped images, then commit: counters last, in one write, flushed.
+        COORDINATES: what each row records beside its path (a clip's start), one row-aligned dataset each."""
         before = self.committed
         rows, skipped_before = before.rows, before.skipped
         self._check_space(features, rows)
@@ -108,6 +110,8 @@ class FeatureWriter:
                 write_rows(self._file["labels"], rows, new_rows, np.asarray(labels, dtype=np.int64))
                 stats = np.asarray(file_stats if file_stats is not None else [(-1, -1)] * len(paths), dtype=np.int64)
                 write_rows(self._file["file_stats"], rows, new_rows, stats)
+                for name, values in (coordinates or {}).items():
+                    write_rows(self._coordinate(name), rows, new_rows, values)
             new_skipped = skipped_before + len(skipped)
             if skipped:
                 write_paths(self._file, "skipped/", skipped_before, [path for path, _ in skipped])
@@ -118,6 +122,14 @@ class FeatureWriter:
             self._file.flush()
         except OSError as error:
             raise write_error(self.path, error, rows) from error
+
+    def _coordinate(self, name: str) -> h5py.Dataset:
+        """The row-aligned dataset /NAME (a clip's start, float64 seconds), made at its first rows and named as a
+        coordinate along `image`."""
+        if name not in self._file:
+            self._file.create_dataset(name, shape=(0,), maxshape=(None,), dtype=np.float64, chunks=(4096,))
+            name_dimensions(self._file)
+        return self._file[name]
 
     def _check_space(self, features: dict[str, np.ndarray], committed_rows: int) -> None:
         """Refuse a batch the disk cannot hold before touching the file, which then stays consistent."""

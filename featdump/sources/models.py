@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from featdump.errors import InvalidWeights, first_sentence
-from featdump.sources import factory, files, hf, open_clip_models, timm_models, torchvision_models
+from featdump.sources import factory, files, hf, open_clip_models, timm_models, torchvision_models, video_models
 from featdump.sources.tokens import TokenRule
 
 log = logging.getLogger("featdump")
@@ -62,6 +62,14 @@ def check_model_name(name: str) -> None:
         open_clip_models.check_name(name.removeprefix("open_clip:"))
     elif kind == "factory":
         factory.import_object(name, "--model")
+
+
+def clip_of(name: str) -> tuple[int, float | None]:
+    """The clip --model NAME takes from a video: a torchvision video model's (frames, frames a second), as its
+    weights state them; an image model's is one frame (each sampled frame a row) at no rate of its own."""
+    if model_kind(name) == "torchvision" and video_models.is_video_model(name):
+        return video_models.clip_defaults(name)
+    return 1, None
 
 
 def default_preprocessing(name: str) -> nn.Module:

@@ -14,7 +14,7 @@ from featdump.errors import InvalidWeights, UnknownModel, UnsupportedModel, Weig
 from featdump.sources.tokens import TokenRule
 
 _OTHER_TASKS = {"detection": "an object detection", "segmentation": "a semantic segmentation",
-                "video": "a video", "optical_flow": "an optical flow", "quantization": "a quantized"}
+                "optical_flow": "an optical flow", "quantization": "a quantized"}  # video models: sources.video_models
 
 
 def token_rule(module: nn.Module) -> TokenRule | None:
@@ -25,8 +25,9 @@ def token_rule(module: nn.Module) -> TokenRule | None:
 
 
 def classification_models() -> list[str]:
-    """Names of every torchvision classification model."""
-    return list_models(module=torchvision.models)
+    """Names of every torchvision model that takes a batch and returns tensors: its classifiers and its video
+    classifiers (`sources.video_models`)."""
+    return list_models(module=torchvision.models) + list_models(module=torchvision.models.video)
 
 
 def is_classification_model(name: str) -> bool:

@@ -2,7 +2,7 @@
 their DEFAULT weights were measured on (`clip_len` frames at `frame_rate` a second, as the weights' documentation
 states them), and the model built as for classifiers (`weights=None`: random, seeded). Their transforms
 (VideoClassification) take (T, C, H, W) uint8 frames and give (C, T, H, W); their layers keep the time axis.
-Not yet reachable from `extract` (issue 50 wires clips in)."""
+`torchvision_models` builds them by name, as classifiers."""
 
 from __future__ import annotations
 

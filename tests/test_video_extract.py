@@ -1,0 +1,110 @@
+"""Videos through `featdump extract`: rows are clips, equal to a recomputation by hand (every frame decoded from
+the start, the frame on screen at each sampling time, the weights' transform, the model with hooks); a short
+video is a recorded skip; clip starts are a coordinate; a crash, then the same command, equals a fresh run."""
+
+from __future__ import annotations
+
+import h5py
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from torchvision.models import get_model, get_model_weights
+
+from featdump.job.runner import extract
+
+from .conftest import CrashAfterFirstBatch, read_output, run_featdump, settings_for
+from .test_video import all_frames, on_screen
+from .videos import one_thread, write_video
+
+pytest.importorskip("av")
+
+
+@pytest.fixture(scope="module")
+def videos(tmp_path_factory):
+    root = tmp_path_factory.mktemp("videos")
+    write_video(root / "a" / "one.mkv", 50, size=(96, 128))
+    write_video(root / "b" / "two.mkv", 40, size=(96, 128), seed=1)
+    write_video(root / "b" / "tiny.mkv", 3, size=(96, 128), seed=2)
+    return root
+
+
+def by_hand(model, layers: list[str], inputs: torch.Tensor) -> dict[str, np.ndarray]:
+    """LAYERS of MODEL on INPUTS, taken by forward hooks (a copy of each output)."""
+    taken, handles = {}, []
+    for name in layers:
+        module = model.get_submodule(name)
+        handles.append(module.register_forward_hook(
+            lambda module, args, output, name=name: taken.__setitem__(name, output.detach().clone())))
+    with torch.inference_mode():
+        model(inputs)
+    for handle in handles:
+        handle.remove()
+    return {name: value.numpy() for name, value in taken.items()}
+
+
+def test_a_video_model_s_rows_are_its_clips_as_computed_by_hand(videos, tmp_path):
+    output = tmp_path / "out.h5"
+    result = run_featdump("extract", "-m", "r3d_18", "-w", "none", "-l", "layer2,avgpool", "--clip", "8", "--fps",
+                          "15", videos, output)
+    assert result.returncode == 0 and "(1 skipped)" in result.stderr, result.stderr
+    content = read_output(output)
+    with h5py.File(output, "r") as h5file:
+        starts = h5file["clip_start"][:]
+        assert "clip_start" in h5file["features"]["layer2"].attrs["coordinates"]
+        skipped = dict(zip(h5file["skipped/paths"].asstr()[:], h5file["skipped/reasons"].asstr()[:]))
+    assert content["paths"] == ["a/one.mkv"] * 3 + ["b/two.mkv"] * 3
+    np.testing.assert_allclose(starts, [0, 8 / 15, 16 / 15] * 2)
+    assert skipped["b/tiny.mkv"].startswith("shorter than one clip")
+    torch.manual_seed(0)
+    model = get_model("r3d_18", weights=None).eval()
+    transform = get_model_weights("r3d_18").DEFAULT.transforms()
+    for row, (path, start) in enumerate(zip(content["paths"], starts)):
+        times, frames = all_frames(videos / path)
+        chosen = np.stack([frames[on_screen(times, start + k / 15)] for k in range(8)])
+        clip = one_thread(transform, torch.from_numpy(chosen).permute(0, 3, 1, 2))[None]  # as a worker does
+        expected = by_hand(model, ["layer2", "avgpool"], clip)
+        assert content["layer2"][row].shape == (128, 4, 28, 28)  # the time axis kept
+        for layer in ("layer2", "avgpool"):
+            np.testing.assert_allclose(content[layer][row], expected[layer][0], rtol=1e-4, atol=1e-5)
+
+
+def test_an_image_model_on_frames_and_a_crash_resumed(videos, tmp_path):
+    """resnet18 on 2 frames a second (clips of 1): each sampled frame a row; crashed after its first batch, then
+    run again, it equals a fresh run."""
+    frames_dir = tmp_path / "frames"
+    (frames_dir / "a").mkdir(parents=True)
+    (frames_dir / "a" / "one.mkv").symlink_to(videos / "a" / "one.mkv")
+    output = tmp_path / "out.h5"
+    settings = settings_for(frames_dir, output, fps=2.0, batch_size=2)
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        extract(settings, CrashAfterFirstBatch())
+    extract(settings)
+    fresh = tmp_path / "fresh.h5"
+    extract(settings_for(frames_dir, fresh, fps=2.0, batch_size=2))
+    content, expected = read_output(output), read_output(fresh)
+    assert content["paths"] == ["a/one.mkv"] * 4
+    np.testing.assert_array_equal(content["avgpool"], expected["avgpool"])
+    with h5py.File(output, "r") as h5file:
+        np.testing.assert_array_equal(h5file["clip_start"][:], [0.0, 0.5, 1.0, 1.5])
+        assert (h5file.attrs["clip_frames"], h5file.attrs["clip_fps"]) == (1, 2.0)
+    torch.manual_seed(0)
+    model = get_model("resnet18", weights=None).eval()
+    transform = get_model_weights("resnet18").DEFAULT.transforms()
+    times, frames = all_frames(videos / "a" / "one.mkv")
+    for row, start in enumerate([0.0, 0.5, 1.0, 1.5]):
+        image = transform(Image.fromarray(frames[on_screen(times, start)]))[None]
+        np.testing.assert_allclose(content["avgpool"][row], by_hand(model, ["avgpool"], image)["avgpool"][0],
+                                   rtol=1e-4, atol=1e-5)
+
+
+def test_clip_options_on_images_and_a_video_model_on_images_are_one_line(tmp_path):
+    from .conftest import write_images
+
+    write_images(tmp_path / "images", {"a": 2})
+    for arguments, message in ((["-m", "resnet18", "--clip", "4"], "--clip apply to videos"),
+                               (["-m", "r3d_18"], "the model is a video model (clips of 16 frames)")):
+        result = run_featdump("extract", *arguments, "-w", "none", "-l", "avgpool", tmp_path / "images",
+                              tmp_path / "out.h5")
+        assert result.returncode == 2 and message in result.stderr, result.stderr
+        assert len(result.stderr.strip().splitlines()) == 1
