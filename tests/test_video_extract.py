@@ -56,6 +56,9 @@ def test_a_video_model_s_rows_are_its_clips_as_computed_by_hand(videos, tmp_path
     assert content["paths"] == ["a/one.mkv"] * 3 + ["b/two.mkv"] * 3
     np.testing.assert_allclose(starts, [0, 8 / 15, 16 / 15] * 2)
     assert skipped["b/tiny.mkv"].startswith("shorter than one clip")
+    described = run_featdump("info", output).stdout
+    assert "clip_frames: 8" in described and "clip_fps:   15.0" in described, described
+    assert "  layer2: (128, 4, 28, 28) float32" in described
     torch.manual_seed(0)
     model = get_model("r3d_18", weights=None).eval()
     transform = get_model_weights("r3d_18").DEFAULT.transforms()

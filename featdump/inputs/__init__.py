@@ -6,8 +6,7 @@ where each image's bytes lie); `decode` opens an image, `preprocess` splits the 
 pixels made in the loader's workers and the normalisation on the device; `loader` batches them in source order
 in forked workers (`workers` chooses how many) and ends them whatever happens; `gpu_decode` finishes a batch
 whose JPEGs are left to nvjpeg. Videos: `video` knows them by content, reads their frame times and decodes a
-clip's frames by seeking; `clips` lists a job's videos as rows, one per clip, and decodes a row for the loader
-(not yet wired into `extract`: issue 50)."""
+clip's frames by seeking; `clips` lists a job's videos as rows, one per clip, and decodes a row for the loader."""
 
 from __future__ import annotations
 

@@ -19,10 +19,12 @@ def read_folder(root: Path) -> ImageList:
     labels from first-level folders."""
     paths = sorted(_walk(root, IMAGE_EXTENSIONS)) or sorted(_walk(root, VIDEO_SUFFIXES))
     if not paths:
-        extensions = ", ".join(sorted(ext.lstrip(".") for ext in (*IMAGE_EXTENSIONS, *VIDEO_SUFFIXES)))
+        extensions = ", ".join(sorted(ext.lstrip(".") for ext in IMAGE_EXTENSIONS))
+        videos = ", ".join(sorted(ext.lstrip(".") for ext in VIDEO_SUFFIXES))
         tars = sorted(root.glob("*.tar"))
         hint = f" It holds {len(tars)} .tar files: for tar shards, pass '{root / '*.tar'}' (quoted)." if tars else ""
-        raise NoImages(f"No images in {str(root)!r} (looked for {extensions}, in any case, in all subfolders).{hint}")
+        raise NoImages(f"No images in {str(root)!r} (looked for {extensions}, in any case, in all subfolders; and "
+                       f"for videos: {videos}).{hint}")
     in_class_folders = all("/" in path for path in paths)
     classes = sorted({path.split("/", 1)[0] for path in paths}) if in_class_folders else []
     index = {name: i for i, name in enumerate(classes)}
