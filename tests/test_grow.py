@@ -126,11 +126,12 @@ def test_a_kill_at_several_moments_of_a_growth_resumes_and_readers_read_the_old_
         assert described.returncode == 0, described.stderr
         killed = described.stdout
         assert "update:     not finished (killed, or running): new layers (layer3): " in killed, killed
+        so_far = r"(\d+ of {} done|staged, not yet joined)"  # (a loaded machine may finish the part before the kill)
         if staged.name.endswith(".grow.partial"):
-            assert re.search(r"new layers \(layer3\): \d+ of 64 stored rows done in out.h5.grow.partial", killed)
+            assert re.search(r"new layers \(layer3\): " + so_far.format("64 stored rows") + " in out.h5.grow", killed)
         else:
             assert "new layers (layer3): staged, not yet joined in out.h5.grow; new images: " in killed, killed
-            assert re.search(r"new images: \d+ of 8 new images done in out.h5.update.partial", killed), killed
+            assert re.search("new images: " + so_far.format("8 new images") + " in out.h5.update.partial", killed)
         np.testing.assert_array_equal(reader["features/layer1"][:], expected_layer1)
         assert set(reader["features"]) == {"layer1", "path", "label"}  # the layer and its coordinates
     reader.close()
