@@ -111,3 +111,37 @@ def test_clip_options_on_images_and_a_video_model_on_images_are_one_line(tmp_pat
                               tmp_path / "out.h5")
         assert result.returncode == 2 and message in result.stderr, result.stderr
         assert len(result.stderr.strip().splitlines()) == 1
+
+
+def rows_by_clip(path) -> dict:
+    with h5py.File(path, "r") as h5file:
+        keys = zip(h5file["paths"].asstr()[:], h5file["clip_start"][:])
+        return {(name, round(float(start), 6)): row for row, (name, start) in
+                zip(h5file["features/avgpool"][:], keys)}
+
+
+def test_update_adds_a_new_video_s_clips_and_shards_merge_to_one_run(videos, tmp_path):
+    folder = tmp_path / "films"
+    (folder / "a").mkdir(parents=True)
+    (folder / "a" / "one.mkv").symlink_to(videos / "a" / "one.mkv")
+    common = ["extract", "-m", "resnet18", "-w", "none", "-l", "avgpool", "--fps", "2"]
+    output = tmp_path / "out.h5"
+    assert run_featdump(*common, "--update", folder, output).returncode == 0
+    (folder / "b").mkdir()
+    (folder / "b" / "two.mkv").symlink_to(videos / "b" / "two.mkv")
+    updated = run_featdump(*common, "--update", folder, output)
+    assert updated.returncode == 0 and "Wrote 4 images" in updated.stderr, updated.stderr
+    fresh = tmp_path / "fresh.h5"
+    assert run_featdump(*common, folder, fresh).returncode == 0
+    mine, expected = rows_by_clip(output), rows_by_clip(fresh)
+    assert set(mine) == set(expected) and len(mine) == 8  # 4 clips of each
+    for key, row in expected.items():
+        np.testing.assert_array_equal(mine[key], row)
+    for index in range(2):
+        part = run_featdump(*common, "--shard", f"{index}/2", folder, tmp_path / "sharded.h5")
+        assert part.returncode == 0, part.stderr
+    assert run_featdump("merge", tmp_path / "sharded.h5", "--copy").returncode == 0
+    merged = rows_by_clip(tmp_path / "sharded.h5")
+    assert list(merged) == list(expected)  # the same rows, in the same order, with their clip starts
+    for key, row in expected.items():
+        np.testing.assert_array_equal(merged[key], row)

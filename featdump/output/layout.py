@@ -235,6 +235,24 @@ def write_stale(h5file: h5py.File, stale: list[tuple[str, str]]) -> None:
 # -- rows and names ------------------------------------------------------------------------------
 
 
+ROW_COORDINATES = ("clip_start",)  # row-aligned datasets beside /paths that some jobs write (a video job's)
+
+
+def coordinate_rows(h5file: h5py.File, name: str) -> h5py.Dataset:
+    """The row-aligned float64 dataset /NAME (a row coordinate such as a clip's start), made when first needed."""
+    if name not in h5file:
+        h5file.create_dataset(name, shape=(0,), maxshape=(None,), dtype=np.float64, chunks=(4096,))
+    return h5file[name]
+
+
+def copy_coordinates(target: h5py.File, source: h5py.File, start: int, rows: int) -> None:
+    """SOURCE's first ROWS rows of each row coordinate it holds into TARGET's, from row START (an update's staged
+    rows, a shard's)."""
+    for name in ROW_COORDINATES:
+        if name in source:
+            write_rows(coordinate_rows(target, name), start, start + rows, source[name][:rows])
+
+
 def write_rows(dataset: h5py.Dataset, start: int, stop: int, values: np.ndarray) -> None:
     if dataset.shape[0] != stop:
         dataset.resize(stop, axis=0)

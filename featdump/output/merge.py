@@ -20,6 +20,7 @@ from featdump.output.layout import (
     Committed,
     DatasetSpec,
     Output,
+    copy_coordinates,
     create_layout,
     name_dimensions,
     open_to_read,
@@ -195,6 +196,7 @@ def _append_shard(merged: h5py.File, shard: Output, row: int, rows: int, skip: i
         write_paths(merged, "", row, [os.fsdecode(raw) for raw in shard.raw_paths()])
         write_rows(merged["labels"], row, row + rows, shard.labels())
         write_rows(merged["file_stats"], row, row + rows, shard.file["file_stats"][:rows])
+        copy_coordinates(merged, shard.file, row, rows)
     if skipped:
         write_paths(merged, "skipped/", skip, [os.fsdecode(raw) for raw in shard.raw_paths("skipped/")])
         write_rows(merged["skipped/reasons"], skip, skip + skipped,

@@ -31,6 +31,7 @@ from featdump.output.layout import (
     Output,
     append_proof,
     as_text,
+    copy_coordinates,
     name_dimensions,
     partial_path,
     raw_paths,
@@ -307,6 +308,7 @@ def _append_staged(h5file: h5py.File, staged: Output, plan: UpdatePlan, images_d
         write_paths(h5file, "", rows, [os.fsdecode(name) for name in staged.raw_paths()])
         write_rows(h5file["labels"], rows, rows + added.rows, staged.labels())
         write_rows(h5file["file_stats"], rows, rows + added.rows, staged.file["file_stats"][:added.rows])
+        copy_coordinates(h5file, staged.file, rows, added.rows)
     if added.skipped:
         write_paths(h5file, "skipped/", skipped, [os.fsdecode(name) for name in staged.raw_paths("skipped/")])
         write_rows(h5file["skipped/reasons"], skipped, skipped + added.skipped,

@@ -24,6 +24,7 @@ from featdump.output.layout import (
     DatasetSpec,
     append_proof,
     as_text,
+    coordinate_rows,
     create_features,
     create_layout,
     name_dimensions,
@@ -124,10 +125,10 @@ class FeatureWriter:
             raise write_error(self.path, error, rows) from error
 
     def _coordinate(self, name: str) -> h5py.Dataset:
-        """The row-aligned dataset /NAME (a clip's start, float64 seconds), made at its first rows and named as a
+        """The row coordinate /NAME (a clip's start, float64 seconds), made at its first rows and named as a
         coordinate along `image`."""
         if name not in self._file:
-            self._file.create_dataset(name, shape=(0,), maxshape=(None,), dtype=np.float64, chunks=(4096,))
+            coordinate_rows(self._file, name)
             name_dimensions(self._file)
         return self._file[name]
 
