@@ -145,3 +145,31 @@ def test_update_adds_a_new_video_s_clips_and_shards_merge_to_one_run(videos, tmp
     assert list(merged) == list(expected)  # the same rows, in the same order, with their clip starts
     for key, row in expected.items():
         np.testing.assert_array_equal(merged[key], row)
+
+
+def test_encode_takes_targets_keyed_by_path_and_clip_start(videos, tmp_path):
+    """A movie-fMRI-like table (video, onset, voxels), in its own order: the same fit as an .npy in row order."""
+    import csv
+
+    import featdump
+
+    folder = tmp_path / "films"
+    for name in ("a/one.mkv", "b/two.mkv"):
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        (folder / name).symlink_to(videos / name)
+    output = tmp_path / "out.h5"
+    assert run_featdump("extract", "-m", "resnet18", "-w", "none", "-l", "avgpool", "--fps", "2", folder,
+                        output).returncode == 0
+    with h5py.File(output, "r") as h5file:
+        paths, starts = list(h5file["paths"].asstr()[:]), h5file["clip_start"][:]
+    voxels = np.random.default_rng(0).standard_normal((len(paths), 3))
+    np.save(tmp_path / "ordered.npy", voxels)
+    with open(tmp_path / "bold.csv", "w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["path", "clip_start", "v1", "v2", "v3"])
+        for row in reversed(range(len(paths))):  # another order than the file's
+            writer.writerow([paths[row], f"{starts[row]:.2f}", *(repr(float(value)) for value in voxels[row])])
+    keyed = featdump.encode(output, tmp_path / "bold.csv", folds=2, device="cpu")["avgpool"]
+    ordered = featdump.encode(output, tmp_path / "ordered.npy", folds=2, device="cpu")["avgpool"]
+    assert keyed.columns == ["v1", "v2", "v3"] and len(keyed.fold) == 8
+    np.testing.assert_allclose(keyed.predicted, ordered.predicted, rtol=1e-12)

@@ -27,6 +27,7 @@ class Stored:
     layers: list[str]  # in the order the run recorded them (its model's order)
     fingerprint: str  # a digest of the run's fingerprint: which run made the file
     root: str = ""  # the image_root the paths are relative to (a folder, or a URL prefix)
+    clip_starts: np.ndarray | None = None  # a video job's: each row's clip start (seconds)
 
     @classmethod
     def read(cls, path: str | Path) -> Stored:
@@ -34,8 +35,10 @@ class Stored:
         with Output.open(path) as output:
             layers = output.layers
             fingerprint = hashlib.sha256(json.dumps(output.fingerprint, sort_keys=True).encode()).hexdigest()[:16]
-            return cls(path, output.committed.rows, output.paths(), output.labels(), output.classes, layers,
-                       fingerprint, text_of(output.attrs.get("image_root")) or "")
+            rows = output.committed.rows
+            starts = output.file["clip_start"][:rows] if "clip_start" in output.file else None
+            return cls(path, rows, output.paths(), output.labels(), output.classes, layers, fingerprint,
+                       text_of(output.attrs.get("image_root")) or "", starts)
 
     def select(self, selectors: list[str] | None) -> list[str]:
         """The layers SELECTORS name (patterns as in extract); all of them when None."""

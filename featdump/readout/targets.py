@@ -99,25 +99,36 @@ def numeric_targets(stored: Stored, targets: str | Path, common: bool) -> Target
         columns = [name.strip() for name in header]
         values = _numbers(table, columns, text)
         _refuse_nonfinite(values, columns, text, "line", first=2)  # named by the CSV's own lines
-        rows, order = match_rows(stored, paths[1:], common, text)
+        starts = None
+        if CLIP_START in columns:  # a video job's rows, named by (path, clip_start): a movie's TR onsets
+            place = columns.index(CLIP_START)
+            starts, values = values[:, place], np.delete(values, place, axis=1)
+            columns = [name for name in columns if name != CLIP_START]
+        rows, order = match_rows(stored, paths[1:], common, text, starts)
         values = values[order]
     _refuse_nonfinite(values, columns, text)
     return Targets(np.asarray(rows), values, list(columns), None, text)
 
 
-def match_rows(stored: Stored, paths: list[str], common: bool, where: str) -> tuple[np.ndarray, np.ndarray]:
+def match_rows(stored: Stored, paths: list[str], common: bool, where: str,
+               starts: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """(output rows, PATHS' rows) of the images both name, in the output's order. UsageProblem with both counts
     when they differ and not COMMON, or when PATHS names an image twice. Paths that carry the output's image_root
-    (absolute, or its URL) are matched without it."""
+    (absolute, or its URL) are matched without it. A video job's rows are named by (path, clip start) when the
+    table gives STARTS (seconds), else by path alone: every clip of a video takes its video's value."""
     paths = [_within_root(path, stored.root) for path in paths]
-    place: dict[str, int] = {}
-    for index, path in enumerate(paths):
-        if path in place:
-            raise UsageProblem(f"{where!r} names {path!r} twice (rows {place[path] + 1} and {index + 1}): one value "
+    keys = list(paths) if starts is None else [(path, _instant(start)) for path, start in zip(paths, starts)]
+    stored_keys = stored.paths if starts is None or stored.clip_starts is None else \
+        [(path, _instant(start)) for path, start in zip(stored.paths, stored.clip_starts)]
+    place: dict = {}
+    for index, key in enumerate(keys):
+        if key in place:
+            raise UsageProblem(f"{where!r} names {key!r} twice (rows {place[key] + 1} and {index + 1}): one value "
                                "per image.")
-        place[path] = index
-    rows = [row for row, path in enumerate(stored.paths) if path in place]
-    missing, extra = stored.rows - len(rows), len(paths) - len(rows)
+        place[key] = index
+    rows = [row for row, key in enumerate(stored_keys) if key in place]
+    matched = {stored_keys[row] for row in rows}
+    missing, extra = stored.rows - len(rows), len(keys) - len(matched)
     if not rows:
         shown = ", ".join(repr(path) for path in stored.paths[:2])
         raise UsageProblem(f"None of {where!r}'s {len(paths)} paths is an image of {str(stored.path)!r}: it names "
@@ -127,7 +138,15 @@ def match_rows(stored: Stored, paths: list[str], common: bool, where: str) -> tu
         raise UsageProblem(f"{missing} of {str(stored.path)!r}'s {stored.rows} images have no row in {where!r}, and "
                            f"{extra} of its {len(paths)} rows name no image of the output; pass --common "
                            f"(common=True) to use the {len(rows)} images both have.")
-    return np.array(rows, dtype=np.int64), np.array([place[stored.paths[row]] for row in rows], dtype=np.int64)
+    return np.array(rows, dtype=np.int64), np.array([place[stored_keys[row]] for row in rows], dtype=np.int64)
+
+
+CLIP_START = "clip_start"  # a targets table's column naming a video job's rows with `path`
+
+
+def _instant(seconds: float) -> float:
+    """A clip start as a key: to the microsecond (a table's 1.49 and a file's 1.4900000000000002 are one)."""
+    return round(float(seconds), 6)
 
 
 def _within_root(path: str, root: str) -> str:
