@@ -173,3 +173,16 @@ def test_encode_takes_targets_keyed_by_path_and_clip_start(videos, tmp_path):
     ordered = featdump.encode(output, tmp_path / "ordered.npy", folds=2, device="cpu")["avgpool"]
     assert keyed.columns == ["v1", "v2", "v3"] and len(keyed.fold) == 8
     np.testing.assert_allclose(keyed.predicted, ordered.predicted, rtol=1e-12)
+
+
+def test_a_bf16_run_on_clips_records_its_proof(videos, tmp_path):
+    """CPU autocast bf16 on clip rows: the proof recomputes its sample of clips on the reference path."""
+    import json
+
+    output = tmp_path / "out.h5"
+    result = run_featdump("extract", "-m", "r3d_18", "-w", "none", "-l", "avgpool", "--clip", "8", "--fps", "15",
+                          "--precision", "bf16", videos / "a" / "one.mkv", output)
+    assert result.returncode == 0, result.stderr
+    with h5py.File(output, "r") as h5file:
+        proof = json.loads(h5file.attrs["proof"])[-1]
+    assert proof["proved"] and proof["images"] == ["one.mkv"] * 3 and proof["layers"]["avgpool"]["largest"] < 5e-2
