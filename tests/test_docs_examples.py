@@ -14,6 +14,7 @@ import pytest
 
 from .conftest import REPO, run_featdump, write_images
 from .test_readme import blocks, shell_commands
+from .videos import write_video
 
 NOT_RUN = {  # the example's start: why it cannot run in a test
     "featdump extract --shard 3/8 ... IMAGES out.h5": "a template (... and IMAGES stand for the rest of a command)",
@@ -24,7 +25,8 @@ NOT_RUN = {  # the example's start: why it cannot run in a test
 
 @pytest.fixture(scope="module")
 def sandbox(tmp_path_factory):
-    """A folder with what the examples name: images/, photos/, examples/images, shards/*.tar, tars.txt."""
+    """A folder with what the examples name: images/, photos/, examples/images, shards/*.tar, tars.txt, film.mp4,
+    movies/."""
     root = tmp_path_factory.mktemp("docs")
     for folder in ("images", "photos", "reference_images", "stimuli"):
         write_images(root / folder, {"cats": 2, "dogs": 1}, size=(40, 32))
@@ -39,6 +41,8 @@ def sandbox(tmp_path_factory):
                 info.size = len(data)
                 archive.addfile(info, io.BytesIO(data))
     (root / "tars.txt").write_text("shards/00000.tar\nshards/00001.tar\n")
+    write_video(root / "film.mp4", 50, size=(96, 128))  # 2 s: a clip of r3d_18's 16 frames at 15 fps
+    write_video(root / "movies" / "one.mkv", 50, size=(96, 128), seed=1)
     for shard in ("0/2", "1/2"):  # what `featdump merge out.h5` joins, as the sharded job before it writes
         made = run_featdump("extract", "--shard", shard, "-m", "resnet18", "-w", "none", "-l", "avgpool", "images",
                             "out.h5", cwd=root)
