@@ -186,3 +186,38 @@ def test_a_bf16_run_on_clips_records_its_proof(videos, tmp_path):
     with h5py.File(output, "r") as h5file:
         proof = json.loads(h5file.attrs["proof"])[-1]
     assert proof["proved"] and proof["images"] == ["one.mkv"] * 3 and proof["layers"]["avgpool"]["largest"] < 5e-2
+
+
+@pytest.mark.slow  # real processes: a SIGKILL mid-run, then the same command
+def test_a_sigkill_then_the_same_command_equals_a_fresh_run(videos, tmp_path):
+    import signal
+    import time
+
+    from .conftest import committed_rows, start_featdump
+
+    arguments = ["extract", "-m", "resnet18", "-w", "none", "-l", "avgpool", "--fps", "25", "-b", "4", videos]
+    process = start_featdump(*arguments, tmp_path / "out.h5")
+    while committed_rows(tmp_path / "out.h5.partial") <= 0 and process.poll() is None:
+        time.sleep(0.01)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    assert 0 < committed_rows(tmp_path / "out.h5.partial") < 93
+    resumed = run_featdump(*arguments, tmp_path / "out.h5")
+    assert resumed.returncode == 0 and "Resuming at image" in resumed.stderr, resumed.stderr
+    assert run_featdump(*arguments, tmp_path / "fresh.h5").returncode == 0
+    content, expected = read_output(tmp_path / "out.h5"), read_output(tmp_path / "fresh.h5")
+    assert content["paths"] == expected["paths"] and len(content["paths"]) == 50 + 40 + 3  # every frame a row
+    np.testing.assert_array_equal(content["avgpool"], expected["avgpool"])
+
+
+def test_clip_rows_feed_the_reader_and_an_rdm(videos, tmp_path):
+    import featdump
+
+    output = tmp_path / "out.h5"
+    assert run_featdump("extract", "-m", "resnet18", "-w", "none", "-l", "avgpool", "--fps", "2", videos,
+                        output).returncode == 0
+    content = read_output(output)
+    rows = sorted(int(row) for batch in featdump.FeatureDataset(output, batch_size=3) for row in batch["row"])
+    assert rows == list(range(len(content["paths"]))) == list(range(9))  # every clip row once (tiny.mkv: one)
+    rdm = featdump.rdm(output, device="cpu")["avgpool"]
+    assert rdm.shape == (9, 9) and np.allclose(np.diag(rdm), 0.0, atol=1e-6)
