@@ -221,3 +221,14 @@ def test_clip_rows_feed_the_reader_and_an_rdm(videos, tmp_path):
     assert rows == list(range(len(content["paths"]))) == list(range(9))  # every clip row once (tiny.mkv: one)
     rdm = featdump.rdm(output, device="cpu")["avgpool"]
     assert rdm.shape == (9, 9) and np.allclose(np.diag(rdm), 0.0, atol=1e-6)
+
+
+def test_a_folder_of_images_and_videos_takes_the_images_and_says_so(videos, tmp_path):
+    from .conftest import write_images
+
+    write_images(tmp_path / "mixed", {"a": 2})
+    (tmp_path / "mixed" / "a" / "one.mkv").symlink_to(videos / "a" / "one.mkv")
+    result = run_featdump("extract", "-m", "resnet18", "-w", "none", "-l", "avgpool", tmp_path / "mixed",
+                          tmp_path / "out.h5")
+    assert result.returncode == 0 and "Wrote 2 images" in result.stderr, result.stderr
+    assert "holds images and 1 videos (a/one.mkv, ...): the images are the rows" in result.stderr

@@ -17,7 +17,11 @@ log = logging.getLogger("featdump")
 def read_folder(root: Path) -> ImageList:
     """The images under ROOT (walked recursively, symlinks followed once), or its videos when it holds no image;
     labels from first-level folders."""
-    paths = sorted(_walk(root, IMAGE_EXTENSIONS)) or sorted(_walk(root, VIDEO_SUFFIXES))
+    images, videos = _walk(root)
+    if images and videos:
+        log.warning("%s holds images and %d videos (%s, ...): the images are the rows, the videos are left out; "
+                    "give the videos as a folder (or list) of their own.", root, len(videos), sorted(videos)[0])
+    paths = sorted(images) or sorted(videos)
     if not paths:
         extensions = ", ".join(sorted(ext.lstrip(".") for ext in IMAGE_EXTENSIONS))
         videos = ", ".join(sorted(ext.lstrip(".") for ext in VIDEO_SUFFIXES))
@@ -32,7 +36,19 @@ def read_folder(root: Path) -> ImageList:
     return ImageList(root, tuple(paths), tuple(labels), tuple(classes))
 
 
-def _walk(root: Path, suffixes):
+def _walk(root: Path) -> tuple[list[str], list[str]]:
+    """(images, videos) under ROOT, found in one walk, as POSIX paths relative to it."""
+    images, videos = [], []
+    for folder, name in _files(root):
+        suffix = os.path.splitext(name)[1].lower()
+        if suffix in IMAGE_EXTENSIONS:
+            images.append((folder / name).as_posix())
+        elif suffix in VIDEO_SUFFIXES:
+            videos.append((folder / name).as_posix())
+    return images, videos
+
+
+def _files(root: Path):
     seen_folders = set()
 
     def unreadable(error: OSError) -> None:
@@ -47,5 +63,4 @@ def _walk(root: Path, suffixes):
         subfolders.sort()
         relative_folder = Path(folder).relative_to(root)
         for name in files:
-            if Path(name).suffix.lower() in suffixes:
-                yield (relative_folder / name).as_posix()
+            yield relative_folder, name
