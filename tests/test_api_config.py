@@ -45,7 +45,8 @@ def test_config_file_then_environment_then_command_line(image_folder, tmp_path):
     ('model = "resnet18"\nbatch_sise = 3\n', "'batch_sise' is not an extract option. Allowed keys: "),
     ('batch_size = "big"\n', "'batch_size' must be an integer, not 'big'."),
     ('reduce = "mean"\n', "'reduce' must be REDUCTION or PATTERN=REDUCTION, REDUCTION one of none, flatten, avgpool, "
-                          "maxpool, cls, patchmean, channels:A-B, srp:K, countsketch:K, pca:K, not 'mean'."),
+                          "maxpool, spacepool, cls, patchmean, channels:A-B, srp:K, countsketch:K, pca:K, not "
+                          "'mean'."),
     ('layers = [1, 2]\n', "'layers' must be a list of layer names"),
     ('model = resnet18\n', "not valid TOML"),
 ])

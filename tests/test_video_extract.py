@@ -232,3 +232,22 @@ def test_a_folder_of_images_and_videos_takes_the_images_and_says_so(videos, tmp_
                           tmp_path / "out.h5")
     assert result.returncode == 0 and "Wrote 2 images" in result.stderr, result.stderr
     assert "holds images and 1 videos (a/one.mkv, ...): the images are the rows" in result.stderr
+
+
+def test_spacepool_keeps_a_video_layer_s_time_axis(videos, tmp_path):
+    """--reduce spacepool on r3d_18's layer2: (128, T) equal to the whole map's mean over y and x, named channel
+    and time; on an image layer it is refused in one line."""
+    common = ["extract", "-m", "r3d_18", "-w", "none", "-l", "layer2", "--clip", "8", "--fps", "15",
+              videos / "a" / "one.mkv"]
+    assert run_featdump(*common, tmp_path / "whole.h5").returncode == 0
+    assert run_featdump(*common, "--reduce", "spacepool", tmp_path / "pooled.h5").returncode == 0
+    whole, pooled = read_output(tmp_path / "whole.h5"), read_output(tmp_path / "pooled.h5")
+    assert pooled["layer2"].shape == (3, 128, 4)
+    np.testing.assert_allclose(pooled["layer2"], whole["layer2"].mean(axis=(3, 4)), rtol=1e-5, atol=1e-6)
+    import xarray as xr
+
+    with xr.open_dataset(tmp_path / "pooled.h5", engine="h5netcdf", group="features") as opened:
+        assert opened["layer2"].dims == ("image", "channel_128", "time_4")
+    refused = run_featdump("extract", "-m", "resnet18", "-w", "none", "-l", "layer2", "--reduce", "spacepool",
+                           "--fps", "2", videos / "a" / "one.mkv", tmp_path / "image.h5")
+    assert refused.returncode == 2 and "not a video model's (channel, time, y, x) map" in refused.stderr

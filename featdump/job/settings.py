@@ -99,7 +99,8 @@ class Settings:
     reduce: tuple[str, ...] = option(
         (), kind=tuple, metavar="[PATTERN=]REDUCTION", syntax=check_rule, table=rules_from_table,
         items='reductions, e.g. ["avgpool", "layer2=srp:4096"]',
-        help="What is kept of each layer, on the device: none, flatten, avgpool, maxpool, cls (first token), "
+        help="What is kept of each layer, on the device: none, flatten, avgpool, maxpool, spacepool (a video "
+             "layer pooled over space, its time kept), cls (first token), "
              "patchmean (a ViT's patch tokens), channels:A-B, srp:K (sparse random projection to K values; "
              "srp:K:SEED), countsketch:K (one nonzero per input: cheaper), pca:K (with --pca-fit). "
              "PATTERN=REDUCTION for the layers PATTERN selects (the most specific rule wins); repeatable.  "

@@ -36,13 +36,13 @@ def axis_kinds(shape: tuple[int, ...], attrs) -> list[str]:
     """What each axis of a layer's row is, from its shape and recorded layout: `feature` (`channel` when pooled
     over space, `component` of a PCA, `projection` of a random projection), `token, feature`, `channel, y, x`
     (or `y, x, channel`, as Swin keeps its maps: the `axes` the file records; files without it, a guess from the
-    shape), `channel, time, y, x`; else `axisN`."""
+    shape), `channel, time, y, x` (`channel, time` pooled over space); else `axisN`."""
     reduction = _text(attrs.get("reduction", "none")).split(":")[0]
     if len(shape) == 1:
         pooled_space = _text(attrs.get("pooled_over")) == "space"  # a conv map's channels
         return [_REDUCED_AXIS.get(reduction, "channel" if pooled_space else "feature")]
     if len(shape) == 2:
-        return ["token", "feature"]
+        return ["channel", "time"] if _text(attrs.get("kept")) == "time" else ["token", "feature"]
     if len(shape) == 3:
         known = _text(attrs.get("axes")) if "axes" in attrs else None
         if known in ("channel,y,x", "y,x,channel"):  # the model's own, as the probe found it

@@ -2,6 +2,7 @@
 
     none, flatten          the whole output (flattened)
     avgpool, maxpool       pooled over space (conv maps) or tokens (sequences)
+    spacepool              a video layer's (C, T, H, W) map averaged over space, its time kept: (C, T)
     cls, patchmean         a ViT's first token, or the mean of its patch tokens (class/register tokens left out)
     channels:A-B           channels A to B (inclusive) of a conv map (C, H, W), or of the last dimension
     srp:K[:SEED]           a sparse random projection of the flattened output to K values (`featdump.reductions.srp`)
@@ -47,6 +48,8 @@ def bind(text: str, layer_name: str, shape: tuple[int, ...], tokens: TokenLayout
         return _channels(text, layer_name, shape, channels_last)
     if text in ("cls", "patchmean"):
         return _token_reduction(text, layer_name, shape, tokens, tokens_unknown)
+    if text == "spacepool":
+        return _space_pool(layer_name, shape)
     if channels_last and text in _POOLS:  # (N, H, W, C): over H and W
         pool = _SPACE_POOLS[text]
         return Reduction(text, (shape[2],), pool, {"pooled_over": "space"})
@@ -99,6 +102,15 @@ def _simple(text: str, shape: tuple[int, ...]) -> Reduction:
     apply = _SIMPLE[text]
     pooled = {"pooled_over": "space" if len(shape) >= 3 else "tokens"} if text in _POOLS and len(shape) >= 2 else {}
     return Reduction(text, tuple(apply(torch.zeros((1, *shape), device="meta")).shape[1:]), apply, pooled)
+
+
+def _space_pool(layer_name: str, shape: tuple[int, ...]) -> Reduction:
+    """A video layer's (C, T, H, W) averaged over H and W (in float32): its channels at each time step."""
+    if len(shape) != 4:
+        raise UsageProblem(f"--reduce spacepool: layer {layer_name!r} has shape {shape}, not a video model's "
+                           "(channel, time, y, x) map; use avgpool to pool all of it.")
+    return Reduction("spacepool", shape[:2], lambda output: _mean_in_float32(output, dim=(3, 4)),
+                     {"pooled_over": "space", "kept": "time"})
 
 
 def _channels(text: str, layer_name: str, shape: tuple[int, ...], channels_last: bool = False) -> Reduction:

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from featdump.errors import UsageProblem
 from featdump.forward.patterns import is_pattern, match_pattern
 
-SIMPLE = ("none", "flatten", "avgpool", "maxpool", "cls", "patchmean")
+SIMPLE = ("none", "flatten", "avgpool", "maxpool", "spacepool", "cls", "patchmean")
 NAMES = (*SIMPLE, "channels:A-B", "srp:K", "countsketch:K", "pca:K")
 CHANNELS = re.compile(r"^channels:(\d+)-(\d+)$")
 _PROJECTION = re.compile(r"^(srp|countsketch|pca):([^:]*)(?::(.*))?$")
