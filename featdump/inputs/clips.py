@@ -73,6 +73,7 @@ def clip_rows(videos: ImageList, asked: ClipPlan) -> ImageList:
     positions: list[int] = []
     starts: list[float] = []
     reasons: list[str] = []
+    infos: list[VideoInfo | None] = []
     for position in range(len(videos)):
         try:
             info = video_info(_readable(videos.open(position).source))
@@ -81,6 +82,7 @@ def clip_rows(videos: ImageList, asked: ClipPlan) -> ImageList:
             positions.append(position)
             starts.append(math.nan)
             reasons.append(f"cannot be read as a video ({describe_failure(error)})")
+            infos.append(None)
             continue
         found = plan.starts(info.last)
         if not found:
@@ -88,16 +90,18 @@ def clip_rows(videos: ImageList, asked: ClipPlan) -> ImageList:
             starts.append(math.nan)
             reasons.append(f"shorter than one clip: {info.last:.3f} s from its first frame to its last, where a "
                            f"clip of {plan.frames} frames at {plan.fps:g} fps spans {plan.span:.3f} s")
+            infos.append(None)
             continue
         positions += [position] * len(found)
         starts += found
         reasons += [""] * len(found)
+        infos += [info] * len(found)  # the workers decode with them: no video is read again for its times
     without = sum(1 for reason in reasons if reason)
     log.info("Listed %d clips of %d videos (%d give none) in %.1f s.", len(starts) - without, len(videos), without,
              time.perf_counter() - started)
     rows = videos.select(positions)
     return dataclasses.replace(rows, clips=ClipTable(asked.frames, asked.fps, asked.every, tuple(starts),
-                                                     tuple(reasons)))
+                                                     tuple(reasons), tuple(infos)))
 
 
 def _readable(source):
@@ -142,14 +146,13 @@ class ClipPreprocess(Preprocess):
 class ClipDataset(ImageDataset):
     """Row i of a job's clips: its frames decoded by seeking (`inputs.video`), then the model's preprocessing: a
     video model's of the (T, H, W, 3) frames (`ClipPreprocess`), or an image model's of the one frame of a clip of
-    1 (each sampled frame a row). A video with no clip is its row's recorded skip. Each worker reads a video's
-    frame times once, when it first decodes one of its clips."""
+    1 (each sampled frame a row). A video with no clip is its row's recorded skip. A video's frame times are
+    those read while the job was listed (`ClipTable.infos`)."""
 
     def __init__(self, images: ImageList, preprocess: Preprocess):
         super().__init__(images, preprocess)
         clips = images.clips
         self.asked = ClipPlan(clips.frames, clips.fps, clips.every)
-        self._infos: dict[str, VideoInfo] = {}
 
     def _decoded(self, position: int, encoded) -> Item:
         item = Item(position)
@@ -161,10 +164,7 @@ class ClipDataset(ImageDataset):
             if clips.reasons[position]:
                 item.failure = clips.reasons[position]
                 return item
-            path = self.images.paths[position]
-            if path not in self._infos:
-                self._infos = {path: video_info(_readable(encoded.source))}  # the last video's alone
-            info = self._infos[path]
+            info = clips.infos[position]
             frames = decode_clip(_readable(encoded.source), info,
                                  self.asked.for_video(info.rate).times(clips.starts[position]))
             item.pixels = self.preprocess.clip_pixels(frames) if isinstance(self.preprocess, ClipPreprocess) \

@@ -133,10 +133,11 @@ class ClipTable:
     every: float
     starts: tuple[float, ...]
     reasons: tuple[str, ...]  # "" for a row with a clip
+    infos: tuple = ()  # each row's video's frame times (inputs.video.VideoInfo; None without a clip), as listed
 
     def select(self, positions: Sequence[int]) -> ClipTable:
         return ClipTable(self.frames, self.fps, self.every, tuple(self.starts[p] for p in positions),
-                         tuple(self.reasons[p] for p in positions))
+                         tuple(self.reasons[p] for p in positions), tuple(self.infos[p] for p in positions))
 
     def attributes(self) -> dict:
         """What an output records of its clips (and its fingerprint holds)."""
