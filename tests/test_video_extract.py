@@ -231,7 +231,7 @@ def test_a_folder_of_images_and_videos_takes_the_images_and_says_so(videos, tmp_
     result = run_featdump("extract", "-m", "resnet18", "-w", "none", "-l", "avgpool", tmp_path / "mixed",
                           tmp_path / "out.h5")
     assert result.returncode == 0 and "Wrote 2 images" in result.stderr, result.stderr
-    assert "holds images and 1 videos (a/one.mkv, ...): the images are the rows" in result.stderr
+    assert "images and 1 videos (a/one.mkv, ...): the images are the rows" in result.stderr
 
 
 def test_spacepool_keeps_a_video_layer_s_time_axis(videos, tmp_path):

@@ -162,11 +162,11 @@ def list_layers(model: str, depth: int | None, as_json: bool, transform: str | N
     from featdump.forward.patterns import match_pattern
     from featdump.forward.probe import probe
     from featdump.inputs.clips import preprocess_for
-    from featdump.sources.models import clip_of, load_model
+    from featdump.sources.models import load_model
 
     loaded = load_model(model, weights="none", transform=transform, trust_pickle=trust_pickle)
-    size = preprocess_for(loaded.preprocessing, clip_of(model)[0]).size  # a video model's: (frames, H, W)
-    infos = [info for info in probe(loaded.module, (3, *size)) if depth is None or info.depth <= depth]
+    shape = preprocess_for(loaded).input_shape  # a video model's: one clip of its own frames
+    infos = [info for info in probe(loaded.module, shape) if depth is None or info.depth <= depth]
     selected = {}
     if pattern:
         for name in match_pattern(pattern, infos, model):
@@ -192,7 +192,7 @@ def list_layers(model: str, depth: int | None, as_json: bool, transform: str | N
         click.echo(f"{pattern!r} selects {count} layer{'s' * (count != 1)} of {model}: "
                    f"{', '.join(name for names in selected.values() for name in names)}")
     click.echo(f"{model}: {len(infos)} modules; PATH, type, calls per forward, output shape of one "
-               f"(3, {size[0]}, {size[1]}) image (no batch dimension)")
+               f"({', '.join(map(str, shape))}) {'clip' if loaded.clip.takes_clips else 'image'} (no batch dimension)")
     width = max(len("  " * (info.depth - 1) + info.selector) for info in infos)
     width = max([width, *(len("  " * info.depth + f"{info.path}@{part.name}") for info in infos
                           for call in info.parts for part in call)])

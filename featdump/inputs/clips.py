@@ -18,7 +18,6 @@ from pathlib import Path, PurePosixPath
 import numpy as np
 import torch
 from PIL import Image
-from torchvision.transforms._presets import VideoClassification
 
 from featdump.errors import MixedSizes, UsageProblem
 from featdump.inputs.decode import describe_failure
@@ -26,24 +25,29 @@ from featdump.inputs.imagelist import ClipTable, ImageList
 from featdump.inputs.loader import ImageDataset, Item
 from featdump.inputs.preprocess import Preprocess
 from featdump.inputs.video import VIDEO_SUFFIXES, ClipPlan, VideoInfo, decode_clip, is_video_file, video_info
+from featdump.sources.models import LoadedModel, ModelClip
 
 log = logging.getLogger("featdump")
 
 
 def as_rows(images: ImageList, frames: int | None, fps: float | None, every: float | None,
-            model_clip: tuple[int, float | None]) -> ImageList:
+            model: ModelClip) -> ImageList:
     """IMAGES as a job's rows: a list of videos (every path a video's) as clips of FRAMES at FPS, one every EVERY
-    seconds (defaults: MODEL_CLIP, the model's (frames, rate or None); else 1 frame, each video's own rate, back to
-    back); images as they are. UsageProblem for clip options on images, or a video model on images."""
+    seconds (defaults: what the MODEL takes: a video model's clip, an image model's one frame at each video's own
+    rate; clips back to back); images as they are. The job's clip (`ImageList.clips`) is its one record from here
+    on. UsageProblem for clip options on images, a video model on images, or clips of frames for an image model."""
     if not is_video_list(images):
         asked = [name for name, value in (("--clip", frames), ("--fps", fps), ("--clip-every", every)) if value]
-        if asked or model_clip[0] > 1:
+        if asked or model.takes_clips:
             what = f"{', '.join(asked)} apply to videos" if asked else \
-                f"the model is a video model (clips of {model_clip[0]} frames)"
+                f"the model is a video model (clips of {model.frames} frames)"
             raise UsageProblem(f"IMAGES holds images, and {what}: give a video ({', '.join(VIDEO_SUFFIXES)}), or "
                                "a folder, list or tars of them.")
         return images
-    return clip_rows(images, ClipPlan.asked(frames or model_clip[0], fps or model_clip[1], every))
+    if frames and frames > 1 and not model.takes_clips:
+        raise UsageProblem(f"--clip {frames}: the model takes images, one frame a row (--clip 1); name a video model "
+                           "for clips of frames, or a factory that declares featdump_clip.")
+    return clip_rows(images, ClipPlan.asked(frames or model.frames, fps or model.fps, every))
 
 
 def is_video_list(images: ImageList) -> bool:
@@ -58,12 +62,13 @@ def is_video_list(images: ImageList) -> bool:
     return len(images) > 0 and all(video(path) for path in images.paths)
 
 
-def preprocess_for(transforms, frames: int, fast_decode: bool = False) -> Preprocess:
-    """The split of a model's preprocessing: a video model's (torchvision's VideoClassification) of clips of
-    FRAMES, else an image model's."""
-    if isinstance(transforms, VideoClassification):
-        return ClipPreprocess(transforms, frames)
-    return Preprocess(transforms, fast_decode)
+def preprocess_for(loaded: LoadedModel, images: ImageList | None = None, fast_decode: bool = False) -> Preprocess:
+    """The split of LOADED's preprocessing: a video model's, of clips of the job's frames (IMAGES' clips; without
+    them, the model's own clip), else an image model's."""
+    if not loaded.clip.takes_clips:
+        return Preprocess(loaded.preprocessing, fast_decode)
+    frames = images.clips.frames if images is not None and images.clips is not None else loaded.clip.frames
+    return ClipPreprocess(loaded.preprocessing, frames)
 
 
 def clip_rows(videos: ImageList, asked: ClipPlan) -> ImageList:
@@ -110,23 +115,31 @@ def _readable(source):
 
 
 class ClipPreprocess(Preprocess):
-    """A video model's preprocessing of a clip's frames, run whole in the loader workers: torchvision's
-    VideoClassification (and any transform like it) takes (T, C, H, W) uint8 and gives (C, T, H, W) float."""
+    """A video model's preprocessing of a clip's frames, run whole in the loader workers: it takes (T, C, H, W)
+    uint8 and gives the model's input for that clip (torchvision's VideoClassification: (C, T, H, W) float; a
+    Hugging Face video processor: (T, C, H, W))."""
 
     def __init__(self, transforms, frames: int):
         self.transforms, self.split, self.draft = transforms, False, None
-        made = transforms(torch.zeros(frames, 3, 240, 320, dtype=torch.uint8))
-        self.size = tuple(made.shape[1:])  # (T, H, W): the model's input past its batch and channel axes
+        made = self.clip_pixels(np.zeros((frames, 240, 320, 3), dtype=np.uint8))
+        self._shape = tuple(made.shape)
+        self.size = self._shape[1:]
         self._portrait_size = self.size
 
+    @property
+    def input_shape(self) -> tuple[int, ...]:
+        """A clip's input past the batch axis."""
+        return self._shape
+
     def check_sizes(self, shapes, named: str) -> None:
-        """MixedSizes when a clip (path: its (C, T, H, W) as preprocessed) does not come out at the model's input
-        size: a batch needs one."""
-        odd = {path: tuple(shape[1:]) for path, shape in shapes.items() if tuple(shape[1:]) != self.size}
+        """MixedSizes when a clip (path: its input as preprocessed) does not come out at the model's input size: a
+        batch needs one."""
+        odd = {path: tuple(shape) for path, shape in shapes.items() if tuple(shape) != self.input_shape}
         if odd:
             path, shape = next(iter(odd.items()))
             raise MixedSizes(f"{named} makes clips of different sizes ({path!r} comes out {shape}, where "
-                             f"{self.size} was expected): a batch needs one size; give a --transform that crops.")
+                             f"{self.input_shape} was expected): a batch needs one size; give a --transform that "
+                             "crops.")
 
     def check_one_size(self, named: str) -> None:
         pass  # one clip size, whatever a video's aspect: VideoClassification crops
@@ -138,7 +151,7 @@ class ClipPreprocess(Preprocess):
         threads = torch.get_num_threads()
         torch.set_num_threads(1)
         try:
-            return self.transforms(torch.from_numpy(frames).permute(0, 3, 1, 2)).numpy()
+            return np.asarray(self.transforms(torch.from_numpy(frames).permute(0, 3, 1, 2)))
         finally:
             torch.set_num_threads(threads)
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from featdump.errors import NoImages
 from featdump.inputs.imagelist import ImageList
-from featdump.inputs.video import VIDEO_SUFFIXES
+from featdump.inputs.video import VIDEO_SUFFIXES, is_video_name
 
 IMAGE_EXTENSIONS = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff"})
 log = logging.getLogger("featdump")
@@ -18,10 +18,8 @@ def read_folder(root: Path) -> ImageList:
     """The images under ROOT (walked recursively, symlinks followed once), or its videos when it holds no image;
     labels from first-level folders."""
     images, videos = _walk(root)
-    if images and videos:
-        log.warning("%s holds images and %d videos (%s, ...): the images are the rows, the videos are left out; "
-                    "give the videos as a folder (or list) of their own.", root, len(videos), sorted(videos)[0])
     paths = sorted(images) or sorted(videos)
+    warn_videos_left_out(str(root), len(images), sorted(videos))
     if not paths:
         extensions = ", ".join(sorted(ext.lstrip(".") for ext in IMAGE_EXTENSIONS))
         videos = ", ".join(sorted(ext.lstrip(".") for ext in VIDEO_SUFFIXES))
@@ -34,6 +32,26 @@ def read_folder(root: Path) -> ImageList:
     index = {name: i for i, name in enumerate(classes)}
     labels = [index[path.split("/", 1)[0]] if in_class_folders else -1 for path in paths]
     return ImageList(root, tuple(paths), tuple(labels), tuple(classes))
+
+
+def is_image_name(name: str) -> bool:
+    return os.path.splitext(name)[1].lower() in IMAGE_EXTENSIONS
+
+
+def images_or_videos(names: list[str], where: str) -> list[int]:
+    """The positions of the rows of NAMES (found at WHERE): its images, or its videos where it holds no image; the
+    others are left out, and said."""
+    images = [position for position, name in enumerate(names) if not is_video_name(name)]
+    videos = [position for position, name in enumerate(names) if is_video_name(name)]
+    warn_videos_left_out(where, len(images), [names[position] for position in videos])
+    return images or videos
+
+
+def warn_videos_left_out(where: str, images: int, videos: list[str]) -> None:
+    if images and videos:
+        log.warning("%s: %d images and %d videos (%s, ...): the images are the rows, the videos are left out; give "
+                    "the videos as a folder (or list, tars, prefix) of their own.", where, images, len(videos),
+                    videos[0])
 
 
 def _walk(root: Path) -> tuple[list[str], list[str]]:

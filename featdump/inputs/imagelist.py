@@ -6,7 +6,7 @@ from __future__ import annotations
 import hashlib
 import io
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Protocol
@@ -18,27 +18,71 @@ from featdump.inputs.decode import check_regular_file
 
 @dataclass(frozen=True)
 class Encoded:
-    """One image's bytes as a worker gets them: a file to open, or a tar member's bytes read into memory."""
+    """One image's bytes as a worker gets them: a file to open, a tar member's bytes read into memory, or (a video
+    in a tar or a store) a file read where it lies, in the parts asked."""
 
     name: str  # its path in the image list (its suffix tells the format)
     file_stat: tuple[int, int]  # (size, mtime_ns) of what was read: the file, or the member and its tar's mtime
     path: Path | None = None  # the file, or
-    data: bytes | None = None  # the bytes
+    data: bytes | None = None  # the bytes, or
+    opener: Callable[[], io.RawIOBase] | None = None  # a new seekable file of them each time it is called
 
     @property
     def suffix(self) -> str:
         return PurePosixPath(self.name).suffix.lower()
 
     @property
-    def source(self) -> Path | io.BytesIO:
-        """What Pillow opens (a new stream each time it is asked)."""
+    def source(self) -> Path | io.IOBase:
+        """What Pillow (or PyAV) opens (a new stream each time it is asked)."""
+        if self.opener is not None:
+            return self.opener()
         return self.path if self.data is None else _NamedBytes(self.data, self.name)
 
     def array(self) -> np.ndarray:
         """The encoded bytes as uint8."""
+        if self.opener is not None:
+            with self.opener() as handle:
+                return np.frombuffer(handle.read(), dtype=np.uint8)
         if self.data is None:
             return np.fromfile(self.path, dtype=np.uint8)
         return np.frombuffer(self.data, dtype=np.uint8)
+
+
+class Window(io.RawIOBase):
+    """SIZE bytes from OFFSET of something READ_AT reads ((start, count) -> bytes: a tar on disk, a tar or an object
+    in a store) as a seekable file of their own, read in the parts asked (a video's clips); CLOSE runs when it
+    closes."""
+
+    def __init__(self, read_at: Callable[[int, int], bytes], offset: int, size: int,
+                 close: Callable[[], None] | None = None):
+        super().__init__()
+        self._read_at, self._offset, self._size, self._close, self._at = read_at, offset, size, close, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._at
+
+    def seek(self, position: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._at, io.SEEK_END: self._size}[whence]
+        self._at = max(0, base + position)
+        return self._at
+
+    def readinto(self, buffer) -> int:
+        count = max(0, min(len(buffer), self._size - self._at))
+        data = self._read_at(self._offset + self._at, count) if count else b""
+        buffer[:len(data)] = data
+        self._at += len(data)
+        return len(data)
+
+    def close(self) -> None:
+        if not self.closed and self._close is not None:
+            self._close()
+        super().close()
 
 
 class _NamedBytes(io.BytesIO):

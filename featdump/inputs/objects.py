@@ -19,10 +19,11 @@ from pathlib import Path, PurePosixPath
 import numpy as np
 
 from featdump.errors import NoImages, StoreRefused
-from featdump.inputs.folder import IMAGE_EXTENSIONS
-from featdump.inputs.imagelist import Encoded, Files, ImageList
+from featdump.inputs.folder import IMAGE_EXTENSIONS, images_or_videos
+from featdump.inputs.imagelist import Encoded, Files, ImageList, Window
 from featdump.inputs.stores import (
     Patience,
+    RangeReader,
     describe,
     fetch_all,
     fetch_as_ready,
@@ -34,9 +35,12 @@ from featdump.inputs.stores import (
     protocol_of,
     store_path,
 )
+from featdump.inputs.video import VIDEO_SUFFIXES, is_video_name
 
 log = logging.getLogger("featdump")
 
+
+_ROW_SUFFIXES = IMAGE_EXTENSIONS | frozenset(VIDEO_SUFFIXES)
 
 # -- a prefix read as a folder ------------------------------------------------------------------------------
 
@@ -53,15 +57,17 @@ def read_prefix(url: str, patience: Patience) -> ImageList:
     keys, identities = [], {}
     for name, details in listed.items():
         relative = name[len(prefix) + 1:] if name.startswith(prefix + "/") else None
-        if relative and PurePosixPath(relative).suffix.lower() in IMAGE_EXTENSIONS:
+        if relative and PurePosixPath(relative).suffix.lower() in _ROW_SUFFIXES:
             keys.append(relative)
             identities[relative] = object_identity(details)
     seconds = time.perf_counter() - started
-    log.info("Listed %d objects under %s/ in %.1f s: %d images.", len(listed), root, seconds, len(keys))
-    if not keys:
-        raise NoImages(f"No images under {root}/ ({len(listed)} objects, none named with an image extension: "
-                       f"{', '.join(sorted(ext.lstrip('.') for ext in IMAGE_EXTENSIONS))}).")
     keys.sort()
+    keys = [keys[position] for position in images_or_videos(keys, f"{root}/")]
+    log.info("Listed %d objects under %s/ in %.1f s: %d %s.", len(listed), root, seconds, len(keys),
+             "videos" if keys and is_video_name(keys[0]) else "images")
+    if not keys:
+        raise NoImages(f"No images under {root}/ ({len(listed)} objects, none named with an image or video "
+                       f"extension: {', '.join(sorted(ext.lstrip('.') for ext in _ROW_SUFFIXES))}).")
     in_class_folders = all("/" in key for key in keys)
     classes = sorted({key.split("/", 1)[0] for key in keys}) if in_class_folders else []
     index = {name: i for i, name in enumerate(classes)}
@@ -111,7 +117,15 @@ class StoreObjects:
 
     def open_as_ready(self, root: str, relatives: Sequence[str],
                       positions: Sequence[int]) -> Iterator[tuple[int, Encoded | Exception]]:
-        for index, found in fetch_as_ready([join(root, relative) for relative in relatives], self.patience):
+        fetched = [index for index, relative in enumerate(relatives) if not is_video_name(relative)]
+        for index, relative in enumerate(relatives):
+            if is_video_name(relative):
+                position = positions[index]
+                identity = (int(self.size[position]), int(self.mtime[position]))
+                yield index, video_where_it_lies(join(root, relative), relative, identity, self.patience,
+                                                 size=identity[0])
+        for at, found in fetch_as_ready([join(root, relatives[index]) for index in fetched], self.patience):
+            index = fetched[at]
             position = positions[index]
             yield index, found if isinstance(found, BaseException) else Encoded(
                 relatives[index], (int(self.size[position]), int(self.mtime[position])), data=found)
@@ -166,6 +180,9 @@ class ListedURLs(Files):
                 except OSError as error:  # a missing or unreadable file: a recorded skip
                     yield index, error
         for indices in by_protocol.values():
+            for index in [i for i in indices if is_video_name(located[i])]:
+                yield index, video_where_it_lies(located[index], relatives[index], (-1, -1), self.patience)
+            indices = [i for i in indices if not is_video_name(located[i])]
             for at, found in fetch_as_ready([located[i] for i in indices], self.patience):
                 index = indices[at]
                 yield index, found if isinstance(found, BaseException) else Encoded(relatives[index], (-1, -1),
@@ -182,6 +199,17 @@ class ListedURLs(Files):
 
     def select(self, positions: Sequence[int]) -> ListedURLs:
         return self
+
+
+def video_where_it_lies(url: str, relative: str, identity: tuple[int, int], patience: Patience, offset: int = 0,
+                        size: int = -1) -> Encoded:
+    """The video at URL (SIZE bytes from OFFSET: a tar member; the whole object where SIZE is -1), named RELATIVE, as
+    a file read where it lies, by byte ranges, in the parts its clips need: never fetched whole."""
+    def opener() -> Window:
+        reader = RangeReader(url, patience)
+        return Window(reader, offset, size if size >= 0 else reader.size())
+
+    return Encoded(relative, identity, opener=opener)
 
 
 def only_image(found: Iterator[tuple[int, Encoded | Exception]]) -> Encoded:

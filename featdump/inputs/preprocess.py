@@ -34,6 +34,11 @@ class Preprocess:
         resize = self._resize_target()
         self.draft = (2 * resize, 2 * resize) if fast_decode and resize else None
 
+    @property
+    def input_shape(self) -> tuple[int, ...]:
+        """One input's shape past the batch axis: (3, H, W)."""
+        return (3, *self.size)
+
     def _resize_target(self) -> int | None:
         """The size the preprocessing resizes to (its largest side value), if it starts with a resize."""
         if self.split:

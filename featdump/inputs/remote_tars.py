@@ -30,7 +30,7 @@ from pathlib import Path, PurePosixPath
 
 from featdump.errors import NoImages, UsageProblem
 from featdump.inputs.imagelist import Encoded, ImageList
-from featdump.inputs.objects import object_identity, only_image
+from featdump.inputs.objects import object_identity, only_image, video_where_it_lies
 from featdump.inputs.stores import Patience, describe, fetch_all, fetch_as_ready, filesystem, is_url, store_path
 from featdump.inputs.tars import (
     TAR_SUFFIX,
@@ -42,6 +42,7 @@ from featdump.inputs.tars import (
     scan_tar_file,
     tar_image_list,
 )
+from featdump.inputs.video import is_video_name
 
 PATTERN_SEPARATOR = "::"
 _INDEX_BLOCK = 32 << 20  # bytes per request while a tar's headers are read
@@ -210,9 +211,13 @@ class RemoteTarMembers(TarMembers):
         """The members of each tar as its span arrives: one ranged request per tar of the batch, all at once."""
         spans: dict[int, list[int]] = {}  # tar -> indices into positions
         for index, position in enumerate(positions):
+            tar = int(self.tar[position])
             if self.size[position] < 0:
-                tar = int(self.tar[position])
                 yield index, DamagedTar(self.damage[(tar, int(self.offset[position]))])
+            elif is_video_name(relatives[index]):
+                yield index, video_where_it_lies(f"{root}/{self.tars[tar].name}", relatives[index],
+                                                 (int(self.size[position]), self.tars[tar].mtime_ns), self.patience,
+                                                 int(self.offset[position]), int(self.size[position]))
             else:
                 spans.setdefault(int(self.tar[position]), []).append(index)
         tars = list(spans)

@@ -362,3 +362,41 @@ def _requester(fs, urls: Sequence[str], ranges: Sequence[tuple[int, int]] | None
                                                               fs.loop)
     pool = stack.enter_context(concurrent.futures.ThreadPoolExecutor(min(_THREADS, len(urls))))
     return lambda index: pool.submit(fs.cat_file, paths[index], **arguments(index))
+
+
+class RangeReader:
+    """Reads (start, count) of the object at URL, fetched by byte range in blocks of BLOCK bytes of which the last
+    few are kept (PyAV asks a video's bytes tens of KiB at a time: a request each would crawl); each fetch is retried
+    within PATIENCE, as any read of a store is."""
+
+    def __init__(self, url: str, patience: Patience, block: int = 1 << 22, kept: int = 4):
+        self.url, self.patience, self.block, self.kept = url, patience, block, kept
+        self._blocks: dict[int, bytes] = {}
+
+    def __call__(self, start: int, count: int) -> bytes:
+        pieces, end = [], start + count
+        while start < end:
+            index = start // self.block
+            data = self._fetched(index)
+            piece = data[start - index * self.block:end - index * self.block]
+            if not piece:
+                break
+            pieces.append(piece)
+            start += len(piece)
+        return b"".join(pieces)
+
+    def _fetched(self, index: int) -> bytes:
+        if index not in self._blocks:
+            found = fetch_all([self.url], self.patience, [(index * self.block, (index + 1) * self.block)])[0]
+            if isinstance(found, BaseException):
+                raise found
+            while len(self._blocks) >= self.kept:
+                self._blocks.pop(next(iter(self._blocks)))
+            self._blocks[index] = found
+        return self._blocks[index]
+
+    def size(self) -> int:
+        """The object's size in bytes, as its store states it."""
+        fs = filesystem(self.url, self.patience)
+        details = self.patience.call(lambda: fs.info(store_path(self.url)), f"Reading {self.url}")
+        return int(details.get("size", details.get("Size")))

@@ -28,12 +28,14 @@ from typing import NamedTuple
 import numpy as np
 
 from featdump.errors import NoImages
-from featdump.inputs.folder import IMAGE_EXTENSIONS
-from featdump.inputs.imagelist import Encoded, ImageList, open_each
+from featdump.inputs.folder import IMAGE_EXTENSIONS, images_or_videos
+from featdump.inputs.imagelist import Encoded, ImageList, Window, open_each
+from featdump.inputs.video import VIDEO_SUFFIXES, is_video_name
 
 TAR_SUFFIX = ".tar"
 LABEL_SUFFIX = ".cls"
 _BLOCK = 512
+_ROW_SUFFIXES = IMAGE_EXTENSIONS | frozenset(VIDEO_SUFFIXES)  # a video member is a row of its clips
 _BRACES = re.compile(r"\{([^{}]*)\}")
 _RANGE = re.compile(r"(-?\d+)\.\.(-?\d+)")
 _OPEN_TARS = 32  # tar files a process keeps open to read from
@@ -247,7 +249,7 @@ def _suffix(name: str) -> str:
 
 
 def _add_sample(scan: TarScan, members: list[Member], handle) -> None:
-    images = [m for m in members if PurePosixPath(m.name).suffix.lower() in IMAGE_EXTENSIONS]
+    images = [m for m in members if PurePosixPath(m.name).suffix.lower() in _ROW_SUFFIXES]
     if not images:
         scan.without_image += 1
     label_member = next((m for m in members if _suffix(m.name) == LABEL_SUFFIX), None)
@@ -325,9 +327,14 @@ def tar_image_list(root: Path | str, shards: list[TarShard], scans: list[TarScan
         left_out += [(index, suffix, count) for suffix, count in sorted(scan.ignored.items())]
         without_image += scan.without_image
     _log_left_out(ignored, without_image)
+    members = [position for position, size in enumerate(sizes) if size >= 0]
+    kept = set(members[i] for i in images_or_videos([names[p] for p in members], f"The tars from {first!r}"))
+    chosen = [position for position, size in enumerate(sizes) if size < 0 or position in kept]
+    names, labels, tar_of, offsets, sizes = ([values[p] for p in chosen]
+                                             for values in (names, labels, tar_of, offsets, sizes))
     if not names:
         raise NoImages(f"No images in the {len(shards)} tar files from {first!r} (looked for members named "
-                       f"KEY.EXT with EXT one of {', '.join(sorted(ext.lstrip('.') for ext in IMAGE_EXTENSIONS))}).")
+                       f"KEY.EXT with EXT one of {', '.join(sorted(ext.lstrip('.') for ext in _ROW_SUFFIXES))}).")
     located = storage(tuple(shards), np.asarray(tar_of, np.int32), np.asarray(offsets, np.int64),
                       np.asarray(sizes, np.int64), damage, tuple(left_out))
     return ImageList(root, tuple(names), tuple(labels), (), located)
@@ -361,6 +368,11 @@ class TarMembers:
         if size < 0:
             raise DamagedTar(self.damage[(tar, offset)])
         shard = self.tars[tar]
+        if is_video_name(relative):  # read where it lies, in the parts its clips need
+            def read_at(start: int, count: int) -> bytes:
+                return os.pread(_tar_descriptor(root / shard.name, shard), count, start)
+
+            return Encoded(relative, (size, shard.mtime_ns), opener=lambda: Window(read_at, offset, size))
         data = os.pread(_tar_descriptor(root / shard.name, shard), size, offset)
         if len(data) != size:
             raise DamagedTar(f"{shard.name} ends before this member's bytes (truncated after it was listed)")

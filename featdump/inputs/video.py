@@ -29,9 +29,15 @@ def looks_like_video(head: bytes) -> bool:
     return head[4:8] == b"ftyp" or head[:4] == b"\x1a\x45\xdf\xa3" or (head[:4] == b"RIFF" and head[8:12] == b"AVI ")
 
 
+def is_video_name(name: str) -> bool:
+    """Whether NAME (a path, a tar member's, a key) is named as a video: by its suffix (where its bytes lie in a
+    tar or a store, it is not opened to be told)."""
+    return name.lower().endswith(VIDEO_SUFFIXES)
+
+
 def is_video_file(path) -> bool:
     """Whether the file at PATH is a video: by its suffix, or by its first bytes."""
-    if str(path).lower().endswith(VIDEO_SUFFIXES):
+    if is_video_name(str(path)):
         return True
     with open(path, "rb") as handle:
         return looks_like_video(handle.read(12))

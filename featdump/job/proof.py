@@ -22,9 +22,10 @@ from featdump.errors import ProofFailed
 from featdump.forward.hooks import Capture
 from featdump.forward.layers import Layer, Snapshot
 from featdump.inputs import ImageList
-from featdump.inputs.clips import dataset_for, preprocess_for
+from featdump.inputs.clips import dataset_for
 from featdump.inputs.gpu_decode import to_device_inputs
 from featdump.inputs.loader import Batch, collate
+from featdump.inputs.preprocess import Preprocess
 from featdump.job.tolerances import tolerance, ways_out
 
 log = logging.getLogger("featdump")
@@ -63,7 +64,7 @@ class Reference:
     module: nn.Module
     layers: list[Layer]
     snapshots: dict[str, Snapshot]
-    preprocessing: nn.Module  # the model's own transforms (no --fast-decode)
+    preprocess: Preprocess  # the model's own preprocessing (no --fast-decode)
 
 
 @dataclass
@@ -138,8 +139,7 @@ class Proof:
     def _recompute(self, positions: list[int]) -> dict[str, np.ndarray]:
         """The reference path's rows of the images at POSITIONS, by layer, in float64."""
         reference = self.reference
-        clips = self.images.clips
-        preprocess = preprocess_for(reference.preprocessing, clips.frames if clips is not None else 1)
+        preprocess = reference.preprocess
         batch = collate(dataset_for(self.images, preprocess).__getitems__(positions))
         inputs = to_device_inputs(batch, preprocess, self.images, torch.device("cpu"))
         if batch.positions != positions:  # the image changed or vanished since the run read it

@@ -170,7 +170,8 @@ def _plan(settings: Settings) -> Plan:
 
 def _run_locked(plan: Plan, lock: OutputLock, progress: Progress, started: float) -> Summary:
     settings = plan.settings
-    model = _prepare_model(settings, resolve_device(settings.device, plan.shard.local_rank if plan.shard else None))
+    model = _prepare_model(settings, resolve_device(settings.device, plan.shard.local_rank if plan.shard else None),
+                           plan.images)
     fingerprint = fingerprints.build(settings, model.layers, model.chosen, repr(model.preprocess.transforms),
                                      resolve_decode(settings.decode, model.device, model.preprocess), plan.images,
                                      model.loaded.source, plan.shard_fingerprint)
@@ -248,7 +249,7 @@ def _fill(writer: FeatureWriter, images: ImageList, settings: Settings, model: M
     record = ProgressRecord(settings.output, writer.path, offset + len(images), offset + start,
                             {name: list(spec.shape) for name, spec in model.specs.items()}, task)
     try:
-        example = torch.randn((2, 3, *model.preprocess.size), generator=torch.Generator().manual_seed(0))
+        example = torch.randn((2, *model.preprocess.input_shape), generator=torch.Generator().manual_seed(0))
         capture = Capture(model.loaded.module, model.layers, model.snapshots(), prune=True,
                           example=example.to(model.device).contiguous(memory_format=model.memory_format))
         with StopSignals() as stop, capture:
@@ -288,7 +289,7 @@ def _proof(settings: Settings, model: Model, images: ImageList, start: int, outp
     reference = None
     if model.reference is not None and settings.proof:
         reference = Reference(model.reference, model.layers, model.with_reference_snapshots(),
-                              model.loaded.preprocessing)
+                              preprocess_for(model.loaded, images))
     first_batch_end = min(len(images), start + settings.batch_size)
     return Proof(reference, images, parts, configuration,
                  plan_sample(settings.proof, start, first_batch_end, len(images)),
@@ -305,19 +306,19 @@ def _dataset_spec(layer: Layer, reduction: Reduction | None, dtype: str, layout:
                        reduction.attributes, reduction.fit, axes)
 
 
-def _prepare_model(settings: Settings, device: torch.device) -> Model:
-    """The loaded model on DEVICE, its split preprocessing, the validated layers and their datasets."""
+def _prepare_model(settings: Settings, device: torch.device, images: ImageList) -> Model:
+    """The loaded model on DEVICE, its split preprocessing (of IMAGES' clips, for a video job), the validated
+    layers and their datasets."""
     loaded = load_model(settings.model, settings.weights, settings.seed, settings.transform, settings.trust_pickle)
     reference = reference_copy(loaded.module) if settings.proof and _departures(settings, device) else None
     memory_format, why = choose_memory_format(loaded.module)
     log.debug("Memory layout: %s (%s).", format_name(memory_format), why)
     loaded.module = place_model(loaded.module, device, settings.precision, memory_format)
-    preprocess = preprocess_for(loaded.preprocessing, settings.clip or clip_of(settings.model)[0],
-                                settings.fast_decode)
+    preprocess = preprocess_for(loaded, images, settings.fast_decode)
     if settings.fast_decode and preprocess.draft is None:
         log.warning("--fast-decode needs a resize in the preprocessing; decoding every image whole.")
     try:
-        infos = probe(loaded.module, (3, *preprocess.size))
+        infos = probe(loaded.module, preprocess.input_shape)
     except ModelFailed:
         preprocess.check_one_size(_preprocessing_name(settings))  # the likelier cause, said instead
         raise

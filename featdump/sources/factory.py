@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import logging
 import os
 import sys
 
@@ -11,6 +12,8 @@ import torch
 from torch import nn
 
 from featdump.errors import UsageProblem
+
+log = logging.getLogger("featdump")
 
 
 def import_object(spec: str, what: str):
@@ -43,6 +46,36 @@ def build(spec: str, seed: int) -> tuple[nn.Module, dict]:
     if not isinstance(module, nn.Module):
         raise UsageProblem(f"--model {spec!r} returned a {type(module).__name__}, not a torch.nn.Module.")
     return module, {"source": "factory", "factory": spec, "factory_file": _source_file(factory)}
+
+
+def declared_clip(spec: str) -> tuple[int, float | None] | None:
+    """The clip the factory SPEC declares it takes, as its attribute `featdump_clip = (frames, fps)` (fps None: each
+    video's own rate), or None: an image model."""
+    declared = getattr(import_object(spec, "--model"), "featdump_clip", None)
+    if declared is None:
+        return None
+    try:
+        frames, fps = declared
+        frames, fps = int(frames), (float(fps) if fps is not None else None)
+    except (TypeError, ValueError) as error:
+        raise UsageProblem(f"--model {spec!r} declares featdump_clip = {declared!r}: give (frames, frames a second), "
+                           "e.g. (16, 15.0), or (16, None) for each video's own rate.") from error
+    if frames < 1 or (fps is not None and not fps > 0):
+        raise UsageProblem(f"--model {spec!r} declares featdump_clip = {declared!r}: frames must be 1 or more and the "
+                           "rate positive.")
+    return frames, fps
+
+
+def default_clip_transform(spec: str):
+    """The preprocessing of a factory that declares clips, when no --transform names one: torchvision's Kinetics
+    clip transform (VideoClassification: resize 128x171, crop 112, Kinetics mean and std); None for an image
+    model (whose default is the ImageNet one)."""
+    if declared_clip(spec) is None:
+        return None
+    from torchvision.transforms._presets import VideoClassification
+
+    log.info("No --transform for %s: using torchvision's Kinetics clip transform (resize 128x171, crop 112).", spec)
+    return VideoClassification(crop_size=(112, 112), resize_size=(128, 171))
 
 
 def transform(spec: str):

@@ -36,8 +36,34 @@ class ImageProcessorTransform:
         return f"{type(self.processor).__name__}({self.processor.to_json_string()})"
 
 
+class VideoProcessorTransform:
+    """A video checkpoint's AutoVideoProcessor as a clip transform: a clip's (T, C, H, W) uint8 frames -> the one
+    video's model input, exactly what the processor makes of those frames (featdump has sampled them: the
+    processor's own frame sampling is off)."""
+
+    takes_clips = True
+
+    def __init__(self, processor, input_name: str):
+        self.processor, self.input_name = processor, input_name
+
+    def __call__(self, frames: torch.Tensor) -> torch.Tensor:
+        made = self.processor(videos=[frames], return_tensors="pt", do_sample_frames=False)
+        return (made[self.input_name] if self.input_name in made else next(iter(made.values())))[0]
+
+    def __repr__(self) -> str:
+        return f"{type(self.processor).__name__}({self.processor.to_json_string()})"
+
+
 def check_name(name: str) -> None:
     _config(name)
+
+
+def clip_frames(name: str) -> int | None:
+    """The frames a clip of a video model NAME holds (its config's `num_frames`, or V-JEPA 2's `frames_per_clip`);
+    None for an image model."""
+    config = _config(name)
+    frames = getattr(config, "num_frames", None) or getattr(config, "frames_per_clip", None)
+    return int(frames) if isinstance(frames, int) and frames > 0 else None
 
 
 def build(name: str, weights: str, seed: int) -> tuple[nn.Module, ImageProcessorTransform, str, dict,
@@ -53,19 +79,25 @@ def build(name: str, weights: str, seed: int) -> tuple[nn.Module, ImageProcessor
                 model, label = transformers.AutoModel.from_config(config), "none"
             else:
                 model, label = transformers.AutoModel.from_pretrained(name), "pretrained"
-            processor = transformers.AutoImageProcessor.from_pretrained(name)
+            video = clip_frames(name) is not None
+            processor = (transformers.AutoVideoProcessor if video else transformers.AutoImageProcessor
+                         ).from_pretrained(name)
     except OSError as error:
         raise WeightsUnavailable(_unavailable(name, error)) from error
     module = vision_tower(model)
     takes = getattr(module, "main_input_name", "pixel_values")
-    if takes != "pixel_values":
+    if takes not in _IMAGE_INPUTS:
         raise UnsupportedModel(f"hf:{name} has no vision part: its {type(module).__name__} takes {takes}, not images. "
                                "Name an image model, or a multimodal one with a vision tower (CLIP, SigLIP, ...).")
     local = Path(name).is_dir()
     source = {"source": "hf", "hf_model": str(Path(name).resolve()) if local else name,
               "revision": getattr(config, "_commit_hash", None),
               "model_type": config.model_type, "transformers_version": transformers.__version__}
-    return module.eval(), ImageProcessorTransform(processor), label, source, token_rule(module.config)
+    transform = VideoProcessorTransform(processor, takes) if video else ImageProcessorTransform(processor)
+    return module.eval(), transform, label, source, token_rule(module.config)
+
+
+_IMAGE_INPUTS = ("pixel_values", "pixel_values_videos")  # what an image or video model's forward takes first
 
 
 def vision_tower(model: nn.Module) -> nn.Module:

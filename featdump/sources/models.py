@@ -26,6 +26,17 @@ log = logging.getLogger("featdump")
 DEFAULT_TRANSFORM = "ResNet18_Weights.DEFAULT.transforms()"
 
 
+@dataclass(frozen=True)
+class ModelClip:
+    """What a model takes of a video: clips of FRAMES frames sampled at FPS a second (None: each video's own rate),
+    each one input (TAKES_CLIPS: a video model, whose preprocessing takes a clip's (T, C, H, W) uint8 frames); an
+    image model takes one frame a row, with its image preprocessing."""
+
+    frames: int = 1
+    fps: float | None = None
+    takes_clips: bool = False
+
+
 @dataclass
 class LoadedModel:
     """A model in eval mode, its preprocessing, what weights were loaded, and where it all came from."""
@@ -35,6 +46,7 @@ class LoadedModel:
     weights: str  # what was loaded: a weights enum, "none", a checkpoint path, ...
     source: dict = field(default_factory=dict)  # recorded and part of the resume fingerprint
     tokens: TokenRule | None = None  # prefix tokens and patch size of its (N, L, D) outputs, where it states them
+    clip: ModelClip = ModelClip()  # what it takes of a video
 
 
 def model_kind(name: str) -> str:
@@ -64,12 +76,18 @@ def check_model_name(name: str) -> None:
         factory.import_object(name, "--model")
 
 
-def clip_of(name: str) -> tuple[int, float | None]:
-    """The clip --model NAME takes from a video: a torchvision video model's (frames, frames a second), as its
-    weights state them; an image model's is one frame (each sampled frame a row) at no rate of its own."""
-    if model_kind(name) == "torchvision" and video_models.is_video_model(name):
-        return video_models.clip_defaults(name)
-    return 1, None
+def clip_of(name: str) -> ModelClip:
+    """What --model NAME takes of a video, known before it is built: a torchvision video model's clip as its
+    weights state it, a Hugging Face video model's frames (its config's), a factory's as it declares it
+    (`featdump_clip`); an image model's one frame a row."""
+    kind = model_kind(name)
+    if kind == "torchvision" and video_models.is_video_model(name):
+        return ModelClip(*video_models.clip_defaults(name), takes_clips=True)
+    if kind == "hf" and (frames := hf.clip_frames(name.removeprefix("hf:"))):
+        return ModelClip(frames, None, takes_clips=True)
+    if kind == "factory" and (declared := factory.declared_clip(name)):
+        return ModelClip(*declared, takes_clips=True)
+    return ModelClip()
 
 
 def default_preprocessing(name: str) -> nn.Module:
@@ -104,6 +122,7 @@ def load_model(name: str, weights: str = "DEFAULT", seed: int = 0, transform: st
     elif kind == "factory":
         module, source = factory.build(name, seed)
         label = "none" if weights.lower() == "none" else "as the factory builds it"
+        preprocessing = factory.default_clip_transform(name) if not transform else None
     else:
         module = files.build(name, trust_pickle)
         label, source = "the saved model", {"source": "file", "sha256": file_digest(Path(name))}
@@ -119,7 +138,7 @@ def load_model(name: str, weights: str = "DEFAULT", seed: int = 0, transform: st
         source = {**source, "transform": DEFAULT_TRANSFORM}
     if tokens is None and kind in ("factory", "file"):  # your own model may state them as timm's do
         tokens = timm_models.token_rule(module)
-    return LoadedModel(module.eval(), preprocessing, label, source, tokens)
+    return LoadedModel(module.eval(), preprocessing, label, source, tokens, clip_of(name))
 
 
 def _looks_like_path(weights: str) -> bool:
