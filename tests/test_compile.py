@@ -181,10 +181,13 @@ def test_a_model_that_does_not_compile_runs_eager_and_says_why(project, tmp_path
 
 
 def test_memory_format_is_chosen_per_model():
-    assert choose_memory_format(resnet18())[0] == torch.channels_last
+    assert choose_memory_format(resnet18(), (3, 224, 224))[0] == torch.channels_last
     tiny_vit = VisionTransformer(image_size=224, patch_size=32, num_layers=1, num_heads=2, hidden_dim=32, mlp_dim=64)
-    assert choose_memory_format(tiny_vit) == (torch.contiguous_format,
-                                              "1 Conv2d layer(s): not a convolutional network")
+    assert choose_memory_format(tiny_vit, (3, 224, 224)) == (torch.contiguous_format,
+                                                             "1 Conv2d layer(s): not a convolutional network")
+    pairs = (2, 3, 64, 80)  # RAFT's frame pairs: a 5-D batch, which channels_last cannot lay out
+    assert choose_memory_format(resnet18(), pairs) == (torch.contiguous_format,
+                                                       "its input (2, 3, 64, 80) is no (C, H, W) image")
 
 
 def exported_key(eps: float) -> str:

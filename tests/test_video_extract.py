@@ -106,7 +106,7 @@ def test_clip_options_on_images_and_a_video_model_on_images_are_one_line(tmp_pat
 
     write_images(tmp_path / "images", {"a": 2})
     for arguments, message in ((["-m", "resnet18", "--clip", "4"], "--clip apply to videos"),
-                               (["-m", "r3d_18"], "the model is a video model (clips of 16 frames)")):
+                               (["-m", "r3d_18"], "the model takes clips of 16 frames of a video")):
         result = run_featdump("extract", *arguments, "-w", "none", "-l", "avgpool", tmp_path / "images",
                               tmp_path / "out.h5")
         assert result.returncode == 2 and message in result.stderr, result.stderr

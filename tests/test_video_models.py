@@ -144,3 +144,49 @@ def test_clips_of_frames_for_an_image_model_are_refused_in_one_line(film, tmp_pa
     assert result.returncode != 0
     assert "--clip 4: the model takes images, one frame a row (--clip 1)" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_optical_flow_rows_are_raft_s_last_estimate_for_each_pair_of_frames(tmp_path):
+    """raft_small on a video: clips of 2 frames (its own), back to back at the video's rate; a row is the last
+    flow estimate between them, at the video's size cropped to multiples of 8."""
+    from torchvision.models import get_model, get_model_weights
+    from torchvision.transforms.functional import center_crop
+
+    video = write_video(tmp_path / "flow" / "walk.mkv", 6, size=(132, 164), gop=4)
+    output = tmp_path / "flow.h5"
+    result = run_featdump("extract", "-m", "raft_small", "-w", "none", "-l", "@,context_encoder", video.parent,
+                          output)
+    assert result.returncode == 0, result.stderr
+    content = read_output(output)
+    with h5py.File(output, "r") as h5file:
+        starts = h5file["clip_start"][:]
+    np.testing.assert_allclose(starts, [0.0, 0.08, 0.16])  # pairs of frames at 25 fps, back to back
+    torch.manual_seed(0)
+    raft = get_model("raft_small", weights=None).eval()
+    transforms = get_model_weights("raft_small").DEFAULT.transforms()
+    for row, start in enumerate(starts):
+        pair = center_crop(torch.from_numpy(clip_frames(video, start, 2, 25.0)).permute(0, 3, 1, 2), [128, 160])
+        first, second = transforms(pair[0], pair[1])
+        taken = []
+        handle = raft.context_encoder.register_forward_hook(lambda module, args, out: taken.append(out.clone()))
+        with torch.inference_mode():
+            flow = raft(first[None], second[None])[-1]
+        handle.remove()
+        assert content["@"][row].shape == (2, 128, 160)
+        np.testing.assert_allclose(content["@"][row], flow[0].numpy(), rtol=1e-4, atol=1e-4)
+        np.testing.assert_allclose(content["context_encoder"][row], taken[0][0].numpy(), rtol=1e-4, atol=1e-5)
+
+
+def test_optical_flow_on_still_images_or_clips_of_3_is_refused_in_one_line(tmp_path):
+    from .conftest import write_images
+
+    write_images(tmp_path / "stills", {"": 2})
+    result = run_featdump("extract", "-m", "raft_small", "-w", "none", "-l", "@", tmp_path / "stills",
+                          tmp_path / "out.h5")
+    assert result.returncode != 0 and "the model takes clips of 2 frames of a video" in result.stderr
+    video = write_video(tmp_path / "walk.mkv", 6, size=(128, 128))
+    result = run_featdump("extract", "-m", "raft_small", "-w", "none", "-l", "@", "--clip", "3", video,
+                          tmp_path / "out.h5")
+    assert result.returncode != 0
+    assert "raft_small estimates the flow between a pair of frames: give --clip 2, not --clip 3" in result.stderr
+    assert "Traceback" not in result.stderr

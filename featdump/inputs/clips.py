@@ -40,7 +40,7 @@ def as_rows(images: ImageList, frames: int | None, fps: float | None, every: flo
         asked = [name for name, value in (("--clip", frames), ("--fps", fps), ("--clip-every", every)) if value]
         if asked or model.takes_clips:
             what = f"{', '.join(asked)} apply to videos" if asked else \
-                f"the model is a video model (clips of {model.frames} frames)"
+                f"the model takes clips of {model.frames} frames of a video"
             raise UsageProblem(f"IMAGES holds images, and {what}: give a video ({', '.join(VIDEO_SUFFIXES)}), or "
                                "a folder, list or tars of them.")
         return images
@@ -67,8 +67,10 @@ def preprocess_for(loaded: LoadedModel, images: ImageList | None = None, fast_de
     them, the model's own clip), else an image model's."""
     if not loaded.clip.takes_clips:
         return Preprocess(loaded.preprocessing, fast_decode)
-    frames = images.clips.frames if images is not None and images.clips is not None else loaded.clip.frames
-    return ClipPreprocess(loaded.preprocessing, frames)
+    if images is None or images.clips is None:
+        return ClipPreprocess(loaded.preprocessing, loaded.clip.frames)
+    sizes = [info.size for info in images.clips.infos if info is not None]
+    return ClipPreprocess(loaded.preprocessing, images.clips.frames, *sizes[:1])
 
 
 def clip_rows(videos: ImageList, asked: ClipPlan) -> ImageList:
@@ -119,9 +121,11 @@ class ClipPreprocess(Preprocess):
     uint8 and gives the model's input for that clip (torchvision's VideoClassification: (C, T, H, W) float; a
     Hugging Face video processor: (T, C, H, W))."""
 
-    def __init__(self, transforms, frames: int):
+    def __init__(self, transforms, frames: int, frame_size: tuple[int, int] = (240, 320)):
+        """TRANSFORMS of clips of FRAMES frames of FRAME_SIZE (the job's first video's: a transform that keeps the
+        frames' size, as an optical flow model's, makes that video's size the job's)."""
         self.transforms, self.split, self.draft = transforms, False, None
-        made = self.clip_pixels(np.zeros((frames, 240, 320, 3), dtype=np.uint8))
+        made = self.clip_pixels(np.zeros((frames, *frame_size, 3), dtype=np.uint8))
         self._shape = tuple(made.shape)
         self.size = self._shape[1:]
         self._portrait_size = self.size

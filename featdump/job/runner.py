@@ -311,10 +311,10 @@ def _prepare_model(settings: Settings, device: torch.device, images: ImageList) 
     layers and their datasets."""
     loaded = load_model(settings.model, settings.weights, settings.seed, settings.transform, settings.trust_pickle)
     reference = reference_copy(loaded.module) if settings.proof and _departures(settings, device) else None
-    memory_format, why = choose_memory_format(loaded.module)
+    preprocess = preprocess_for(loaded, images, settings.fast_decode)
+    memory_format, why = choose_memory_format(loaded.module, preprocess.input_shape)
     log.debug("Memory layout: %s (%s).", format_name(memory_format), why)
     loaded.module = place_model(loaded.module, device, settings.precision, memory_format)
-    preprocess = preprocess_for(loaded, images, settings.fast_decode)
     if settings.fast_decode and preprocess.draft is None:
         log.warning("--fast-decode needs a resize in the preprocessing; decoding every image whole.")
     try:

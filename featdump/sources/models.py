@@ -19,7 +19,16 @@ import torch
 from torch import nn
 
 from featdump.errors import InvalidWeights, first_sentence
-from featdump.sources import factory, files, hf, open_clip_models, timm_models, torchvision_models, video_models
+from featdump.sources import (
+    factory,
+    files,
+    flow_models,
+    hf,
+    open_clip_models,
+    timm_models,
+    torchvision_models,
+    video_models,
+)
 from featdump.sources.tokens import TokenRule
 
 log = logging.getLogger("featdump")
@@ -83,6 +92,8 @@ def clip_of(name: str) -> ModelClip:
     kind = model_kind(name)
     if kind == "torchvision" and video_models.is_video_model(name):
         return ModelClip(*video_models.clip_defaults(name), takes_clips=True)
+    if kind == "torchvision" and flow_models.is_flow_model(name):
+        return ModelClip(flow_models.PAIR, None, takes_clips=True)
     if kind == "hf" and (frames := hf.clip_frames(name.removeprefix("hf:"))):
         return ModelClip(frames, None, takes_clips=True)
     if kind == "factory" and (declared := factory.declared_clip(name)):

@@ -11,10 +11,11 @@ from torch import nn
 from torchvision.models import get_model, get_model_weights, list_models
 
 from featdump.errors import InvalidWeights, UnknownModel, UnsupportedModel, WeightsUnavailable, first_sentence
+from featdump.sources import flow_models
 from featdump.sources.tokens import TokenRule
 
 _OTHER_TASKS = {"detection": "an object detection", "segmentation": "a semantic segmentation",
-                "optical_flow": "an optical flow", "quantization": "a quantized"}  # video models: sources.video_models
+                "quantization": "a quantized"}  # video models: sources.video_models; optical flow: flow_models
 
 
 def token_rule(module: nn.Module) -> TokenRule | None:
@@ -25,9 +26,10 @@ def token_rule(module: nn.Module) -> TokenRule | None:
 
 
 def classification_models() -> list[str]:
-    """Names of every torchvision model that takes a batch and returns tensors: its classifiers and its video
-    classifiers (`sources.video_models`)."""
-    return list_models(module=torchvision.models) + list_models(module=torchvision.models.video)
+    """Names of every torchvision model that takes a batch and returns tensors: its classifiers, its video
+    classifiers (`sources.video_models`) and its optical flow models on pairs of frames (`sources.flow_models`)."""
+    return list_models(module=torchvision.models) + list_models(module=torchvision.models.video) + \
+        flow_models.flow_model_names()
 
 
 def is_classification_model(name: str) -> bool:
@@ -58,16 +60,18 @@ def check_name(name: str) -> None:
 
 def default_preprocessing(name: str) -> nn.Module:
     """The transforms of the model's DEFAULT weights (used whatever weights are loaded)."""
-    return get_model_weights(name).DEFAULT.transforms()
+    transforms = get_model_weights(name).DEFAULT.transforms()
+    return flow_models.FlowTransform(transforms, name) if flow_models.is_flow_model(name) else transforms
 
 
 def build(name: str, weights: str, seed: int) -> tuple[nn.Module, str]:
     """(module, what was loaded) for 'none' (seeded random), DEFAULT or a weights enum name."""
+    wrap = flow_models.FlowPairs if flow_models.is_flow_model(name) else (lambda module: module)
     if weights.lower() == "none":
         torch.manual_seed(seed)
-        return get_model(name, weights=None), "none"
+        return wrap(get_model(name, weights=None)), "none"
     enum = weights_enum(name, weights)
-    return _pretrained(name, enum), f"{type(enum).__name__}.{enum.name}"
+    return wrap(_pretrained(name, enum)), f"{type(enum).__name__}.{enum.name}"
 
 
 def weights_enum(name: str, weights: str):
