@@ -116,7 +116,7 @@ class _LoopTimer:
     """A featdump Progress that times the batch loop (set-up excluded, like the other methods), and the
     steady rate after the first batch (which also waits for the DataLoader workers to start)."""
 
-    def start(self, total, done):
+    def start(self, total, done, noun="image"):
         self.started = time.perf_counter()
         self.images = 0
         self.first_batch = None  # (time, images) when the first batch was done

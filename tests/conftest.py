@@ -170,7 +170,7 @@ def committed_rows(path) -> int:
 class CrashAfterFirstBatch:
     """A progress reporter that crashes the run after its first batch is written: leaves a partial file."""
 
-    def start(self, total, done):
+    def start(self, total, done, noun="image"):
         pass
 
     def advance(self, images):

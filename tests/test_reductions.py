@@ -190,7 +190,7 @@ class CrashInSecondPass(CrashAfterFirstBatch):
 
     passes = 0
 
-    def start(self, total, done):
+    def start(self, total, done, noun="image"):
         self.passes += 1
 
     def advance(self, images):

@@ -47,7 +47,7 @@ def test_a_video_model_s_rows_are_its_clips_as_computed_by_hand(videos, tmp_path
     output = tmp_path / "out.h5"
     result = run_featdump("extract", "-m", "r3d_18", "-w", "none", "-l", "layer2,avgpool", "--clip", "8", "--fps",
                           "15", videos, output)
-    assert result.returncode == 0 and "(1 skipped)" in result.stderr, result.stderr
+    assert result.returncode == 0 and "Wrote 6 clips (1 skipped)" in result.stderr, result.stderr
     content = read_output(output)
     with h5py.File(output, "r") as h5file:
         starts = h5file["clip_start"][:]
@@ -130,7 +130,7 @@ def test_update_adds_a_new_video_s_clips_and_shards_merge_to_one_run(videos, tmp
     (folder / "b").mkdir()
     (folder / "b" / "two.mkv").symlink_to(videos / "b" / "two.mkv")
     updated = run_featdump(*common, "--update", folder, output)
-    assert updated.returncode == 0 and "Wrote 4 images" in updated.stderr, updated.stderr
+    assert updated.returncode == 0 and "Wrote 4 clips" in updated.stderr, updated.stderr
     fresh = tmp_path / "fresh.h5"
     assert run_featdump(*common, folder, fresh).returncode == 0
     mine, expected = rows_by_clip(output), rows_by_clip(fresh)

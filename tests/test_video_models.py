@@ -161,6 +161,8 @@ def test_optical_flow_rows_are_raft_s_last_estimate_for_each_pair_of_frames(tmp_
     with h5py.File(output, "r") as h5file:
         starts = h5file["clip_start"][:]
     np.testing.assert_allclose(starts, [0.0, 0.08, 0.16])  # pairs of frames at 25 fps, back to back
+    assert "Wrote 3 clips (0 skipped)" in result.stderr
+    assert "clip_fps:   each video's own rate" in run_featdump("info", output).stdout
     torch.manual_seed(0)
     raft = get_model("raft_small", weights=None).eval()
     transforms = get_model_weights("raft_small").DEFAULT.transforms()
@@ -168,7 +170,8 @@ def test_optical_flow_rows_are_raft_s_last_estimate_for_each_pair_of_frames(tmp_
         pair = center_crop(torch.from_numpy(clip_frames(video, start, 2, 25.0)).permute(0, 3, 1, 2), [128, 160])
         first, second = transforms(pair[0], pair[1])
         taken = []
-        handle = raft.context_encoder.register_forward_hook(lambda module, args, out: taken.append(out.clone()))
+        handle = raft.context_encoder.register_forward_hook(
+            lambda module, args, out, taken=taken: taken.append(out.clone()))
         with torch.inference_mode():
             flow = raft(first[None], second[None])[-1]
         handle.remove()

@@ -550,12 +550,13 @@ class _BarProgress:
         self._bar, self._unit = None, unit
         self._scale = 1e6 if unit == "MB" else 1  # megabytes read are shown as bytes: 1.42 GB/3.54 GB, 210 MB/s
 
-    def start(self, total: int, done: int) -> None:
+    def start(self, total: int, done: int, noun: str = "image") -> None:
         if total <= done:  # nothing to do (an update that only adds layers has no new image): no empty bar
             return
         from tqdm import tqdm
 
-        units = dict(unit="B", unit_scale=True, unit_divisor=1000) if self._scale != 1 else dict(unit=self._unit)
+        unit = self._unit if noun == "image" else noun
+        units = dict(unit="B", unit_scale=True, unit_divisor=1000) if self._scale != 1 else dict(unit=unit)
         self._bar = tqdm(total=total * self._scale, initial=done * self._scale, dynamic_ncols=True, smoothing=0.1,
                          **units)
 
@@ -576,8 +577,9 @@ class _LogProgress:
     def __init__(self, unit: str = "img", every_seconds: float = 30.0, least_seconds: float = 5.0):
         self._every, self._least, self._unit = every_seconds, least_seconds, unit
 
-    def start(self, total: int, done: int) -> None:
+    def start(self, total: int, done: int, noun: str = "image") -> None:
         self._total, self._done, self._first = total, done, done
+        self._noun = noun
         self._started = self._last = time.monotonic()
         self._said = -math.inf  # when a step was last said
         self._next_step = done + max(1, total // 10)
@@ -588,9 +590,10 @@ class _LogProgress:
         step = self._done >= self._next_step and now - self._said >= self._least
         if now - self._last >= self._every or step:
             rate = (self._done - self._first) / max(now - self._started, 1e-9)
-            names = "images" if self._unit == "img" else self._unit
+            names, unit = ("images", "img") if self._noun == "image" else (f"{self._noun}s", self._noun)
+            names, unit = (names, unit) if self._unit == "img" else (self._unit, self._unit)
             log.info("%d/%d %s (%.0f%%), %.1f %s/s", self._done, self._total, names,
-                     100.0 * self._done / max(self._total, 1), rate, self._unit)
+                     100.0 * self._done / max(self._total, 1), rate, unit)
             self._last = self._said = now
             while self._next_step <= self._done:
                 self._next_step += max(1, self._total // 10)

@@ -259,8 +259,11 @@ def describe(output: Path) -> list[str]:
             lines.append(f"  ({count - _SHOWN} more {name}: h5py f['{name}/paths'], f['{name}/reasons'])")
     lines += _proof_lines(info["proof"])
     for key, value in info["provenance"].items():
-        lines.append(f"{key + ':':<11} {value.replace(chr(10), ' ')}")
+        lines.append(f"{key + ':':<11} {_CLIP_DEFAULTS.get((key, value), value).replace(chr(10), ' ')}")
     return lines
+
+
+_CLIP_DEFAULTS = {("clip_fps", "0.0"): "each video's own rate", ("clip_every", "0.0"): "back to back (--clip / --fps)"}
 
 
 def _proof_lines(proofs: list[dict]) -> list[str]:

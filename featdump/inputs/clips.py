@@ -1,10 +1,11 @@
 """Clips: a job's videos as rows, one per clip (`inputs.video` says which clips a video gives and decodes them).
 
-Each video of an image list (a video file, a folder of them, a list file naming them) is opened once while the
-job is listed, for its frame times; its clips become rows in order, each row naming its video's path and its
-clip's start in seconds. A video that gives no clip (shorter than one clip, or undecodable) keeps one row without
-a start, which the loader records as a skipped input with that reason, as it does a bad image. (Videos in tar
-shards or at a store prefix are not listed yet, and a listed URL's video is fetched whole: issue 50 goes on.)
+Each video of an image list (a video file, a folder of them, a list file naming them, tar shards or a store prefix
+holding them) is opened once while the job is listed, for its frame times; its clips become rows in order, each
+row naming its video's path and its clip's start in seconds. A video that gives no clip (shorter than one clip, or
+undecodable) keeps one row without a start, which the loader records as a skipped input with that reason, as it
+does a bad image. What the model takes of a video (`sources.models.ModelClip`) sets the defaults and whether a
+row's frames are one input (a video model: `ClipPreprocess`) or one image (an image model, a clip of 1 frame).
 """
 
 from __future__ import annotations

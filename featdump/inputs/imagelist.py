@@ -204,6 +204,11 @@ class ImageList:
     def __len__(self) -> int:
         return len(self.paths)
 
+    @property
+    def noun(self) -> str:
+        """What a row is, as messages name it: a clip (of a video) or an image."""
+        return "clip" if self.clips is not None else "image"
+
     def open(self, position: int) -> Encoded:
         """Image POSITION's bytes (raises OSError when they cannot be read)."""
         return self.storage.open(self.root, self.paths[position], position)

@@ -19,7 +19,7 @@ log = logging.getLogger("featdump")
 class Progress(Protocol):
     """What the loop reports to: the CLI's tqdm bar or log lines."""
 
-    def start(self, total: int, done: int) -> None: ...
+    def start(self, total: int, done: int, noun: str = "image") -> None: ...  # NOUN: what a row is (clip, image)
 
     def advance(self, images: int) -> None: ...
 
@@ -27,7 +27,7 @@ class Progress(Protocol):
 
 
 class NoProgress:
-    def start(self, total: int, done: int) -> None:
+    def start(self, total: int, done: int, noun: str = "image") -> None:
         pass
 
     def advance(self, images: int) -> None:
@@ -54,6 +54,7 @@ class Summary:
     left_out: dict = field(default_factory=dict)  # suffix: count of tar members that are no image
     layers_added: list = field(default_factory=list)  # layers an --update added to the rows already stored
     proof: dict | None = None  # this run's proof (`featdump.job.proof`), as the output records it
+    noun: str = "image"  # what a row is: an image, or a clip of a video
 
     @property
     def new_rows(self) -> int:
@@ -74,18 +75,20 @@ class Summary:
         if self.layers_added:
             added = (f"Added {', '.join(self.layers_added)} to the {self.rows_before} rows of {self.output} "
                      f"in {self.seconds:.1f} s")
-            return f"{added}; {self.new_rows} new images ({self.new_skipped} skipped), {self.rows} rows in all, " \
-                   f"{human_bytes(self.size_bytes)}{self._stale_note()}{self._left_out_note()}{self._proof_note()}."
+            notes = f"{self._stale_note()}{self._left_out_note()}{self._proof_note()}"
+            return f"{added}; {self.new_rows} new {self.noun}s ({self.new_skipped} skipped), {self.rows} rows in " \
+                   f"all, {human_bytes(self.size_bytes)}{notes}."
         if self.processed == 0:
-            return (f"Nothing new: {self.output} already holds {self.rows} images ({self.skipped} skipped)"
+            return (f"Nothing new: {self.output} already holds {self.rows} {self.noun}s ({self.skipped} skipped)"
                     f"{self._stale_note()}.")
         rate = self.processed / self.seconds if self.seconds > 0 else 0.0
-        resumed = f", resumed at image {self.resumed_from}" if self.resumed_from else ""
+        unit = "img" if self.noun == "image" else self.noun
+        resumed = f", resumed at {self.noun} {self.resumed_from}" if self.resumed_from else ""
         in_all = f", {self.rows} in all ({self.skipped} skipped)," if self.rows_before or self.skipped_before else ""
         return (
-            f"Wrote {self.new_rows} images ({self.new_skipped} skipped) to {self.output}{in_all} in "
-            f"{self.seconds:.1f} s ({rate:.1f} img/s{resumed}), {human_bytes(self.size_bytes)}{self._stale_note()}"
-            f"{self._left_out_note()}{self._proof_note()}."
+            f"Wrote {self.new_rows} {self.noun}s ({self.new_skipped} skipped) to {self.output}{in_all} in "
+            f"{self.seconds:.1f} s ({rate:.1f} {unit}/s{resumed}), {human_bytes(self.size_bytes)}"
+            f"{self._stale_note()}{self._left_out_note()}{self._proof_note()}."
         )
 
     def _proof_note(self) -> str:
@@ -94,8 +97,8 @@ class Summary:
             return ""
         largest = max((layer["largest"] for layer in self.proof["layers"].values()), key=float, default=0.0)
         proof = self.proof
-        return (f"; proof: {len(proof['images'])} images recomputed on the reference path, within {float(largest):.1e} "
-                f"of it (tolerance {proof['tolerance']:.0e} for {proof['configuration']})")
+        return (f"; proof: {len(proof['images'])} {self.noun}s recomputed on the reference path, within "
+                f"{float(largest):.1e} of it (tolerance {proof['tolerance']:.0e} for {proof['configuration']})")
 
     def _left_out_note(self) -> str:
         if not self.left_out:
@@ -111,13 +114,16 @@ class Summary:
 
 
 def summarize(images: Path, output: Path, after: Committed, before: Committed, processed: int, start: int,
-              started: float, stale: int = 0, left_out: dict | None = None, proof: dict | None = None) -> Summary:
-    """The summary of a finished run over IMAGES; NothingRead when it tried images and could read none."""
+              started: float, stale: int = 0, left_out: dict | None = None, proof: dict | None = None,
+              noun: str = "image") -> Summary:
+    """The summary of a finished run over IMAGES (its rows NOUNs: images or clips); NothingRead when it tried rows
+    and could read none."""
     summary = Summary(output, after.rows, after.skipped, processed, start, time.perf_counter() - started,
-                      output.stat().st_size, stale, before.rows, before.skipped, left_out or {}, proof=proof)
+                      output.stat().st_size, stale, before.rows, before.skipped, left_out or {}, proof=proof,
+                      noun=noun)
     if summary.processed and not summary.new_rows:
         raise NothingRead(
-            f"No image could be read: {summary.new_skipped} tried from {images}, all skipped; "
+            f"No {noun} could be read: {summary.new_skipped} tried from {images}, all skipped; "
             f"`featdump info {output}` lists why."
         )
     return summary

@@ -183,7 +183,8 @@ def _run_locked(plan: Plan, lock: OutputLock, progress: Progress, started: float
                                  lock.hdf5_locking, functools.partial(_fill, lock=lock, progress=progress))
         summary = updating.update(job) if settings.update else updating.finished_as_asked(job)
         return dataclasses.replace(summary, seconds=time.perf_counter() - started)
-    report_size(settings.output, model.specs, len(plan.images), settings.space_check, model.device_bytes)
+    report_size(settings.output, model.specs, len(plan.images), settings.space_check, model.device_bytes,
+                plan.images.noun)
     writer = FeatureWriter.open(settings.output, model.specs, fingerprint, attributes, list(plan.images.classes),
                                 settings.batch_size, settings.compression, settings.overwrite, lock.hdf5_locking)
     before = writer.committed
@@ -193,7 +194,7 @@ def _run_locked(plan: Plan, lock: OutputLock, progress: Progress, started: float
     with Output.open(output) as finished:
         after, proofs = finished.committed, finished.proofs
     return summarize(settings.images, output, after, before, len(plan.images) - before.images, before.images, started,
-                     left_out=plan.images.left_out(), proof=proofs[-1] if proofs else None)
+                     left_out=plan.images.left_out(), proof=proofs[-1] if proofs else None, noun=plan.images.noun)
 
 
 def _fit_projections(plan: Plan, model: Model, fingerprint: dict, lock: OutputLock, progress: Progress) -> None:
@@ -256,7 +257,7 @@ def _fill(writer: FeatureWriter, images: ImageList, settings: Settings, model: M
             cache = Path(settings.compile_cache) if settings.compile_cache else None
             compiled = compile_capture(capture, cache, _compiled_from(settings, model), waiting_lock) \
                 if settings.compile else None
-            progress.start(len(images), start)
+            progress.start(len(images), start, images.noun)
             job = _Job(settings, images, model, capture, writer, record, offset,
                        owned_files=(writer.path, *([lock.path] if lock.path else [])),
                        proof=_proof(settings, model, images, start, writer.path))
@@ -266,7 +267,7 @@ def _fill(writer: FeatureWriter, images: ImageList, settings: Settings, model: M
         if stop.signal_number is not None:
             raise Interrupted(
                 f"Stopped by {signal.Signals(stop.signal_number).name} after {writer.committed_images} of "
-                f"{len(images)} images; run the same command again to resume.",
+                f"{len(images)} {images.noun}s; run the same command again to resume.",
                 stop.signal_number,
             )
         return writer.finish()

@@ -91,14 +91,15 @@ def update(job: UpdateJob) -> Summary:
     if plan.nothing_new:  # decided read-only: the file, its mtime and its readers are left alone
         log.info("%s holds every image and layer this command names: nothing to add.", output)
         return dataclasses.replace(Summary.of_finished(output, 0.0), stale=len(plan.stale))
-    log.info("Updating %s: %d new images, %d new layers (%s), %d rows already there%s.", output, len(plan.images),
-             len(new_layers), ", ".join(new_layers) or "none", plan.base.rows,
+    log.info("Updating %s: %d new %ss, %d new layers (%s), %d rows already there%s.", output, len(plan.images),
+             plan.images.noun, len(new_layers), ", ".join(new_layers) or "none", plan.base.rows,
              f", {len(plan.stale)} of them stale (see featdump info)" if plan.stale else "")
     grown = _grow(job, plan, grower) if grower else 0
     staged, start = staging_path(output), 0
     if not staged.exists():
         if len(plan.images):
-            report_size(output, whole.specs, len(plan.images), settings.space_check, whole.device_bytes)
+            report_size(output, whole.specs, len(plan.images), settings.space_check, whole.device_bytes,
+                        plan.images.noun)
         writer = FeatureWriter.open(staged, whole.specs, plan.fingerprint, job.attributes,
                                     list(plan.images.classes), settings.batch_size, settings.compression,
                                     locking=False)
@@ -111,7 +112,8 @@ def update(job: UpdateJob) -> Summary:
     log.info("Final commit: %d layers and %d rows added to %s in %.2f s (the only time readers wait).",
              len(new_layers), after.rows - plan.base.rows, output, seconds)
     summary = summarize(settings.images, output, after, plan.base, len(plan.images) - start, start,
-                        time.perf_counter(), stale=len(plan.stale), left_out=plan.images.left_out())
+                        time.perf_counter(), stale=len(plan.stale), left_out=plan.images.left_out(),
+                        noun=plan.images.noun)
     return dataclasses.replace(summary, processed=summary.processed + grown, layers_added=new_layers)
 
 
@@ -121,7 +123,7 @@ def _grow(job: UpdateJob, plan: UpdatePlan, grower) -> int:
     staged = grow_path(output)
     if staged.exists():
         return 0
-    report_size(staged, grower.specs, len(plan.rows), settings.space_check, grower.device_bytes)
+    report_size(staged, grower.specs, len(plan.rows), settings.space_check, grower.device_bytes, plan.rows.noun)
     writer = FeatureWriter.open(staged, grower.specs, plan.grow_fingerprint, job.attributes,
                                 list(plan.rows.classes), settings.batch_size, settings.compression, locking=False)
     start = writer.committed_images

@@ -14,17 +14,17 @@ log = logging.getLogger("featdump")
 
 
 def report_size(output: Path, specs: dict[str, DatasetSpec], image_count: int, space_check: bool,
-                device_bytes: int = 0) -> None:
+                device_bytes: int = 0, noun: str = "image") -> None:
     """Log bytes per image per layer, the total, and DEVICE_BYTES (what projections hold on the device);
     refuse when the disk is too small."""
     for name, spec in specs.items():
         reduced = "" if spec.reduction == "none" else f", {spec.reduction}"
-        log.info("Layer %s: %s per image, shape %s, %s%s.", name, human_bytes(spec.row_bytes), spec.shape,
+        log.info("Layer %s: %s per %s, shape %s, %s%s.", name, human_bytes(spec.row_bytes), noun, spec.shape,
                  spec.dtype, reduced)
     if device_bytes:
         log.info("Projection matrices: %s on the device.", human_bytes(device_bytes))
     total = image_count * sum(spec.row_bytes for spec in specs.values())
-    log.info("Expected output: %s for %d images (%s free).", human_bytes(total), image_count,
+    log.info("Expected output: %s for %d %ss (%s free).", human_bytes(total), image_count, noun,
              human_bytes(shutil.disk_usage(output.resolve().parent).free))
     if space_check:
         check_space(output, total, "The output", "use --dtype float16 or --reduce, or pass --no-space-check")
