@@ -25,11 +25,12 @@ from featdump.inputs.video import is_video_file
 __all__ = ["IMAGE_EXTENSIONS", "Encoded", "ImageList", "Patience", "find_images", "is_url"]
 
 
-def find_images(source: Path | str, named: str = "IMAGES", patience: Patience = Patience()) -> ImageList:
+def find_images(source: Path | str, named: str = "IMAGES", patience: Patience | None = None) -> ImageList:
     """The images of SOURCE: a folder walked recursively (following symlinks once), a .txt/.csv list file of
     images or of tars, a .tar file, or a brace pattern or glob of tars; or the same at a URL (a store prefix read
     as a folder, a list, tar URLs and their brace patterns joined with ::), read within PATIENCE. NoImages if
     there are none, its message naming the argument or option SOURCE came from (NAMED: IMAGES, --pca-fit)."""
+    patience = patience or Patience()  # each call its own: a Patience records what its store did
     try:
         if is_url(source):
             return _find_remote_images(str(source), named, patience)

@@ -15,11 +15,12 @@ from featdump.inputs.stores import Patience, fetch_all, is_url, join, parent_of
 LIST_SUFFIXES = (".txt", ".csv")
 
 
-def read_image_list(path: Path | str, named: str = "IMAGES", patience: Patience = Patience()) -> ImageList:
+def read_image_list(path: Path | str, named: str = "IMAGES", patience: Patience | None = None) -> ImageList:
     """The images a list file names, in its order: .txt, one path per line (blank lines and lines starting
     with # ignored), or .csv with a `path` column and an optional integer `label` column. Relative paths
     are relative to the list's folder; a listed file that is missing becomes a skipped image later. Entries may
     be URLs, and PATH itself may be one: their stores' access is checked before any work."""
+    patience = patience or Patience()
     remote = is_url(path)
     suffix = PurePosixPath(str(path)).suffix.lower()
     if suffix not in LIST_SUFFIXES:

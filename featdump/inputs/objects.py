@@ -12,7 +12,7 @@ import hashlib
 import logging
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path, PurePosixPath
 
@@ -161,7 +161,7 @@ class ListedURLs(Files):
     """The images of a list file that names URLs (and paths: relative to the list's folder, itself perhaps a
     URL). A URL is named and identified by itself: there is no stat per URL (-1 for its size and time)."""
 
-    patience: Patience = Patience()
+    patience: Patience = field(default_factory=Patience)
 
     def open(self, root, relative: str, position: int) -> Encoded:
         return only_image(self.open_as_ready(root, [relative], [position]))
@@ -244,8 +244,8 @@ def _bucket_of(url: str) -> str:
     return f"{protocol}://{rest.split('/', 1)[0]}"
 
 
-def read_object(root: str, relative: str, patience: Patience = Patience(seconds=10)) -> bytes | None:
+def read_object(root: str, relative: str, patience: Patience | None = None) -> bytes | None:
     """The bytes of row RELATIVE of an output whose images were read under the URL ROOT (or named by their own
     URL), read back from the store; None when they are not there (or not an object: a tar member)."""
-    found = fetch_all([join(root, relative)], patience)[0]
+    found = fetch_all([join(root, relative)], patience or Patience(seconds=10))[0]
     return None if isinstance(found, BaseException) else found

@@ -25,7 +25,7 @@ import logging
 import os
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
 from featdump.errors import NoImages, UsageProblem
@@ -201,7 +201,7 @@ def _write_index(path: Path, scan: TarScan, ends: str) -> None:
 class RemoteTarMembers(TarMembers):
     """The members of tars at URLs: a batch's members of one tar are fetched with one ranged request."""
 
-    patience: Patience = Patience()
+    patience: Patience = field(default_factory=Patience)
 
     def open(self, root: str, relative: str, position: int) -> Encoded:
         return only_image(self.open_as_ready(root, [relative], [position]))
