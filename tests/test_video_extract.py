@@ -223,6 +223,46 @@ def test_clip_rows_feed_the_reader_and_an_rdm(videos, tmp_path):
     assert rdm.shape == (9, 9) and np.allclose(np.diag(rdm), 0.0, atol=1e-6)
 
 
+def test_folds_of_clips_keep_each_video_together_or_cut_it_in_stretches_of_time():
+    from featdump.readout.folds import assign_folds
+
+    videos = np.repeat([0, 1, 2, 3], [5, 3, 4, 2])  # each video's clips in time order
+    classes = np.repeat([0, 1, 0, 1], [5, 3, 4, 2])
+    folds = assign_folds(len(videos), 2, 0, classes, videos)
+    for video in range(4):
+        assert len(set(folds[videos == video])) == 1  # a whole video in one fold
+    assert {folds[videos == 0][0], folds[videos == 2][0]} == {0, 1}  # each class's videos spread over the folds
+    one = assign_folds(10, 3, 0, None, np.zeros(10, dtype=int))  # one film: three stretches of its time
+    assert one.tolist() == [0, 0, 0, 0, 1, 1, 1, 2, 2, 2]
+
+
+def test_probe_by_video_and_cka_on_clip_rows(videos, tmp_path):
+    """A probe of labels given per video (a table by path): every clip of a video takes its label, and a video's
+    clips stay in one fold; cka between two layers of clip rows is a similarity in [0, 1], 1 on the diagonal."""
+    import featdump
+
+    output = tmp_path / "out.h5"
+    folder = tmp_path / "films"
+    for index, name in enumerate(("one.mkv", "two.mkv", "three.mkv", "four.mkv")):
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        (folder / name).symlink_to(videos / ("a/one.mkv" if index % 2 == 0 else "b/two.mkv"))
+    assert run_featdump("extract", "-m", "resnet18", "-w", "none", "-l", "layer4,avgpool", "--fps", "4", folder,
+                        output).returncode == 0
+    (tmp_path / "kinds.csv").write_text("path,label\none.mkv,walk\nthree.mkv,walk\ntwo.mkv,run\nfour.mkv,run\n")
+    probed = featdump.probe(output, "avgpool", folds=2, labels=tmp_path / "kinds.csv", device="cpu",
+                            to=tmp_path / "probes.h5")["avgpool"]
+    with h5py.File(tmp_path / "probes.h5", "r") as h5file:
+        paths = h5file["paths"].asstr()[:]
+        kinds = [h5file["labels"].attrs["classes"][label] for label in h5file["labels"][:]]
+    assert len(paths) == 8 + 7 + 8 + 7  # 4 fps: 50 frames at 25 fps give 8 clips, 40 give 7
+    for name, kind in (("one.mkv", "walk"), ("two.mkv", "run"), ("three.mkv", "walk"), ("four.mkv", "run")):
+        assert {kinds[row] for row in np.flatnonzero(paths == name)} == {kind}  # its video's label, every clip
+        assert len(set(probed.fold[paths == name])) == 1  # and one fold
+    assert {probed.fold[paths == "one.mkv"][0], probed.fold[paths == "three.mkv"][0]} == {0, 1}  # stratified
+    matrix = featdump.cka(output, layers=["layer4", "avgpool"], device="cpu").values
+    assert matrix.shape == (2, 2) and np.allclose(np.diag(matrix), 1.0) and 0 < matrix[0, 1] < 1
+
+
 def test_a_folder_of_images_and_videos_takes_the_images_and_says_so(videos, tmp_path):
     from .conftest import write_images
 

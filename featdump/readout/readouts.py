@@ -119,18 +119,30 @@ def parse_alphas(alphas) -> np.ndarray:
     return grid
 
 
+def _videos(stored: Stored, table: Targets, folds: int) -> np.ndarray | None:
+    """Each used row's video (an index) where the rows are clips, so that FOLDS keep a video's clips together."""
+    if stored.clip_starts is None:
+        return None
+    videos = np.unique(np.asarray([stored.paths[row] for row in table.rows]), return_inverse=True)[1]
+    count = len(np.unique(videos))
+    log.info("The rows are clips of %d videos: each of the %d folds holds %s.", count, folds,
+             "whole videos" if count >= folds else "a stretch of time of each video")
+    return videos
+
+
 def _read_out(kind: str, stored: Stored, table: Targets, layers, folds: int, alphas, per_target: bool, seed: int,
               memory, device: str, to, overwrite: bool, progress: Progress | None) -> dict[str, Readout]:
     names = stored.select(listed(layers))
     grid, budget, place = parse_alphas(alphas), parse_bytes(memory), resolve_device(device)
-    fold = assign_folds(table.count, folds, seed, table.classes)
+    fold = assign_folds(table.count, folds, seed, table.classes, _videos(stored, table, folds))
     sparse = sparse_classes(table.classes, table.columns, folds) if table.classes is not None else []
     if sparse:
         log.warning("%d class%s have fewer images than the %d folds (%s): some folds hold none of them.",
                     len(sparse), "es" * (len(sparse) != 1), folds, ", ".join(sparse[:5]) + ", ..." * (len(sparse) > 5))
     paths = [stored.paths[row] for row in table.rows]
     made_from = {"source": stored.identity(), "kind": kind, "targets": _digest(table), "layers": names,
-                 "folds": folds, "seed": seed, "alphas": grid.tolist(), "per_target": per_target}
+                 "folds": folds, "seed": seed, "alphas": grid.tolist(), "per_target": per_target,
+                 **({"folds_by": "video"} if stored.clip_starts is not None else {})}
     if to is not None and not overwrite and finished(Path(to), made_from):
         log.info("%s is finished already, made by this same command: nothing to do.", to)
         return read_readouts(Path(to), names)
