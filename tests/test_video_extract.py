@@ -147,6 +147,21 @@ def test_update_adds_a_new_video_s_clips_and_shards_merge_to_one_run(videos, tmp
         np.testing.assert_array_equal(merged[key], row)
 
 
+def test_update_adds_a_layer_to_clip_rows_as_a_fresh_run_computes_it(videos, tmp_path):
+    common = ["extract", "-m", "r3d_18", "-w", "none", "--clip", "8", "--fps", "15", videos]
+    output, fresh = tmp_path / "out.h5", tmp_path / "fresh.h5"
+    assert run_featdump(*common[:-1], "-l", "avgpool", videos, output).returncode == 0
+    grown = run_featdump(*common[:-1], "-l", "avgpool,layer1", "--update", videos, output)
+    assert grown.returncode == 0 and "Added layer1 to the 6 rows" in grown.stderr, grown.stderr
+    assert run_featdump(*common[:-1], "-l", "avgpool,layer1", videos, fresh).returncode == 0
+    mine, expected = read_output(output), read_output(fresh)
+    assert mine["paths"] == expected["paths"]
+    with h5py.File(output, "r") as first, h5py.File(fresh, "r") as second:
+        np.testing.assert_array_equal(first["clip_start"][:], second["clip_start"][:])
+    for layer in ("avgpool", "layer1"):
+        np.testing.assert_array_equal(mine[layer], expected[layer])
+
+
 def test_encode_takes_targets_keyed_by_path_and_clip_start(videos, tmp_path):
     """A movie-fMRI-like table (video, onset, voxels), in its own order: the same fit as an .npy in row order."""
     import csv

@@ -140,15 +140,23 @@ def plan_update(output: Path, images: ImageList, fingerprint: dict, new_layers: 
 
 
 def _row_images(held: Output, images: ImageList, output: Path) -> ImageList:
-    """The images of HELD's rows, in row order (to compute new layers for)."""
-    present = {path: position for position, path in enumerate(images.paths)}
+    """The images of HELD's rows, in row order (to compute new layers for): the k-th row of a path is its k-th
+    image (a video's k-th clip; a tar member named twice, its k-th copy)."""
+    present: dict[str, list[int]] = {}
+    for position, path in enumerate(images.paths):
+        present.setdefault(path, []).append(position)
     paths = [os.fsdecode(name) for name in held.raw_paths()]
-    missing = [path for path in paths if path not in present]
+    seen: dict[str, int] = {}
+    chosen = []
+    for path in paths:
+        index = seen[path] = seen.get(path, -1) + 1
+        chosen.append(present[path][index] if index < len(present.get(path, ())) else None)
+    missing = [path for path, position in zip(paths, chosen) if position is None]
     if missing:
         raise UsageProblem(f"{len(missing)} images of the rows of {str(output)!r} are not in the images given "
                            f"({missing[0]!r}, ...), so the new layers cannot be computed for them; run the update "
                            "over the folder the output was made from.")
-    return images.select([present[path] for path in paths], labels=list(held.labels()), classes=held.classes)
+    return images.select(chosen, labels=list(held.labels()), classes=held.classes)
 
 
 def new_images(images: ImageList, known: set[str], classes: tuple[str, ...]) -> ImageList:
