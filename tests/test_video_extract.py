@@ -276,6 +276,12 @@ def test_probe_by_video_and_cka_on_clip_rows(videos, tmp_path):
     assert {probed.fold[paths == "one.mkv"][0], probed.fold[paths == "three.mkv"][0]} == {0, 1}  # stratified
     matrix = featdump.cka(output, layers=["layer4", "avgpool"], device="cpu").values
     assert matrix.shape == (2, 2) and np.allclose(np.diag(matrix), 1.0) and 0 < matrix[0, 1] < 1
+    (folder / "reversed.txt").write_text("four.mkv\nthree.mkv\ntwo.mkv\none.mkv\n")  # the clips in another order
+    other = tmp_path / "other.h5"
+    assert run_featdump("extract", "-m", "resnet18", "-w", "none", "-l", "avgpool", "--fps", "4",
+                        folder / "reversed.txt", other).returncode == 0
+    across = featdump.cka(output, other, layers="avgpool", device="cpu")
+    assert across.images == 30 and np.isclose(across.values[0, 0], 1.0)  # each clip matched to itself
 
 
 def test_a_folder_of_images_and_videos_takes_the_images_and_says_so(videos, tmp_path):

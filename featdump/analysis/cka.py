@@ -96,18 +96,19 @@ def cka(output: str | Path, other: str | Path | None = None, layers: list[str] |
 
 
 def _matched_rows(first: Stored, second: Stored | None, common: bool) -> tuple[np.ndarray, np.ndarray | None]:
-    """Row indices of FIRST and SECOND for the same images, in FIRST's order."""
+    """Row indices of FIRST and SECOND for the same images (the same clips of videos), in FIRST's order."""
     if second is None:
         return np.arange(first.rows), None
-    place = {path: index for index, path in enumerate(second.paths)}
-    shared = [index for index, path in enumerate(first.paths) if path in place]
+    place = {key: index for index, key in enumerate(second.row_keys())}
+    keys = first.row_keys()
+    shared = [index for index, key in enumerate(keys) if key in place]
     only_first, only_second = first.rows - len(shared), second.rows - len(shared)
     if (only_first or only_second) and not common:
         raise UsageProblem(
             f"The two outputs hold different images: {only_first} of {str(first.path)!r}'s {first.rows} are not in "
             f"{str(second.path)!r}, and {only_second} of its {second.rows} are not in the first. Compare them over "
             f"the {len(shared)} images both have with --common (common=True), or extract both from the same images.")
-    return np.array(shared), np.array([place[first.paths[index]] for index in shared])
+    return np.array(shared), np.array([place[keys[index]] for index in shared])
 
 
 def _centred_grams(grams: Results, sources, budget: int, device: torch.device, progress: Progress) -> None:

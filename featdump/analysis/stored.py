@@ -40,6 +40,18 @@ class Stored:
             return cls(path, rows, output.paths(), output.labels(), output.classes, layers, fingerprint,
                        text_of(output.attrs.get("image_root")) or "", starts)
 
+    def row_keys(self) -> list[tuple]:
+        """What names each row across outputs: (path, clip start) for clips of videos; else (path, k) for the
+        k-th row of its path (a tar member named twice)."""
+        if self.clip_starts is not None:
+            return [(path, round(float(start), 6)) for path, start in zip(self.paths, self.clip_starts)]
+        seen: dict[str, int] = {}
+        keys = []
+        for path in self.paths:
+            seen[path] = seen.get(path, -1) + 1
+            keys.append((path, seen[path]))
+        return keys
+
     def select(self, selectors: list[str] | None) -> list[str]:
         """The layers SELECTORS name (patterns as in extract); all of them when None."""
         return list(self.layers) if not selectors else select_stored(selectors, self.layers, repr(str(self.path)))
