@@ -137,10 +137,8 @@ def test_whole_model_files_need_trust_pickle_and_torchscript_is_refused(project)
 
 
 @pytest.mark.parametrize("model, message", [
-    ("fasterrcnn_resnet50_fpn", "is an object detection model of torchvision"),
-    ("deeplabv3_resnet50", "is a semantic segmentation model of torchvision"),
     ("raft_small", "IMAGES holds images, and the model takes clips of 2 frames of a video"),
-    ("quantized_resnet18", "get_model('quantized_resnet18', weights=None, quantize=True)` (it runs on the CPU)"),
+    ("resnet5O", "Unknown model 'resnet5O'. Did you mean: resnet50"),
     ("nosuchpkg.nets:build", "Cannot import 'nosuchpkg.nets' for --model"),
     ("mynet:missing", "'mynet' has no 'missing'"),
 ])

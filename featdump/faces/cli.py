@@ -166,7 +166,7 @@ def list_layers(model: str, depth: int | None, as_json: bool, transform: str | N
 
     loaded = load_model(model, weights="none", transform=transform, trust_pickle=trust_pickle)
     shape = preprocess_for(loaded).input_shape  # a video model's: one clip of its own frames
-    infos = [info for info in probe(loaded.module, shape) if depth is None or info.depth <= depth]
+    infos = [info for info in probe(loaded.module, shape, loaded.rows_within) if depth is None or info.depth <= depth]
     selected = {}
     if pattern:
         for name in match_pattern(pattern, infos, model):
@@ -177,7 +177,7 @@ def list_layers(model: str, depth: int | None, as_json: bool, transform: str | N
             row = {"path": info.path, "selector": info.selector, "type": info.type_name, "depth": info.depth,
                    "calls": info.calls, "shapes": [list(s) if s else None for s in info.shapes],
                    "batch_dims": list(info.batch_dims),
-                   "per_image": all(dim is not None for dim in info.batch_dims),
+                   "per_image": all(dim is not None for dim in info.batch_dims) and not info.refusal,
                    "tuple_output": info.tuple_output}
             if any(info.parts):  # a tuple, list, dict or ModelOutput: its tensor parts, per call
                 row["kind"] = info.kind
@@ -204,7 +204,7 @@ def list_layers(model: str, depth: int | None, as_json: bool, transform: str | N
 def _layer_lines(info, width: int) -> list[str]:
     """The module's line, then one line per tensor part of a tuple/dict output (PATH@NAME)."""
     lines = [_layer_line(info, width)]
-    for part in dict.fromkeys(part for call in info.parts for part in call):
+    for part in () if info.refusal else dict.fromkeys(part for call in info.parts for part in call):
         name = ("  " * info.depth + f"{info.path}@{part.name}").ljust(width)
         note = "" if part.batch_dim == 0 else "  (not per image)" if part.batch_dim is None else \
             f"  (batch in dimension {part.batch_dim}: stored batch-first)"
@@ -221,6 +221,8 @@ def _layer_line(info, width: int) -> str:
         shapes = " | ".join(sorted({str((fold.rows, *(size for axis, size in enumerate(shape) if axis != fold.axis)))
                                     for fold, shape in zip(info.folds, info.shapes) if fold is not None}))
     line = f"{name}  {info.type_name:<22} {info.calls}x  {shapes}"
+    if info.refusal:
+        return f"{name}  {info.type_name:<22} {info.calls}x  (not a row: detections, proposals or per-proposal tensors)"
     if not info.path:
         line += "  (the model's own output)"
     if info.calls > 1:

@@ -9,7 +9,7 @@ from collections.abc import Mapping
 import torch
 from torch import nn
 
-from featdump.errors import FeatdumpError, NotTraceable, StopForward
+from featdump.errors import FeatdumpError, NotTraceable, StopForward, first_sentence
 from featdump.forward.graph import pruned_forward, same_outputs
 from featdump.forward.layers import Layer, Snapshot
 from featdump.forward.probe import take_part
@@ -74,7 +74,8 @@ class Capture:
         try:
             pruned = pruned_forward(self._model, self._layers, self._snapshots)
         except NotTraceable as error:
-            log.debug("Capturing with hooks: the model does not trace (%s).", error)
+            log.info("No pruned graph: the model does not trace (%s); capturing with hooks, the forward stops once the "
+                     "last layer asked has run.", first_sentence(error))
             return
         if self._example is None:
             return

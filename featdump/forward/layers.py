@@ -89,6 +89,8 @@ def _resolve_one(text: str, by_path: dict[str, LayerInfo], model_name: str) -> L
         raise UnknownLayer(f"Unknown layer {path!r} in {model_name}.{maybe} {hint}")
     if info.calls == 0:
         raise UnknownLayer(f"Layer {path!r} of {model_name} never runs in a forward pass. {hint}")
+    if info.refusal:
+        raise NotPerImage(f"Layer {text!r} of {model_name}: {info.refusal}.")
     if call is None and info.calls > 1:
         options = " ".join(f"{path}:{k}" for k in range(1, info.calls + 1))
         raise AmbiguousLayer(

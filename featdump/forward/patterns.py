@@ -84,6 +84,8 @@ def _default_stored(info: LayerInfo, call: int) -> bool:
     tensor, or a dict's only one."""
     parts = info.parts[call - 1] if info.parts else ()
     fold = info.folds[call - 1] if info.folds else None
+    if info.refusal:
+        return False
     if info.kind == "tensor" or not parts:
         return info.shapes[call - 1] is not None and (not info.batch_dims or info.batch_dims[call - 1] is not None
                                                       or (fold is not None and fold.contiguous))

@@ -51,6 +51,7 @@ class LayerInfo:
     kind: str = "tensor"  # what the module returns: tensor, tuple (or list), dict (or ModelOutput), other
     folds: tuple = ()  # per call: a Fold when the batch is folded into a dimension with other rows, else None
     map_axes: tuple = ()  # per call: "channel,y,x" or "y,x,channel" for a 3-d map whose axes the probe told apart
+    refusal: str = ""  # why its outputs are no rows of an image whatever their shape (a detector's boxes), or ""
 
     @property
     def depth(self) -> int:
@@ -91,6 +92,14 @@ def tensor_parts(output) -> list[tuple[str, torch.Tensor]]:
 
 
 def take_part(output, part: str | None, name: str = "") -> torch.Tensor:
+    """PART of a module's OUTPUT (None: the output itself, a tuple's first tensor, or a dict's only tensor), as
+    values: a quantized tensor dequantized (a quantized model's rows are its values); UnknownLayer, naming what
+    there is, when it holds no such tensor."""
+    tensor = _take_part(output, part, name)
+    return tensor.dequantize() if tensor.is_quantized else tensor
+
+
+def _take_part(output, part: str | None, name: str = "") -> torch.Tensor:
     """PART of a module's OUTPUT (None: the output itself, a tuple's first tensor, or a dict's only tensor);
     UnknownLayer, naming what there is, when it holds no such tensor."""
     if part is None:
@@ -113,9 +122,10 @@ def take_part(output, part: str | None, name: str = "") -> torch.Tensor:
     return found[part]
 
 
-def probe(model: nn.Module, input_shape: tuple[int, ...]) -> list[LayerInfo]:
+def probe(model: nn.Module, input_shape: tuple[int, ...], rows_within: tuple[str, ...] = ()) -> list[LayerInfo]:
     """Run forwards on zeros of INPUT_SHAPE (C, H, W) with batches of 2 and 3 and record every module's calls,
-    output shapes and batch dimension (the one dimension whose size follows the batch)."""
+    output shapes and batch dimension (the one dimension whose size follows the batch). ROWS_WITHIN: the modules
+    whose outputs alone are rows of an image (a detector's backbone); the others' are marked refused."""
     runs = [_record_calls(model, input_shape, batch) for batch in _PROBE_BATCHES]
     resized = _resized_calls(model, input_shape)
     modules = dict(model.named_modules())
@@ -135,7 +145,21 @@ def probe(model: nn.Module, input_shape: tuple[int, ...]) -> list[LayerInfo]:
                      in zip(runs[0][0][path], resized.get(path, []), batch_dims))
         infos.append(LayerInfo(path, type(modules[path]).__name__, len(shapes), tuple(shapes), "tuple" in kinds,
                                tuple(batch_dims), tuple(parts), kinds[0] if kinds else "tensor", folds, maps))
-    return _check_folds(model, input_shape, infos)
+    return _refuse_outside(_check_folds(model, input_shape, infos), rows_within)
+
+
+def _refuse_outside(infos: list[LayerInfo], rows_within: tuple[str, ...]) -> list[LayerInfo]:
+    """INFOS with every module outside ROWS_WITHIN (and the model's own output) refused, naming the layers within."""
+    if not rows_within:
+        return infos
+    by_path = {info.path: info for info in infos}
+    offered = [f"{root}@{part.name}" for root in rows_within if root in by_path
+               for part in (by_path[root].parts[0] if by_path[root].parts else ())] or list(rows_within)
+    within = [info.path for info in infos if any(info.path == root or info.path.startswith(root + ".")
+                                                 for root in rows_within)]
+    why = (f"its outputs are detections, proposals or per-proposal tensors, not rows of an image; use "
+           f"{', '.join(offered)}, or a module inside {' or '.join(rows_within)}")
+    return [info if info.path in within else dataclasses.replace(info, refusal=why) for info in infos]
 
 
 _RESIZED = (32, 64)  # pixels added to the input's height and width for the run that tells a map's axes apart

@@ -53,7 +53,7 @@ from featdump.output.writer import FeatureWriter
 from featdump.reductions.methods import bind, snapshot
 from featdump.reductions.record import Reduction
 from featdump.reductions.rules import choose, method_of
-from featdump.sources.models import LoadedModel, check_model_name, clip_of, load_model
+from featdump.sources.models import LoadedModel, check_model_name, clip_of, cpu_only, load_model
 from featdump.sources.tokens import TokenLayout, token_layout
 from featdump.version import __version__
 
@@ -158,6 +158,7 @@ def extract(settings: Settings, progress: Progress | None = None) -> Summary:
 
 def _plan(settings: Settings) -> Plan:
     check_model_name(settings.model)
+    settings = _fitted_to_model(settings)
     images = as_rows(find_images(settings.images, patience=Patience(settings.store_patience)), settings.clip,
                      settings.fps, settings.clip_every, clip_of(settings.model))
     shard = choose_shard(settings.shard)
@@ -166,6 +167,24 @@ def _plan(settings: Settings) -> Plan:
     part = plan_shard(shard, settings.output, settings.shard_pattern, images)
     return Plan(dataclasses.replace(settings, output=part.output), part.images, shard, settings.output,
                 part.fingerprint, images)
+
+
+def _fitted_to_model(settings: Settings) -> Settings:
+    """SETTINGS as the model can run them: a model that runs on the CPU only (quantized) refuses a CUDA device, a
+    reduced precision and --compile in one line, and takes --device auto as the CPU."""
+    why = cpu_only(settings.model)
+    if why is None:
+        return settings
+    asked = [text for text, used in ((f"--device {settings.device}", settings.device.startswith("cuda")),
+                                     (f"--precision {settings.precision}", settings.precision != "fp32"),
+                                     ("--compile", settings.compile)) if used]
+    if asked:
+        raise UsageProblem(f"--model {settings.model}: {why}, so {', '.join(asked)} cannot apply; drop "
+                           f"{'it' if len(asked) == 1 else 'them'}, or name the float model "
+                           f"({settings.model.removeprefix('quantized_')}).")
+    if settings.device == "auto":
+        log.info("--model %s: %s; running on the CPU.", settings.model, why)
+    return dataclasses.replace(settings, device="cpu")
 
 
 def _run_locked(plan: Plan, lock: OutputLock, progress: Progress, started: float) -> Summary:
@@ -319,7 +338,7 @@ def _prepare_model(settings: Settings, device: torch.device, images: ImageList) 
     if settings.fast_decode and preprocess.draft is None:
         log.warning("--fast-decode needs a resize in the preprocessing; decoding every image whole.")
     try:
-        infos = probe(loaded.module, preprocess.input_shape)
+        infos = probe(loaded.module, preprocess.input_shape, loaded.rows_within)
     except ModelFailed:
         preprocess.check_one_size(_preprocessing_name(settings))  # the likelier cause, said instead
         raise

@@ -25,6 +25,7 @@ from featdump.sources import (
     flow_models,
     hf,
     open_clip_models,
+    quantized_models,
     timm_models,
     torchvision_models,
     video_models,
@@ -56,6 +57,7 @@ class LoadedModel:
     source: dict = field(default_factory=dict)  # recorded and part of the resume fingerprint
     tokens: TokenRule | None = None  # prefix tokens and patch size of its (N, L, D) outputs, where it states them
     clip: ModelClip = ModelClip()  # what it takes of a video
+    rows_within: tuple[str, ...] = ()  # the modules whose outputs are rows of an image (a detector's backbone); ()
 
 
 def model_kind(name: str) -> str:
@@ -90,9 +92,10 @@ def clip_of(name: str) -> ModelClip:
     weights state it, a Hugging Face video model's frames (its config's), a factory's as it declares it
     (`featdump_clip`); an image model's one frame a row."""
     kind = model_kind(name)
-    if kind == "torchvision" and video_models.is_video_model(name):
+    task = torchvision_models.task_of(name) if kind == "torchvision" else None
+    if task == "video":
         return ModelClip(*video_models.clip_defaults(name), takes_clips=True)
-    if kind == "torchvision" and flow_models.is_flow_model(name):
+    if task == "optical_flow":
         return ModelClip(flow_models.PAIR, None, takes_clips=True)
     if kind == "hf" and (frames := hf.clip_frames(name.removeprefix("hf:"))):
         return ModelClip(frames, None, takes_clips=True)
@@ -101,9 +104,16 @@ def clip_of(name: str) -> ModelClip:
     return ModelClip()
 
 
+def cpu_only(name: str) -> str | None:
+    """Why --model NAME runs on the CPU only (a quantized model's FBGEMM kernels), or None."""
+    if model_kind(name) == "torchvision" and torchvision_models.task_of(name) == "quantization":
+        return quantized_models.CPU_ONLY
+    return None
+
+
 def default_preprocessing(name: str) -> nn.Module:
-    """The transforms of a torchvision model's DEFAULT weights."""
-    return torchvision_models.default_preprocessing(name)
+    """The transforms of a torchvision model's DEFAULT weights, as its task takes them."""
+    return torchvision_models.preprocessing(name)
 
 
 def load_model(name: str, weights: str = "DEFAULT", seed: int = 0, transform: str | None = None,
@@ -120,7 +130,9 @@ def load_model(name: str, weights: str = "DEFAULT", seed: int = 0, transform: st
     if kind == "torchvision":
         torchvision_models.check_name(name)
         module, label = torchvision_models.build(name, build_weights, seed)
-        preprocessing, source = default_preprocessing(name), {"source": "torchvision"}
+        preprocessing = torchvision_models.preprocessing(name, module)
+        task = torchvision_models.task_of(name)  # recorded beside the source, a classifier's as before
+        source = {"source": "torchvision", **({"task": task} if task != "classification" else {})}
         tokens = torchvision_models.token_rule(module)
     elif kind == "timm":
         module, preprocessing, label, source = timm_models.build(name.removeprefix("timm:"), build_weights, seed)
@@ -149,7 +161,8 @@ def load_model(name: str, weights: str = "DEFAULT", seed: int = 0, transform: st
         source = {**source, "transform": DEFAULT_TRANSFORM}
     if tokens is None and kind in ("factory", "file"):  # your own model may state them as timm's do
         tokens = timm_models.token_rule(module)
-    return LoadedModel(module.eval(), preprocessing, label, source, tokens, clip_of(name))
+    within = torchvision_models.rows_within(name) if kind == "torchvision" else ()
+    return LoadedModel(module.eval(), preprocessing, label, source, tokens, clip_of(name), within)
 
 
 def _looks_like_path(weights: str) -> bool:

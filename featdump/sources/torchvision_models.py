@@ -1,4 +1,7 @@
-"""torchvision's classification models by name, with the transforms of their DEFAULT weights."""
+"""torchvision's models by name, every task of them: classifiers, video classifiers (`video_models`), optical flow
+(`flow_models`), semantic segmentation (`segmentation_models`), object detection (`detection_models`) and quantized
+classifiers (`quantized_models`). This module alone knows a name's task (`task_of`); the task decides how the model
+is built (weights none: no download, its backbone's weights none too), its preprocessing and what wraps it."""
 
 from __future__ import annotations
 
@@ -10,12 +13,14 @@ import torchvision
 from torch import nn
 from torchvision.models import get_model, get_model_weights, list_models
 
-from featdump.errors import InvalidWeights, UnknownModel, UnsupportedModel, WeightsUnavailable, first_sentence
-from featdump.sources import flow_models
+from featdump.errors import InvalidWeights, UnknownModel, WeightsUnavailable, first_sentence
+from featdump.sources import detection_models, flow_models, segmentation_models
 from featdump.sources.tokens import TokenRule
 
-_OTHER_TASKS = {"detection": "an object detection", "segmentation": "a semantic segmentation",
-                "quantization": "a quantized"}  # video models: sources.video_models; optical flow: flow_models
+_PACKAGES = {"classification": "", "video": "video", "optical_flow": "optical_flow", "segmentation": "segmentation",
+             "detection": "detection", "quantization": "quantization"}  # task: its package in torchvision.models
+_BUILT_WITH = {"quantization": {"quantize": True}}  # get_model's arguments beyond the weights, by task
+_BACKBONE_WEIGHTS = ("segmentation", "detection")  # tasks whose models would fetch their backbone's weights
 
 
 def token_rule(module: nn.Module) -> TokenRule | None:
@@ -25,53 +30,66 @@ def token_rule(module: nn.Module) -> TokenRule | None:
     return TokenRule.stated(1, getattr(module, "patch_size", None))
 
 
-def classification_models() -> list[str]:
-    """Names of every torchvision model that takes a batch and returns tensors: its classifiers, its video
-    classifiers (`sources.video_models`) and its optical flow models on pairs of frames (`sources.flow_models`)."""
-    return list_models(module=torchvision.models) + list_models(module=torchvision.models.video) + \
-        flow_models.flow_model_names()
+def _names(task: str) -> list[str]:
+    package = _PACKAGES[task]
+    return list_models(module=getattr(torchvision.models, package) if package else torchvision.models)
 
 
-def is_classification_model(name: str) -> bool:
-    return name in classification_models()
+def every_model() -> list[str]:
+    """Every name in torchvision.models.list_models(), each of one task."""
+    return [name for task in _PACKAGES for name in _names(task)]
 
 
-def check_name(name: str) -> None:
-    """Raise unless NAME is a torchvision classification model: another task's model gets its own message."""
-    names = classification_models()
-    if name in names:
-        return
-    for task, kind in _OTHER_TASKS.items():
-        if name in list_models(module=getattr(torchvision.models, task)):
-            part = ", quantize=True)` (it runs on the CPU)" if task == "quantization" else ").backbone`"
-            raise UnsupportedModel(
-                f"{name!r} is {kind} model of torchvision; featdump reads classification-style backbones, which "
-                "take a batch of images and return tensors. Wrap the part you want in a factory, e.g. "
-                f"`def build(): return torchvision.models.get_model({name!r}, weights=None{part}, and pass "
-                "--model yourmodule:build."
-            )
+def task_of(name: str) -> str:
+    """The task of torchvision model NAME (classification, video, optical_flow, segmentation, detection,
+    quantization); UnknownModel, with the names it is close to, for a name torchvision does not have."""
+    for task in _PACKAGES:
+        if name in _names(task):
+            return task
+    names = every_model()
     close = difflib.get_close_matches(name, names, n=5, cutoff=0.5)
     hint = f" Did you mean: {', '.join(close)}?" if close else ""
     raise UnknownModel(
-        f"Unknown model {name!r}.{hint} Any torchvision classification model works ({len(names)} of them, e.g. "
-        "resnet50, vit_b_16), as do timm:NAME, package.module:callable and saved model files."
+        f"Unknown model {name!r}.{hint} Any torchvision model works ({len(names)} of them, e.g. resnet50, vit_b_16, "
+        "r3d_18, deeplabv3_resnet50), as do timm:NAME, package.module:callable and saved model files."
     )
 
 
-def default_preprocessing(name: str) -> nn.Module:
-    """The transforms of the model's DEFAULT weights (used whatever weights are loaded)."""
-    transforms = get_model_weights(name).DEFAULT.transforms()
-    return flow_models.FlowTransform(transforms, name) if flow_models.is_flow_model(name) else transforms
+def check_name(name: str) -> None:
+    task_of(name)
+
+
+def preprocessing(name: str, module: nn.Module | None = None) -> nn.Module:
+    """The preprocessing of NAME (built as MODULE), whatever weights are loaded: its DEFAULT weights' transforms,
+    as its task takes them (a segmentation model's cropped to a square, a flow model's on pairs of frames, a
+    detection model's images resized to its own square)."""
+    task, transforms = task_of(name), get_model_weights(name).DEFAULT.transforms()
+    if task == "detection":
+        return detection_models.square_transform(name, module if module is not None else build(name, "none", 0)[0])
+    if task == "optical_flow":
+        return flow_models.FlowTransform(transforms, name)
+    if task == "segmentation":
+        return segmentation_models.square_transform(name, transforms)
+    return transforms
+
+
+def rows_within(name: str) -> tuple[str, ...]:
+    """The modules of NAME whose outputs are rows of an image (a detection model's backbone); () for all."""
+    return detection_models.ROWS_WITHIN if task_of(name) == "detection" else ()
 
 
 def build(name: str, weights: str, seed: int) -> tuple[nn.Module, str]:
-    """(module, what was loaded) for 'none' (seeded random), DEFAULT or a weights enum name."""
-    wrap = flow_models.FlowPairs if flow_models.is_flow_model(name) else (lambda module: module)
+    """(module, what was loaded) for 'none' (seeded random, nothing downloaded: not its backbone's weights
+    either), DEFAULT or a weights enum name; as its task builds it (quantized: quantize=True)."""
+    task = task_of(name)
+    options = dict(_BUILT_WITH.get(task, {}))
+    wrap = flow_models.FlowPairs if task == "optical_flow" else (lambda module: module)
     if weights.lower() == "none":
         torch.manual_seed(seed)
-        return wrap(get_model(name, weights=None)), "none"
+        backbone = {"weights_backbone": None} if task in _BACKBONE_WEIGHTS else {}
+        return wrap(get_model(name, weights=None, **options, **backbone)), "none"
     enum = weights_enum(name, weights)
-    return wrap(_pretrained(name, enum)), f"{type(enum).__name__}.{enum.name}"
+    return wrap(_pretrained(name, enum, options)), f"{type(enum).__name__}.{enum.name}"
 
 
 def weights_enum(name: str, weights: str):
@@ -87,10 +105,10 @@ def weights_enum(name: str, weights: str):
     )
 
 
-def _pretrained(name: str, enum) -> nn.Module:
+def _pretrained(name: str, enum, options: dict) -> nn.Module:
     """The model with ENUM's weights, from torch's cache or downloaded; a clear error offline."""
     try:
-        return get_model(name, weights=enum)
+        return get_model(name, weights=enum, **options)
     except (urllib.error.URLError, OSError) as error:
         raise WeightsUnavailable(
             f"Could not download the pretrained weights {type(enum).__name__}.{enum.name} "
