@@ -171,7 +171,8 @@ def test_cls_and_patchmean_are_refused_where_the_tokens_are_not_known(saved, pat
 
 
 def test_at_is_the_embedding_the_model_exists_for(saved):
-    """hf CLIP: @ equals get_image_features; SigLIP likewise; a vision model's @pooler_output its pooled output."""
+    """hf CLIP: @ equals get_image_features; SigLIP and OWL-ViT likewise; a vision model's @pooler_output its pooled
+    output."""
     torch.manual_seed(0)
     siglip = transformers.SiglipConfig(
         text_config=dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64,
@@ -180,9 +181,17 @@ def test_at_is_the_embedding_the_model_exists_for(saved):
                            image_size=32, patch_size=8))
     transformers.SiglipModel(siglip).save_pretrained(saved / "siglip")
     transformers.SiglipImageProcessor(size={"height": 32, "width": 32}).save_pretrained(saved / "siglip")
+    owl = transformers.OwlViTConfig(  # its vision tower inherits main_input_name input_ids: refused before
+        text_config=dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64,
+                         vocab_size=100, max_position_embeddings=16, bos_token_id=0, eos_token_id=1, pad_token_id=1),
+        vision_config=dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
+                           image_size=32, patch_size=8), projection_dim=16)
+    transformers.OwlViTModel(owl).save_pretrained(saved / "owlvit")
+    transformers.OwlViTImageProcessor(size={"height": 32, "width": 32}, crop_size={"height": 32, "width": 32}) \
+        .save_pretrained(saved / "owlvit")
     listed = CliRunner().invoke(main, ["list-layers", f"hf:{saved / 'clip'}"])
     assert listed.output.splitlines()[1].split()[:2] == ["@", "ImageFeatures"]  # listed first
-    for name in ("clip", "siglip"):
+    for name in ("clip", "siglip", "owlvit"):
         output = featdump.extract(saved / "images", saved / f"{name}-at.h5", model=f"hf:{saved / name}",
                                   layers=["@", "post_layernorm"], num_workers=0, overwrite=True)
         model = transformers.AutoModel.from_pretrained(saved / name).eval()

@@ -127,7 +127,7 @@ class ImageFeatures(nn.Module):
             self.visual_projection = model.visual_projection
         object.__setattr__(self, "_model", model)  # not a child: only its image side is this module's
         self.config = tower.config
-        self.main_input_name = getattr(tower, "main_input_name", "pixel_values")
+        self.main_input_name = "pixel_values"  # what get_image_features takes (OWL-ViT's tower inherits input_ids)
 
     def train(self, mode: bool = True) -> ImageFeatures:
         self._model.train(mode)
