@@ -326,6 +326,15 @@ def test_clear_refusals_for_hf_and_open_clip(tmp_path):
     assert text_only.exit_code == 2 and text_only.stderr.strip() == (
         f"Error: hf:{tmp_path / 'bert'} has no vision part: its BertModel takes input_ids, not images. Name an image "
         "model, or a multimodal one with a vision tower (CLIP, SigLIP, ...).")
+    siglip2 = transformers.Siglip2Config(  # its processor makes (patches, values) per image, not (3, H, W)
+        text_config=dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64,
+                         vocab_size=100, max_position_embeddings=16, bos_token_id=0, eos_token_id=1, pad_token_id=1),
+        vision_config=dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64,
+                           patch_size=8, num_patches=16))
+    transformers.Siglip2Model(siglip2).save_pretrained(tmp_path / "siglip2")
+    transformers.Siglip2ImageProcessor(max_num_patches=16, patch_size=8).save_pretrained(tmp_path / "siglip2")
+    patches = CliRunner().invoke(main, ["list-layers", f"hf:{tmp_path / 'siglip2'}"])
+    assert patches.exit_code != 0 and "The model fails on a batch of 2 inputs of shape (16, 192)" in patches.stderr
     missing = run_featdump("list-layers", f"hf:{tmp_path / 'nothing-here'}", env=featdump_env(HF_HUB_OFFLINE="1"))
     assert missing.returncode == 1 and len(missing.stderr.strip().splitlines()) == 1, missing.stderr
     assert "Could not load hf:" in missing.stderr and "save_pretrained" in missing.stderr

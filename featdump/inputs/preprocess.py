@@ -28,16 +28,19 @@ class Preprocess:
         self.split = isinstance(transforms, ImageClassification)
         if self.split:
             self.size = (transforms.crop_size[0], transforms.crop_size[-1])
+            self._shape = (3, *self.size)
         else:  # any other transform: the size it makes of a photo-shaped image
-            self.size = tuple(transforms(Image.new("RGB", (640, 480))).shape[-2:])
+            self._shape = tuple(transforms(Image.new("RGB", (640, 480))).shape)
+            self.size = self._shape[-2:]
         self._portrait_size = self.size if self.split else tuple(transforms(Image.new("RGB", (480, 640))).shape[-2:])
         resize = self._resize_target()
         self.draft = (2 * resize, 2 * resize) if fast_decode and resize else None
 
     @property
     def input_shape(self) -> tuple[int, ...]:
-        """One input's shape past the batch axis: (3, H, W)."""
-        return (3, *self.size)
+        """One input's shape past the batch axis, as the preprocessing makes it: (3, H, W) for an image (a
+        processor's patches for SigLIP2: (patches, values))."""
+        return self._shape
 
     def _resize_target(self) -> int | None:
         """The size the preprocessing resizes to (its largest side value), if it starts with a resize."""

@@ -173,7 +173,8 @@ def _quiet(transformers):
 def _config(name: str):
     transformers = _transformers()
     try:
-        return transformers.AutoConfig.from_pretrained(name)
+        with _quiet(transformers):
+            return transformers.AutoConfig.from_pretrained(name)
     except ValueError as error:  # a config transformers does not know
         raise UnknownModel(f"hf:{name}: {first_sentence(error)}.") from error
     except OSError as error:
