@@ -246,8 +246,11 @@ def _call_outputs(model: nn.Module, inputs: torch.Tensor, paths) -> dict[str, li
 
 def _rows_changed(before: tuple, after: tuple, fold: Fold) -> list[int]:
     """[first, last + 1] of the rows along FOLD's axis that differ between two calls' (output, input): the
-    output's, or the input's when the output did not change and has the input's shape (empty when none)."""
+    output's, or the input's when the output did not change and has the input's shape (empty when none, or when the
+    two calls do not give the same shape)."""
     (output_before, input_before), (output_after, input_after) = before, after
+    if output_before.shape != output_after.shape:
+        return []  # rows that come and go with the content (a detector's proposals): no fold of the batch
     if torch.equal(output_before, output_after) and input_before is not None \
             and input_before.shape == output_before.shape:
         output_before, output_after = input_before, input_after
