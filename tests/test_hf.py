@@ -235,7 +235,7 @@ def test_open_clip_block_equals_a_manual_hook_and_at_equals_encode_image(tmp_pat
 PARTS = '''
 import torch
 from torch import nn
-from transformers.modeling_outputs import BaseModelOutputWithPooling
+from transformers.modeling_outputs import BackboneOutput, BaseModelOutputWithPooling
 
 
 class DictOut(nn.Module):
@@ -253,6 +253,11 @@ class Encoder(nn.Module):
         return BaseModelOutputWithPooling(last_hidden_state=x.flatten(2).transpose(1, 2), pooler_output=x.sum((2, 3)))
 
 
+class Backbone(nn.Module):  # a ModelOutput holding a tuple only: its maps are @feature_maps.0, @feature_maps.1
+    def forward(self, x):
+        return BackboneOutput(feature_maps=(x + 1, x * 3))
+
+
 class Net(nn.Module):
     def __init__(self):
         super().__init__()
@@ -260,13 +265,15 @@ class Net(nn.Module):
         self.tup = TupleWithNone()
         self.dictmod = DictOut()
         self.encoder = Encoder()
+        self.backbone = Backbone()
 
     def forward(self, x):
         y = torch.relu_(self.conv(x))
         _, doubled, flat = self.tup(y)
         parts = self.dictmod(doubled)
         out = self.encoder(doubled)
-        return parts["mean"] + out.pooler_output + flat[:, :4]
+        maps = self.backbone(y).feature_maps
+        return parts["mean"] + out.pooler_output + flat[:, :4] + maps[1].mean((2, 3))
 
 
 def build():
@@ -279,7 +286,7 @@ def test_parts_of_tuple_dict_and_model_outputs_equal_a_manual_recomputation(tmp_
         import partsnet
 
         output = tmp_path / "parts.h5"
-        layers = "tup,tup@2,dictmod@*,encoder@last_hidden_state,encoder@pooler_output"
+        layers = "tup,tup@2,dictmod@*,encoder@last_hidden_state,encoder@pooler_output,backbone@feature_maps.1"
         result = run_featdump("extract", "-m", "partsnet:build", "-l", layers, folder / "images", output,
                               cwd=folder)
         assert result.returncode == 0, result.stderr
@@ -292,7 +299,7 @@ def test_parts_of_tuple_dict_and_model_outputs_equal_a_manual_recomputation(tmp_
         expected = {"tup": y * 2, "tup@2": y.flatten(1), "dictmod@mean": (y * 2).mean(dim=(2, 3)),
                     "dictmod@max": (y * 2).amax(dim=(2, 3)),
                     "encoder@last_hidden_state": (y * 2).flatten(2).transpose(1, 2),
-                    "encoder@pooler_output": (y * 2).sum((2, 3))}
+                    "encoder@pooler_output": (y * 2).sum((2, 3)), "backbone@feature_maps.1": y * 3}
         with h5py.File(output, "r") as h5file:
             assert sorted(h5file.attrs["layers"]) == sorted(expected)
             assert h5file["features/tup"].attrs["part"] == "1"

@@ -81,14 +81,19 @@ def output_kind(output) -> str:
     return "tuple" if isinstance(output, (tuple, list)) else "other"
 
 
-def tensor_parts(output) -> list[tuple[str, torch.Tensor]]:
-    """(name, tensor) of each tensor in a tuple/list/dict/ModelOutput output (None and other items left out)."""
+def tensor_parts(output, prefix: str = "") -> list[tuple[str, torch.Tensor]]:
+    """(name, tensor) of each tensor in a tuple/list/dict/ModelOutput output, nested ones named by their dotted
+    path (BackboneOutput's `feature_maps.2`); None and other items left out."""
     kind = output_kind(output)
-    if kind == "dict":
-        return [(str(key), value) for key, value in output.items() if isinstance(value, torch.Tensor)]
-    if kind == "tuple":
-        return [(str(index), item) for index, item in enumerate(output) if isinstance(item, torch.Tensor)]
-    return []
+    items = [(str(key), value) for key, value in output.items()] if kind == "dict" else \
+        [(str(index), item) for index, item in enumerate(output)] if kind == "tuple" else []
+    found = []
+    for key, value in items:
+        if isinstance(value, torch.Tensor):
+            found.append((prefix + key, value))
+        elif output_kind(value) in ("dict", "tuple"):
+            found += tensor_parts(value, f"{prefix}{key}.")
+    return found
 
 
 def take_part(output, part: str | None, name: str = "") -> torch.Tensor:
