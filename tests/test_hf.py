@@ -235,7 +235,7 @@ def test_open_clip_block_equals_a_manual_hook_and_at_equals_encode_image(tmp_pat
 PARTS = '''
 import torch
 from torch import nn
-from transformers.modeling_outputs import BackboneOutput, BaseModelOutputWithPooling
+from transformers.modeling_outputs import BackboneOutput, BaseModelOutput, BaseModelOutputWithPooling
 
 
 class DictOut(nn.Module):
@@ -258,6 +258,11 @@ class Backbone(nn.Module):  # a ModelOutput holding a tuple only: its maps are @
         return BackboneOutput(feature_maps=(x + 1, x * 3))
 
 
+class Windows(nn.Module):  # a ModelOutput whose tensor lays each image's rows one after another (N x HW, C)
+    def forward(self, x):
+        return BaseModelOutput(last_hidden_state=x.flatten(2).transpose(1, 2).reshape(-1, x.shape[1]) - 1)
+
+
 class Net(nn.Module):
     def __init__(self):
         super().__init__()
@@ -266,6 +271,7 @@ class Net(nn.Module):
         self.dictmod = DictOut()
         self.encoder = Encoder()
         self.backbone = Backbone()
+        self.windows = Windows()
 
     def forward(self, x):
         y = torch.relu_(self.conv(x))
@@ -273,7 +279,8 @@ class Net(nn.Module):
         parts = self.dictmod(doubled)
         out = self.encoder(doubled)
         maps = self.backbone(y).feature_maps
-        return parts["mean"] + out.pooler_output + flat[:, :4] + maps[1].mean((2, 3))
+        rows = self.windows(y).last_hidden_state
+        return parts["mean"] + out.pooler_output + flat[:, :4] + maps[1].mean((2, 3)) + rows.sum() * 0
 
 
 def build():
@@ -286,7 +293,8 @@ def test_parts_of_tuple_dict_and_model_outputs_equal_a_manual_recomputation(tmp_
         import partsnet
 
         output = tmp_path / "parts.h5"
-        layers = "tup,tup@2,dictmod@*,encoder@last_hidden_state,encoder@pooler_output,backbone@feature_maps.1"
+        layers = ("tup,tup@2,dictmod@*,encoder@last_hidden_state,encoder@pooler_output,backbone@feature_maps.1,"
+                  "windows@last_hidden_state")
         result = run_featdump("extract", "-m", "partsnet:build", "-l", layers, folder / "images", output,
                               cwd=folder)
         assert result.returncode == 0, result.stderr
@@ -299,7 +307,8 @@ def test_parts_of_tuple_dict_and_model_outputs_equal_a_manual_recomputation(tmp_
         expected = {"tup": y * 2, "tup@2": y.flatten(1), "dictmod@mean": (y * 2).mean(dim=(2, 3)),
                     "dictmod@max": (y * 2).amax(dim=(2, 3)),
                     "encoder@last_hidden_state": (y * 2).flatten(2).transpose(1, 2),
-                    "encoder@pooler_output": (y * 2).sum((2, 3)), "backbone@feature_maps.1": y * 3}
+                    "encoder@pooler_output": (y * 2).sum((2, 3)), "backbone@feature_maps.1": y * 3,
+                    "windows@last_hidden_state": y.flatten(2).transpose(1, 2) - 1}  # (N, HW, C): unfolded
         with h5py.File(output, "r") as h5file:
             assert sorted(h5file.attrs["layers"]) == sorted(expected)
             assert h5file["features/tup"].attrs["part"] == "1"
@@ -322,6 +331,33 @@ def test_parts_of_tuple_dict_and_model_outputs_equal_a_manual_recomputation(tmp_
         np.testing.assert_allclose(features["tup@2"].numpy(), expected["tup@2"].numpy(), rtol=1e-6)
         with featdump.capture(net, ["dictmod"]), pytest.raises(UnknownLayer, match="dictmod@mean, dictmod@max"):
             net(x)
+
+
+def test_swin_window_attention_s_tuple_is_stored_with_its_folded_batch(tmp_path):
+    """Swin's window attention returns a tuple whose first tensor holds N x windows rows: each image's windows are
+    its rows, as plain hooks on the processor's output give them (the bare path and @0 alike)."""
+    torch.manual_seed(0)
+    config = transformers.SwinConfig(image_size=32, patch_size=4, embed_dim=16, depths=[1, 1], num_heads=[1, 2],
+                                     window_size=4)
+    transformers.SwinModel(config).save_pretrained(tmp_path / "swin")
+    transformers.ViTImageProcessor(size={"height": 32, "width": 32}).save_pretrained(tmp_path / "swin")
+    write_images(tmp_path / "images", {"": 3}, size=(40, 30))
+    attention = "encoder.layers.0.blocks.0.attention"
+    output = featdump.extract(tmp_path / "images", tmp_path / "swin.h5", model=f"hf:{tmp_path / 'swin'}",
+                              layers=[attention, f"{attention}@0"], num_workers=0)
+    model = transformers.AutoModel.from_pretrained(tmp_path / "swin").eval()
+    pixels = transformers.AutoImageProcessor.from_pretrained(tmp_path / "swin")(
+        images=images_in(output), return_tensors="pt")["pixel_values"]
+    taken = []
+    model.get_submodule(attention).register_forward_hook(lambda module, args, out: taken.append(out[0].clone()))
+    with torch.inference_mode():
+        model(pixels)
+    windows = taken[0].unflatten(0, (3, -1)).numpy()  # (3 x 4 windows, 16, 16) -> (3, 4, 16, 16)
+    for layer in (attention, f"{attention}@0"):
+        assert relative_error(rows(output, layer), windows) <= 1e-5
+    listing = CliRunner().invoke(main, ["list-layers", f"hf:{tmp_path / 'swin'}", "--json"])
+    by_path = {row["path"]: row for row in map(json.loads, listing.output.splitlines())}
+    assert by_path[attention]["parts"][0][0]["folded_rows"] == 4
 
 
 def test_clear_refusals_for_hf_and_open_clip(tmp_path):

@@ -181,7 +181,8 @@ def list_layers(model: str, depth: int | None, as_json: bool, transform: str | N
                    "tuple_output": info.tuple_output}
             if any(info.parts):  # a tuple, list, dict or ModelOutput: its tensor parts, per call
                 row["kind"] = info.kind
-                row["parts"] = [[{"name": part.name, "shape": list(part.shape), "batch_dim": part.batch_dim}
+                row["parts"] = [[{"name": part.name, "shape": list(part.shape), "batch_dim": part.batch_dim,
+                                  "folded_rows": part.fold.rows if part.fold and part.fold.contiguous else None}
                                  for part in call] for call in info.parts]
             if pattern:
                 row["selected"] = selected[info.path]
@@ -206,9 +207,14 @@ def _layer_lines(info, width: int) -> list[str]:
     lines = [_layer_line(info, width)]
     for part in () if info.refusal else dict.fromkeys(part for call in info.parts for part in call):
         name = ("  " * info.depth + f"{info.path}@{part.name}").ljust(width)
-        note = "" if part.batch_dim == 0 else "  (not per image)" if part.batch_dim is None else \
+        fold = part.fold if part.batch_dim is None and part.fold is not None and part.fold.contiguous else None
+        note = "" if part.batch_dim == 0 else \
+            f"  (the batch folded into dimension {fold.axis}: N x {fold.rows} rows)" if fold else \
+            "  (not per image)" if part.batch_dim is None else \
             f"  (batch in dimension {part.batch_dim}: stored batch-first)"
-        lines.append(f"{name}  {'part':<22}     {part.shape}{note}")
+        shape = part.shape if fold is None else \
+            (fold.rows, *(size for axis, size in enumerate(part.shape) if axis != fold.axis))
+        lines.append(f"{name}  {'part':<22}     {shape}{note}")
     return lines
 
 

@@ -101,8 +101,8 @@ def _resolve_one(text: str, by_path: dict[str, LayerInfo], model_name: str) -> L
         raise UnknownLayer(
             f"Layer {path!r} runs {info.calls} time(s) per forward pass, so {text!r} does not exist. {hint}"
         )
-    shape, batch_dim, part = _chosen_output(info, index, part, text, hint)
-    fold = info.folds[index - 1] if info.folds and part is None and batch_dim is None else None
+    shape, batch_dim, part, fold = _chosen_output(info, index, part, text, hint)
+    fold = fold if batch_dim is None else None
     if fold is not None and not fold.contiguous:
         raise NotPerImage(f"Layer {text!r} folds the batch into dimension {fold.axis} ({fold.rows} rows per image), "
                           "but an image's rows are not one block (they interleave with other images' rows), so they "
@@ -121,7 +121,8 @@ def _resolve_one(text: str, by_path: dict[str, LayerInfo], model_name: str) -> L
 
 
 def _chosen_output(info: LayerInfo, call: int, part: str | None, text: str, hint: str):
-    """(shape, batch dimension, part) of what TEXT stores of call CALL of INFO's module."""
+    """(shape, batch dimension, part, fold of the batch where no dimension follows it) of what TEXT stores of call
+    CALL of INFO's module."""
     parts = info.parts[call - 1] if info.parts else ()
     names = ", ".join(f"{text.split('@')[0]}@{item.name}" for item in parts)
     if part is not None:
@@ -129,15 +130,16 @@ def _chosen_output(info: LayerInfo, call: int, part: str | None, text: str, hint
         if chosen is None:
             offered = f"its tensor parts: {names}" if parts else f"its output is a {info.kind}, which has no parts"
             raise UnknownLayer(f"Layer {info.selector!r} has no output part {part!r}; {offered}. {hint}")
-        return chosen.shape, chosen.batch_dim, part
+        return chosen.shape, chosen.batch_dim, part, chosen.fold
     if info.kind == "tensor":
-        return info.shapes[call - 1], info.batch_dims[call - 1] if info.batch_dims else 0, None
+        fold = info.folds[call - 1] if info.folds else None
+        return info.shapes[call - 1], info.batch_dims[call - 1] if info.batch_dims else 0, None, fold
     if info.kind == "tuple" and parts:
         log.info("Layer %s outputs a tuple: its first tensor (%s@%s) is stored; select another part as %s.",
                  text, text, parts[0].name, names)
-        return parts[0].shape, parts[0].batch_dim, parts[0].name
+        return parts[0].shape, parts[0].batch_dim, parts[0].name, parts[0].fold
     if info.kind == "dict" and len(parts) == 1:
-        return parts[0].shape, parts[0].batch_dim, parts[0].name
+        return parts[0].shape, parts[0].batch_dim, parts[0].name, parts[0].fold
     if info.kind == "dict" and parts:
         raise UnknownLayer(f"Layer {text!r} outputs a dict (or ModelOutput) of several tensors; select one: {names}.")
     raise UnknownLayer(f"Layer {info.selector!r} does not output a tensor, so it cannot be stored. {hint}")

@@ -19,15 +19,6 @@ MODEL_OUTPUT = "@"  # the selector of the model's own output (@KEY, @N: its part
 
 
 @dataclass(frozen=True)
-class Part:
-    """One tensor of a module's output that is not a tensor itself: PATH@NAME."""
-
-    name: str  # "0" for a tuple's first item, "last_hidden_state" for a dict's or ModelOutput's key
-    shape: tuple[int, ...]  # without the batch dimension
-    batch_dim: int | None
-
-
-@dataclass(frozen=True)
 class Fold:
     """A dimension holding ROWS rows per image, images one after another (LeViT's BatchNorm1d over
     (batch x 49, C)), found by the probe: 2 images give 2 x ROWS rows, 3 give 3 x ROWS."""
@@ -35,6 +26,16 @@ class Fold:
     axis: int
     rows: int
     contiguous: bool  # each image's rows are one block (changing one image changes only its block)
+
+
+@dataclass(frozen=True)
+class Part:
+    """One tensor of a module's output that is not a tensor itself: PATH@NAME."""
+
+    name: str  # "0" for a tuple's first item, "last_hidden_state" for a dict's or ModelOutput's key
+    shape: tuple[int, ...]  # without the batch dimension
+    batch_dim: int | None
+    fold: Fold | None = None  # where no dimension follows the batch: the batch folded with rows (Swin's windows)
 
 
 @dataclass(frozen=True)
@@ -141,8 +142,7 @@ def probe(model: nn.Module, input_shape: tuple[int, ...], rows_within: tuple[str
             shape, batch_dim = _per_image(first.get(None), second.get(None))
             shapes.append(shape)
             batch_dims.append(batch_dim)
-            parts.append(tuple(Part(name, *_per_image(size, second.get(name)))
-                               for name, size in first.items() if name is not None))
+            parts.append(tuple(_part(name, size, second.get(name)) for name, size in first.items() if name is not None))
         kinds = runs[0][1][path]
         folds = tuple(_fold(first.get(None), second.get(None)) if batch_dim is None else None
                       for first, second, batch_dim in zip(runs[0][0][path], runs[1][0][path], batch_dims))
@@ -151,6 +151,12 @@ def probe(model: nn.Module, input_shape: tuple[int, ...], rows_within: tuple[str
         infos.append(LayerInfo(path, type(modules[path]).__name__, len(shapes), tuple(shapes), "tuple" in kinds,
                                tuple(batch_dims), tuple(parts), kinds[0] if kinds else "tensor", folds, maps))
     return _refuse_outside(_check_folds(model, input_shape, infos), rows_within)
+
+
+def _part(name: str, first: tuple | None, second: tuple | None) -> Part:
+    """Part NAME from its shapes at batches 2 and 3: its batch dimension, or where none, the fold of the batch."""
+    shape, batch_dim = _per_image(first, second)
+    return Part(name, shape, batch_dim, _fold(first, second) if batch_dim is None else None)
 
 
 def _refuse_outside(infos: list[LayerInfo], rows_within: tuple[str, ...]) -> list[LayerInfo]:
@@ -211,7 +217,8 @@ def _check_folds(model: nn.Module, input_shape: tuple[int, ...], infos: list[Lay
     """Mark each fold contiguous or not: two forwards of 2 images that differ in the second image only; an
     image's rows are one block when exactly the second block of rows changes (in the output, or, where the
     output does not change at all (a norm initialised to zero), in an input of the same shape)."""
-    folded = {info.path: info for info in infos if any(info.folds)}
+    folded = {info.path: info for info in infos
+              if any(info.folds) or any(part.fold for call in info.parts for part in call)}
     if not folded:
         return infos
     generator = torch.Generator().manual_seed(0)
@@ -221,21 +228,35 @@ def _check_folds(model: nn.Module, input_shape: tuple[int, ...], infos: list[Lay
     checked = []
     for info in infos:
         if info.path in folded:
-            folds = tuple(None if fold is None else dataclasses.replace(
-                fold, contiguous=_rows_changed(same[info.path][call], changed[info.path][call], fold) ==
-                [fold.rows, 2 * fold.rows]) for call, fold in enumerate(info.folds))
-            info = dataclasses.replace(info, folds=folds)
+            calls = list(zip(same[info.path], changed[info.path]))
+            folds = tuple(_judged(fold, *calls[call], None) for call, fold in enumerate(info.folds))
+            parts = tuple(tuple(dataclasses.replace(part, fold=_judged(part.fold, *calls[call], part.name))
+                                for part in call_parts) for call, call_parts in enumerate(info.parts))
+            info = dataclasses.replace(info, folds=folds, parts=parts)
         checked.append(info)
     return checked
 
 
+def _judged(fold: Fold | None, before: tuple, after: tuple, name: str | None) -> Fold | None:
+    """FOLD of output part NAME (None: the output's tensor) marked contiguous or not from one call's (outputs,
+    input) BEFORE and AFTER the second image changed."""
+    if fold is None:
+        return None
+    rows = _rows_changed((before[0][name], before[1]), (after[0][name], after[1]), fold)
+    return dataclasses.replace(fold, contiguous=bool(rows) and fold.rows <= rows[0] and rows[1] <= 2 * fold.rows)
+
+
 def _call_outputs(model: nn.Module, inputs: torch.Tensor, paths) -> dict[str, list[tuple[torch.Tensor, ...]]]:
-    """Per module, per call: (its output's tensor, its first input when a tensor)."""
+    """Per module, per call: ({None: its output's tensor, part name: each part's}, its first input when a
+    tensor)."""
     outputs: dict[str, list] = {path: [] for path in paths}
 
     def record(module, args, output, path):
         given = args[0].clone() if args and isinstance(args[0], torch.Tensor) else None
-        outputs[path].append((first_tensor(output).clone(), given))
+        first = first_tensor(output)
+        tensors = {None: first.clone() if first is not None else None}
+        tensors.update((name, part.clone()) for name, part in tensor_parts(output))
+        outputs[path].append((tensors, given))
 
     handles = [model.get_submodule(path).register_forward_hook(
         lambda module, args, output, path=path: record(module, args, output, path)) for path in paths]
@@ -260,9 +281,7 @@ def _rows_changed(before: tuple, after: tuple, fold: Fold) -> list[int]:
             and input_before.shape == output_before.shape:
         output_before, output_after = input_before, input_after
     differs = (output_before != output_after).movedim(fold.axis, 0).flatten(1).any(dim=1).nonzero().flatten().tolist()
-    if not differs or differs != list(range(differs[0], differs[-1] + 1)):
-        return []
-    return [differs[0], differs[-1] + 1]
+    return [differs[0], differs[-1] + 1] if differs else []
 
 
 def _per_image(first: tuple | None, second: tuple | None) -> tuple[tuple | None, int | None]:
