@@ -189,11 +189,24 @@ def test_at_is_the_embedding_the_model_exists_for(saved):
     transformers.OwlViTModel(owl).save_pretrained(saved / "owlvit")
     transformers.OwlViTImageProcessor(size={"height": 32, "width": 32}, crop_size={"height": 32, "width": 32}) \
         .save_pretrained(saved / "owlvit")
+    kosmos = transformers.Kosmos2Config(  # its image features run image_to_text_projection, beside the tower
+        text_config=dict(embed_dim=32, layers=1, attention_heads=2, ffn_dim=64, vocab_size=100,
+                         max_position_embeddings=32),
+        vision_config=dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64,
+                           image_size=32, patch_size=8), latent_query_num=4)
+    transformers.Kosmos2Model(kosmos).save_pretrained(saved / "kosmos2")
+    transformers.CLIPImageProcessor(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32}) \
+        .save_pretrained(saved / "kosmos2")
+    from featdump.sources.models import load_model
+
+    image_side = load_model(f"hf:{saved / 'kosmos2'}", weights="none").module
+    assert "image_to_text_projection" in dict(image_side.named_children())  # hooked, and moved with the tower
     listed = CliRunner().invoke(main, ["list-layers", f"hf:{saved / 'clip'}"])
     assert listed.output.splitlines()[1].split()[:2] == ["@", "ImageFeatures"]  # listed first
-    for name in ("clip", "siglip", "owlvit"):
+    for name in ("clip", "siglip", "owlvit", "kosmos2"):
         output = featdump.extract(saved / "images", saved / f"{name}-at.h5", model=f"hf:{saved / name}",
-                                  layers=["@", "post_layernorm"], num_workers=0, overwrite=True)
+                                  layers=["@", "model.post_layernorm:1" if name == "kosmos2" else "post_layernorm"],
+                                  num_workers=0, overwrite=True)
         model = transformers.AutoModel.from_pretrained(saved / name).eval()
         processor = transformers.AutoImageProcessor.from_pretrained(saved / name)
         pixels = processor(images=images_in(output), return_tensors="pt")["pixel_values"]

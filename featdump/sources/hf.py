@@ -112,8 +112,9 @@ def vision_tower(model: nn.Module) -> nn.Module:
 class ImageFeatures(nn.Module):
     """A multimodal checkpoint's image side as one module, whose output (`-l @`) is what the model's
     get_image_features gives: the unnormalised image embedding (CLIP's projected pooled output, SigLIP's pooled
-    output). The vision tower's modules keep their paths (embeddings, encoder, ...) beside `visual_projection`;
-    the text side is neither run nor moved."""
+    output). The vision tower's modules keep their paths (embeddings, encoder, ...) beside the model's other
+    non-text modules (`visual_projection`, Kosmos-2's `image_to_text_projection`); the text side is neither run nor
+    moved."""
 
     def __init__(self, model: nn.Module, tower: nn.Module):
         super().__init__()
@@ -123,8 +124,9 @@ class ImageFeatures(nn.Module):
             self.register_parameter(name, parameter)
         for name, buffer in tower.named_buffers(recurse=False):
             self.register_buffer(name, buffer)
-        if isinstance(getattr(model, "visual_projection", None), nn.Module):
-            self.visual_projection = model.visual_projection
+        for name, child in model.named_children():  # what the image features use beside the tower (CLIP's
+            if name != "vision_model" and not name.startswith("text"):  # visual_projection, Kosmos-2's
+                self.add_module(name, child)  # image_to_text_projection): hooked, and moved with the tower
         object.__setattr__(self, "_model", model)  # not a child: only its image side is this module's
         self.config = tower.config
         self.main_input_name = "pixel_values"  # what get_image_features takes (OWL-ViT's tower inherits input_ids)
