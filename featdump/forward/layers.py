@@ -87,10 +87,10 @@ def _resolve_one(text: str, by_path: dict[str, LayerInfo], model_name: str) -> L
         close = difflib.get_close_matches(path, list(by_path), n=5, cutoff=0.6)
         maybe = f" Close matches: {', '.join(close)}." if close else ""
         raise UnknownLayer(f"Unknown layer {path!r} in {model_name}.{maybe} {hint}")
-    if info.calls == 0:
-        raise UnknownLayer(f"Layer {path!r} of {model_name} never runs in a forward pass. {hint}")
     if info.refusal:
         raise NotPerImage(f"Layer {text!r} of {model_name}: {info.refusal}.")
+    if info.calls == 0:
+        raise UnknownLayer(f"Layer {path!r} of {model_name} never runs in a forward pass. {hint}")
     if call is None and info.calls > 1:
         options = " ".join(f"{path}:{k}" for k in range(1, info.calls + 1))
         raise AmbiguousLayer(

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from featdump.errors import ModelFailed, UnknownLayer, first_sentence
+from featdump.errors import ModelFailed, StopForward, UnknownLayer, first_sentence
 
 log = logging.getLogger("featdump")
 MODEL_OUTPUT = "@"  # the selector of the model's own output (@KEY, @N: its parts)
@@ -132,8 +132,8 @@ def probe(model: nn.Module, input_shape: tuple[int, ...], rows_within: tuple[str
     """Run forwards on zeros of INPUT_SHAPE (C, H, W) with batches of 2 and 3 and record every module's calls,
     output shapes and batch dimension (the one dimension whose size follows the batch). ROWS_WITHIN: the modules
     whose outputs alone are rows of an image (a detector's backbone); the others' are marked refused."""
-    runs = [_record_calls(model, input_shape, batch) for batch in _PROBE_BATCHES]
-    resized = _resized_calls(model, input_shape)
+    runs = [_record_calls(model, input_shape, batch, rows_within) for batch in _PROBE_BATCHES]
+    resized = _resized_calls(model, input_shape, rows_within)
     modules = dict(model.named_modules())
     infos = []
     for path in runs[0][0]:
@@ -176,14 +176,15 @@ def _refuse_outside(infos: list[LayerInfo], rows_within: tuple[str, ...]) -> lis
 _RESIZED = (32, 64)  # pixels added to the input's height and width for the run that tells a map's axes apart
 
 
-def _resized_calls(model: nn.Module, input_shape: tuple[int, ...]) -> dict[str, list]:
+def _resized_calls(model: nn.Module, input_shape: tuple[int, ...], rows_within: tuple[str, ...] = ()
+                   ) -> dict[str, list]:
     """Per module, per call, the output shapes of a forward of one input taller and wider than INPUT_SHAPE (by
     _RESIZED); {} for a model that takes only its own input size (a ViT's position embeddings)."""
     if len(input_shape) != 3:
         return {}
     channels, height, width = input_shape
     try:
-        return _record_calls(model, (channels, height + _RESIZED[0], width + _RESIZED[1]), 1)[0]
+        return _record_calls(model, (channels, height + _RESIZED[0], width + _RESIZED[1]), 1, rows_within)[0]
     except ModelFailed:
         return {}
 
@@ -293,7 +294,7 @@ def _per_image(first: tuple | None, second: tuple | None) -> tuple[tuple | None,
 _PROBE_BATCHES = (2, 3)
 
 
-def _record_calls(model: nn.Module, input_shape: tuple[int, ...], batch: int):
+def _record_calls(model: nn.Module, input_shape: tuple[int, ...], batch: int, rows_within: tuple[str, ...] = ()):
     """({path: per call, {None: the shape of the output's (first) tensor, part name: its shape}},
     {path: per call, the kind of output}) for one forward of BATCH zeros."""
     records: dict[str, list] = {path: [] for path, _ in model.named_modules()}  # "" first: the model itself
@@ -310,11 +311,15 @@ def _record_calls(model: nn.Module, input_shape: tuple[int, ...], batch: int):
         return hook
 
     handles = [module.register_forward_hook(recorder(path)) for path, module in model.named_modules()]
+    if rows_within:  # nothing after the last module whose outputs are rows is needed: a detector's heads are not run
+        handles.append(model.get_submodule(rows_within[-1]).register_forward_hook(_stop))
     try:
         parameter = next(model.parameters(), None)
         device = parameter.device if parameter is not None else torch.device("cpu")
         with torch.inference_mode():
             model(torch.zeros((batch, *input_shape), device=device))
+    except StopForward:
+        pass
     except (RuntimeError, ValueError, TypeError, IndexError, AssertionError) as error:  # the model's own refusal
         raise ModelFailed(f"The model fails on a batch of {batch} inputs of shape {input_shape} (the size its "
                           f"preprocessing makes): {first_sentence(error)}.") from error
@@ -322,6 +327,10 @@ def _record_calls(model: nn.Module, input_shape: tuple[int, ...], batch: int):
         for handle in handles:
             handle.remove()
     return records, kinds
+
+
+def _stop(module, args, output):
+    raise StopForward
 
 
 def _batch_dim(first: tuple | None, second: tuple | None) -> int | None:
