@@ -127,6 +127,10 @@ def test_a_quantized_model_s_rows_are_its_dequantized_outputs_on_the_cpu(photos,
     assert refused.returncode == 2
     assert "a quantized model runs on the CPU only (FBGEMM kernels), so --precision bf16 cannot apply" in \
         refused.stderr
+    on_cuda = run_featdump("extract", "-m", "quantized_resnet18", "-w", "none", "-l", "fc", "--device", "cuda",
+                           "--compile", photos, tmp_path / "cuda.h5")
+    assert on_cuda.returncode == 2 and "so --device cuda, --compile cannot apply; drop them, or name the float " \
+        "model (resnet18)." in on_cuda.stderr
 
 
 @pytest.mark.parametrize("name, path, expected", [
