@@ -148,12 +148,12 @@ def test_update_adds_a_new_video_s_clips_and_shards_merge_to_one_run(videos, tmp
 
 
 def test_update_adds_a_layer_to_clip_rows_as_a_fresh_run_computes_it(videos, tmp_path):
-    common = ["extract", "-m", "r3d_18", "-w", "none", "--clip", "8", "--fps", "15", videos]
+    common = ["extract", "-m", "resnet18", "-w", "none", "--fps", "4"]  # a frame every 0.25 s: 8 + 7 + 1 rows
     output, fresh = tmp_path / "out.h5", tmp_path / "fresh.h5"
-    assert run_featdump(*common[:-1], "-l", "avgpool", videos, output).returncode == 0
-    grown = run_featdump(*common[:-1], "-l", "avgpool,layer1", "--update", videos, output)
-    assert grown.returncode == 0 and "Added layer1 to the 6 rows" in grown.stderr, grown.stderr
-    assert run_featdump(*common[:-1], "-l", "avgpool,layer1", videos, fresh).returncode == 0
+    assert run_featdump(*common, "-l", "avgpool", videos, output).returncode == 0
+    grown = run_featdump(*common, "-l", "avgpool,layer1", "--update", videos, output)
+    assert grown.returncode == 0 and "Added layer1 to the 16 rows" in grown.stderr, grown.stderr
+    assert run_featdump(*common, "-l", "avgpool,layer1", videos, fresh).returncode == 0
     mine, expected = read_output(output), read_output(fresh)
     assert mine["paths"] == expected["paths"]
     with h5py.File(output, "r") as first, h5py.File(fresh, "r") as second:
