@@ -147,6 +147,7 @@ def test_list_layers_for_a_model_of_each_task(name, path, expected):
     assert {key: rows[path][key] for key in expected} == expected
 
 
+@pytest.mark.slow  # three models built and run in fresh environments
 def test_weights_none_builds_every_task_with_the_network_unreachable(photos, tmp_path):
     """An unreachable proxy and an empty TORCH_HOME: a backbone's weights would fail to download; none is asked."""
     env = featdump_env(TORCH_HOME=str(tmp_path / "torch"), https_proxy="http://127.0.0.1:9",

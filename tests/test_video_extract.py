@@ -147,6 +147,7 @@ def test_update_adds_a_new_video_s_clips_and_shards_merge_to_one_run(videos, tmp
         np.testing.assert_array_equal(merged[key], row)
 
 
+@pytest.mark.slow  # three extractions (about 10 s): keeps `make test` under 5 minutes
 def test_update_adds_a_layer_to_clip_rows_as_a_fresh_run_computes_it(videos, tmp_path):
     common = ["extract", "-m", "resnet18", "-w", "none", "--fps", "4"]  # a frame every 0.25 s: 8 + 7 + 1 rows
     output, fresh = tmp_path / "out.h5", tmp_path / "fresh.h5"
