@@ -123,3 +123,26 @@ def test_tars_of_images_and_videos_take_the_images_and_say_so(tmp_path, caplog):
     found = find_images(tmp_path / "shards" / "00000.tar")
     assert [member_path(path) for path in found.paths] == ["cats/img_000.jpg", "cats/img_001.jpg"]
     assert "the videos are left out" in caplog.text
+
+
+@pytest.mark.slow  # the store's patience spent (about 9 s)
+def test_a_store_that_goes_away_mid_clip_fails_the_batch_not_a_skip(stored_videos, store_env, monkeypatch):
+    """The clips are listed while the store answers; then it is away (its endpoint a closed port): decoding a clip
+    fails the batch with StoreUnavailable (the job stops with exit 75 and resumes), as an image's fetch does,
+    instead of recording the video as undecodable."""
+    from torchvision.models import get_model_weights
+
+    from featdump.errors import StoreUnavailable
+    from featdump.inputs.clips import ClipPreprocess, dataset_for
+    from featdump.inputs.stores import Patience
+
+    from .stores import free_port_base
+
+    images = as_rows(find_images("s3://movies/set/", patience=Patience(seconds=1)), 4, 10.0, None,
+                     ModelClip(16, 15.0, True))
+    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{free_port_base(1)}")  # nothing listens there
+    preprocess = ClipPreprocess(get_model_weights("r3d_18").DEFAULT.transforms(), 4)
+    items = dataset_for(images, preprocess).__getitems__([0, 1])
+    assert all(isinstance(item.fatal, StoreUnavailable) for item in items)
+    assert all(item.failure is None for item in items)
+

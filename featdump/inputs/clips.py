@@ -20,7 +20,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from featdump.errors import MixedSizes, UsageProblem
+from featdump.errors import FeatdumpError, MixedSizes, UsageProblem
 from featdump.inputs.decode import describe_failure
 from featdump.inputs.imagelist import ClipTable, ImageList
 from featdump.inputs.loader import ImageDataset, Item
@@ -86,6 +86,8 @@ def clip_rows(videos: ImageList, asked: ClipPlan) -> ImageList:
         try:
             info = video_info(_readable(videos.open(position).source))
             plan = asked.for_video(info.rate)
+        except FeatdumpError:
+            raise  # a store that stays away or refuses stops the job, as it does for images
         except Exception as error:  # any failure to read it is this video's skip, as a bad image's
             positions.append(position)
             starts.append(math.nan)
@@ -187,6 +189,8 @@ class ClipDataset(ImageDataset):
                                  self.asked.for_video(info.rate).times(clips.starts[position]))
             item.pixels = self.preprocess.clip_pixels(frames) if isinstance(self.preprocess, ClipPreprocess) \
                 else self.preprocess.pixels(Image.fromarray(frames[0]))
+        except FeatdumpError:
+            raise  # the store stayed away mid-clip: the batch fails and the job stops (exit 75), as for images
         except Exception as error:  # any decoding failure is recorded, not raised
             item.failure = describe_failure(error)
         return item
