@@ -14,7 +14,7 @@ import h5py
 import numpy as np
 
 from featdump.forward.patterns import select_stored
-from featdump.output.layout import Output, text_of
+from featdump.output.layout import Output, occurrences, text_of
 
 
 @dataclass(frozen=True)
@@ -45,12 +45,7 @@ class Stored:
         k-th row of its path (a tar member named twice)."""
         if self.clip_starts is not None:
             return [(path, round(float(start), 6)) for path, start in zip(self.paths, self.clip_starts)]
-        seen: dict[str, int] = {}
-        keys = []
-        for path in self.paths:
-            seen[path] = seen.get(path, -1) + 1
-            keys.append((path, seen[path]))
-        return keys
+        return list(zip(self.paths, occurrences(self.paths)))
 
     def select(self, selectors: list[str] | None) -> list[str]:
         """The layers SELECTORS name (patterns as in extract); all of them when None."""

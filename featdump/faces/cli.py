@@ -228,7 +228,7 @@ def _layer_line(info, width: int) -> str:
                                     for fold, shape in zip(info.folds, info.shapes) if fold is not None}))
     line = f"{name}  {info.type_name:<22} {info.calls}x  {shapes}"
     if info.refusal:
-        return f"{name}  {info.type_name:<22}     (not a row: detections, proposals or per-proposal tensors)"
+        return f"{name}  {info.type_name:<22}     (not a row of an image: selecting it says which layers are)"
     if not info.path:
         line += "  (the model's own output)"
     if info.calls > 1:

@@ -34,10 +34,6 @@ def read_folder(root: Path) -> ImageList:
     return ImageList(root, tuple(paths), tuple(labels), tuple(classes))
 
 
-def is_image_name(name: str) -> bool:
-    return os.path.splitext(name)[1].lower() in IMAGE_EXTENSIONS
-
-
 def images_or_videos(names: list[str], where: str) -> list[int]:
     """The positions of the rows of NAMES (found at WHERE): its images, or its videos where it holds no image; the
     others are left out, and said."""

@@ -298,6 +298,17 @@ def raw_paths(h5file: h5py.File, group: str = "") -> list[bytes]:
     return paths
 
 
+def occurrences(paths) -> list[int]:
+    """For each of PATHS (rows in order), how many rows before it have the same path: the k-th row of a path is
+    its k-th image (a video's k-th clip; a tar member named twice, its k-th copy)."""
+    seen: dict[str, int] = {}
+    found = []
+    for path in paths:
+        seen[path] = seen.get(path, -1) + 1
+        found.append(seen[path])
+    return found
+
+
 def text_of(value) -> str | None:
     """An attribute's value as str (h5py gives bytes or str)."""
     if value is None:

@@ -11,7 +11,6 @@ files. A kill at any moment leaves OUT with every row and layer it had; the next
 
 from __future__ import annotations
 
-import collections
 import json
 import logging
 import os
@@ -33,6 +32,7 @@ from featdump.output.layout import (
     as_text,
     copy_coordinates,
     name_dimensions,
+    occurrences,
     partial_path,
     raw_paths,
     text_array,
@@ -142,15 +142,8 @@ def plan_update(output: Path, images: ImageList, fingerprint: dict, new_layers: 
 def _row_images(held: Output, images: ImageList, output: Path) -> ImageList:
     """The images of HELD's rows, in row order (to compute new layers for): the k-th row of a path is its k-th
     image (a video's k-th clip; a tar member named twice, its k-th copy)."""
-    present: dict[str, list[int]] = {}
-    for position, path in enumerate(images.paths):
-        present.setdefault(path, []).append(position)
     paths = [os.fsdecode(name) for name in held.raw_paths()]
-    seen: dict[str, int] = {}
-    chosen = []
-    for path in paths:
-        index = seen[path] = seen.get(path, -1) + 1
-        chosen.append(present[path][index] if index < len(present.get(path, ())) else None)
+    chosen = _positions_of_rows(paths, images)
     missing = [path for path, position in zip(paths, chosen) if position is None]
     if missing:
         raise UsageProblem(f"{len(missing)} images of the rows of {str(output)!r} are not in the images given "
@@ -176,20 +169,25 @@ def new_images(images: ImageList, known: set[str], classes: tuple[str, ...]) -> 
 def stale_rows(held: Output, images: ImageList) -> list[tuple[str, str]]:
     """(path, why) for rows whose image is no longer in IMAGES, or whose size or modification time changed. The
     k-th row of a path is the k-th image of that path (a tar may hold one member name twice)."""
-    present: dict[str, list[int]] = {}
-    for position, path in enumerate(images.paths):
-        present.setdefault(path, []).append(position)
-    seen: collections.Counter = collections.Counter()
+    rows = list(held.row_files())
     stale = []
-    for path, size, mtime in held.row_files():
-        same = present.get(path, [])
-        found = images.stat(same[seen[path]]) if seen[path] < len(same) else None
-        seen[path] += 1
+    for (path, size, mtime), position in zip(rows, _positions_of_rows([path for path, _, _ in rows], images)):
+        found = images.stat(position) if position is not None else None
         if found is None:
             stale.append((path, "disappeared"))
         elif size >= 0 and found != (size, mtime):
             stale.append((path, "changed"))
     return stale
+
+
+def _positions_of_rows(paths: list[str], images: ImageList) -> list[int | None]:
+    """The position in IMAGES of each row of PATHS (the k-th row of a path: its k-th image), None where there is
+    none."""
+    present: dict[str, list[int]] = {}
+    for position, path in enumerate(images.paths):
+        present.setdefault(path, []).append(position)
+    return [present[path][k] if k < len(present.get(path, ())) else None
+            for path, k in zip(paths, occurrences(paths))]
 
 
 def discard_other_staging(output: Path, plan: UpdatePlan) -> None:

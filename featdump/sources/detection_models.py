@@ -19,7 +19,6 @@ from torchvision.transforms._presets import ImageClassification
 log = logging.getLogger("featdump")
 
 ROWS_WITHIN = ("backbone",)  # the modules whose outputs (and their modules') are rows of an image
-NOT_A_ROW = "detections, proposals and per-proposal tensors are not rows of an image"
 
 
 class SquareResize(ImageClassification):
