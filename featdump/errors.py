@@ -1,5 +1,7 @@
 """The exceptions featdump raises; only the CLI turns them into messages and exit codes."""
 
+from __future__ import annotations
+
 
 class FeatdumpError(Exception):
     """Base class of every error featdump reports to its user."""
@@ -108,9 +110,37 @@ class DeviceFailure(FeatdumpError):
     """The GPU itself failed (out of memory, a CUDA error): not an image's fault; the run stops, resumable."""
 
 
-class ProofFailed(FeatdumpError):
+class RowsUntrusted(FeatdumpError):
+    """A batch's rows cannot be stored as the run is configured: the run stops before writing them, and its message
+    names the configuration that can (WAY_OUT: the words after "Run again", such as "with --dtype float32")."""
+
+    def __init__(self, problem: str, way_out: str):
+        super().__init__(f"{problem} Run again {way_out}.")
+        self.problem, self.way_out = problem, way_out
+
+    def explain(self, committed_rows: int, partial: str) -> RowsUntrusted:
+        """This error, its message saying what the way out does with an output holding COMMITTED_ROWS in PARTIAL:
+        nothing committed starts over by itself; committed rows need --overwrite (no other configuration resumes
+        them, and this one stops again at the same batch)."""
+        if committed_rows:
+            self.args = (f"{self.problem} Run again {self.way_out}, and --overwrite: the {committed_rows} rows "
+                         f"committed in {partial} were made this way, and no other configuration can resume them.",)
+        else:
+            self.args = (f"{self.problem} Run again {self.way_out} (nothing was committed: it starts over).",)
+        return self
+
+
+class ProofFailed(RowsUntrusted):
     """A run's rows are farther from the reference path's (CPU, fp32, eager) than its configuration allows, or
-    non-finite where those are finite: the run stops, its committed rows kept."""
+    non-finite where those are finite: the run stops before writing them."""
+
+
+class StorageOverflow(RowsUntrusted):
+    """A finite value became inf in the cast to the storage dtype (float16): the run stops before writing it."""
+
+    def __init__(self, problem: str, layer: str, largest: float):
+        super().__init__(problem, "with --dtype float32")
+        self.layer, self.largest = layer, largest
 
 
 class MixedSizes(UsageProblem):

@@ -13,7 +13,7 @@ import pytest
 
 import featdump
 from featdump.job.proof import plan_sample, row_errors
-from featdump.job.tolerances import tolerance
+from featdump.job.tolerances import bound
 
 from .conftest import read_output, run_featdump, user_project, write_images
 
@@ -84,11 +84,13 @@ def test_a_bf16_run_proves_its_rows_and_info_and_the_summary_show_it(images, tmp
     result = run_featdump("extract", "-m", "resnet18", "-w", "none", "-l", "layer2,avgpool", "--precision", "bf16",
                           images, output)
     assert result.returncode == 0, result.stderr
-    assert "; proof: 8 images recomputed on the reference path, within " in result.stderr
-    assert "(tolerance 5e-02 for cpu, bf16)." in result.stderr
+    assert "; proof: 8 images recomputed on the reference path, each layer within its bound (nearest: " in result.stderr
     with h5py.File(output, "r") as h5file:
         (proof,) = json.loads(h5file.attrs["proof"])
-    assert proof["configuration"] == "cpu, bf16" and proof["proved"] and proof["tolerance"] == 0.05
+    assert proof["configuration"] == "cpu, bf16" and proof["proved"] and proof["emulated"] == ["bf16"]
+    for layer in proof["layers"].values():  # the bound: 3x the emulation's own farthest row, plus bf16's floor
+        assert layer["bound"] == pytest.approx(3 * layer["emulated"] + 2**-8)
+        assert 1e-4 < layer["emulated"] < 0.05 and layer["largest"] <= layer["bound"]
     assert len(proof["images"]) == len(set(proof["images"])) == 8  # 20 images in one default batch of 64: all first
     bf16 = featdump.load(output, "layer2").features
     reference = tmp_path / "fp32.h5"
@@ -99,10 +101,12 @@ def test_a_bf16_run_proves_its_rows_and_info_and_the_summary_show_it(images, tmp
     errors = row_errors(bf16[rows].reshape(8, -1).astype(np.float64), fp32.features[rows].reshape(8, -1))
     assert proof["layers"]["layer2"]["largest"] == pytest.approx(max(errors), rel=1e-3)
     assert proof["layers"]["layer2"]["median"] == pytest.approx(float(np.median(errors)), rel=1e-3)  # fp32 paths: 1e-7
-    assert 1e-4 < max(errors) < 0.05  # bf16 is not fp32, and within its tolerance
+    assert 1e-4 < max(errors) < 0.05  # bf16 is not fp32, and within its bound
     info = run_featdump("info", output).stdout
     assert "proof:      cpu, bf16: 8 images recomputed on the reference path (cpu, fp32, eager, hooks" in info
-    assert f"  layer2: largest {max(errors):.1e}, median {np.median(errors):.1e}" in info
+    assert "the CPU), emulated in bf16" in info
+    assert (f"  layer2: largest {max(errors):.1e}, median {np.median(errors):.1e} "
+            f"(bound {proof['layers']['layer2']['bound']:.1e}); whole row ") in info
     assert json.loads(run_featdump("info", "--json", output).stdout)["proof"] == [proof]
     with h5py.File(reference, "r") as h5file:  # the reference path needs no proof, and says so
         assert json.loads(h5file.attrs["proof"])[0] == {
@@ -138,7 +142,7 @@ def test_an_fp16_overflow_stops_the_run_naming_the_layer(images, tmp_path):
     message = error_line(result.stderr)
     assert message.startswith("Error: Layer conv: the rows of cpu, fp16 are non-finite (inf or NaN) where the "
                               "reference path's are finite"), message
-    assert "Run with --precision bf16 (fp32's range) or fp32" in message
+    assert message.endswith("Run again with --precision fp32 (nothing was committed: it starts over)."), message
     assert not (tmp_path / "fp16.h5").exists()  # never passed off as done
 
 
@@ -184,8 +188,9 @@ def test_errors_are_per_row_and_non_finite_only_where_the_reference_is_finite():
     got = np.array([[1.0, -4.1, 2.0], [np.inf, 1.0, 0.0]])
     assert row_errors(got, reference) == [pytest.approx(0.025), 0.0]
     assert row_errors(np.array([[1.0, np.inf, 2.0]]), reference[:1]) == [float("inf")]
-    assert tolerance(["cuda", "bf16", "compile"]) == pytest.approx(1e-3 + 5e-2 + 1e-4)
-    assert tolerance(["bf16"], "float16") == pytest.approx(5e-2 + 2**-11)
+    assert bound(["cuda", "bf16", "compile"], 0.01) == pytest.approx(1e-3 + 3 * 0.01 + 2**-8 + 1e-4)
+    assert bound(["bf16"], 0.01, "float16") == pytest.approx(3 * 0.01 + 2**-8 + 2**-11)
+    assert bound(["cuda"], 0.5) == pytest.approx(1e-3)  # nothing emulated: the fixed bound alone
 
 
 def test_shards_and_updates_record_their_own_proof(tmp_path):

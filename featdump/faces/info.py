@@ -267,17 +267,36 @@ _CLIP_DEFAULTS = {("clip_fps", "0.0"): "each video's own rate", ("clip_every", "
 
 
 def _proof_lines(proofs: list[dict]) -> list[str]:
-    """Each run's proof: its configuration, the images recomputed on the reference path, each layer's errors."""
+    """Each run's proof (which run: a shard, an update, added layers): its configuration, the rows recomputed on the
+    reference path, each layer's errors against its bound."""
     lines = []
     for proof in proofs:
+        run = _proof_run(proof)
         if not proof.get("proved"):
-            lines.append(f"proof:      none ({proof['configuration']}: {proof.get('why', 'no image proved')})")
+            lines.append(f"proof:      none{run} ({proof['configuration']}: {proof.get('why', 'nothing proved')})")
             continue
-        lines.append(f"proof:      {proof['configuration']}: {len(proof['images'])} images recomputed on the reference "
-                     f"path ({proof['reference']}); tolerance {proof['tolerance']:.0e} of a row's largest value")
-        lines += [f"  {name}: largest {float(errors['largest']):.1e}, median {float(errors['median']):.1e}"
-                  for name, errors in proof["layers"].items()]
+        emulated = f", emulated in {' and '.join(proof['emulated'])}" if proof.get("emulated") else ""
+        lines.append(f"proof:      {proof['configuration']}{run}: {len(proof['images'])} {proof.get('rows', 'image')}s "
+                     f"recomputed on the reference path ({proof['reference']}){emulated}")
+        lines += [_proof_layer_line(name, errors) for name, errors in proof["layers"].items()]
     return lines
+
+
+def _proof_run(proof: dict) -> str:
+    """Which run a proof entry is of, in words (" of shard 2", " of the update"); "" for the job's own."""
+    if "shard" in proof:
+        return f" of shard {proof['shard']}"
+    run = proof.get("run")
+    return "" if run is None else " of the update" if run == "update" else f" of the run that {run}"
+
+
+def _proof_layer_line(name: str, errors: dict) -> str:
+    """One layer's proof: its largest and median error, and its bound (files before bounds: the tolerance)."""
+    line = f"  {name}: largest {float(errors['largest']):.1e}, median {float(errors['median']):.1e}"
+    if "bound" in errors:
+        line += (f" (bound {errors['bound']:.1e}); whole row {float(errors['whole']):.1e} (bound "
+                 f"{errors['whole_bound']:.1e}); channel shift {errors['channel_shift']:.1e}")
+    return line
 
 
 def _layer(output: Output, name: str) -> dict:

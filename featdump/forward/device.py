@@ -113,12 +113,14 @@ def free_memory(device: torch.device) -> int:
 
 
 def is_out_of_memory(error: BaseException) -> bool:
-    """Whether ERROR is a device running out of memory: torch's OutOfMemoryError, or the same said by cuDNN, cuBLAS
-    or an AOTInductor package (which raise RuntimeError with the allocator's words)."""
+    """Whether ERROR is a device running out of memory: torch's OutOfMemoryError, the same said by cuDNN, cuBLAS
+    or an AOTInductor package (which raise RuntimeError with the allocator's words), the CPU allocator's ("can't
+    allocate memory", "not enough memory") or Python's MemoryError."""
     text = str(error)
-    return isinstance(error, torch.cuda.OutOfMemoryError) or (isinstance(error, RuntimeError) and any(
+    return isinstance(error, (torch.cuda.OutOfMemoryError, MemoryError)) or (isinstance(error, RuntimeError) and any(
         words in text for words in ("out of memory", "CUDNN_STATUS_ALLOC_FAILED", "CUBLAS_STATUS_ALLOC_FAILED",
-                                    "CUDNN_STATUS_NOT_ENOUGH_WORKSPACE")))
+                                    "CUDNN_STATUS_NOT_ENOUGH_WORKSPACE", "can't allocate memory",
+                                    "not enough memory")))
 
 
 @contextlib.contextmanager

@@ -237,6 +237,11 @@ class ImageList:
             return {}
         return {"clip_start": np.array([self.clips.starts[p] for p in positions], dtype=np.float64)}
 
+    def row_key(self, position: int) -> str:
+        """How the row at POSITION is named to its user: its path, and a clip's start ("film.mp4 @ 1.5 s")."""
+        path = self.paths[position]
+        return path if self.clips is None else f"{path} @ {self.clips.starts[position]:.6g} s"
+
     def groups(self) -> list[int] | None:
         """The first position of each group that one process should read whole (a tar), or None."""
         return self.storage.groups()

@@ -1,10 +1,15 @@
 """Proof: a run that is not the reference path (a CUDA device, bf16/fp16, --compile, --decode gpu, --fast-decode)
-proves its rows as it goes. A seeded sample of its images (most from the first batch, so a bad configuration fails
-within seconds, the rest spread over the job, so a fault that shows later is caught too) is recomputed on the
-reference path: the CPU, fp32, eager, hooks, the original files decoded on the CPU with the model's exact
-preprocessing. Per layer the largest and the median relative error are recorded in the output; a layer beyond its
-configuration's tolerance (`tolerances`), or non-finite where the reference is finite, stops the run with one line.
-Under fp16 every batch is also watched for values that overflowed (inf where fp32 is finite).
+proves the rows it stores as it goes. A seeded sample of its images (most from the first batch, so a bad
+configuration fails within seconds, the rest spread over the job, so a fault that shows later is caught too) is
+recomputed on the reference path: the CPU, fp32, eager, hooks, the original files decoded on the CPU with the
+model's exact preprocessing; and, where the run's departures can be emulated on the CPU (bf16/fp16 autocast, the
+fast decode), once more in that emulation. The rows judged are the ones the writer receives, after the copy to the
+host and the cast to the storage dtype (`output.write_behind` hands them over), so a raced copy, a wrong cast or a
+row of another image is seen where it would be stored. Per layer the errors are recorded in the output and judged
+by `tolerances`; a layer beyond them stops the run with one line, before the batch is written.
+
+Under bf16/fp16 every batch is also watched, whatever --proof says: a row holding inf or NaN is recomputed in fp32,
+and one that is finite there stops the run (`--proof 0` turns off the sampled recomputation, not the watch).
 """
 
 from __future__ import annotations
@@ -24,14 +29,16 @@ from featdump.forward.layers import Layer, Snapshot
 from featdump.inputs import ImageList
 from featdump.inputs.clips import dataset_for
 from featdump.inputs.gpu_decode import to_device_inputs
-from featdump.inputs.loader import Batch, collate
+from featdump.inputs.loader import collate
 from featdump.inputs.preprocess import Preprocess
-from featdump.job.tolerances import tolerance, ways_out
+from featdump.job import tolerances
+from featdump.output.netcdf import axis_kinds
 
 log = logging.getLogger("featdump")
 REFERENCE = "cpu, fp32, eager, hooks, the original files decoded on the CPU"
 SEED = 0  # the sample is the same for every run of the same images
-WATCHED = 4  # rows of a batch recomputed when fp16 made non-finite values in it
+WATCHED = 4  # rows of a batch recomputed when a reduced precision made non-finite values in it
+_AUTOCAST = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 def departures(device: torch.device, precision: str, compiled: bool, decode: str, fast_decode: bool) -> list[str]:
@@ -57,14 +64,40 @@ def reference_copy(module: nn.Module) -> nn.Module:
     return copy.deepcopy(module).cpu().float().eval()
 
 
+def channel_axis(shape: tuple[int, ...], attributes: dict) -> int | None:
+    """The axis of a stored row whose entries are channels (or features), as the file names them; None when no
+    axis is (then every entry is its own channel)."""
+    kinds = axis_kinds(shape, attributes)
+    if len(shape) == 1:
+        return 0
+    for kind in ("channel", "feature"):
+        if kind in kinds:
+            return kinds.index(kind)
+    return None
+
+
+@dataclass(frozen=True)
+class Emulation:
+    """The run's departures as the CPU emulates them: its autocast precision and its decoding."""
+
+    precision: str = "fp32"
+    preprocess: Preprocess | None = None  # the run's own (--fast-decode); None: the exact one
+
+    @property
+    def emulates(self) -> bool:
+        return self.precision != "fp32" or self.preprocess is not None
+
+
 @dataclass
 class Reference:
-    """The reference path: the model's CPU float32 copy, the layers' snapshots, and the exact preprocessing."""
+    """The reference path: the model's CPU float32 copy, the layers' snapshots, the exact preprocessing, and the
+    emulation of the run's departures."""
 
     module: nn.Module
     layers: list[Layer]
     snapshots: dict[str, Snapshot]
     preprocess: Preprocess  # the model's own preprocessing (no --fast-decode)
+    emulation: Emulation = field(default_factory=Emulation)
 
 
 @dataclass
@@ -88,95 +121,197 @@ def plan_sample(count: int, start: int, first_end: int, end: int) -> _Sample:
 
 
 @dataclass
-class Proof:
-    """Checks the run's rows against the reference path batch by batch; `entry()` is what the output records."""
+class ChannelMeans:
+    """The running mean of each channel of (rows - fp32 rows) / each row's largest fp32 value, over the proved rows
+    and every position of the channel: a systematic error of one channel, which the row errors are too coarse to
+    see where the precision's own noise is large, shows as one mean far from the others."""
 
-    reference: Reference | None  # None: the run is the reference path, or --proof 0
+    sums: np.ndarray | None = None  # per channel
+    count: int = 0  # entries per channel
+
+    def add(self, differences: np.ndarray) -> None:
+        """DIFFERENCES: (channels, entries) of one proved row."""
+        sums = differences.sum(axis=1)
+        self.sums = sums if self.sums is None else self.sums + sums
+        self.count += differences.shape[1]
+
+    def largest(self) -> tuple[float, int]:
+        """The largest |mean| of a channel, and that channel."""
+        if self.sums is None or not self.count:
+            return 0.0, 0
+        means = np.abs(self.sums / self.count)
+        channel = int(np.argmax(means))
+        return float(means[channel]), channel
+
+
+@dataclass
+class _Evidence:
+    """One layer's proof so far: each proved row's errors, the emulation's, and the channel shift."""
+
+    largest: list[float] = field(default_factory=list)  # max |run - fp32| / max |fp32|, per row
+    whole: list[float] = field(default_factory=list)  # ||run - fp32|| / ||fp32||, per row
+    emulated_largest: list[float] = field(default_factory=list)
+    emulated_whole: list[float] = field(default_factory=list)
+    shift: ChannelMeans = field(default_factory=ChannelMeans)
+    emulated_shift: ChannelMeans = field(default_factory=ChannelMeans)
+
+
+@dataclass
+class Proof:
+    """Checks the rows the writer receives against the reference path batch by batch; `entry()` is what the output
+    records."""
+
+    reference: Reference | None  # None: the run is the reference path (or --proof 0 at fp32)
     images: ImageList
     parts: list[str]
     configuration: str  # the run's configuration, in words
-    sample: _Sample
-    watch_overflow: bool
-    output: str  # where the committed rows are kept, for the message
+    sample: _Sample | None  # None: --proof 0 (the watch alone)
+    watch_non_finite: bool  # bf16/fp16: rows with inf or NaN are recomputed in fp32
     storage: str  # the stored dtype: float16 rows are rounded, the reference's are not
-    errors: dict[str, list[float]] = field(default_factory=dict)  # layer: each proved row's error
-    proved: list[str] = field(default_factory=list)  # the images' paths
+    row_shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)  # each layer's stored row
+    channel_axes: dict[str, int | None] = field(default_factory=dict)  # per layer (`channel_axis`)
+    evidence: dict[str, _Evidence] = field(default_factory=dict)
+    proved: list[str] = field(default_factory=list)  # the rows' keys: a path, or a clip's "path @ start s"
     seconds: float = 0.0
     _first_done: bool = False
 
-    @property
-    def tolerance(self) -> float:
-        return tolerance(self.parts, self.storage)
-
-    def check(self, batch: Batch, features: dict[str, torch.Tensor]) -> None:
-        """Prove the rows of BATCH this run's sample holds (FEATURES: the run's rows, in batch.positions' order)."""
-        if self.reference is None or not features or not batch.positions:
-            return
-        rows = self._rows_to_prove(batch, features)
-        if not rows:
+    def check(self, positions: list[int], rows: dict[str, np.ndarray]) -> None:
+        """Prove the ROWS the writer is about to store for the source POSITIONS (called on the writer's thread);
+        ProofFailed before they are written when a layer is beyond its bound."""
+        if self.reference is None or not rows or not positions:
             return
         started = time.perf_counter()
-        positions = [batch.positions[row] for row in rows]
-        got = {name: values[rows].float().cpu().double().flatten(1).numpy() for name, values in features.items()}
-        expected = self._recompute(positions)
-        for name, reference in expected.items():
-            self.errors.setdefault(name, []).extend(row_errors(got[name], reference))
-        self.proved += [self.images.paths[position] for position in positions]
+        sampled = self._sampled_rows(positions)
+        watched = [row for row in self._non_finite_rows(rows) if row not in sampled][:WATCHED]
+        if sampled:
+            self._prove(positions, rows, sampled, emulate=True)
+        if watched:
+            self._prove(positions, rows, watched, emulate=False)
         self.seconds += time.perf_counter() - started
-        self._judge()
+        if sampled or watched:
+            self._judge()
 
-    def _rows_to_prove(self, batch: Batch, features: dict[str, torch.Tensor]) -> list[int]:
+    def _sampled_rows(self, positions: list[int]) -> list[int]:
+        if self.sample is None:
+            return []
         rows = []
         if not self._first_done:
             self._first_done = True
-            chosen = np.random.default_rng(SEED).permutation(len(batch.positions))[:self.sample.count_first]
-            rows += sorted(int(row) for row in chosen)
-        rows += [row for row, position in enumerate(batch.positions) if position in self.sample.later]
-        if self.watch_overflow:
-            rows += [row for row in _non_finite_rows(features) if row not in rows][:WATCHED]
+            chosen = np.random.default_rng(SEED).permutation(len(positions))[:self.sample.count_first]
+            rows += [int(row) for row in chosen]
+        rows += [row for row, position in enumerate(positions) if position in self.sample.later]
         return sorted(set(rows))
 
-    def _recompute(self, positions: list[int]) -> dict[str, np.ndarray]:
-        """The reference path's rows of the images at POSITIONS, by layer, in float64."""
+    def _non_finite_rows(self, rows: dict[str, np.ndarray]) -> list[int]:
+        if not self.watch_non_finite:
+            return []
+        flags = np.zeros(len(next(iter(rows.values()))), dtype=bool)
+        for values in rows.values():
+            flags |= ~np.isfinite(values.reshape(len(values), -1)).all(axis=1)
+        return np.flatnonzero(flags).tolist()
+
+    def _prove(self, positions: list[int], rows: dict[str, np.ndarray], chosen: list[int], emulate: bool) -> None:
+        """Recompute the CHOSEN rows (fp32, and emulated when EMULATE) and add their errors to the evidence."""
+        chosen_positions = [positions[row] for row in chosen]
+        reference = self._recompute(chosen_positions, Emulation())
+        emulation = self.reference.emulation
+        emulated = self._recompute(chosen_positions, emulation) if emulate and emulation.emulates else reference
+        for name, expected in reference.items():
+            got = rows[name][chosen].astype(np.float64).reshape(len(chosen), -1)
+            evidence = self.evidence.setdefault(name, _Evidence())
+            evidence.largest += row_errors(got, expected)
+            evidence.whole += row_errors(got, expected, whole=True)
+            if emulate:
+                evidence.emulated_largest += row_errors(emulated[name], expected)
+                evidence.emulated_whole += row_errors(emulated[name], expected, whole=True)
+                self._add_shift(evidence.shift, name, got, expected)
+                self._add_shift(evidence.emulated_shift, name, emulated[name], expected)
+        self.proved += [self.images.row_key(position) for position in chosen_positions]
+
+    def _add_shift(self, means: ChannelMeans, name: str, got: np.ndarray, expected: np.ndarray) -> None:
+        shape, axis = self.row_shapes.get(name, (got.shape[1],)), self.channel_axes.get(name)
+        for got_row, expected_row in zip(got, expected):
+            scale = float(np.abs(expected_row).max(initial=0.0))
+            if scale == 0.0 or not (np.isfinite(got_row).all() and np.isfinite(expected_row).all()):
+                continue
+            means.add(_by_channel((got_row - expected_row) / scale, shape, axis))
+
+    def _recompute(self, positions: list[int], emulation: Emulation) -> dict[str, np.ndarray]:
+        """The rows of the images at POSITIONS on the reference path, or in EMULATION, by layer, in float64."""
         reference = self.reference
-        preprocess = reference.preprocess
+        preprocess = emulation.preprocess or reference.preprocess
         batch = collate(dataset_for(self.images, preprocess).__getitems__(positions))
         inputs = to_device_inputs(batch, preprocess, self.images, torch.device("cpu"))
         if batch.positions != positions:  # the image changed or vanished since the run read it
             raise ProofFailed(f"The proof could not read {len(positions) - len(batch.positions)} of its images again "
                               f"on the CPU ({self.images.paths[positions[0]]}, ...): were they changed while the run "
-                              "read them? Run again once the images stay as they are, or with --proof 0.")
-        with torch.autocast("cpu", enabled=False), Capture(reference.module, reference.layers,
-                                                           reference.snapshots) as capture:
+                              "read them?", "once the images stay as they are, or with --proof 0")
+        autocast = _AUTOCAST.get(emulation.precision)
+        with torch.autocast("cpu", dtype=autocast or torch.bfloat16, enabled=autocast is not None), \
+                Capture(reference.module, reference.layers, reference.snapshots) as capture:
             captured = capture.run(inputs.float().contiguous())
         return {name: values.double().flatten(1).numpy() for name, values in captured.items()}
 
+    def bounds(self, name: str) -> tuple[float, float]:
+        """Layer NAME's bounds on the largest element's and the whole row's errors."""
+        evidence = self.evidence[name]
+        return (tolerances.bound(self.parts, _finite_max(evidence.emulated_largest), self.storage),
+                tolerances.bound(self.parts, _finite_max(evidence.emulated_whole), self.storage))
+
     def _judge(self) -> None:
-        for name, errors in self.errors.items():
-            worst = max(errors)
-            if worst <= self.tolerance:
-                continue
-            what = ("non-finite (inf or NaN) where the reference path's are finite" if worst == np.inf else
-                    f"{worst:.1e} of a row's largest value from the reference path's, beyond the {self.tolerance:.0e} "
-                    f"documented for {self.configuration}")
-            raise ProofFailed(f"Layer {name}: the rows of {self.configuration} are {what} ({REFERENCE}); the rows "
-                              f"committed so far are kept in {self.output}. Run with {ways_out(self.parts)} "
-                              "(docs/speed.md lists each configuration's tolerance).")
+        for name, evidence in self.evidence.items():
+            largest_bound, whole_bound = self.bounds(name)
+            worst, whole = max(evidence.largest), max(evidence.whole, default=0.0)
+            if worst == np.inf:
+                self._fail(name, "non-finite (inf or NaN) where the reference path's are finite")
+            if worst > largest_bound:
+                self._fail(name, f"{worst:.1e} of a row's largest value from the reference path's, beyond the "
+                                 f"{largest_bound:.1e} allowed for {self.configuration} at this layer")
+            if whole > whole_bound:
+                self._fail(name, f"{whole:.1e} of a row's size (its L2 norm) from the reference path's, beyond the "
+                                 f"{whole_bound:.1e} allowed for {self.configuration} at this layer")
+            shift, channel = evidence.shift.largest()
+            shift_bound = tolerances.shift_bound(evidence.emulated_shift.largest()[0])
+            if shift > shift_bound:
+                self._fail(name, f"shifted by {shift:.1e} of a row's largest value on average in channel {channel}, "
+                                 f"beyond the {shift_bound:.1e} allowed for {self.configuration} at this layer (a "
+                                 "systematic error)")
+
+    def _fail(self, name: str, what: str) -> None:
+        raise ProofFailed(f"Layer {name}: the rows of {self.configuration} are {what} ({REFERENCE}; "
+                          "docs/proof.md).", tolerances.way_out(self.parts))
 
     def entry(self) -> dict:
         """What the output records of this proof (JSON values)."""
-        if self.reference is None:
+        if self.sample is None or self.reference is None:
             return {"configuration": self.configuration, "reference": REFERENCE, "proved": False,
                     "why": "the run is the reference path" if not self.parts else "--proof 0"}
+        layers = {}
+        for name, evidence in self.evidence.items():
+            largest_bound, whole_bound = self.bounds(name)
+            shift, _ = evidence.shift.largest()
+            layers[name] = {"largest": _plain(max(evidence.largest)),
+                            "median": _plain(float(np.median(evidence.largest))),
+                            "bound": largest_bound, "whole": _plain(max(evidence.whole)), "whole_bound": whole_bound,
+                            "emulated": _plain(_finite_max(evidence.emulated_largest)), "channel_shift": shift,
+                            "shift_bound": tolerances.shift_bound(evidence.emulated_shift.largest()[0])}
         return {"configuration": self.configuration, "reference": REFERENCE, "proved": bool(self.proved),
-                "tolerance": self.tolerance, "images": self.proved, "seconds": round(self.seconds, 2),
-                "layers": {name: {"largest": _plain(max(errors)), "median": _plain(float(np.median(errors)))}
-                           for name, errors in self.errors.items()}}
+                "emulated": tolerances.emulated(self.parts), "tolerance": max(
+                    (layer["bound"] for layer in layers.values()), default=0.0),
+                "rows": self.images.noun, "images": self.proved, "seconds": round(self.seconds, 2), "layers": layers}
 
 
-def row_errors(got: np.ndarray, reference: np.ndarray) -> list[float]:
-    """Per row: max |GOT - REFERENCE| / max |REFERENCE|; inf where GOT is non-finite and the reference is finite
-    (values non-finite in both, alike, count as equal)."""
+def _by_channel(difference: np.ndarray, shape: tuple[int, ...], axis: int | None) -> np.ndarray:
+    """One row's DIFFERENCE (flat) as (channels, entries): AXIS of SHAPE first; every entry its own channel when
+    AXIS is None."""
+    if axis is None or len(shape) <= 1:
+        return difference.reshape(-1, 1)
+    return np.moveaxis(difference.reshape(shape), axis, 0).reshape(shape[axis], -1)
+
+
+def row_errors(got: np.ndarray, reference: np.ndarray, whole: bool = False) -> list[float]:
+    """Per row: max |GOT - REFERENCE| / max |REFERENCE| (WHOLE: ||GOT - REFERENCE|| / ||REFERENCE||, the L2 norms);
+    inf where GOT is non-finite and the reference is finite (values non-finite in both, alike, count as equal)."""
     errors = []
     for got_row, reference_row in zip(got, reference):
         finite = np.isfinite(reference_row)
@@ -187,15 +322,18 @@ def row_errors(got: np.ndarray, reference: np.ndarray) -> list[float]:
         if not (finite | alike).all():
             errors.append(float("inf"))
             continue
-        scale = max(float(np.abs(reference_row[finite]).max(initial=0.0)), 1e-30)
-        errors.append(float(np.abs(got_row[finite] - reference_row[finite]).max(initial=0.0)) / scale)
+        difference, kept = got_row[finite] - reference_row[finite], reference_row[finite]
+        if whole:
+            errors.append(float(np.linalg.norm(difference)) / max(float(np.linalg.norm(kept)), 1e-30))
+        else:
+            errors.append(float(np.abs(difference).max(initial=0.0)) / max(float(np.abs(kept).max(initial=0.0)),
+                                                                             1e-30))
     return errors
 
 
-def _non_finite_rows(features: dict[str, torch.Tensor]) -> list[int]:
-    """Rows holding inf or NaN in any layer (one synchronisation for all the layers)."""
-    flags = torch.stack([~torch.isfinite(values.flatten(1)).all(dim=1) for values in features.values()]).any(dim=0)
-    return torch.nonzero(flags.cpu()).flatten().tolist()
+def _finite_max(values: list[float]) -> float:
+    finite = [value for value in values if np.isfinite(value)]
+    return max(finite, default=0.0)
 
 
 def _plain(value: float) -> float | str:

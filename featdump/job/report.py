@@ -92,13 +92,14 @@ class Summary:
         )
 
     def _proof_note(self) -> str:
-        """The proof in a few words: how many images, the largest error against the tolerance."""
+        """The proof in a few words: how many rows, and the layer nearest its bound."""
         if not self.proof or not self.proof.get("proved"):
             return ""
-        largest = max((layer["largest"] for layer in self.proof["layers"].values()), key=float, default=0.0)
         proof = self.proof
-        return (f"; proof: {len(proof['images'])} {self.noun}s recomputed on the reference path, within "
-                f"{float(largest):.1e} of it (tolerance {proof['tolerance']:.0e} for {proof['configuration']})")
+        name, layer = max(proof["layers"].items(), key=lambda item: float(item[1]["largest"]) / item[1]["bound"])
+        return (f"; proof: {len(proof['images'])} {self.noun}s recomputed on the reference path, each layer within "
+                f"its bound (nearest: {name}, {float(layer['largest']):.1e} of {layer['bound']:.1e}, "
+                f"{proof['configuration']})")
 
     def _left_out_note(self) -> str:
         if not self.left_out:

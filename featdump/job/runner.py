@@ -37,7 +37,16 @@ from featdump.inputs.loader import Batch, batches_of, make_loader
 from featdump.inputs.preprocess import Preprocess
 from featdump.inputs.workers import choose_workers
 from featdump.job import fitting, updating
-from featdump.job.proof import Proof, Reference, departures, describe_configuration, plan_sample, reference_copy
+from featdump.job.proof import (
+    Emulation,
+    Proof,
+    Reference,
+    channel_axis,
+    departures,
+    describe_configuration,
+    plan_sample,
+    reference_copy,
+)
 from featdump.job.report import NoProgress, Progress, Summary, summarize
 from featdump.job.settings import Settings
 from featdump.job.shards import Shard, choose_shard, plan_shard, wait_for_all_ranks
@@ -122,14 +131,10 @@ class Model:
         """What the reductions hold on the device (projection matrices)."""
         return sum(reduction.device_bytes for reduction in self.reductions.values())
 
-    def with_reference_snapshots(self) -> dict[str, Snapshot]:
-        """The snapshots the reference path stores: the same reductions, cast to float32 (compared in float64)."""
-        return {layer.name: snapshot(layer.batch_dim, layer.fold, self.reductions[layer.name], "float32")
-                for layer in self.layers}
-
     def snapshots(self) -> dict[str, Snapshot]:
-        """Each layer's output to the tensor stored: reduced on the device, cast, a new tensor."""
-        return {layer.name: snapshot(layer.batch_dim, layer.fold, self.reductions[layer.name], self.dtype)
+        """Each layer's output to the tensor stored: reduced on the device, float32, a new tensor (the storage
+        dtype is the writer's cast)."""
+        return {layer.name: snapshot(layer.batch_dim, layer.fold, self.reductions[layer.name])
                 for layer in self.layers}
 
 
@@ -279,7 +284,7 @@ def _fill(writer: FeatureWriter, images: ImageList, settings: Settings, model: M
             progress.start(len(images), start, images.noun)
             job = _Job(settings, images, model, capture, writer, record, offset,
                        owned_files=(writer.path, *([lock.path] if lock.path else [])),
-                       proof=_proof(settings, model, images, start, writer.path))
+                       proof=_proof(settings, model, images, start))
             _run_batches(job, progress, stop)
             writer.note({"compiled": compiled_note(compiled, settings.compile)})
             writer.record_proof(job.proof.entry())
@@ -301,19 +306,24 @@ def _departures(settings: Settings, device: torch.device) -> list[str]:
     return departures(device, settings.precision, settings.compile, settings.decode, settings.fast_decode)
 
 
-def _proof(settings: Settings, model: Model, images: ImageList, start: int, output: Path) -> Proof:
-    """The proof of a run over IMAGES from position START (`featdump.job.proof`); one that proves nothing when the
-    run is the reference path or --proof is 0."""
+def _proof(settings: Settings, model: Model, images: ImageList, start: int) -> Proof:
+    """The proof of a run over IMAGES from position START (`featdump.job.proof`): the sampled recomputation (none
+    when the run is the reference path or --proof is 0) and, under bf16/fp16, the watch for non-finite rows."""
     parts = _departures(settings, model.device)
-    configuration = describe_configuration(model.device, parts)
     reference = None
-    if model.reference is not None and settings.proof:
-        reference = Reference(model.reference, model.layers, model.with_reference_snapshots(),
-                              preprocess_for(model.loaded, images))
+    if model.reference is not None:
+        emulation = Emulation(settings.precision, model.preprocess if settings.fast_decode else None)
+        reference = Reference(model.reference, model.layers, model.snapshots(),
+                              preprocess_for(model.loaded, images), emulation)
     first_batch_end = min(len(images), start + settings.batch_size)
-    return Proof(reference, images, parts, configuration,
-                 plan_sample(settings.proof, start, first_batch_end, len(images)),
-                 settings.precision == "fp16", str(output), settings.dtype)
+    sample = plan_sample(settings.proof, start, first_batch_end, len(images)) if settings.proof and parts else None
+    specs = model.specs
+    return Proof(reference, images, parts, describe_configuration(model.device, parts), sample,
+                 settings.precision != "fp32", settings.dtype,
+                 row_shapes={name: spec.shape for name, spec in specs.items()},
+                 channel_axes={name: channel_axis(spec.shape, {"reduction": spec.reduction, **spec.reduction_attributes,
+                                                               **({"axes": spec.axes} if spec.axes else {})})
+                               for name, spec in specs.items()})
 
 
 def _dataset_spec(layer: Layer, reduction: Reduction | None, dtype: str, layout: TokenLayout | None) -> DatasetSpec:
@@ -330,7 +340,8 @@ def _prepare_model(settings: Settings, device: torch.device, images: ImageList) 
     """The loaded model on DEVICE, its split preprocessing (of IMAGES' clips, for a video job), the validated
     layers and their datasets."""
     loaded = load_model(settings.model, settings.weights, settings.seed, settings.transform, settings.trust_pickle)
-    reference = reference_copy(loaded.module) if settings.proof and _departures(settings, device) else None
+    proved = (settings.proof and _departures(settings, device)) or settings.precision != "fp32"  # bf16/fp16: watched
+    reference = reference_copy(loaded.module) if proved else None
     preprocess = preprocess_for(loaded, images, settings.fast_decode)
     memory_format, why = choose_memory_format(loaded.module, preprocess.input_shape)
     log.debug("Memory layout: %s (%s).", format_name(memory_format), why)
@@ -382,7 +393,8 @@ def _run_batches(job: _Job, progress: Progress, stop: StopSignals) -> None:
     steady = _SteadyRate()
     # Autocast is entered once for the loop (leaving it clears its cache of cast weights); the inputs are made
     # outside it, in a nested disabled region (which leaves the cache alone).
-    with batches_of(loader) as batches, WriteBehind(job.writer, job.record, job.offset) as sink, \
+    with batches_of(loader) as batches, WriteBehind(job.writer, job.record, job.offset,
+                                                           inspect=job.proof.check) as sink, \
             autocast(settings.precision, device):
         tick = time.perf_counter()
         for batch in batches:
@@ -399,7 +411,6 @@ def _run_batches(job: _Job, progress: Progress, stop: StopSignals) -> None:
                 inputs = inputs.contiguous(memory_format=job.model.memory_format)
                 with out_of_memory_as_failure(device, settings.batch_size, str(job.writer.path)):
                     features = {name: values[:count] for name, values in job.capture.run(inputs).items()}
-                job.proof.check(batch, features)
             sink.put(features, batch, images, device)
             waiting, computing = waiting + tock - tick, computing + time.perf_counter() - tock
             progress.advance(batch.size)

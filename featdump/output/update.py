@@ -328,7 +328,7 @@ def _append_staged(h5file: h5py.File, staged: Output, plan: UpdatePlan, images_d
     h5file.attrs["reduce"] = json.dumps(fingerprint["reduce"])
     fingerprints.store(h5file.attrs, {**fingerprint, "images": images_digest,
                                       "image_count": held.images + added.images})
-    for entry in staged.proofs:  # the update's own proof, beside the earlier runs'
+    for entry in staged.proofs if added.images else ():  # the update's own proof, when it read images
         append_proof(h5file, {**entry, "run": "update"})
     h5file.flush()
     Committed(rows + added.rows, held.images + added.images, skipped + added.skipped).store(h5file)

@@ -73,6 +73,11 @@ class FeatureWriter:
         return Committed.of(self._file)
 
     @property
+    def dtypes(self) -> dict[str, np.dtype]:
+        """Each layer's storage dtype."""
+        return {name: dataset.dtype for name, dataset in self._file["features"].items()}
+
+    @property
     def committed_rows(self) -> int:
         return self.committed.rows
 

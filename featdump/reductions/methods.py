@@ -56,17 +56,17 @@ def bind(text: str, layer_name: str, shape: tuple[int, ...], tokens: TokenLayout
     return _simple(text, shape)
 
 
-def snapshot(batch_dim: int, fold: int, reduction: Reduction, dtype: str) -> Snapshot:
-    """A function turning a layer output into a new tensor to store: batch first, reduced, cast, never a view.
+def snapshot(batch_dim: int, fold: int, reduction: Reduction) -> Snapshot:
+    """A function turning a layer output into a new tensor to store: batch first, reduced, float32, never a view.
 
     BATCH_DIM is where the output holds its images (0 for most layers, 1 for a sequence-first (L, N, E));
     the batch is moved first, and the reduction applies to that batch-first view. FOLD rows per image in
     that dimension (LeViT's (N x 49, C)) are unfolded to (N, FOLD, C) first.
 
     Every reduction computes in float32, outside the forward's autocast: a bf16/fp16 output is widened first, and a
-    projection's matmul is not cast down again (under autocast a pca:K projection lost 3 digits).
+    projection's matmul is not cast down again (under autocast a pca:K projection lost 3 digits). The cast to the
+    storage dtype is `featdump.output.storage`'s, on the host.
     """
-    storage = getattr(torch, dtype)
 
     def take(output: torch.Tensor) -> torch.Tensor:
         batch_first = output.movedim(batch_dim, 0) if batch_dim else output
@@ -74,7 +74,7 @@ def snapshot(batch_dim: int, fold: int, reduction: Reduction, dtype: str) -> Sna
         with torch.autocast(batch_first.device.type, enabled=False):
             reduced = reduction.apply(_in_float32(batch_first))
         # Contiguous (a channels_last output is transposed here, on the device, not by h5py on the host).
-        return reduced.to(storage, copy=True, memory_format=torch.contiguous_format)
+        return reduced.to(torch.float32, copy=True, memory_format=torch.contiguous_format)
 
     return take
 

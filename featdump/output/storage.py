@@ -1,0 +1,45 @@
+"""Storage: the one cast of a batch's rows (host tensors, as the forward made them) to the dtype of their datasets,
+and the refusal of a value that the cast itself made non-finite (float16 holds at most 65,504). Nothing else in
+featdump casts rows to the storage dtype: the forward hands float32 rows on, and the writer stores what this
+module returns."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from featdump.errors import StorageOverflow
+
+FLOAT16_LARGEST = 65504.0
+
+
+def to_storage(rows: dict[str, torch.Tensor], dtypes: dict[str, np.dtype]) -> dict[str, np.ndarray]:
+    """ROWS (layer: a host tensor) as arrays of each layer's DTYPES entry; StorageOverflow where a finite value is
+    not finite once cast."""
+    stored = {}
+    for name, values in rows.items():
+        dtype = torch.from_numpy(np.zeros(0, dtype=dtypes[name])).dtype
+        cast = values if values.dtype == dtype else values.to(dtype)
+        if cast is not values and cast.is_floating_point():
+            _refuse_overflow(name, values, cast)
+        stored[name] = cast.numpy()
+    return stored
+
+
+def _refuse_overflow(name: str, values: torch.Tensor, cast: torch.Tensor) -> None:
+    """StorageOverflow when CAST holds a non-finite value where VALUES (before the cast) holds a finite one."""
+    if bool(torch.isfinite(cast).all()):
+        return
+    made = ~torch.isfinite(cast) & torch.isfinite(values)
+    count = int(made.sum())
+    if not count:
+        return
+    largest = float(values[made].abs().max())
+    raise StorageOverflow(
+        f"Layer {name}: {count} value(s) became inf when stored as {_dtype_name(cast)} (largest {largest:.2e}; "
+        f"{_dtype_name(cast)} holds at most {FLOAT16_LARGEST:,.0f}).",
+        name, largest)
+
+
+def _dtype_name(values: torch.Tensor) -> str:
+    return str(values.dtype).removeprefix("torch.")
