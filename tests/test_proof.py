@@ -15,6 +15,7 @@ import featdump
 from featdump.job.proof import plan_sample, row_errors
 from featdump.job.tolerances import bound
 
+from . import faults
 from .conftest import read_output, run_featdump, user_project, write_images
 
 MODELS = '''
@@ -62,6 +63,41 @@ class RunsOutOfMemory(nn.Module):
                 Path(self.marker).unlink()
                 raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")
         return self.pool(torch.relu(self.conv(x))).flatten(1)
+
+
+class CpuAllocatorFails(nn.Module):
+    """Fails as the CPU allocator (or Python) does at its second forward of a real batch while MARKER exists."""
+
+    batches = 0
+
+    def __init__(self, error):
+        super().__init__()
+        torch.manual_seed(0)
+        self.error = error
+        self.conv = nn.Conv2d(3, 8, 3, stride=4)
+        self.pool = nn.AdaptiveAvgPool2d(1)
+
+    def forward(self, x):
+        if x.shape[0] > 4:
+            CpuAllocatorFails.batches += 1
+            import os
+
+            marker = Path(os.environ.get("OOM_MARKER", "/nonexistent"))
+            if CpuAllocatorFails.batches == 2 and marker.exists():
+                marker.unlink()
+                raise self.error
+        return self.pool(torch.relu(self.conv(x))).flatten(1)
+
+
+def allocator_fails():
+    CpuAllocatorFails.batches = 0
+    return CpuAllocatorFails(RuntimeError("[enforce fail at alloc_cpu.cpp:117] data. DefaultCPUAllocator: can't "
+                                          "allocate memory: you tried to allocate 89915392000 bytes. Error code 12"))
+
+
+def memory_error():
+    CpuAllocatorFails.batches = 0
+    return CpuAllocatorFails(MemoryError())
 
 
 def runs_out_of_memory():
@@ -215,3 +251,132 @@ def test_shards_and_updates_record_their_own_proof(tmp_path):
         first, update = json.loads(h5file.attrs["proof"])
     assert "run" not in first and update["run"] == "update" and update["proved"]
     assert sorted(update["images"]) == ["c/img_000.jpg", "c/img_001.jpg", "c/img_002.png"]
+
+
+def test_a_deep_bf16_layer_of_a_random_inception_v3_is_proved_against_its_emulation(images, tmp_path):
+    """Mixed_7b.branch3x3_2a stopped every bf16 run at 5e-2 (its own bf16 error reaches 6e-2): now its bound is
+    3x what CPU bf16 itself makes of the same rows."""
+    output = tmp_path / "inception.h5"
+    result = run_featdump("extract", "-m", "inception_v3", "-w", "none", "-l", "Mixed_7b.branch3x3_2a",
+                          "--precision", "bf16", images, output)
+    assert result.returncode == 0, result.stderr
+    with h5py.File(output, "r") as h5file:
+        (proof,) = json.loads(h5file.attrs["proof"])
+    layer = proof["layers"]["Mixed_7b.branch3x3_2a"]
+    assert layer["emulated"] > 1e-2 and layer["largest"] <= layer["bound"] == pytest.approx(
+        3 * layer["emulated"] + 2**-8)
+
+
+@pytest.mark.parametrize("fault", ["shifted", "zeroed", "wrong_layer"])
+def test_a_fault_in_the_copy_to_the_host_is_caught_before_the_rows_are_stored(images, tmp_path, fault):
+    """The proof judges the rows as the writer receives them: a copy that shifts them by one, zeroes one, or hands
+    one layer another's rows stops the run at its first batch, and the way out it names then runs. (--proof 20: every
+    row of the 20 is proved, so the zeroed one is too; by default 8 of them are.)"""
+    output = tmp_path / "out.h5"
+    command = ["extract", "-m", "resnet18", "-w", "none", "-l", "layer2,avgpool", "--precision", "bf16", "--proof",
+               "20", images, output]
+    with faults.injected(getattr(faults, fault)):
+        result = run_featdump(*command)
+    assert result.returncode == 1, result.stderr
+    message = error_line(result.stderr)
+    assert message.startswith("Error: Layer layer2: the rows of cpu, bf16 are "), message
+    assert message.endswith("Run again with --precision fp32 (nothing was committed: it starts over)."), message
+    assert not output.exists()
+    way_out = run_featdump(*command[:7], "--precision", "fp32", *command[9:])
+    assert way_out.returncode == 0, way_out.stderr
+    assert "proof:" not in way_out.stderr  # the reference path itself
+
+
+def test_a_one_percent_error_on_one_channel_is_caught_where_bf16_s_own_error_is_larger(images, tmp_path):
+    """1% of a row's largest value on channel 0 of layer4 (bf16's own error there is a few %) moves that channel's
+    mean far beyond what bf16 moves any channel's."""
+    with faults.injected(faults.channel_off({"layer4": 0}), {"layer4"}):
+        result = run_featdump("extract", "-m", "resnet18", "-w", "none", "-l", "layer1,layer4", "--precision", "bf16",
+                              images, tmp_path / "out.h5")
+    message = error_line(result.stderr)
+    assert message.startswith("Error: Layer layer4: the rows of cpu, bf16 are shifted by 1.0e-02 of a row's largest "
+                              "value on average in channel 0, beyond the "), message
+
+
+def test_a_fault_in_a_later_batch_keeps_its_rows_and_names_overwrite(tmp_path):
+    """70 images in batches of 64: the second batch's copy is shifted; its sampled rows stop the run with the first
+    batch committed, and the message's way out (another precision, with --overwrite) runs."""
+    images = tmp_path / "images"
+    write_images(images, {"": 70}, seed=6)
+    output = tmp_path / "out.h5"
+    batches = []
+
+    def later_shifted(rows):
+        batches.append(1)
+        return faults.shifted(rows) if len(batches) > 1 else rows
+
+    command = ["extract", "-m", "resnet18", "-w", "none", "-l", "layer2", "--precision", "bf16", images, output]
+    with faults.injected(later_shifted):
+        result = run_featdump(*command)
+    message = error_line(result.stderr)
+    assert message.endswith(f"Run again with --precision fp32, and --overwrite: the 64 rows committed in {output}"
+                            ".partial were made this way, and no other configuration can resume them."), message
+    assert len(read_output(tmp_path / "out.h5.partial", rows=None)["paths"]) == 64
+    refused = run_featdump(*command[:7], "--precision", "fp32", images, output)
+    assert refused.returncode == 2 and "--overwrite to start over" in refused.stderr  # why the message says it
+    way_out = run_featdump(*command[:7], "--precision", "fp32", "--overwrite", images, output)
+    assert way_out.returncode == 0, way_out.stderr
+    assert len(featdump.load(output, "layer2").paths) == 70
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_a_float16_storage_overflow_stops_naming_dtype_float32_and_blames_the_storage(images, tmp_path, precision):
+    with user_project(tmp_path, "proof_models", MODELS, {}):
+        command = ["extract", "-m", "proof_models:overflowing", "-l", "conv", "--precision", precision, images]
+        result = run_featdump(*command, "--dtype", "float16", tmp_path / "half.h5", cwd=tmp_path)
+        message = error_line(result.stderr)
+        assert message.startswith("Error: Layer conv: "), message
+        assert " value(s) became inf when stored as float16 (largest 1." in message, message
+        assert message.endswith("float16 holds at most 65,504). Run again with --dtype float32 (nothing was "
+                                "committed: it starts over)."), message
+        assert not (tmp_path / "half.h5").exists()
+        way_out = run_featdump(*command, "--dtype", "float32", tmp_path / "half.h5", cwd=tmp_path)
+        assert way_out.returncode == 0, way_out.stderr
+    assert np.isfinite(featdump.load(tmp_path / "half.h5", "conv").features).all()
+
+
+def test_proof_0_turns_off_the_sample_but_not_the_fp16_watch(images, tmp_path):
+    with user_project(tmp_path, "proof_models", MODELS, {}):
+        result = run_featdump("extract", "-m", "proof_models:overflowing", "-l", "conv", "--precision", "fp16",
+                              "--proof", "0", images, tmp_path / "fp16.h5", cwd=tmp_path)
+    assert error_line(result.stderr).startswith("Error: Layer conv: the rows of cpu, fp16 are non-finite (inf or "
+                                                "NaN) where the reference path's are finite")
+    assert not (tmp_path / "fp16.h5").exists()
+
+
+def test_the_storage_cast_refuses_only_what_it_made_non_finite():
+    from featdump.errors import StorageOverflow
+    from featdump.output.storage import to_storage
+
+    rows = {"a": torch_tensor([[1.0, float("inf"), 7e4], [2.0, 3.0, -1e5]])}
+    with pytest.raises(StorageOverflow) as caught:
+        to_storage(rows, {"a": np.dtype("float16")})
+    assert caught.value.layer == "a" and caught.value.largest == 1e5 and "2 value(s)" in str(caught.value)
+    kept = to_storage({"a": torch_tensor([[1.0, float("inf"), float("nan")]])}, {"a": np.dtype("float16")})["a"]
+    assert kept.dtype == np.float16 and np.isinf(kept[0, 1]) and np.isnan(kept[0, 2])  # the model's own
+    assert to_storage(rows, {"a": np.dtype("float32")})["a"].dtype == np.float32
+
+
+def torch_tensor(values):
+    import torch
+
+    return torch.tensor(values, dtype=torch.float32)
+
+
+@pytest.mark.parametrize("factory", ["allocator_fails", "memory_error"])
+def test_a_cpu_allocation_failure_is_one_line_naming_the_batch_size_and_the_resume(tmp_path, factory):
+    with user_project(tmp_path, "cpu_oom_models", MODELS, {"": 70}) as folder:
+        (folder / "marker").touch()
+        command = ["extract", "-m", f"cpu_oom_models:{factory}", "-l", "pool", folder / "images", folder / "out.h5"]
+        env = {**__import__("os").environ, "OOM_MARKER": str(folder / "marker")}
+        failed = run_featdump(*command, env=env, cwd=folder)
+        message = error_line(failed.stderr)
+        assert message.startswith("Error: Out of memory on cpu at --batch-size 64 ("), message
+        assert message.endswith("run the same command with a smaller --batch-size (e.g. 32) to resume."), message
+        resumed = run_featdump(*command[:5], "--batch-size", "32", *command[5:], env=env, cwd=folder)
+        assert resumed.returncode == 0 and "resumed at image 64" in resumed.stderr, resumed.stderr

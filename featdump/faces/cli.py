@@ -166,7 +166,8 @@ def list_layers(model: str, depth: int | None, as_json: bool, transform: str | N
 
     loaded = load_model(model, weights="none", transform=transform, trust_pickle=trust_pickle)
     shape = preprocess_for(loaded).input_shape  # a video model's: one clip of its own frames
-    infos = [info for info in probe(loaded.module, shape, loaded.rows_within) if depth is None or info.depth <= depth]
+    infos = [info for info in probe(loaded.module, shape, loaded.rows_within, loaded.stated_axes)
+             if depth is None or info.depth <= depth]
     selected = {}
     if pattern:
         for name in match_pattern(pattern, infos, model):

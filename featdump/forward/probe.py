@@ -128,10 +128,13 @@ def _take_part(output, part: str | None, name: str = "") -> torch.Tensor:
     return found[part]
 
 
-def probe(model: nn.Module, input_shape: tuple[int, ...], rows_within: tuple[str, ...] = ()) -> list[LayerInfo]:
+def probe(model: nn.Module, input_shape: tuple[int, ...], rows_within: tuple[str, ...] = (),
+          stated_axes: dict[str, str] | None = None) -> list[LayerInfo]:
     """Run forwards on zeros of INPUT_SHAPE (C, H, W) with batches of 2 and 3 and record every module's calls,
     output shapes and batch dimension (the one dimension whose size follows the batch). ROWS_WITHIN: the modules
-    whose outputs alone are rows of an image (a detector's backbone); the others' are marked refused."""
+    whose outputs alone are rows of an image (a detector's backbone); the others' are marked refused. A 3-d map's
+    axes come from a forward at a larger size; where the model takes only its own size, from STATED_AXES (module
+    path: the axes the model states), else they are UNKNOWN_AXES."""
     runs = [_record_calls(model, input_shape, batch, rows_within) for batch in _PROBE_BATCHES]
     resized = _resized_calls(model, input_shape, rows_within)
     modules = dict(model.named_modules())
@@ -147,7 +150,9 @@ def probe(model: nn.Module, input_shape: tuple[int, ...], rows_within: tuple[str
         folds = tuple(_fold(first.get(None), second.get(None)) if batch_dim is None else None
                       for first, second, batch_dim in zip(runs[0][0][path], runs[1][0][path], batch_dims))
         maps = tuple(_map_axes(first.get(None), bigger.get(None), batch_dim) for first, bigger, batch_dim
-                     in zip(runs[0][0][path], resized.get(path, []), batch_dims))
+                     in zip(runs[0][0][path], resized.get(path, []), batch_dims)) if resized else \
+            tuple((stated_axes or {}).get(path, UNKNOWN_AXES) if shape is not None and len(shape) == 3 else None
+                  for shape in shapes)
         infos.append(LayerInfo(path, type(modules[path]).__name__, len(shapes), tuple(shapes), "tuple" in kinds,
                                tuple(batch_dims), tuple(parts), kinds[0] if kinds else "tensor", folds, maps))
     return _refuse_outside(_check_folds(model, input_shape, infos), rows_within)
@@ -173,6 +178,7 @@ def _refuse_outside(infos: list[LayerInfo], rows_within: tuple[str, ...]) -> lis
     return [info if info.path in within else dataclasses.replace(info, refusal=why) for info in infos]
 
 
+UNKNOWN_AXES = "unknown"  # a 3-d map of a model that takes only its own input size and states no axes for it
 _RESIZED = (32, 64)  # pixels added to the input's height and width for the run that tells a map's axes apart
 
 

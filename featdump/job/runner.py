@@ -29,7 +29,7 @@ from featdump.forward.device import (
 from featdump.forward.hooks import Capture
 from featdump.forward.layers import Layer, Snapshot, in_model_order, resolve
 from featdump.forward.memory_format import choose_memory_format, format_name
-from featdump.forward.probe import probe
+from featdump.forward.probe import UNKNOWN_AXES, probe
 from featdump.inputs import ImageList, Patience, find_images, is_url
 from featdump.inputs.clips import as_rows, dataset_for, preprocess_for
 from featdump.inputs.gpu_decode import to_device_inputs
@@ -331,7 +331,8 @@ def _dataset_spec(layer: Layer, reduction: Reduction | None, dtype: str, layout:
     if reduction is None:  # a pca:K layer before its fit
         raise UsageProblem(f"Layer {layer.name}: its PCA fit is not made yet.")
     tokens = (layout.prefix, *layout.grid) if layout is not None and reduction.shape == layer.shape else None
-    axes = layer.axes if len(reduction.shape) == len(layer.shape) == 3 else None  # kept whole, or some channels
+    kept = len(reduction.shape) == len(layer.shape) == 3 and layer.axes != UNKNOWN_AXES  # kept whole, or some channels
+    axes = layer.axes if kept else None
     return DatasetSpec(reduction.shape, dtype, layer.layout, layer.part, tokens, reduction.text,
                        reduction.attributes, reduction.fit, axes)
 
@@ -349,7 +350,7 @@ def _prepare_model(settings: Settings, device: torch.device, images: ImageList) 
     if settings.fast_decode and preprocess.draft is None:
         log.warning("--fast-decode needs a resize in the preprocessing; decoding every image whole.")
     try:
-        infos = probe(loaded.module, preprocess.input_shape, loaded.rows_within)
+        infos = probe(loaded.module, preprocess.input_shape, loaded.rows_within, loaded.stated_axes)
     except ModelFailed:
         preprocess.check_one_size(_preprocessing_name(settings))  # the likelier cause, said instead
         raise

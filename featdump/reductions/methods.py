@@ -21,6 +21,7 @@ import torch
 
 from featdump.errors import UsageProblem
 from featdump.forward.layers import Snapshot
+from featdump.forward.probe import UNKNOWN_AXES
 from featdump.reductions.record import Reduction
 from featdump.reductions.rules import CHANNELS, canonical, method_of
 from featdump.sources.tokens import TokenLayout
@@ -35,6 +36,11 @@ def bind(text: str, layer_name: str, shape: tuple[int, ...], tokens: TokenLayout
     channels_last = axes == CHANNELS_LAST and len(shape) == 3
     text = canonical(text)
     method = method_of(text)
+    if axes == UNKNOWN_AXES and len(shape) == 3 and (text in _POOLS or method == "channels"):
+        raise UsageProblem(f"--reduce {text} on layer {layer_name!r}: featdump cannot tell which axis of its {shape} "
+                           "map holds the channels (the model takes only its own input size and states no format "
+                           "for this layer), and will not guess; use --reduce flatten, or a layer whose format the "
+                           "model states (a timm model's feature_info stages).")
     if method in ("srp", "countsketch"):
         from featdump.reductions.srp import sparse_projection
 

@@ -58,6 +58,7 @@ class LoadedModel:
     tokens: TokenRule | None = None  # prefix tokens and patch size of its (N, L, D) outputs, where it states them
     clip: ModelClip = ModelClip()  # what it takes of a video
     rows_within: tuple[str, ...] = ()  # the modules whose outputs are rows of an image (a detector's backbone); ()
+    stated_axes: dict = field(default_factory=dict)  # module path: its 3-d maps' axes as the model states them
 
 
 def model_kind(name: str) -> str:
@@ -162,7 +163,8 @@ def load_model(name: str, weights: str = "DEFAULT", seed: int = 0, transform: st
     if tokens is None and kind in ("factory", "file"):  # your own model may state them as timm's do
         tokens = timm_models.token_rule(module)
     within = torchvision_models.rows_within(name) if kind == "torchvision" else ()
-    return LoadedModel(module.eval(), preprocessing, label, source, tokens, clip_of(name), within)
+    axes = timm_models.stated_axes(module) if kind == "timm" else {}
+    return LoadedModel(module.eval(), preprocessing, label, source, tokens, clip_of(name), within, axes)
 
 
 def _looks_like_path(weights: str) -> bool:

@@ -61,3 +61,11 @@ def token_rule(module: nn.Module) -> TokenRule | None:
 def _tag(module: nn.Module) -> str:
     config = getattr(module, "pretrained_cfg", None) or {}
     return f"{config.get('architecture', '?')}.{config.get('tag') or 'default'}"
+
+
+def stated_axes(module: nn.Module) -> dict[str, str]:
+    """The axes timm states for the feature maps of a model that keeps them channels last (`output_fmt` NHWC, as
+    its Swin and other windowed models do): "y,x,channel" for each module its `feature_info` names."""
+    if str(getattr(module, "output_fmt", "")).upper() != "NHWC":
+        return {}
+    return {info["module"]: "y,x,channel" for info in getattr(module, "feature_info", []) if "module" in info}

@@ -1,0 +1,160 @@
+"""The proof's panel: no false alarm on sound runs, every injected fault caught (docs/proof.md).
+
+    python benchmarks/proof_panel.py [--models resnet50,...] [--seeds 0,1] [--configurations bf16,fp16,...]
+                                     [--faults shifted,zeroed,channel,wrong-layer] [--out DIR]
+
+12 architectures of different families (random weights, two seeds), each at a shallow, a middle and the deepest
+layer and its output, run in-process on 8 images (one batch: the default proof of 8 samples every row) in bf16,
+fp16, --fast-decode and --compile; then, under bf16 (the noisiest precision), with each fault injected in the copy
+of every batch's rows to the host (`tests/faults.py`), into the deepest layer's and the output's rows alone (where
+bf16's own error is largest; the shallow layers stay sound). A sound run must finish; a faulty one must stop with the
+proof's one line. Each row of the table: the configuration, what happened, and for a sound run the largest
+fraction of its bound that any layer used (over the three tests: largest element, whole row, channel means).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import h5py
+import numpy as np
+from PIL import Image
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from featdump.errors import FeatdumpError, ProofFailed  # noqa: E402
+from featdump.job.proof import channel_axis  # noqa: E402
+from featdump.job.runner import extract  # noqa: E402
+from featdump.job.settings import Settings  # noqa: E402
+from tests import faults  # noqa: E402
+
+PANEL = {  # model: (shallow, middle, deepest, output)
+    "resnet50": "layer1,layer3,layer4,fc",
+    "inception_v3": "Mixed_5b,Mixed_6e,Mixed_7c,fc",
+    "efficientnet_v2_s": "features.2,features.5,features.7,classifier",
+    "convnext_tiny": "features.1,features.5,features.7,classifier",
+    "maxvit_t": "blocks.0,blocks.2,blocks.3,classifier",
+    "swin_t": "features.1,features.5,features.7,head",
+    "vit_b_16": "encoder.layers.encoder_layer_0,encoder.layers.encoder_layer_5,encoder.ln,heads",
+    "regnet_y_400mf": "trunk_output.block1,trunk_output.block3,trunk_output.block4,fc",
+    "mobilenet_v3_large": "features.3,features.10,features.16,classifier",
+    "densenet121": "features.denseblock1,features.denseblock3,features.norm5,classifier",
+    "r3d_18": "layer1,layer3,layer4,fc",
+    "fasterrcnn_mobilenet_v3_large_320_fpn": "backbone.body.3,backbone.body.10,backbone.body@1,backbone@pool",
+}
+CONFIGURATIONS = {"bf16": dict(precision="bf16"), "fp16": dict(precision="fp16"),
+                  "fast decode": dict(fast_decode=True), "compile": dict(compile=True)}
+FAULTS = ("shifted", "zeroed", "channel", "wrong-layer")
+IMAGES = 8
+
+
+def write_images(folder: Path) -> Path:
+    """8 smooth random 2048x1536 JPEGs (large enough for --fast-decode to decode them at a quarter)."""
+    rng = np.random.default_rng(0)
+    folder.mkdir(parents=True, exist_ok=True)
+    for index in range(IMAGES):
+        base = Image.fromarray(rng.integers(0, 256, (6, 8, 3), dtype=np.uint8)).resize((2048, 1536), Image.BICUBIC)
+        noise = rng.integers(-12, 12, (1536, 2048, 3))
+        Image.fromarray(np.clip(np.asarray(base).astype(int) + noise, 0, 255).astype(np.uint8)).save(
+            folder / f"img_{index}.jpg", quality=90)
+    return folder
+
+
+def write_films(folder: Path) -> Path:
+    """One film of 8 back-to-back 16-frame clips (r3d_18's own clip)."""
+    from tests.videos import write_video
+
+    write_video(folder / "film.mp4", 16 * IMAGES, fps=15, size=(120, 160), lossless=False)
+    return folder
+
+
+def fault_of(name: str, axes: dict[str, int | None]):
+    return {"shifted": faults.shifted, "zeroed": faults.zeroed, "channel": faults.channel_off(axes),
+            "wrong-layer": faults.wrong_layer}[name]
+
+
+def run(model: str, inputs: Path, output: Path, seed: int, cache: Path, **options) -> tuple[str, float, dict]:
+    """One extract: ("finished" or the proof's message, seconds, the proof's entry)."""
+    started = time.perf_counter()
+    settings = Settings(model=model, layers=tuple(PANEL[model].split(",")), images=inputs, output=output,
+                        weights="none", seed=seed, overwrite=True, compile_cache=str(cache), **options)
+    try:
+        extract(settings)
+    except ProofFailed as error:
+        return str(error), time.perf_counter() - started, {}
+    except FeatdumpError as error:
+        return f"ERROR {error}", time.perf_counter() - started, {}
+    with h5py.File(output, "r") as h5file:
+        (entry,) = json.loads(h5file.attrs["proof"])
+    return "finished", time.perf_counter() - started, entry
+
+
+def margin(entry: dict) -> tuple[float, str]:
+    """The largest fraction of a bound any layer used, and which (layer, test)."""
+    used = []
+    for name, layer in entry.get("layers", {}).items():
+        used += [(float(layer["largest"]) / layer["bound"], f"{name} largest"),
+                 (float(layer["whole"]) / layer["whole_bound"], f"{name} whole"),
+                 (layer["channel_shift"] / layer["shift_bound"], f"{name} channel")]
+    return max(used, default=(0.0, ""))
+
+
+def channel_axes(output: Path) -> dict[str, int | None]:
+    with h5py.File(output, "r") as h5file:
+        return {name: channel_axis(dataset.shape[1:], dict(dataset.attrs))
+                for name, dataset in h5file["features"].items()}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", default=",".join(PANEL))
+    parser.add_argument("--seeds", default="0,1")
+    parser.add_argument("--configurations", default=",".join(CONFIGURATIONS))
+    parser.add_argument("--faults", default=",".join(FAULTS))
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args()
+    work = args.out or Path(tempfile.mkdtemp(prefix="featdump-panel-"))
+    images, films = write_images(work / "images"), write_films(work / "films")
+    results = []
+    print("| model | seed | configuration | outcome | nearest bound (fraction used) | s |")
+    print("| --- | --- | --- | --- | --- | --- |", flush=True)
+    for model in args.models.split(","):
+        inputs = films if model == "r3d_18" else images
+        for seed in (int(seed) for seed in args.seeds.split(",")):
+            sound = None
+            for name in args.configurations.split(","):
+                if name == "fast decode" and model == "r3d_18":
+                    continue  # a film's frames have no reduced decode
+                outcome, seconds, entry = run(model, inputs, work / "run.h5", seed, work / "cache",
+                                              **CONFIGURATIONS[name])
+                used, where = margin(entry)
+                results.append({"model": model, "seed": seed, "configuration": name, "outcome": outcome,
+                                "used": used, "where": where, "seconds": seconds, "proof": entry})
+                print(f"| {model} | {seed} | {name} | {outcome[:160]} | {used:.2f} ({where}) | {seconds:.0f} |",
+                      flush=True)
+                if name == "bf16" and outcome == "finished":
+                    sound = channel_axes(work / "run.h5")
+            for fault in [] if sound is None or not args.faults else args.faults.split(","):
+                with faults.injected(fault_of(fault, sound), set(PANEL[model].split(",")[2:])):
+                    outcome, seconds, _ = run(model, inputs, work / "fault.h5", seed, work / "cache",
+                                              precision="bf16")
+                caught = outcome != "finished" and not outcome.startswith("ERROR")
+                results.append({"model": model, "seed": seed, "configuration": f"bf16 + {fault}",
+                                "outcome": outcome, "caught": caught, "seconds": seconds})
+                print(f"| {model} | {seed} | bf16 + {fault} | {'caught: ' if caught else 'MISSED: '}"
+                      f"{outcome[:140]} | | {seconds:.0f} |", flush=True)
+    (work / "panel.json").write_text(json.dumps(results, indent=1))
+    sound = [result for result in results if "caught" not in result]
+    faulty = [result for result in results if "caught" in result]
+    print(f"\nSound runs: {len(sound)}, false alarms: {sum(r['outcome'] != 'finished' for r in sound)}; "
+          f"faults injected: {len(faulty)}, caught: {sum(r['caught'] for r in faulty)}. ({work / 'panel.json'})")
+
+
+if __name__ == "__main__":
+    main()
