@@ -101,7 +101,7 @@ def margin(entry: dict) -> tuple[float, str]:
     for name, layer in entry.get("layers", {}).items():
         used += [(float(layer["largest"]) / layer["bound"], f"{name} largest"),
                  (float(layer["whole"]) / layer["whole_bound"], f"{name} whole"),
-                 (layer["channel_shift"] / layer["shift_bound"], f"{name} channel")]
+                 (layer["channel_shift"] / float(layer["shift_bound"]), f"{name} channel")]
     return max(used, default=(0.0, ""))
 
 
@@ -144,7 +144,7 @@ def main() -> None:
                 with faults.injected(fault_of(fault, sound), set(PANEL[model].split(",")[2:])):
                     outcome, seconds, _ = run(model, inputs, work / "fault.h5", seed, work / "cache",
                                               precision="bf16")
-                caught = outcome != "finished" and not outcome.startswith("ERROR")
+                caught = outcome != "finished" and not outcome.startswith("ERROR")  # the proof's own line
                 results.append({"model": model, "seed": seed, "configuration": f"bf16 + {fault}",
                                 "outcome": outcome, "caught": caught, "seconds": seconds})
                 print(f"| {model} | {seed} | bf16 + {fault} | {'caught: ' if caught else 'MISSED: '}"

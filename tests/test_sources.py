@@ -181,3 +181,34 @@ def test_timm_cnn_and_vit_against_explicit_calls(tmp_path):
         np.testing.assert_allclose(got, expected.numpy(), rtol=1e-4, atol=1e-5, err_msg=name)
         with h5py.File(output, "r") as h5file:
             assert json.loads(h5file.attrs["model_source"])["timm_model"] == name
+
+
+def test_timm_swin_stages_are_channels_last_as_timm_states_and_pool_to_their_channels(tmp_path):
+    """timm's Swin takes only its own input size, so the probe cannot find its maps' axes by another size: its
+    feature_info stages (NHWC, as `output_fmt` says) are pooled over y and x, 768 values a row equal to hooks' mean
+    over space; a map inside a stage, whose axes the model does not state, refuses a pooling in one line."""
+    timm = pytest.importorskip("timm", reason="timm is not installed (pip install 'featdump[timm]')")
+    name = "swin_tiny_patch4_window7_224"
+    write_images(tmp_path / "images", {"": 2})
+    output = tmp_path / "swin.h5"
+    result = run_featdump("extract", "-m", f"timm:{name}", "-w", "none", "--seed", "2", "-l", "layers.3",
+                          "--reduce", "avgpool", tmp_path / "images", output)
+    assert result.returncode == 0, result.stderr
+    torch.manual_seed(2)
+    model = timm.create_model(name, pretrained=False).eval()
+    config = timm.data.resolve_data_config({}, model=model)
+    x = inputs_of(tmp_path / "images", timm.data.create_transform(**config, is_training=False))
+    captured = {}
+    handle = model.layers[3].register_forward_hook(lambda module, args, out: captured.setdefault("out", out))
+    with torch.inference_mode():
+        model(x)
+    handle.remove()
+    assert captured["out"].shape == (2, 7, 7, 768)
+    got = read_features(output)["layers.3"]
+    assert got.shape == (2, 768)
+    np.testing.assert_allclose(got, captured["out"].mean(dim=(1, 2)).numpy(), rtol=1e-4, atol=1e-5)
+    refused = run_featdump("extract", "-m", f"timm:{name}", "-w", "none", "-l", "layers.3.blocks.1", "--reduce",
+                           "avgpool", tmp_path / "images", tmp_path / "inner.h5")
+    assert refused.returncode == 2 and len(refused.stderr.strip().splitlines()) == 1, refused.stderr
+    assert refused.stderr.startswith("Error: --reduce avgpool on layer 'layers.3.blocks.1': featdump cannot tell which "
+                                     "axis of its (7, 7, 768) map holds the channels"), refused.stderr

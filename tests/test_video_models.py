@@ -193,3 +193,17 @@ def test_optical_flow_on_still_images_or_clips_of_3_is_refused_in_one_line(tmp_p
     assert result.returncode != 0
     assert "raft_small estimates the flow between a pair of frames: give --clip 2, not --clip 3" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_the_proof_of_clip_rows_names_their_clip_starts(film, tmp_path):
+    (tmp_path / "clipnet.py").write_text(textwrap.dedent(FACTORY))
+    output = tmp_path / "bf16.h5"
+    result = run_featdump("extract", "-m", "clipnet:build", "-l", "relu,pool", "--precision", "bf16", film, output,
+                          cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "; proof: 2 clips recomputed on the reference path" in result.stderr
+    with h5py.File(output, "r") as h5file:
+        (proof,) = __import__("json").loads(h5file.attrs["proof"])
+    assert proof["rows"] == "clip" and proof["images"] == [f"{film.name} @ 0 s", f"{film.name} @ 0.6 s"]
+    info = run_featdump("info", output).stdout
+    assert "proof:      cpu, bf16: 2 clips recomputed on the reference path" in info

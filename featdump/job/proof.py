@@ -37,6 +37,7 @@ from featdump.output.netcdf import axis_kinds
 log = logging.getLogger("featdump")
 REFERENCE = "cpu, fp32, eager, hooks, the original files decoded on the CPU"
 SEED = 0  # the sample is the same for every run of the same images
+MIN_ROWS = 4  # proved rows before channel means are judged (their noise is estimated from the rows' spread)
 WATCHED = 4  # rows of a batch recomputed when a reduced precision made non-finite values in it
 _AUTOCAST = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -122,26 +123,36 @@ def plan_sample(count: int, start: int, first_end: int, end: int) -> _Sample:
 
 @dataclass
 class ChannelMeans:
-    """The running mean of each channel of (rows - fp32 rows) / each row's largest fp32 value, over the proved rows
-    and every position of the channel: a systematic error of one channel, which the row errors are too coarse to
-    see where the precision's own noise is large, shows as one mean far from the others."""
+    """Per channel, the mean over each proved row's positions of (rows - other rows) / the row's largest fp32
+    value, and over the rows the mean of those and their spread: a systematic error of one channel, which the row
+    errors are too coarse to see where the precision's own noise is large, shows as a mean far beyond the spread."""
 
-    sums: np.ndarray | None = None  # per channel
-    count: int = 0  # entries per channel
+    sums: np.ndarray | None = None  # per channel: the sum over rows of each row's channel mean
+    squares: np.ndarray | None = None  # per channel: the sum over rows of its square
+    rows: int = 0
 
     def add(self, differences: np.ndarray) -> None:
         """DIFFERENCES: (channels, entries) of one proved row."""
-        sums = differences.sum(axis=1)
-        self.sums = sums if self.sums is None else self.sums + sums
-        self.count += differences.shape[1]
+        means = differences.mean(axis=1)
+        self.sums = means if self.sums is None else self.sums + means
+        self.squares = means**2 if self.squares is None else self.squares + means**2
+        self.rows += 1
 
     def largest(self) -> tuple[float, int]:
-        """The largest |mean| of a channel, and that channel."""
-        if self.sums is None or not self.count:
+        """The largest |mean| of a channel over the rows, and that channel."""
+        if self.sums is None:
             return 0.0, 0
-        means = np.abs(self.sums / self.count)
+        means = np.abs(self.sums / self.rows)
         channel = int(np.argmax(means))
         return float(means[channel]), channel
+
+    def noise(self) -> float | None:
+        """The largest standard error of a channel's mean (its rows' spread over the square root of their count);
+        None under MIN_ROWS rows."""
+        if self.sums is None or self.rows < MIN_ROWS:
+            return None
+        spread = np.maximum(self.squares / self.rows - (self.sums / self.rows) ** 2, 0.0) * self.rows / (self.rows - 1)
+        return float(np.sqrt(spread / self.rows).max())
 
 
 @dataclass
@@ -152,8 +163,8 @@ class _Evidence:
     whole: list[float] = field(default_factory=list)  # ||run - fp32|| / ||fp32||, per row
     emulated_largest: list[float] = field(default_factory=list)
     emulated_whole: list[float] = field(default_factory=list)
-    shift: ChannelMeans = field(default_factory=ChannelMeans)
-    emulated_shift: ChannelMeans = field(default_factory=ChannelMeans)
+    shift: ChannelMeans = field(default_factory=ChannelMeans)  # of the run's rows - the emulated rows
+    emulated_shift: ChannelMeans = field(default_factory=ChannelMeans)  # of the emulated rows - the fp32 rows
 
 
 @dataclass
@@ -224,17 +235,19 @@ class Proof:
             if emulate:
                 evidence.emulated_largest += row_errors(emulated[name], expected)
                 evidence.emulated_whole += row_errors(emulated[name], expected, whole=True)
-                self._add_shift(evidence.shift, name, got, expected)
-                self._add_shift(evidence.emulated_shift, name, emulated[name], expected)
+                self._add_shift(evidence.shift, name, got, emulated[name], expected)
+                self._add_shift(evidence.emulated_shift, name, emulated[name], expected, expected)
         self.proved += [self.images.row_key(position) for position in chosen_positions]
 
-    def _add_shift(self, means: ChannelMeans, name: str, got: np.ndarray, expected: np.ndarray) -> None:
+    def _add_shift(self, means: ChannelMeans, name: str, got: np.ndarray, base: np.ndarray,
+                   expected: np.ndarray) -> None:
+        """Add each row of (GOT - BASE) / the row's largest fp32 (EXPECTED) value to MEANS, by channel."""
         shape, axis = self.row_shapes.get(name, (got.shape[1],)), self.channel_axes.get(name)
-        for got_row, expected_row in zip(got, expected):
+        for got_row, base_row, expected_row in zip(got, base, expected):
             scale = float(np.abs(expected_row).max(initial=0.0))
-            if scale == 0.0 or not (np.isfinite(got_row).all() and np.isfinite(expected_row).all()):
+            if scale == 0.0 or not (np.isfinite(got_row).all() and np.isfinite(base_row).all()):
                 continue
-            means.add(_by_channel((got_row - expected_row) / scale, shape, axis))
+            means.add(_by_channel((got_row - base_row) / scale, shape, axis))
 
     def _recompute(self, positions: list[int], emulation: Emulation) -> dict[str, np.ndarray]:
         """The rows of the images at POSITIONS on the reference path, or in EMULATION, by layer, in float64."""
@@ -271,7 +284,8 @@ class Proof:
                 self._fail(name, f"{whole:.1e} of a row's size (its L2 norm) from the reference path's, beyond the "
                                  f"{whole_bound:.1e} allowed for {self.configuration} at this layer")
             shift, channel = evidence.shift.largest()
-            shift_bound = tolerances.shift_bound(evidence.emulated_shift.largest()[0])
+            noise = evidence.emulated_shift.noise()
+            shift_bound = tolerances.shift_bound(noise) if noise is not None else np.inf
             if shift > shift_bound:
                 self._fail(name, f"shifted by {shift:.1e} of a row's largest value on average in channel {channel}, "
                                  f"beyond the {shift_bound:.1e} allowed for {self.configuration} at this layer (a "
@@ -294,7 +308,8 @@ class Proof:
                             "median": _plain(float(np.median(evidence.largest))),
                             "bound": largest_bound, "whole": _plain(max(evidence.whole)), "whole_bound": whole_bound,
                             "emulated": _plain(_finite_max(evidence.emulated_largest)), "channel_shift": shift,
-                            "shift_bound": tolerances.shift_bound(evidence.emulated_shift.largest()[0])}
+                            "shift_bound": _plain(tolerances.shift_bound(evidence.emulated_shift.noise() or 0.0)
+                                                  if evidence.emulated_shift.noise() is not None else np.inf)}
         return {"configuration": self.configuration, "reference": REFERENCE, "proved": bool(self.proved),
                 "emulated": tolerances.emulated(self.parts), "tolerance": max(
                     (layer["bound"] for layer in layers.values()), default=0.0),
