@@ -140,11 +140,11 @@ def test_pooled_half_precision_outputs_accumulate_in_float32_and_snapshots_are_c
     from featdump.reductions.methods import bind, snapshot
 
     output = (torch.rand(2, 8, 64, 64) * 4 + 100).to(torch.bfloat16)  # large sums lose digits in bf16
-    pooled = snapshot(0, 1, bind("avgpool", "x", (8, 64, 64)), "float32")(output)
+    pooled = snapshot(0, 1, bind("avgpool", "x", (8, 64, 64)))(output)
     assert torch.equal(pooled, output.float().mean(dim=(2, 3)))
     assert not torch.equal(pooled, output.mean(dim=(2, 3)).float())  # what a bf16 mean gives
     channels_last = torch.rand(2, 8, 4, 4).contiguous(memory_format=torch.channels_last)
-    assert snapshot(0, 1, bind("none", "x", (8, 4, 4)), "float32")(channels_last).is_contiguous()
+    assert snapshot(0, 1, bind("none", "x", (8, 4, 4)))(channels_last).is_contiguous()
 
 
 @needs_cuda

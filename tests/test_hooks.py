@@ -15,12 +15,12 @@ from featdump.sources.tokens import TokenLayout
 
 def take(reduce: str, dtype: str, shape: tuple[int, ...]):
     """The snapshot of a batch-first layer of per-image SHAPE reduced with REDUCE, stored as DTYPE."""
-    return snapshot(0, 1, bind(reduce, "x", shape), dtype)
+    return snapshot(0, 1, bind(reduce, "x", shape))
 
 
 def copies(layers, reduce="none", dtype="float32"):
     """Each layer's snapshot, as the runner makes them."""
-    return {layer.name: snapshot(layer.batch_dim, layer.fold, bind(reduce, layer.name, layer.shape), dtype)
+    return {layer.name: snapshot(layer.batch_dim, layer.fold, bind(reduce, layer.name, layer.shape))
             for layer in layers}
 
 
@@ -109,8 +109,8 @@ def test_reductions(reduce, shape, expected):
     layout = TokenLayout(1, (14, 14)) if shape == (197, 768) else None  # a ViT-B/16's tokens
     assert bind(reduce, "x", shape, layout).shape == expected
     x = torch.randn(2, *shape)
-    out = snapshot(0, 1, bind(reduce, "x", shape, layout), "float16")(x)
-    assert out.shape == (2, *expected) and out.dtype == torch.float16
+    out = snapshot(0, 1, bind(reduce, "x", shape, layout))(x)
+    assert out.shape == (2, *expected) and out.dtype == torch.float32  # the storage dtype is output.storage's cast
     if reduce == "avgpool" and len(shape) == 3:
         torch.testing.assert_close(out.float(), x.mean(dim=(2, 3)), rtol=1e-3, atol=1e-3)
     if reduce == "cls":

@@ -357,7 +357,7 @@ def test_pca_under_autocast_equals_the_projection_in_float64(precision):
 
     shape = (64, 14, 14)
     fitted = _random_fit(8, math.prod(shape))
-    take = snapshot(0, 1, bind("pca:8", "layer2", shape, pca_fit=fitted), "float32")
+    take = snapshot(0, 1, bind("pca:8", "layer2", shape, pca_fit=fitted))
     output = torch.relu(torch.randn(6, *shape, generator=torch.Generator().manual_seed(1))).to(precision)
     with torch.autocast("cpu", dtype=precision):
         rows = take(output)
@@ -376,6 +376,6 @@ def test_every_reduction_under_autocast_computes_in_float32(precision, text):
     reduction = bind(text, "layer3", shape)
     output = torch.randn(4, *shape, generator=torch.Generator().manual_seed(2)).to(precision)
     with torch.autocast("cpu", dtype=precision):
-        rows = snapshot(0, 1, reduction, "float32")(output)
+        rows = snapshot(0, 1, reduction)(output)
     expected = reduction.apply(output.float())
     assert rows.dtype == torch.float32 and torch.equal(rows, expected.contiguous())
