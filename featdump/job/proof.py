@@ -284,8 +284,7 @@ class Proof:
                 self._fail(name, f"{whole:.1e} of a row's size (its L2 norm) from the reference path's, beyond the "
                                  f"{whole_bound:.1e} allowed for {self.configuration} at this layer")
             shift, channel = evidence.shift.largest()
-            noise = evidence.emulated_shift.noise()
-            shift_bound = tolerances.shift_bound(noise) if noise is not None else np.inf
+            shift_bound = _shift_bound(evidence)
             if shift > shift_bound:
                 self._fail(name, f"shifted by {shift:.1e} of a row's largest value on average in channel {channel}, "
                                  f"beyond the {shift_bound:.1e} allowed for {self.configuration} at this layer (a "
@@ -308,8 +307,7 @@ class Proof:
                             "median": _plain(float(np.median(evidence.largest))),
                             "bound": largest_bound, "whole": _plain(max(evidence.whole)), "whole_bound": whole_bound,
                             "emulated": _plain(_finite_max(evidence.emulated_largest)), "channel_shift": shift,
-                            "shift_bound": _plain(tolerances.shift_bound(evidence.emulated_shift.noise() or 0.0)
-                                                  if evidence.emulated_shift.noise() is not None else np.inf)}
+                            "shift_bound": _plain(_shift_bound(evidence))}
         return {"configuration": self.configuration, "reference": REFERENCE, "proved": bool(self.proved),
                 "emulated": tolerances.emulated(self.parts), "tolerance": max(
                     (layer["bound"] for layer in layers.values()), default=0.0),
@@ -344,6 +342,12 @@ def row_errors(got: np.ndarray, reference: np.ndarray, whole: bool = False) -> l
             errors.append(float(np.abs(difference).max(initial=0.0)) / max(float(np.abs(kept).max(initial=0.0)),
                                                                              1e-30))
     return errors
+
+
+def _shift_bound(evidence: _Evidence) -> float:
+    """How far the layer's channel means may be from the emulation's; inf before MIN_ROWS rows are proved."""
+    noise = evidence.emulated_shift.noise()
+    return tolerances.shift_bound(noise) if noise is not None else np.inf
 
 
 def _finite_max(values: list[float]) -> float:
