@@ -92,7 +92,19 @@ def run(model: str, inputs: Path, output: Path, seed: int, cache: Path, **option
         return f"ERROR {error}", time.perf_counter() - started, {}
     with h5py.File(output, "r") as h5file:
         (entry,) = json.loads(h5file.attrs["proof"])
+        compiled = str(h5file.attrs.get("compiled", ""))
+    if options.get("compile") and not compiled.startswith("yes"):
+        return f"finished, not compiled: {compiled}", time.perf_counter() - started, entry
     return "finished", time.perf_counter() - started, entry
+
+
+def true_stop(outcome: str) -> bool:
+    """A stop that is right: the precision's (or the storage's) values are inf or NaN where fp32's are finite."""
+    return "non-finite (inf or NaN) where the reference path's are finite" in outcome or "holds at most" in outcome
+
+
+def false_alarm(outcome: str) -> bool:
+    return not outcome.startswith("finished") and not true_stop(outcome)
 
 
 def margin(entry: dict) -> tuple[float, str]:
@@ -152,7 +164,8 @@ def main() -> None:
     (work / "panel.json").write_text(json.dumps(results, indent=1))
     sound = [result for result in results if "caught" not in result]
     faulty = [result for result in results if "caught" in result]
-    print(f"\nSound runs: {len(sound)}, false alarms: {sum(r['outcome'] != 'finished' for r in sound)}; "
+    print(f"\nSound runs: {len(sound)}, false alarms: {sum(false_alarm(r['outcome']) for r in sound)}, "
+          f"right stops (inf where fp32 is finite): {sum(true_stop(r['outcome']) for r in sound)}; "
           f"faults injected: {len(faulty)}, caught: {sum(r['caught'] for r in faulty)}. ({work / 'panel.json'})")
 
 

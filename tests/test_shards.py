@@ -7,6 +7,7 @@ import logging
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import h5py
 import numpy as np
@@ -15,7 +16,7 @@ import pytest
 import featdump
 from featdump.errors import MergedViewBroken, UsageProblem
 from featdump.inputs import find_images
-from featdump.job.shards import Shard, detect_shard, parse_shard, plan_shard
+from featdump.job.shards import Shard, choose_shard, detect_shard, parse_shard, plan_shard
 from featdump.output.shard_files import shard_path
 
 from .conftest import featdump_env, read_output, run_featdump, start_featdump, write_images
@@ -44,6 +45,28 @@ def test_shards_are_contiguous_disjoint_and_covering(total, count):
     assert covered == list(range(total))  # in order, each once
     sizes = [stop - start for start, stop in parts]
     assert max(sizes) - min(sizes) <= 1
+
+
+def test_shard_from_a_kubernetes_indexed_job():
+    pod = {"JOB_COMPLETION_INDEX": "5", "FEATDUMP_SHARDS": "64"}
+    shard = detect_shard(pod)
+    assert (shard.index, shard.count) == (5, 64) and "Kubernetes Indexed Job" in shard.source
+    with pytest.raises(UsageProblem, match="set FEATDUMP_SHARDS to the Job's completions"):
+        detect_shard({"JOB_COMPLETION_INDEX": "5"})
+    with pytest.raises(UsageProblem, match="is not one of 4 shards"):
+        detect_shard({"JOB_COMPLETION_INDEX": "4", "FEATDUMP_SHARDS": "4"})
+    assert choose_shard("none", pod) is None and choose_shard("1/2", pod).index == 1  # --shard wins
+    yaml = pytest.importorskip("yaml")  # PyYAML (in the dev extra, beside Ray)
+    job = yaml.safe_load((Path(__file__).parents[1] / "configs" / "kubernetes_indexed_job.yaml").read_text())["spec"]
+    pod = job["template"]["spec"]
+    (container,) = pod["containers"]
+    environment = {variable["name"]: variable.get("value") for variable in container["env"]}
+    assert job["completionMode"] == "Indexed" and environment["FEATDUMP_SHARDS"] == str(job["completions"])
+    assert job["backoffLimitPerIndex"] >= 1 and pod["restartPolicy"] == "Never"
+    rules = {rule["action"]: rule for rule in job["podFailurePolicy"]["rules"]}
+    assert rules["Ignore"]["onPodConditions"] == [{"type": "DisruptionTarget"}]  # a preemption is not a failure
+    assert rules["FailIndex"]["onExitCodes"]["values"] == [2]  # a usage error is not retried
+    assert container["command"][:2] == ["featdump", "extract"] and "--scratch" in container["command"]
 
 
 def test_shard_from_the_launcher_environment():

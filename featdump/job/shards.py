@@ -1,4 +1,5 @@
-"""Shards: which contiguous part of the sorted image list this process owns (--shard, SLURM arrays, torchrun),
+"""Shards: which contiguous part of the sorted image list this process owns (--shard, SLURM arrays, torchrun,
+Kubernetes Indexed Jobs),
 and the barrier torchrun's ranks meet at before rank 0 merges (the files' names: `output.shard_files`)."""
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ class Shard:
 
     index: int
     count: int
-    source: str  # "--shard", "SLURM array", "torchrun"
+    source: str  # "--shard", "SLURM array", "torchrun", "Kubernetes"
     local_rank: int | None = None  # torchrun: the GPU this process uses
 
     def bounds(self, total: int) -> tuple[int, int]:
@@ -48,8 +49,14 @@ def parse_shard(text: str) -> Shard | None:
     return Shard(index, count, "--shard")
 
 
+# A Kubernetes Indexed Job gives each pod its index; the count is the manifest's `completions`, which the pod does not
+# see: the manifest passes it in this variable (configs/kubernetes_indexed_job.yaml).
+KUBERNETES_COUNT = "FEATDUMP_SHARDS"
+
+
 def detect_shard(environ=os.environ) -> Shard | None:
-    """The part a SLURM job array task or a torchrun rank owns, from the variables they set; None outside both."""
+    """The part a SLURM job array task, a torchrun rank or a Kubernetes Indexed Job's pod owns, from the variables
+    they set; None outside all three."""
     if "SLURM_ARRAY_TASK_ID" in environ and "SLURM_ARRAY_TASK_COUNT" in environ:
         task, count = int(environ["SLURM_ARRAY_TASK_ID"]), int(environ["SLURM_ARRAY_TASK_COUNT"])
         first = int(environ.get("SLURM_ARRAY_TASK_MIN", 0))
@@ -64,7 +71,20 @@ def detect_shard(environ=os.environ) -> Shard | None:
         rank, world = int(environ["RANK"]), int(environ["WORLD_SIZE"])
         if world > 1:
             return Shard(rank, world, f"torchrun rank {rank} of {world}", int(environ["LOCAL_RANK"]))
+    if "JOB_COMPLETION_INDEX" in environ:
+        return _kubernetes_shard(environ)
     return None
+
+
+def _kubernetes_shard(environ) -> Shard:
+    index, count = environ["JOB_COMPLETION_INDEX"], environ.get(KUBERNETES_COUNT, "")
+    if not count.strip().isdigit():
+        raise UsageProblem(f"Kubernetes Indexed Job pod {index}: set {KUBERNETES_COUNT} to the Job's completions "
+                           "(the shard count), as configs/kubernetes_indexed_job.yaml does, or pass --shard K/N.")
+    if not index.strip().isdigit() or not 0 <= int(index) < int(count):
+        raise UsageProblem(f"Kubernetes Indexed Job pod {index} is not one of {count} shards "
+                           f"({KUBERNETES_COUNT}={count}); pass --shard K/N.")
+    return Shard(int(index), int(count), f"Kubernetes Indexed Job, completion index {index} of {count}")
 
 
 def choose_shard(option: str | None, environ=os.environ) -> Shard | None:
