@@ -41,7 +41,7 @@ def extract(images: str | Path, output: str | Path, *, model: str, layers: str |
     >>> featdump.extract("images/", "out.h5", model="resnet18", layers="layer3,avgpool", weights="none")
     PosixPath('out.h5')
     """
-    from featdump.job.runner import extract as run
+    from featdump.job.staging import extract as run
 
     unknown = sorted(set(options) - _KEYWORDS)
     if unknown:

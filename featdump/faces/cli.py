@@ -15,6 +15,7 @@ import click
 from featdump.analysis.choices import DEFAULT_MEMORY, METRICS
 from featdump.errors import FeatdumpError, NoImages
 from featdump.forward.patterns import LAYER_LIKE
+from featdump.inputs.stores import DEFAULT_PATIENCE
 from featdump.job.options import Option
 from featdump.job.settings import OPTIONS, Settings
 from featdump.readout.choices import DEFAULT_ALPHAS, DEFAULT_FOLDS
@@ -292,7 +293,7 @@ def extract(images: str, output: str, **options) -> None:
       featdump extract -m resnet50 -l layer3,avgpool --reduce avgpool ./images feats.h5
       featdump extract --config configs/linear_probe.toml ./images feats.h5
     """
-    from featdump.job.runner import extract as run_extraction
+    from featdump.job.staging import extract as run_extraction
 
     options.pop("config")
     settings = Settings(images=images, output=output, command=shlex.join(["featdump", *sys.argv[1:]]), **options)
@@ -301,35 +302,52 @@ def extract(images: str, output: str, **options) -> None:
 
 
 @main.command()
-@click.argument("output", type=click.Path(dir_okay=False, path_type=Path))
+@click.argument("output")
 @click.option("--shard-pattern", metavar="PATTERN", help="Shard file names with {k} and {n}, as given to extract.")
-@click.option("--copy", is_flag=True, help="Write a self-contained file instead of virtual datasets over the shards.")
+@click.option("--copy", is_flag=True, help="Write a self-contained file instead of virtual datasets over the shards "
+                                           "(always, for shards in a store).")
 @click.option("--overwrite", is_flag=True, help="Replace an existing OUTPUT.")
-def merge(output: Path, shard_pattern: str | None, copy: bool, overwrite: bool) -> None:
+@click.option("--scratch", type=click.Path(file_okay=False, path_type=Path),
+              help="For shards in a store: the local folder they are copied to and merged in.  "
+                   "[default: FEATDUMP_SCRATCH, else the temp folder, + /featdump-scratch]")
+@click.option("--store-patience", type=click.FloatRange(min=0), default=DEFAULT_PATIENCE, show_default=True,
+              metavar="SECONDS", help="Seconds a request to the store retries transient faults.")
+def merge(output: str, shard_pattern: str | None, copy: bool, overwrite: bool, scratch: Path | None,
+          store_patience: float) -> None:
     """Join the finished shards of OUTPUT (OUTPUT.shard-K-of-N.h5) into OUTPUT.
 
     Checks that all N shards exist, are finished and were made with one configuration, then writes
     OUTPUT with virtual datasets over the shards' features (instant; keep the shards beside it) and
     the paths, labels and skipped images joined in order. The result reads like one run's output.
+    OUTPUT may be a URL (s3://bucket/run/out.h5): the shards in the store are copied to --scratch,
+    merged there into a self-contained file, and that file is uploaded to OUTPUT.
 
     \b
     Example:
       featdump merge feats.h5            # feats.shard-0-of-8.h5 ... feats.shard-7-of-8.h5
       featdump merge --copy feats.h5     # a self-contained file
+      featdump merge s3://bucket/run/feats.h5
     """
+    from featdump.inputs.stores import Patience, is_url
     from featdump.output.merge import merge as merge_shards
+    from featdump.output.store_merge import merge_from_store
 
     started = time.perf_counter()
-    merged = merge_shards(output, shard_pattern, copy=copy, overwrite=overwrite)
+    if is_url(output):
+        merged = merge_from_store(output, shard_pattern, scratch, Patience(store_patience))
+        copy = True
+    else:
+        merged = merge_shards(Path(output), shard_pattern, copy=copy, overwrite=overwrite)
     click.echo(f"Merged into {merged} in {time.perf_counter() - started:.1f} s"
                f"{' (self-contained copy)' if copy else ' (virtual datasets over the shards)'}.", err=True)
 
 
 @main.command()
-@click.argument("output", type=click.Path(path_type=Path))
+@click.argument("output")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (for scripts and dashboards).")
-def info(output: Path, as_json: bool) -> None:
-    """Describe an output file (or OUTPUT.partial of an unfinished run, or OUTPUT's shards).
+def info(output: str, as_json: bool) -> None:
+    """Describe an output file (or OUTPUT.partial of an unfinished run, or OUTPUT's shards; at a URL, the
+    output or its shards in the store).
 
     \b
     Example:

@@ -8,11 +8,14 @@ import numpy as np
 
 from featdump.errors import NotAnOutput
 from featdump.faces.curves import is_readouts, layer_scores, layer_summaries, readout_lines
+from featdump.inputs.stores import Patience, is_url
+from featdump.output import remote
 from featdump.output.layout import Output, open_to_read, partial_path, text_of
 from featdump.output.lock import lock_holder
 from featdump.output.merge import merge_problem
 from featdump.output.progress import describe_running, read_record, running_lines, stopped_line
 from featdump.output.shard_files import shard_count, shard_counts, shard_path
+from featdump.output.store_merge import store_shards
 from featdump.output.update import grow_path, staging_path
 from featdump.readout.scores import MEASURES
 
@@ -21,8 +24,11 @@ _PROVENANCE = ("image_root", "image_listing", "clip_frames", "clip_fps", "clip_e
                "featdump_version", "torch_version", "created")
 
 
-def read_info(output: Path) -> dict:
-    """Everything `featdump info` reports on OUTPUT (or OUTPUT.partial, or OUTPUT's shards) as plain values."""
+def read_info(output: Path | str) -> dict:
+    """Everything `featdump info` reports on OUTPUT (or OUTPUT.partial, or OUTPUT's shards; at a URL, the output
+    or its shards in the store) as plain values."""
+    if is_url(output):
+        return _store_info(str(output))
     path = Path(output)
     results = _results(path)
     if results is not None:
@@ -173,6 +179,33 @@ def _shards_info(output: Path) -> dict | None:
             "image_count": sum(shard["image_count"] or 0 for shard in shards)}
 
 
+def _store_info(url: str) -> dict:
+    """An output at a URL: finished in the store (its counters), else its shards there, each finished (uploaded)
+    or not."""
+    patience = Patience()
+    if remote.finished_in_store(url, patience):
+        counters, size = remote.committed(url, patience)
+        return {"state": "in store", "file": url, "rows": counters.rows, "skipped": counters.skipped, "bytes": size}
+    count, urls, missing = store_shards(url, None, patience)
+    shards = [{"index": index, "file": shard, "state": "not uploaded" if index in missing else "complete"}
+              for index, shard in enumerate(urls)]
+    return {"state": "sharded in store", "file": url, "shards": shards, "finished": count - len(missing)}
+
+
+def _store_lines(info: dict) -> list[str]:
+    if info["state"] == "in store":
+        return [f"{info['file']}: finished, in the store: {info['rows']} rows ({info['skipped']} skipped), "
+                f"{info['bytes']} bytes (h5py reads it through fsspec; or download it)"]
+    shards, finished = info["shards"], info["finished"]
+    if finished == len(shards):
+        return [f"{info['file']}: not merged yet; all {len(shards)} shards are finished in the store: run "
+                f"`featdump merge {info['file']}`"]
+    waiting = [str(shard["index"]) for shard in shards if shard["state"] != "complete"]
+    return [f"{info['file']}: not merged yet; {finished} of {len(shards)} shards finished in the store (a shard "
+            f"is uploaded when it is finished); not there yet: shard {', '.join(waiting[:_SHOWN])}"
+            f"{' ...' if len(waiting) > _SHOWN else ''}"]
+
+
 def _shard_lines(info: dict) -> list[str]:
     shards = info["shards"]
     finished = sum(shard["state"] == "complete" for shard in shards)
@@ -209,6 +242,8 @@ def _matrix_lines(results: dict) -> list[str]:
 
 def describe(output: Path) -> list[str]:
     """Lines saying what OUTPUT (or OUTPUT.partial) holds and how far its run got."""
+    if is_url(output):
+        return _store_lines(read_info(output))
     path = Path(output) if Path(output).exists() else partial_path(Path(output))
     results = _results(path)
     if results is not None and results["result"] in ("rdm", "cka"):

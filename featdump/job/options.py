@@ -122,5 +122,5 @@ def as_path(value, name: str) -> Path:
 
 
 def as_location(value, name: str) -> Path | str:
-    """IMAGES: a path, or a URL (s3://, gs://, http(s)://, hf://) kept as text."""
+    """IMAGES or OUTPUT: a path, or a URL (s3://, gs://, http(s)://, hf://) kept as text."""
     return str(value) if isinstance(value, str) and is_url(value) else as_path(value, name)

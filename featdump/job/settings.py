@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from featdump.errors import BadOption
-from featdump.inputs.stores import DEFAULT_PATIENCE, is_url
-from featdump.job.options import Option, as_location, as_path, option, options_of
+from featdump.inputs.stores import DEFAULT_PATIENCE
+from featdump.job.options import Option, as_location, option, options_of
 from featdump.job.shards import parse_shard
 from featdump.output.shard_files import shard_pattern
 from featdump.reductions.rules import canonical_rule, check_rule, rules_from_table, uses_pca
@@ -67,7 +67,7 @@ class Settings:
         kind=tuple, required=True, short="-l", metavar="LAYERS",
         help="Comma-separated layer paths or patterns (PATH, PATH:K for the K-th call, layer2.*); repeatable.")
     images: Path | str = dataclasses.field(default=None)  # a folder, list file, tars, or their URL (an argument)
-    output: Path = dataclasses.field(default=None)  # the finished HDF5 file (written as OUTPUT.partial first)
+    output: Path | str = dataclasses.field(default=None)  # the finished HDF5 file (OUTPUT.partial first), or a URL
     weights: str = option("DEFAULT", short="-w", help="DEFAULT, a weights name (e.g. IMAGENET1K_V2), none, or a "
                                                       "checkpoint file.")
     seed: int = option(0, "Seed of the random network for --weights none.")
@@ -130,6 +130,11 @@ class Settings:
         DEFAULT_PATIENCE, "Seconds a read from an object store or URL retries transient faults (timeouts, resets, "
                           "5xx, throttling), with backoff, before the job stops (exit 75) keeping its rows.",
         minimum=0, metavar="SECONDS")
+    scratch: str | None = option(
+        kind=str, optional=True, metavar="DIR",
+        help="Local folder where an OUTPUT at a URL (s3://, gs://, ...) is written, with every guarantee of a local "
+             "run, before its upload (the run's completion); a retry finds its partial file there.  [default: "
+             "FEATDUMP_SCRATCH, else the temp folder, + /featdump-scratch]")
     proof: int = option(
         8, "Images recomputed on the reference path (CPU, fp32, eager, hooks, exact decoding) and compared with the "
            "run's rows, per layer, when the run is not that path (CUDA, bf16/fp16, --compile, --decode gpu, "
@@ -156,10 +161,7 @@ class Settings:
         for name, declared in OPTIONS.items():
             object.__setattr__(self, name, declared.check(getattr(self, name)))
         object.__setattr__(self, "images", as_location(self.images, "images"))
-        if is_url(self.output):
-            raise BadOption(f"OUTPUT {str(self.output)!r} is a URL: HDF5 is written in place, on a file system. "
-                            "Write it locally, then copy the finished file to the store (see docs/stores.md).")
-        object.__setattr__(self, "output", as_path(self.output, "output"))
+        object.__setattr__(self, "output", as_location(self.output, "output"))  # a URL: `job.staging` uploads it
         object.__setattr__(self, "reduce", tuple(canonical_rule(item) for item in self.reduce))  # one spelling
         if uses_pca(self.reduce) != (self.pca_fit is not None):
             raise BadOption("--reduce pca:K needs --pca-fit N (the first N images) or --pca-fit PATH (a folder or "

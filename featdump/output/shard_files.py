@@ -43,13 +43,12 @@ def shard_count(output: Path, pattern: str | None = None) -> int:
 
 def shard_counts(output: Path, pattern: str | None = None) -> set[int]:
     """The N of every shard file of OUTPUT lying beside it (finished or partial)."""
-    template = Path(shard_pattern(output, pattern))
-    folder = output.parent / template.parent
-    pieces = re.split(r"(\{k\}|\{n\})", template.name)
+    folder = output.parent / Path(shard_pattern(output, pattern)).parent
+    return counts_among(os.listdir(folder) if folder.is_dir() else [], output, pattern)
+
+
+def counts_among(names: list[str], output: Path, pattern: str | None = None) -> set[int]:
+    """The N of every name in NAMES (of a folder, or of a store's prefix) that is a shard file of OUTPUT's."""
+    pieces = re.split(r"(\{k\}|\{n\})", Path(shard_pattern(output, pattern)).name)
     name_regex = "".join({"{k}": r"(?P<k>\d+)", "{n}": r"(?P<n>\d+)"}.get(piece, re.escape(piece)) for piece in pieces)
-    counts = set()
-    for name in os.listdir(folder) if folder.is_dir() else []:
-        match = re.fullmatch(name_regex, name.removesuffix(".partial"))
-        if match:
-            counts.add(int(match["n"]))
-    return counts
+    return {int(match["n"]) for name in names if (match := re.fullmatch(name_regex, name.removesuffix(".partial")))}

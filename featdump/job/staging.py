@@ -1,0 +1,65 @@
+"""Where a run writes: OUTPUT itself, or, for an OUTPUT at a URL, its scratch twin (`output.remote`) made by the
+same run with every guarantee of a local one and uploaded when it is finished. The upload is the run's completion:
+a run whose file (its shard's, under sharding) is in the store already exits 0 at once; a run killed before its
+upload starts again, resuming the partial file it finds on its scratch. This is the one entry to a run that the
+faces and the engines call."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from pathlib import Path
+
+from featdump.errors import UsageProblem
+from featdump.inputs.stores import Patience, is_url
+from featdump.job import runner
+from featdump.job.report import NoProgress, Progress, Summary
+from featdump.job.settings import Settings
+from featdump.job.shards import choose_shard
+from featdump.output import remote
+from featdump.output.layout import partial_path
+
+log = logging.getLogger("featdump")
+
+
+def extract(settings: Settings, progress: Progress | None = None) -> Summary:
+    """Run SETTINGS (`runner.extract`), through local scratch when its OUTPUT is a URL."""
+    if not is_url(settings.output):
+        return runner.extract(settings, progress)
+    return _extract_to_store(settings, progress or NoProgress())
+
+
+def _extract_to_store(settings: Settings, progress: Progress) -> Summary:
+    started = time.perf_counter()
+    patience = Patience(settings.store_patience)
+    local_output = remote.scratch_twin(settings.output, settings.scratch)
+    local_output.parent.mkdir(parents=True, exist_ok=True)
+    shard = choose_shard(settings.shard)
+    if shard is not None and shard.local_rank is not None:
+        raise UsageProblem(f"OUTPUT {settings.output} is a URL: under torchrun the ranks cannot merge it; run each "
+                           "shard with --shard K/N (or --ray), then `featdump merge URL`.")
+    local = shard.path(local_output, settings.shard_pattern) if shard else local_output
+    target = remote.store_twin(local, settings.output)
+    if remote.finished_in_store(target, patience):
+        if not (settings.overwrite or settings.update):
+            log.info("%s is already finished in the store: nothing to do (--overwrite makes it again).", target)
+            return _in_store(target, patience, time.perf_counter() - started)
+        if settings.update and not local.exists():
+            remote.download(target, local, patience)  # the rows it holds stay; the update adds to them
+    _say_where(local, target)
+    summary = runner.extract(dataclasses.replace(settings, output=local_output), progress)
+    remote.upload(local, target, patience)
+    local.unlink()  # the store holds it now; the scratch is free for the next shard
+    return dataclasses.replace(summary, output=target, seconds=time.perf_counter() - started)
+
+
+def _say_where(local: Path, target: str) -> None:
+    resumed = " (resuming the partial file found there)" if partial_path(local).exists() else ""
+    log.info("Writing %s on scratch as %s%s; it is uploaded when finished.", target, local, resumed)
+
+
+def _in_store(url: str, patience: Patience, seconds: float) -> Summary:
+    """The summary of the finished output at URL, from its counters."""
+    counters, size = remote.committed(url, patience)
+    return Summary(url, counters.rows, counters.skipped, 0, 0, seconds, size)

@@ -1,0 +1,57 @@
+"""Merge shards that lie in a store: the N shards found by the store's listing (the count from their names, each
+finished: only finished shards are uploaded), copied to local scratch one by one (never a shard in memory), joined
+by `merge` into one self-contained file (a view needs its shards on a file system), and uploaded beside them."""
+
+from __future__ import annotations
+
+import logging
+import shutil
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from featdump.errors import ShardProblem
+from featdump.inputs.stores import Patience, parent_of
+from featdump.output import remote
+from featdump.output.merge import merge
+from featdump.output.shard_files import counts_among, shard_path, shard_pattern
+
+log = logging.getLogger("featdump")
+_DOWNLOADS = 8  # shards copied at once
+
+
+def store_shards(url: str, pattern: str | None, patience: Patience) -> tuple[int, list[str], list[int]]:
+    """(N, the shards' URLs, the indices missing in the store) of the output at URL, from one listing."""
+    name = Path(url.rstrip("/").rsplit("/", 1)[1])
+    names = remote.names_in_store(parent_of(url), patience)
+    counts = counts_among(names, name, pattern)
+    if not counts:
+        raise ShardProblem(f"No shards of {url!r} in the store (looked for {shard_pattern(name, pattern)} in "
+                           f"{parent_of(url)}); run the sharded extract first.")
+    if len(counts) > 1:
+        raise ShardProblem(f"Shards of {url!r} from runs with different shard counts ({sorted(counts)}) lie side "
+                           "by side in the store; remove the ones of the other run.")
+    count = counts.pop()
+    shard_names = [shard_path(name, index, count, pattern).name for index in range(count)]
+    present = set(names)
+    return count, [remote.store_twin(Path(shard), url) for shard in shard_names], \
+        [index for index, shard in enumerate(shard_names) if shard not in present]
+
+
+def merge_from_store(url: str, pattern: str | None = None, scratch: Path | None = None,
+                     patience: Patience | None = None) -> str:
+    """Merge the shards of the output at URL into URL (a self-contained copy); returns URL."""
+    patience = patience or Patience()
+    count, shards, missing = store_shards(url, pattern, patience)
+    if missing:
+        named = ", ".join(str(index) for index in missing[:20]) + (" ..." if len(missing) > 20 else "")
+        raise ShardProblem(f"Cannot merge {url!r}: {len(missing)} of {count} shards are not in the store (shard "
+                           f"{named}; a shard is uploaded when it is finished): run their tasks again.")
+    twin = remote.scratch_twin(url, scratch)
+    local = twin.parent / "merging" / twin.name  # apart from any shard this node is extracting
+    log.info("Copying the %d shards of %s to %s to merge them there.", count, url, local.parent)
+    with ThreadPoolExecutor(_DOWNLOADS) as pool:
+        list(pool.map(lambda shard: remote.download(shard, local.parent / Path(shard).name, patience), shards))
+    merged = merge(local, pattern, copy=True, overwrite=True)
+    remote.upload(merged, url, patience)
+    shutil.rmtree(local.parent, ignore_errors=True)
+    return url

@@ -1,0 +1,123 @@
+"""Outputs in a store (a real SeaweedFS server on loopback): a run to a URL writes on scratch and uploads the finished
+file; shards land in the bucket one by one and are merged from there; `info` reads the bucket's state."""
+
+from __future__ import annotations
+
+import signal
+import time
+
+import numpy as np
+import pytest
+
+from featdump.inputs.stores import Patience
+from featdump.output import remote
+from featdump.output.layout import partial_path
+
+from .conftest import committed_rows, featdump_env, read_output, run_featdump, start_featdump, write_images
+
+EXTRACT = ["extract", "-m", "resnet18", "-w", "none", "-l", "layer3,avgpool"]
+LAYERS = ("layer3", "avgpool")
+
+
+@pytest.fixture(scope="module")
+def images(tmp_path_factory):
+    """20 images in two class folders, and their rows from one local run (default workers and batch size)."""
+    root = tmp_path_factory.mktemp("to-store")
+    write_images(root / "images", {"cats": 10, "dogs": 10}, size=(40, 32))
+    assert run_featdump(*EXTRACT, root / "images", root / "local.h5").returncode == 0
+    return root / "images", read_output(root / "local.h5")
+
+
+def fetched(seaweed, url: str, folder) -> dict:
+    """The object at URL, downloaded with the test's own client, read as an output."""
+    local = folder / url.rsplit("/", 1)[1]
+    seaweed.client().get(url.removeprefix("s3://"), str(local))
+    return read_output(local)
+
+
+def assert_same_rows(got: dict, expected: dict) -> None:
+    assert got["paths"] == expected["paths"]
+    np.testing.assert_array_equal(got["labels"], expected["labels"])
+    for layer in LAYERS:
+        np.testing.assert_array_equal(got[layer], expected[layer])
+
+
+def bucket(seaweed, name: str) -> str:
+    fs = seaweed.client()
+    if not fs.exists(name):
+        fs.mkdir(name)
+    return f"s3://{name}"
+
+
+def test_a_run_to_a_url_is_made_on_scratch_uploaded_once_finished_and_not_made_again(images, store_env, tmp_path):
+    folder, expected = images
+    url = f"{bucket(store_env, 'results')}/nightly/features.h5"
+    scratch = tmp_path / "scratch"
+    made = run_featdump(*EXTRACT, "--scratch", scratch, folder, url)
+    assert made.returncode == 0, made.stderr
+    assert f"Wrote 20 images (0 skipped) to {url}" in made.stderr
+    assert_same_rows(fetched(store_env, url, tmp_path), expected)
+    assert not [path for path in scratch.rglob("*") if path.is_file()]  # the scratch copy is gone once uploaded
+    again = run_featdump(*EXTRACT, "--scratch", scratch, folder, url)
+    assert again.returncode == 0 and "is already finished in the store: nothing to do" in again.stderr
+    assert f"Nothing new: {url} already holds 20 images" in again.stderr
+    info = run_featdump("info", url)
+    assert info.returncode == 0 and "finished, in the store: 20 rows (0 skipped)" in info.stdout, info.stdout
+
+
+def test_shards_land_in_the_bucket_and_merge_from_there_as_from_disk(images, store_env, tmp_path):
+    folder, expected = images
+    url = f"{bucket(store_env, 'results')}/sharded/features.h5"
+    for index in (0, 2):
+        assert run_featdump(*EXTRACT, "--shard", f"{index}/3", "--scratch", tmp_path / "s", folder, url).returncode == 0
+    info = run_featdump("info", url)
+    assert "2 of 3 shards finished in the store" in info.stdout and "shard 1" in info.stdout, info.stdout
+    refused = run_featdump("merge", url)
+    assert refused.returncode != 0 and "1 of 3 shards are not in the store (shard 1;" in refused.stderr
+    assert run_featdump(*EXTRACT, "--shard", "1/3", "--scratch", tmp_path / "s", folder, url).returncode == 0
+    assert "all 3 shards are finished in the store" in run_featdump("info", url).stdout
+    merged = run_featdump("merge", "--scratch", tmp_path / "m", url)
+    assert merged.returncode == 0 and "self-contained copy" in merged.stderr, merged.stderr
+    from_store = fetched(store_env, url, tmp_path)
+    assert_same_rows(from_store, expected)
+    on_disk = tmp_path / "disk"  # the same shards, merged where they lie on a file system
+    on_disk.mkdir()
+    for index in range(3):
+        store_env.client().get(f"results/sharded/features.shard-{index}-of-3.h5", str(on_disk))
+    assert run_featdump("merge", "--copy", on_disk / "features.h5").returncode == 0
+    assert_same_rows(from_store, read_output(on_disk / "features.h5"))
+
+
+def test_an_upload_repeated_after_a_late_success_leaves_one_whole_object(images, store_env, tmp_path):
+    folder, _ = images
+    local = tmp_path / "features.h5"
+    assert run_featdump(*EXTRACT, folder, local).returncode == 0
+    url = f"{bucket(store_env, 'results')}/twice/features.h5"
+    remote.upload(local, url, Patience(10))
+    remote.upload(local, url, Patience(10))  # the retry of a task whose first upload succeeded late
+    fs = store_env.client()
+    assert fs.ls("results/twice/", detail=False) == ["results/twice/features.h5"]
+    assert fs.cat("results/twice/features.h5") == local.read_bytes()
+
+
+@pytest.mark.slow  # real processes, killed
+def test_a_shard_killed_before_its_upload_resumes_from_its_scratch_and_equals_a_clean_run(images, seaweed, tmp_path):
+    folder, expected = images
+    url = f"{bucket(seaweed, 'results')}/killed/features.h5"
+    scratch = tmp_path / "scratch"
+    arguments = [*EXTRACT, "-b", "2", "--shard", "0/2", "--scratch", scratch, folder, url]
+    env = featdump_env(**seaweed.env)
+    partial = partial_path(remote.scratch_twin(url, scratch).with_name("features.shard-0-of-2.h5"))
+    process = start_featdump(*arguments, env=env)
+    while committed_rows(partial) <= 0 and process.poll() is None:
+        time.sleep(0.01)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    assert 0 < committed_rows(partial) < 10
+    assert not seaweed.client().exists("results/killed/features.shard-0-of-2.h5")  # not finished: not uploaded
+    resumed = run_featdump(*arguments, env=env, process=True)
+    assert resumed.returncode == 0 and "resuming the partial file found there" in resumed.stderr, resumed.stderr
+    assert run_featdump(*EXTRACT, "--shard", "1/2", "--scratch", scratch, folder, url, env=env,
+                        process=True).returncode == 0
+    assert run_featdump("merge", "--scratch", tmp_path / "m", url, env=env, process=True).returncode == 0
+    assert_same_rows(fetched(seaweed, url, tmp_path), expected)
