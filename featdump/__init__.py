@@ -2,6 +2,7 @@
 
     import featdump
     featdump.extract("images/", "out.h5", model="resnet18", layers=["avgpool"], weights="none")
+    featdump.extract_on_ray("s3://b/images/", "s3://b/run/out.h5", model="resnet50", layers="avgpool", shards=64)
     data = featdump.load("out.h5", "avgpool")
     with featdump.capture(model, ["layer4"]) as features: ...
     rdms = featdump.rdm("out.h5", metric="correlation")     # {layer: (N, N)}, out of core
@@ -13,8 +14,8 @@
 
 from featdump.version import __version__
 
-_API = ("extract", "capture", "load", "Features", "Settings", "srp_matrix", "rdm", "cka", "FeatureDataset", "probe",
-        "encode", "Readout")
+_API = ("extract", "extract_on_ray", "capture", "load", "Features", "Settings", "srp_matrix", "rdm", "cka",
+        "FeatureDataset", "probe", "encode", "Readout")
 # Where each name lives; the rest are in featdump.faces.api.
 _HOMES = {"Settings": "featdump.job.settings", "srp_matrix": "featdump.reductions.srp",
           "rdm": "featdump.analysis.rdm", "cka": "featdump.analysis.cka",

@@ -50,6 +50,23 @@ def extract(images: str | Path, output: str | Path, *, model: str, layers: str |
     return run(Settings(model=model, layers=layers, images=images, output=output, **options)).output
 
 
+def extract_on_ray(images: str | Path, output: str | Path, *, model: str, layers: str | Sequence[str],
+                   shards: int | None = None, address: str | None = None, **options):
+    """extract() split into SHARDS Ray tasks on the cluster at ADDRESS (None: RAY_ADDRESS, or the cluster this
+    process joined with ray.init, else a local one), merged into OUTPUT at the end; returns the job's summary.
+
+    >>> featdump.extract_on_ray("s3://bucket/images/", "s3://bucket/run/out.h5", model="resnet50",
+    ...                         layers="avgpool", shards=64, device="cuda")
+    """
+    from featdump.engines.ray import extract_on_ray as run
+
+    unknown = sorted(set(options) - _KEYWORDS)
+    if unknown:
+        raise TypeError(f"extract_on_ray() got unknown option(s) {', '.join(unknown)}; "
+                        f"allowed: {', '.join(sorted(_KEYWORDS))}")
+    return run(Settings(model=model, layers=layers, images=images, output=output, **options), shards, address)
+
+
 @contextmanager
 def capture(model: nn.Module, layers: str | Sequence[str]) -> Iterator[Mapping[str, torch.Tensor]]:
     """Capture LAYERS ('PATH', 'PATH:K', 'PATH@PART') during every forward of MODEL that you run yourself.

@@ -274,8 +274,14 @@ def _read_config(ctx: click.Context, param, path: Path | None):
               expose_value=True, callback=_read_config,
               help="TOML file of options (keys: the option names with underscores); the environment "
                    "(FEATDUMP_EXTRACT_*) and the command line override it.")
+@click.option("--ray", "ray_address", is_flag=False, flag_value="auto", default=None, metavar="[ADDRESS]",
+              help="Run the job on a Ray cluster (RAY_ADDRESS, ADDRESS, or a local one without either), one task per "
+                   "shard, retried when its worker dies; the shards are merged at the end (featdump[ray]).")
+@click.option("--shards", type=click.IntRange(min=1), metavar="N",
+              help="With --ray: how many shards (tasks) the job is split into.  [default: 4 per task the cluster "
+                   "runs at once]")
 @_extract_options
-def extract(images: str, output: str, **options) -> None:
+def extract(images: str, output: str, ray_address: str | None, shards: int | None, **options) -> None:
     """Extract the activations of --layers for every image in IMAGES into the HDF5 file OUTPUT.
 
     IMAGES is a folder, walked recursively in sorted order (images in first-level class folders get
@@ -297,7 +303,15 @@ def extract(images: str, output: str, **options) -> None:
 
     options.pop("config")
     settings = Settings(images=images, output=output, command=shlex.join(["featdump", *sys.argv[1:]]), **options)
-    summary = run_extraction(settings, _progress())
+    if ray_address is None and shards is not None:
+        raise click.UsageError("--shards N splits a --ray job; a process of a SLURM array or a pod takes --shard K/N.")
+    if ray_address is not None:
+        from featdump.engines.ray import extract_on_ray
+
+        address = None if ray_address == "auto" else ray_address
+        summary = extract_on_ray(settings, shards, address, _progress())
+    else:
+        summary = run_extraction(settings, _progress())
     click.echo(summary.line(), err=True)
 
 

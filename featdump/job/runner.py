@@ -161,11 +161,16 @@ def extract(settings: Settings, progress: Progress | None = None) -> Summary:
     return summary
 
 
+def job_rows(settings: Settings) -> ImageList:
+    """The rows of the whole job SETTINGS describes (every shard's): its images, or its videos' clips."""
+    return as_rows(find_images(settings.images, patience=Patience(settings.store_patience)), settings.clip,
+                   settings.fps, settings.clip_every, clip_of(settings.model))
+
+
 def _plan(settings: Settings) -> Plan:
     check_model_name(settings.model)
     settings = _fitted_to_model(settings)
-    images = as_rows(find_images(settings.images, patience=Patience(settings.store_patience)), settings.clip,
-                     settings.fps, settings.clip_every, clip_of(settings.model))
+    images = job_rows(settings)
     shard = choose_shard(settings.shard)
     if shard is None:
         return Plan(settings, images, None, settings.output, {}, images)

@@ -1,0 +1,196 @@
+"""Ray (`featdump extract --ray [ADDRESS] --shards N`, extra `featdump[ray]`): one Ray task per shard, each running
+the same `job.staging.extract` a process runs under `--shard K/N`, asking for a GPU when the device is CUDA and for
+CPUs otherwise. A task whose worker dies is retried by Ray, and one whose store stays away (StoreUnavailable, exit
+75) too; either resumes its shard's partial file, or starts it again on another node's scratch. More shards than
+workers is the normal case: a slow or lost node delays only its own shards. The driver counts the rows done over
+all shards (a small actor the tasks report to) into the caller's progress, logs each shard as it finishes, and
+merges the shards at the end."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import time
+from dataclasses import dataclass
+
+from featdump.errors import FeatdumpError, StoreUnavailable, UsageProblem
+from featdump.inputs.stores import Patience, is_url
+from featdump.job import runner, staging
+from featdump.job.report import NoProgress, Progress
+from featdump.job.settings import Settings
+from featdump.output.merge import merge
+from featdump.output.store_merge import merge_from_store
+
+log = logging.getLogger("featdump")
+RETRIES = 3  # tries of a shard after the first, whether its worker died or its store stayed away
+SHARDS_PER_SLOT = 4  # the default shard count: this many per task the cluster runs at once
+_POLL_SECONDS = 0.5
+
+
+@dataclass(frozen=True)
+class RaySummary:
+    """What a Ray job did: its shards, their rows, the time, where the merged output is."""
+
+    output: object
+    shards: int
+    rows: int
+    new_rows: int
+    seconds: float
+    retried: int
+
+    def line(self) -> str:
+        rate = self.new_rows / self.seconds if self.seconds > 0 else 0.0
+        retried = f", {self.retried} retried" if self.retried else ""
+        return (f"Ray: {self.shards} shards ({self.rows} rows, {self.new_rows} new) in {self.seconds:.1f} s "
+                f"({rate:.1f} rows/s{retried}); merged into {self.output}.")
+
+
+def extract_on_ray(settings: Settings, shards: int | None = None, address: str | None = None,
+                   progress: Progress | None = None) -> RaySummary:
+    """Run SETTINGS as SHARDS Ray tasks on the cluster at ADDRESS (None: RAY_ADDRESS, else a local cluster made
+    for the job), then merge the shards into SETTINGS' output."""
+    if settings.shard not in (None, "none"):
+        raise UsageProblem("--ray splits the job into --shards N itself: drop --shard.")
+    ray = _ray()
+    started = time.perf_counter()
+    ours = not ray.is_initialized()  # a local cluster this job starts, and stops at its end
+    ray.init(address=address or os.environ.get("RAY_ADDRESS") or None, ignore_reinit_error=True,
+             log_to_driver=False)
+    try:
+        return _run(ray, settings, shards, progress or NoProgress(), started)
+    finally:
+        if ours:
+            ray.shutdown()
+
+
+def _run(ray, settings: Settings, shards: int | None, progress: Progress, started: float) -> RaySummary:
+    resources = _task_resources(ray, settings)
+    count = shards or SHARDS_PER_SLOT * _slots(ray, resources)
+    progress.start(len(runner.job_rows(settings)), 0, "row")
+    board = ray.remote(_Board).options(num_cpus=0).remote()
+    task = ray.remote(_run_shard).options(max_retries=RETRIES, retry_exceptions=[StoreUnavailable], **resources)
+    log.info("Ray: %d shards of %s, each a task asking for %s.", count, settings.output,
+             ", ".join(f"{value} {key.removeprefix('num_')}" for key, value in resources.items()))
+    pending = {task.remote(dataclasses.replace(settings, shard=f"{index}/{count}"), board, index): index
+               for index in range(count)}
+    rows = _wait_for(ray, pending, board, progress, count)
+    progress.close()
+    retried = ray.get(board.retried.remote())
+    merged = _merge(settings)
+    return RaySummary(merged, count, rows[0], rows[1], time.perf_counter() - started, retried)
+
+
+def _ray():
+    try:
+        import ray
+    except ImportError as error:
+        raise UsageProblem("--ray needs the package ray, which is not installed: pip install 'featdump[ray]'.") \
+            from error
+    return ray
+
+
+def _task_resources(ray, settings: Settings) -> dict:
+    """What one shard's task asks for: a GPU on a CUDA device (or auto on a cluster that has GPUs), else CPUs: the
+    loader workers asked for and the main process, or one."""
+    gpus = ray.cluster_resources().get("GPU", 0)
+    if settings.device.startswith("cuda") or (settings.device == "auto" and gpus):
+        if not gpus:
+            raise UsageProblem(f"--device {settings.device}: the Ray cluster has no GPU.")
+        return {"num_gpus": 1}
+    return {"num_cpus": (settings.num_workers or 0) + 1}
+
+
+def _slots(ray, resources: dict) -> int:
+    """How many shard tasks the cluster runs at once."""
+    available = ray.cluster_resources()
+    return max(1, min(int(available.get("GPU" if key == "num_gpus" else "CPU", 0) // value)
+                      for key, value in resources.items()))
+
+
+def _wait_for(ray, pending: dict, board, progress: Progress, count: int) -> tuple[int, int]:
+    """Wait for every shard task, passing the rows done on to PROGRESS and logging each shard done; the first
+    shard that fails for good stops the others and raises its error. Returns (rows in all shards, new rows)."""
+    shown, rows, new = 0, 0, 0
+    while pending:
+        done, _ = ray.wait(list(pending), num_returns=len(pending), timeout=_POLL_SECONDS)
+        for ref in done:
+            index = pending.pop(ref)
+            try:
+                summary = ray.get(ref)
+            except ray.exceptions.RayTaskError as error:
+                _cancel(ray, pending)
+                cause = error.cause if isinstance(error.cause, FeatdumpError) else None
+                raise cause or FeatdumpError(f"Shard {index} of {count} failed on Ray: {error}") from error
+            except ray.exceptions.RayError as error:  # its worker died RETRIES + 1 times, or Ray gave up
+                _cancel(ray, pending)
+                raise FeatdumpError(f"Shard {index} of {count} failed on Ray after {RETRIES} retries "
+                                    f"({type(error).__name__}); run the same command again to resume.") from error
+            rows, new = rows + summary["rows"], new + summary["new"]
+            board.finish.remote(index, summary["images"])  # a shard found finished counts too
+            log.info("Shard %d of %d finished (%d rows); %d of %d shards done.", index, count, summary["rows"],
+                     count - len(pending), count)
+        now = ray.get(board.rows.remote())
+        progress.advance(now - shown)
+        shown = now
+    return rows, new
+
+
+def _cancel(ray, pending: dict) -> None:
+    for ref in pending:
+        ray.cancel(ref, force=True)
+
+
+def _merge(settings: Settings):
+    if is_url(settings.output):
+        return merge_from_store(settings.output, settings.shard_pattern, settings.scratch,
+                                Patience(settings.store_patience))
+    return merge(settings.output, settings.shard_pattern, overwrite=settings.overwrite)
+
+
+def _run_shard(settings: Settings, board, index: int) -> dict:
+    """One shard's task on a Ray worker: the process's run of SETTINGS (its --shard set), reporting to BOARD."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s featdump INFO: %(message)s")
+    summary = staging.extract(settings, _BoardProgress(board, index))
+    return {"rows": summary.rows, "new": summary.new_rows if summary.processed else 0,
+            "images": summary.rows + summary.skipped}
+
+
+class _Board:
+    """A Ray actor: the rows each shard has done (a retried shard starts from the rows it resumes at)."""
+
+    def __init__(self):
+        self.done: dict[int, int] = {}
+        self.tries: dict[int, int] = {}
+
+    def start(self, index: int, done: int) -> None:
+        self.done[index] = done
+        self.tries[index] = self.tries.get(index, 0) + 1
+
+    def advance(self, index: int, rows: int) -> None:
+        self.done[index] = self.done.get(index, 0) + rows
+
+    def finish(self, index: int, images: int) -> None:
+        self.done[index] = images
+
+    def rows(self) -> int:
+        return sum(self.done.values())
+
+    def retried(self) -> int:
+        return sum(1 for tries in self.tries.values() if tries > 1)
+
+
+class _BoardProgress:
+    """A shard task's progress, told to the board (no reply awaited)."""
+
+    def __init__(self, board, index: int):
+        self.board, self.index = board, index
+
+    def start(self, total: int, done: int, noun: str = "image") -> None:
+        self.board.start.remote(self.index, done)
+
+    def advance(self, images: int) -> None:
+        self.board.advance.remote(self.index, images)
+
+    def close(self) -> None:
+        pass

@@ -1,0 +1,96 @@
+"""Ray: a job's shards as tasks on a real local Ray cluster (2 CPUs), merged into what one run writes."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import featdump
+from featdump.output.layout import Committed, Output
+
+from .conftest import featdump_env, read_output, run_featdump, start_featdump, write_images
+
+ray = pytest.importorskip("ray")
+
+EXTRACT = ["extract", "-m", "resnet18", "-w", "none", "-l", "layer3,avgpool"]
+LAYERS = ("layer3", "avgpool")
+
+
+@pytest.fixture(scope="module")
+def images(tmp_path_factory):
+    """24 images in two class folders (one undecodable), and their rows from one run (default workers and batch)."""
+    root = tmp_path_factory.mktemp("ray")
+    write_images(root / "images", {"cats": 12, "dogs": 11}, size=(40, 32))
+    (root / "images" / "dogs" / "broken.jpg").write_bytes(b"not a jpeg")
+    assert run_featdump(*EXTRACT, root / "images", root / "single.h5").returncode == 0
+    return root / "images", read_output(root / "single.h5")
+
+
+def assert_same_rows(got: dict, expected: dict) -> None:
+    assert got["paths"] == expected["paths"] and got["skipped"] == expected["skipped"]
+    np.testing.assert_array_equal(got["labels"], expected["labels"])
+    for layer in LAYERS:
+        np.testing.assert_array_equal(got[layer], expected[layer])
+
+
+def test_more_shards_than_workers_on_a_local_cluster_merge_into_the_single_run(images, tmp_path):
+    folder, expected = images
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)  # a cluster of 2 CPUs, started here
+    try:
+        summary = featdump.extract_on_ray(folder, tmp_path / "out.h5", model="resnet18", weights="none",
+                                          layers="layer3,avgpool", shards=5)
+    finally:
+        ray.shutdown()
+    assert summary.shards == 5 and summary.rows == 23 and summary.new_rows == 23
+    assert "Ray: 5 shards (23 rows, 23 new)" in summary.line()
+    assert_same_rows(read_output(tmp_path / "out.h5"), expected)
+    with Output.open(tmp_path / "out.h5") as merged:
+        assert len(merged.attrs["merged_from"]) == 5 and Committed.of(merged.file).skipped == 1
+
+
+def ray_workers_running(name: str) -> list[int]:
+    """The pids of Ray worker processes running a task of function NAME (Ray titles them `ray::NAME`)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if (entry / "cmdline").read_bytes().startswith(f"ray::{name}".encode()):
+                    found.append(int(entry.name))
+            except OSError:
+                continue
+    return found
+
+
+def committed_in(folder: Path) -> int:
+    """Rows committed in the shard partial files under FOLDER."""
+    total = 0
+    for partial in folder.glob("*.partial"):
+        try:
+            with Output.open(partial, locking=False) as held:
+                total += held.committed.rows
+        except Exception:  # being created: nothing committed yet
+            continue
+    return total
+
+
+@pytest.mark.slow  # a real featdump process starting its own Ray cluster; a worker killed with SIGKILL
+def test_a_worker_killed_in_the_middle_of_a_shard_is_retried_and_the_result_equals_a_single_run(images, tmp_path):
+    folder, expected = images
+    output = tmp_path / "out.h5"
+    process = start_featdump(*EXTRACT, "-b", "2", "--ray", "--shards", "3", folder, output,
+                             env=featdump_env(RAY_ADDRESS=""))
+    deadline = time.monotonic() + 180
+    while committed_in(tmp_path) == 0 and process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    victims = ray_workers_running("_run_shard")
+    assert victims and process.poll() is None, "no shard task was running"
+    os.kill(victims[0], signal.SIGKILL)  # a node lost in the middle of its shard
+    _, stderr = process.communicate(timeout=300)
+    assert process.returncode == 0, stderr
+    assert "Ray: 3 shards (23 rows" in stderr and "retried" in stderr, stderr
+    assert_same_rows(read_output(output), expected)
