@@ -17,9 +17,11 @@ from torch.utils.data import DataLoader
 
 import featdump
 from featdump.errors import FeatdumpError
-from featdump.output.layout import DatasetSpec
+from featdump.output.layout import DatasetSpec, open_to_read
 from featdump.output.merge import merge
 from featdump.output.writer import FeatureWriter
+from featdump.training import dataset as dataset_module
+from featdump.training.dataset import _Files
 from featdump.training.plan import EpochPlan, blocks_of
 
 from .conftest import featdump_env, run_featdump, write_images
@@ -236,7 +238,7 @@ def test_an_unfinished_output_serves_its_committed_rows_when_named_so(tmp_path):
     np.testing.assert_array_equal(got["vector"], layers["vector"][got["row"]])
 
 
-def test_a_merged_view_and_a_list_of_shards_read_as_one_output(tmp_path):
+def test_a_merged_view_and_a_list_of_shards_read_as_one_output(tmp_path, monkeypatch):
     write_images(tmp_path / "images", {"a": 5, "b": 6}, size=(40, 32))
     for shard in ("0/2", "1/2"):
         featdump.extract(tmp_path / "images", tmp_path / "out.h5", model="resnet18", weights="none",
@@ -249,6 +251,15 @@ def test_a_merged_view_and_a_list_of_shards_read_as_one_output(tmp_path):
         assert sorted(got["row"]) == list(range(11))
         np.testing.assert_array_equal(got["layer4"], expected.features[got["row"]])
         np.testing.assert_array_equal(got["label"], np.asarray(expected.labels)[got["row"]])
+    monkeypatch.setattr(_Files, "MAX_OPEN", 1)  # more shards than files it may hold open (10,000 under ulimit 1024)
+    opened = []
+    monkeypatch.setattr(dataset_module, "open_to_read", lambda path: opened.append(open_to_read(path)) or opened[-1])
+    rows = []
+    for batch in featdump.FeatureDataset(tmp_path / "out.h5", "layer4", batch_size=4):
+        assert sum(bool(held.id.valid) for held in opened) <= 1  # the other shard closed before this one opened
+        rows += batch["row"].tolist()
+    assert sorted(rows) == list(range(11)) and len(opened) == 2
+    np.testing.assert_array_equal(got["layer4"], expected.features[got["row"]])
 
 
 def test_bad_input_is_one_featdump_error(output, tmp_path):

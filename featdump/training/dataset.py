@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from contextlib import ExitStack
+from collections import OrderedDict
 
 import h5py
 import numpy as np
@@ -97,23 +97,43 @@ class FeatureDataset(torch.utils.data.IterableDataset):
 _LABELS = "/labels"
 
 
-class _Files(ExitStack):
-    """The parts' files, opened in this process (after a loader worker's fork) as they are first read."""
+class _Files:
+    """The parts' files, opened in this process (after a loader worker's fork) as they are first read, at most
+    MAX_OPEN at once, the least recently read closed first: a merged view of 10,000 shards stays within the
+    default `ulimit -n` of 1024."""
+
+    MAX_OPEN = 128
 
     def __init__(self, stored: StoredRows):
-        super().__init__()
-        self.stored, self.open, self.datasets = stored, {}, {}
+        self.stored, self.open, self.datasets = stored, OrderedDict(), {}
         register_filters()  # a worker started by spawn, not fork, has not read the files through Output yet
+
+    def __enter__(self) -> _Files:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        while self.open:
+            self._close_oldest()
 
     def dataset(self, part: int, name: str) -> h5py.Dataset:
         """Layer NAME's dataset in part PART (_LABELS: its labels)."""
+        if part in self.open:
+            self.open.move_to_end(part)
+        else:
+            if len(self.open) >= self.MAX_OPEN:
+                self._close_oldest()
+            self.open[part] = open_to_read(self.stored.parts[part].path)
         found = self.datasets.get((part, name))
         if found is None:
-            if part not in self.open:
-                self.open[part] = self.enter_context(open_to_read(self.stored.parts[part].path))
             held = self.open[part]
             found = self.datasets[(part, name)] = held["labels"] if name == _LABELS else held["features"][name]
         return found
+
+    def _close_oldest(self) -> None:
+        part, held = self.open.popitem(last=False)
+        for key in [key for key in self.datasets if key[0] == part]:
+            del self.datasets[key]
+        held.close()
 
 
 class _Buffers:
