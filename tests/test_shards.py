@@ -17,6 +17,7 @@ import featdump
 from featdump.errors import MergedViewBroken, UsageProblem
 from featdump.inputs import find_images
 from featdump.job.shards import Shard, choose_shard, detect_shard, parse_shard, plan_shard
+from featdump.output import views
 from featdump.output.shard_files import shard_path
 
 from .conftest import featdump_env, read_output, run_featdump, start_featdump, write_images
@@ -244,3 +245,21 @@ def test_torchrun_two_ranks_merge_to_a_single_run(folder, single, tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     assert "torchrun rank 1 of 2" in result.stderr and "Merged 2 shards into" in result.stderr
     assert_same(read_output(output), single)
+
+
+def test_a_view_of_more_shards_than_a_read_may_open_reads_span_by_span(folder, single, tmp_path, monkeypatch):
+    for index in range(5):
+        assert run_featdump(*extract_args(folder, tmp_path / "out.h5"), "--shard", f"{index}/5").returncode == 0
+    assert run_featdump("merge", tmp_path / "out.h5").returncode == 0
+    monkeypatch.setattr(views, "MAX_SOURCES", 2)  # as 10,000 shards against ulimit -n 1024
+    with h5py.File(tmp_path / "out.h5", "r") as h5file:
+        dataset = h5file["features"]["avgpool"]
+        starts = views.source_starts(dataset)
+        spans = views.row_spans(dataset, 0, dataset.shape[0], dataset.shape[0])
+    assert len(starts) == 5 and spans[0][0] == 0 and spans[-1][1] == 17  # 17 rows, the broken image skipped
+    assert all(np.sum((starts >= low) & (starts < high)) <= 2 for low, high in spans) and len(spans) >= 3
+    for layer in LAYERS.split(","):
+        np.testing.assert_array_equal(featdump.load(tmp_path / "out.h5", layer).features, single[layer])
+        labelled = featdump.load(tmp_path / "out.h5", layer, xarray=True)
+        np.testing.assert_array_equal(labelled.values, single[layer])
+        assert list(labelled["path"].values) == single["paths"]

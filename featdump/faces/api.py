@@ -27,6 +27,7 @@ from featdump.forward.layers import Layer, parse_selector
 from featdump.job.settings import OPTIONS, Settings
 from featdump.output import netcdf
 from featdump.output.layout import Output
+from featdump.output.views import read_rows
 
 _KEYWORDS = set(OPTIONS) - {"model", "layers"}
 
@@ -149,7 +150,7 @@ def load(path: str | Path, layer: str, lazy: bool | None = None, xarray: bool = 
         dataset = output.features(layer)
         lazy = dataset.size * dataset.dtype.itemsize > 2 * 1024**3 if lazy is None else lazy
         loaded = Features(
-            features=dataset if lazy else dataset[:output.committed.rows],
+            features=dataset if lazy else read_rows(dataset, output.committed.rows),
             paths=output.paths(),
             labels=output.labels(),
             classes=output.classes,

@@ -1,8 +1,9 @@
 """A layer as a labelled xarray.DataArray (`featdump.load(OUT, LAYER, xarray=True)`): dimensions `image` and
 what each axis is (`channel, y, x`, `token, feature`, ...), coordinates `path` and `label` along `image`.
 
-The array is read through xarray's h5netcdf backend, so it is lazy when asked; files of the previous format,
-whose dimensions have no names, are named here the same way.
+A layer that fits is read once, into the numpy array the DataArray wraps (about 1x the layer's bytes; a merged
+view span by span, `output.views`); a lazy one is opened through xarray's h5netcdf backend. Files of the previous
+format, whose dimensions have no names, are named here the same way.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from pathlib import Path
 from featdump.errors import UnknownLayer, UsageProblem
 from featdump.output import netcdf
 from featdump.output.layout import Output
+from featdump.output.views import read_rows
 
 LAZY_ABOVE = 2 * 1024**3  # bytes: a larger layer is read lazily unless told otherwise (as `featdump.load`)
 
@@ -30,6 +32,8 @@ def data_array(path: str | Path, layer: str, lazy: bool | None = None):
         attrs = {**netcdf.without_netcdf(dataset.attrs), "reduction": output.reduction(layer),
                  "classes": output.classes, "model": str(output.attrs.get("model", ""))}
         size = dataset.size * dataset.dtype.itemsize
+        if not (size > LAZY_ABOVE if lazy is None else lazy):  # read once, into the array xarray wraps
+            return xr.DataArray(read_rows(dataset, rows), dims=dims, coords=coords, attrs=attrs, name=layer)
     opened = xr.open_dataset(path, engine="h5netcdf", group="features", phony_dims="sort", decode_cf=False,
                              cache=False)
     try:
@@ -37,11 +41,7 @@ def data_array(path: str | Path, layer: str, lazy: bool | None = None):
         array = array.drop_vars(list(array.coords)).rename(dict(zip(array.dims, dims)))
         array = array.isel({netcdf.IMAGE: slice(0, rows)}).assign_coords(coords)
         array.attrs = attrs
-        if not (size > LAZY_ABOVE if lazy is None else lazy):
-            array = array.load()
-            opened.close()
-        else:
-            array.set_close(opened.close)
+        array.set_close(opened.close)
     except BaseException:
         opened.close()
         raise

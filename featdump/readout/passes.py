@@ -23,6 +23,7 @@ import torch
 
 from featdump.analysis.gram import gram
 from featdump.output.space import human_bytes
+from featdump.output.views import row_spans
 from featdump.readout.ridge import FoldFit, PrimalFold, choose, dual_fold
 
 ROW_BLOCK_BYTES = 64 * 1024**2  # a block of whole rows at most, whatever the budget (two exist at once)
@@ -234,7 +235,7 @@ def row_blocks(dataset: h5py.Dataset, used: np.ndarray, memory: int, device: tor
     step = max(1, min(memory // 4, ROW_BLOCK_BYTES) // max(row_bytes + features * 8 * 3 + extra, 1))
     step = min(ROW_BLOCK_ROWS_AT_MOST, max(chunk, step // chunk * chunk))
     last = int(used[-1]) + 1
-    spans = [(start, min(start + step, last)) for start in range(0, last, step)]
+    spans = row_spans(dataset, 0, last, step)
 
     def read(span: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
         start, stop = span
