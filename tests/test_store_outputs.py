@@ -3,6 +3,8 @@ file; shards land in the bucket one by one and are merged from there; `info` rea
 
 from __future__ import annotations
 
+import os
+import random
 import signal
 import time
 
@@ -17,6 +19,7 @@ from .conftest import committed_rows, featdump_env, read_output, run_featdump, s
 
 EXTRACT = ["extract", "-m", "resnet18", "-w", "none", "-l", "layer3,avgpool"]
 LAYERS = ("layer3", "avgpool")
+TRIALS = int(os.environ.get("FEATDUMP_FAULT_TRIALS", "3"))
 
 
 @pytest.fixture(scope="module")
@@ -100,10 +103,33 @@ def test_an_upload_repeated_after_a_late_success_leaves_one_whole_object(images,
     assert fs.cat("results/twice/features.h5") == local.read_bytes()
 
 
-@pytest.mark.slow  # real processes, killed
-def test_a_shard_killed_before_its_upload_resumes_from_its_scratch_and_equals_a_clean_run(images, seaweed, tmp_path):
+@pytest.mark.slow  # real processes, killed at random moments
+def test_a_shard_killed_at_random_moments_and_run_again_equals_a_clean_run(images, seaweed, tmp_path):
+    """Each trial kills the shard's process after a random delay (before its first commit, mid-shard, during or
+    after its upload), then runs the same command until it exits 0; the merged result equals the single run."""
     folder, expected = images
-    url = f"{bucket(seaweed, 'results')}/killed/features.h5"
+    env = featdump_env(**seaweed.env)
+    rng = random.Random(0)
+    for trial in range(TRIALS):
+        url = f"{bucket(seaweed, 'results')}/killed-{trial}/features.h5"
+        scratch = tmp_path / f"scratch-{trial}"
+        arguments = [*EXTRACT, "-b", "2", "--shard", "0/2", "--scratch", scratch, folder, url]
+        process = start_featdump(*arguments, env=env)
+        time.sleep(rng.uniform(0.5, 12.0))  # a whole run of this shard takes about 8-10 s here
+        process.send_signal(signal.SIGKILL)
+        process.wait()
+        resumed = run_featdump(*arguments, env=env, process=True)
+        assert resumed.returncode == 0, resumed.stderr
+        assert seaweed.client().exists(f"results/killed-{trial}/features.shard-0-of-2.h5")
+        assert run_featdump(*EXTRACT, "--shard", "1/2", "--scratch", scratch, folder, url, env=env,
+                            process=True).returncode == 0
+        assert run_featdump("merge", "--scratch", tmp_path / "m", url, env=env, process=True).returncode == 0
+        assert_same_rows(fetched(seaweed, url, tmp_path), expected)
+
+
+def test_a_shard_killed_mid_shard_resumes_the_partial_file_on_its_scratch(images, seaweed, tmp_path):
+    folder, _ = images
+    url = f"{bucket(seaweed, 'results')}/resumed/features.h5"
     scratch = tmp_path / "scratch"
     arguments = [*EXTRACT, "-b", "2", "--shard", "0/2", "--scratch", scratch, folder, url]
     env = featdump_env(**seaweed.env)
@@ -114,10 +140,7 @@ def test_a_shard_killed_before_its_upload_resumes_from_its_scratch_and_equals_a_
     process.send_signal(signal.SIGKILL)
     process.wait()
     assert 0 < committed_rows(partial) < 10
-    assert not seaweed.client().exists("results/killed/features.shard-0-of-2.h5")  # not finished: not uploaded
-    resumed = run_featdump(*arguments, env=env, process=True)
+    assert not seaweed.client().exists("results/resumed/features.shard-0-of-2.h5")  # not finished: not uploaded
+    resumed = run_featdump(*arguments, env=env)
     assert resumed.returncode == 0 and "resuming the partial file found there" in resumed.stderr, resumed.stderr
-    assert run_featdump(*EXTRACT, "--shard", "1/2", "--scratch", scratch, folder, url, env=env,
-                        process=True).returncode == 0
-    assert run_featdump("merge", "--scratch", tmp_path / "m", url, env=env, process=True).returncode == 0
-    assert_same_rows(fetched(seaweed, url, tmp_path), expected)
+    assert "Resuming at image" in resumed.stderr
