@@ -11,11 +11,16 @@ help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  make %-9s %s\n", $$1, $$2}'
 
 $(BIN)/featdump: pyproject.toml constraints.txt
+	@echo "make install: $(VENV) with featdump and every extra (PyTorch pinned by constraints.txt). From PyPI's"
+	@echo "  default index torch is the CUDA build: about 7 GB installed (3.2 GB of it NVIDIA libraries), 3-10"
+	@echo "  minutes on a fresh machine. CPU only: make install TORCH_INDEX=https://download.pytorch.org/whl/cpu"
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[dev]'
+	$(if $(TORCH_INDEX),$(BIN)/python -m pip install --progress-bar on -c constraints.txt --index-url $(TORCH_INDEX) torch torchvision)
+	$(BIN)/python -m pip install --progress-bar on -c constraints.txt -e '.[dev]'
+	@echo "make install: done; $(VENV) holds $$(du -sh $(VENV) | cut -f1)."
 	touch $@
 
-install: $(BIN)/featdump ## Create .venv and install featdump with torch/torchvision pinned by constraints.txt
+install: $(BIN)/featdump ## Create .venv and install featdump with torch/torchvision pinned (TORCH_INDEX=URL: the CPU build)
 
 demo: install ## Extract two layers of a random resnet18 over the sample images into demo.h5, draw one as demo.png
 	$(BIN)/featdump extract --model resnet18 --weights none --layers layer1,avgpool --overwrite $(IMAGES) demo.h5

@@ -123,6 +123,26 @@ def channel_axes(output: Path) -> dict[str, int | None]:
                 for name, dataset in h5file["features"].items()}
 
 
+def summary_table(results: list[dict]) -> str:
+    """One row per model: each sound configuration's outcome and largest fraction of a bound used per seed, and
+    the faults caught of those injected."""
+    configurations = [name for name in CONFIGURATIONS if any(r["configuration"] == name for r in results)]
+    lines = ["| model | " + " | ".join(configurations) + " | faults caught |",
+             "| --- |" + " --- |" * (len(configurations) + 1)]
+    for model in dict.fromkeys(r["model"] for r in results):
+        mine = [r for r in results if r["model"] == model]
+        cells = []
+        for name in configurations:
+            runs = [r for r in mine if r["configuration"] == name]
+            cells.append(", ".join(f"{r['used']:.2f}" if r["outcome"] == "finished" else
+                                   "inf: right stop" if true_stop(r["outcome"]) else
+                                   "FALSE ALARM" if false_alarm(r["outcome"]) else r["outcome"][:40]
+                                   for r in runs) or "-")
+        faulty = [r for r in mine if "caught" in r]
+        lines.append(f"| {model} | " + " | ".join(cells) + f" | {sum(r['caught'] for r in faulty)} of {len(faulty)} |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default=",".join(PANEL))
@@ -130,7 +150,11 @@ def main() -> None:
     parser.add_argument("--configurations", default=",".join(CONFIGURATIONS))
     parser.add_argument("--faults", default=",".join(FAULTS))
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--summarize", type=Path, nargs="+", help="Print the summary of these panel.json files.")
     args = parser.parse_args()
+    if args.summarize:
+        print(summary_table([result for path in args.summarize for result in json.loads(path.read_text())]))
+        return
     work = args.out or Path(tempfile.mkdtemp(prefix="featdump-panel-"))
     images, films = write_images(work / "images"), write_films(work / "films")
     results = []
@@ -162,6 +186,7 @@ def main() -> None:
                 print(f"| {model} | {seed} | bf16 + {fault} | {'caught: ' if caught else 'MISSED: '}"
                       f"{outcome[:140]} | | {seconds:.0f} |", flush=True)
     (work / "panel.json").write_text(json.dumps(results, indent=1))
+    print("\n" + summary_table(results))
     sound = [result for result in results if "caught" not in result]
     faulty = [result for result in results if "caught" in result]
     print(f"\nSound runs: {len(sound)}, false alarms: {sum(false_alarm(r['outcome']) for r in sound)}, "
