@@ -207,3 +207,22 @@ def test_the_proof_of_clip_rows_names_their_clip_starts(film, tmp_path):
     assert proof["rows"] == "clip" and proof["images"] == [f"{film.name} @ 0 s", f"{film.name} @ 0.6 s"]
     info = run_featdump("info", output).stdout
     assert "proof:      cpu, bf16: 2 clips recomputed on the reference path" in info
+
+
+def test_the_default_batch_of_large_clips_fits_a_laptop_and_says_so(film, tmp_path, monkeypatch):
+    """r3d_18's 64 clips took 4.5-5.3 GB on a CPU: with 8 GB free (a laptop), the default batch is what a quarter of
+    it holds (2 GB at most), said at INFO; -b is taken as given."""
+    from featdump.job import runner
+
+    monkeypatch.setattr(runner, "free_memory", lambda device: 8 * 10**9)
+    output = tmp_path / "clips.h5"
+    chosen = run_featdump("extract", "-m", "r3d_18", "-w", "none", "-l", "layer1", "--reduce", "avgpool", film, output)
+    assert chosen.returncode == 0, chosen.stderr
+    (said,) = [line for line in chosen.stderr.splitlines() if "INFO: Batch size" in line]
+    size = int(said.split("Batch size ")[1].split()[0])
+    assert 16 <= size <= 32 and "(not 64): a clip takes about 79 MB in the forward" in said, said
+    with h5py.File(output, "r") as h5file:
+        assert __import__("json").loads(h5file.attrs["settings"])["batch_size"] == size
+    given = run_featdump("extract", "-m", "r3d_18", "-w", "none", "-l", "layer1", "--reduce", "avgpool", "-b", "64",
+                         "--overwrite", film, output)
+    assert given.returncode == 0 and "Batch size" not in given.stderr

@@ -17,9 +17,12 @@ import torch
 import torchvision
 
 from featdump.errors import BadImage, Interrupted, ModelFailed, UsageProblem
+from featdump.forward.batch_size import DEFAULT as DEFAULT_BATCH
+from featdump.forward.batch_size import choose_batch_size
 from featdump.forward.compiling import compile_capture, compiled_note
 from featdump.forward.device import (
     autocast,
+    free_memory,
     out_of_memory_as_failure,
     padded,
     place_model,
@@ -198,9 +201,10 @@ def _fitted_to_model(settings: Settings) -> Settings:
 
 
 def _run_locked(plan: Plan, lock: OutputLock, progress: Progress, started: float) -> Summary:
+    model = _prepare_model(plan.settings, resolve_device(plan.settings.device,
+                                                         plan.shard.local_rank if plan.shard else None), plan.images)
+    plan = dataclasses.replace(plan, settings=_sized(plan.settings, model, plan.images.noun))
     settings = plan.settings
-    model = _prepare_model(settings, resolve_device(settings.device, plan.shard.local_rank if plan.shard else None),
-                           plan.images)
     fingerprint = fingerprints.build(settings, model.layers, model.chosen, repr(model.preprocess.transforms),
                                      resolve_decode(settings.decode, model.device, model.preprocess), plan.images,
                                      model.loaded.source, plan.shard_fingerprint)
@@ -224,6 +228,17 @@ def _run_locked(plan: Plan, lock: OutputLock, progress: Progress, started: float
         after, proofs = finished.committed, finished.proofs
     return summarize(settings.images, output, after, before, len(plan.images) - before.images, before.images, started,
                      left_out=plan.images.left_out(), proof=proofs[-1] if proofs else None, noun=plan.images.noun)
+
+
+def _sized(settings: Settings, model: Model, noun: str) -> Settings:
+    """SETTINGS with their batch size: -b's, or the default that fits the device's free memory (`batch_size`)."""
+    if settings.batch_size is not None:
+        return settings
+    choice = choose_batch_size(model.infos, model.preprocess.input_shape, 4 if settings.precision == "fp32" else 2,
+                               free_memory(model.device))
+    if choice.size < DEFAULT_BATCH:
+        log.info(choice.reason(noun))
+    return dataclasses.replace(settings, batch_size=choice.size)
 
 
 def _fit_projections(plan: Plan, model: Model, fingerprint: dict, lock: OutputLock, progress: Progress) -> None:

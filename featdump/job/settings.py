@@ -77,7 +77,10 @@ class Settings:
              "factories and files ResNet18_Weights.DEFAULT.transforms()]")
     trust_pickle: bool = option(False, "Allow --model to be a whole model saved with torch.save(model): unpickling "
                                        "runs its code.")
-    batch_size: int = option(64, "Images per forward pass.", short="-b", minimum=1)
+    batch_size: int | None = option(
+        kind=int, optional=True, short="-b", minimum=1,
+        help="Images (or clips) per forward pass.  [default: 64, fewer where a batch would take more than a quarter "
+             "of the device's free memory (2 GB at most): large clips on a laptop]")
     num_workers: int | None = option(
         kind=int, optional=True, short="-j", minimum=0,
         help="DataLoader worker processes decoding images.  [default: the job's CPUs less one: "
