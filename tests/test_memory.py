@@ -5,9 +5,10 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
-from .conftest import featdump_env, write_images
+from .conftest import featdump_env, write_images, write_output
 
 MEASURE = """
 import resource, subprocess, sys
@@ -33,3 +34,28 @@ def test_peak_rss_does_not_grow_with_the_number_of_images(tmp_path):
     # conv1 is 3.2 MB per image: holding the features in RAM would add ~390 MB for the larger run.
     print(f"\npeak RSS: {small / 1024:.0f} MiB for 40 images, {large / 1024:.0f} MiB for 160 images")
     assert large <= small * 1.15, (small, large)
+
+
+LOAD = """
+import resource, sys
+import featdump
+featdump.load(sys.argv[1], "small", xarray=True)  # xarray and h5netcdf imported, a layer read: the baseline
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+array = featdump.load(sys.argv[1], "wide", xarray=True)
+print(before, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, array.nbytes)
+"""
+
+
+@pytest.mark.slow  # a whole process, measured
+def test_load_as_xarray_takes_about_the_layer_once(tmp_path):
+    """The array xarray wraps is the one read (it read 688 MiB for a 196 MiB layer when xarray copied it)."""
+    rows = 800
+    wide = np.random.default_rng(0).standard_normal((rows, 256, 16, 16), dtype=np.float32)  # 200 MiB
+    write_output(tmp_path / "out.h5", {"wide": wide, "small": wide[:, :1, 0, 0].copy()}, batch=64)
+    del wide
+    result = subprocess.run([sys.executable, "-c", LOAD, tmp_path / "out.h5"], capture_output=True, text=True,
+                            env=featdump_env(), check=True)
+    before, after, layer = (int(value) for value in result.stdout.split())
+    grown = (after - before) * 1024
+    assert grown <= 1.25 * layer, f"{grown / 2**20:.0f} MiB for a {layer / 2**20:.0f} MiB layer"
+    print(f"load(xarray=True): {grown / 2**20:.0f} MiB more for a {layer / 2**20:.0f} MiB layer")
