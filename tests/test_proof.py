@@ -253,6 +253,7 @@ def test_shards_and_updates_record_their_own_proof(tmp_path):
     assert sorted(update["images"]) == ["c/img_000.jpg", "c/img_001.jpg", "c/img_002.png"]
 
 
+@pytest.mark.slow  # inception_v3 at 299 px, recomputed twice
 def test_a_deep_bf16_layer_of_a_random_inception_v3_is_proved_against_its_emulation(images, tmp_path):
     """Mixed_7b.branch3x3_2a stopped every bf16 run at 5e-2 (its own bf16 error reaches 6e-2): now its bound is
     3x what CPU bf16 itself makes of the same rows."""
@@ -267,7 +268,8 @@ def test_a_deep_bf16_layer_of_a_random_inception_v3_is_proved_against_its_emulat
         3 * layer["emulated"] + 2**-8)
 
 
-@pytest.mark.parametrize("fault", ["shifted", "zeroed", "wrong_layer"])
+@pytest.mark.parametrize("fault", ["shifted", pytest.param("zeroed", marks=pytest.mark.slow),
+                                   pytest.param("wrong_layer", marks=pytest.mark.slow)])  # one fault in the quick suite
 def test_a_fault_in_the_copy_to_the_host_is_caught_before_the_rows_are_stored(images, tmp_path, fault):
     """The proof judges the rows as the writer receives them: a copy that shifts them by one, zeroes one, or hands
     one layer another's rows stops the run at its first batch, and the way out it names then runs. (--proof 20: every

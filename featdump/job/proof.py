@@ -138,21 +138,19 @@ class ChannelMeans:
         self.squares = means**2 if self.squares is None else self.squares + means**2
         self.rows += 1
 
-    def largest(self) -> tuple[float, int]:
-        """The largest |mean| of a channel over the rows, and that channel."""
-        if self.sums is None:
-            return 0.0, 0
-        means = np.abs(self.sums / self.rows)
-        channel = int(np.argmax(means))
-        return float(means[channel]), channel
+    def means(self) -> np.ndarray:
+        """Per channel, the mean over the rows (zeros before any row)."""
+        return np.zeros(1) if self.sums is None else self.sums / self.rows
 
-    def noise(self) -> float | None:
-        """The largest standard error of a channel's mean (its rows' spread over the square root of their count);
-        None under MIN_ROWS rows."""
+    def errors(self) -> np.ndarray | None:
+        """Per channel, the standard error of its mean (its rows' spread over the square root of their count),
+        floored at the median channel's (a channel whose few rows happen to agree is not trusted to be that
+        exact); None under MIN_ROWS rows."""
         if self.sums is None or self.rows < MIN_ROWS:
             return None
         spread = np.maximum(self.squares / self.rows - (self.sums / self.rows) ** 2, 0.0) * self.rows / (self.rows - 1)
-        return float(np.sqrt(spread / self.rows).max())
+        errors = np.sqrt(spread / self.rows)
+        return np.maximum(errors, np.median(errors))
 
 
 @dataclass
@@ -283,8 +281,7 @@ class Proof:
             if whole > whole_bound:
                 self._fail(name, f"{whole:.1e} of a row's size (its L2 norm) from the reference path's, beyond the "
                                  f"{whole_bound:.1e} allowed for {self.configuration} at this layer")
-            shift, channel = evidence.shift.largest()
-            shift_bound = _shift_bound(evidence)
+            shift, shift_bound, channel = _nearest_channel(evidence)
             if shift > shift_bound:
                 self._fail(name, f"shifted by {shift:.1e} of a row's largest value on average in channel {channel}, "
                                  f"beyond the {shift_bound:.1e} allowed for {self.configuration} at this layer (a "
@@ -302,12 +299,12 @@ class Proof:
         layers = {}
         for name, evidence in self.evidence.items():
             largest_bound, whole_bound = self.bounds(name)
-            shift, _ = evidence.shift.largest()
+            shift, shift_bound, _ = _nearest_channel(evidence)
             layers[name] = {"largest": _plain(max(evidence.largest)),
                             "median": _plain(float(np.median(evidence.largest))),
                             "bound": largest_bound, "whole": _plain(max(evidence.whole)), "whole_bound": whole_bound,
                             "emulated": _plain(_finite_max(evidence.emulated_largest)), "channel_shift": shift,
-                            "shift_bound": _plain(_shift_bound(evidence))}
+                            "shift_bound": _plain(shift_bound)}
         return {"configuration": self.configuration, "reference": REFERENCE, "proved": bool(self.proved),
                 "emulated": tolerances.emulated(self.parts), "tolerance": max(
                     (layer["bound"] for layer in layers.values()), default=0.0),
@@ -344,10 +341,17 @@ def row_errors(got: np.ndarray, reference: np.ndarray, whole: bool = False) -> l
     return errors
 
 
-def _shift_bound(evidence: _Evidence) -> float:
-    """How far the layer's channel means may be from the emulation's; inf before MIN_ROWS rows are proved."""
-    noise = evidence.emulated_shift.noise()
-    return tolerances.shift_bound(noise) if noise is not None else np.inf
+def _nearest_channel(evidence: _Evidence) -> tuple[float, float, int]:
+    """The channel whose mean shift (run - emulation) is nearest its bound (or farthest past it): its |shift|, its
+    bound (SHIFT_MULTIPLE of the emulation's standard error of that channel, + SHIFT_FLOOR; inf before MIN_ROWS
+    rows are proved) and its index."""
+    shifts, errors = np.abs(evidence.shift.means()), evidence.emulated_shift.errors()
+    if errors is None or errors.shape != shifts.shape:
+        channel = int(np.argmax(shifts))
+        return float(shifts[channel]), np.inf, channel
+    bounds = tolerances.shift_bound(errors)
+    channel = int(np.argmax(shifts / bounds))
+    return float(shifts[channel]), float(bounds[channel]), channel
 
 
 def _finite_max(values: list[float]) -> float:

@@ -10,7 +10,8 @@ errors of the parts add. Two row errors are judged that way: the largest element
 and the whole row's, ||got - fp32|| / ||fp32|| (a row of another image is far in the second even where one element
 is not). A third test looks at each channel (`axis_kinds`' channel or feature axis): the mean of (got - emulated)
 over the proved rows and positions, in units of each row's largest value, may be SHIFT_MULTIPLE standard errors of
-the emulation's own channel means (the spread of (emulated - fp32) from row to row) plus SHIFT_FLOOR. The
+the emulation's own mean of that channel (the spread of (emulated - fp32) from row to row; at least the median
+channel's) plus SHIFT_FLOOR. The
 systematic part of the precision's error (its rounded weights) is in both the run and the emulation and cancels;
 what is left is noise, and a systematic error of one channel (a wrong scale or offset) that the row errors are too
 coarse to see where the precision's own noise is large. It is judged from `proof.MIN_ROWS` proved rows on.
@@ -68,8 +69,9 @@ def bound(parts: list[str], emulated_error: float, storage: str = "float32") -> 
     return spread + fixed + STORAGE_ROUNDING[storage]
 
 
-def shift_bound(noise: float) -> float:
-    """How far a layer's channel means may be from the emulation's, where those have standard errors up to NOISE."""
+def shift_bound(noise):
+    """How far a channel's mean may be from the emulation's, where that has the standard error NOISE (a float, or
+    an array of them: one bound per channel)."""
     return SHIFT_MULTIPLE * noise + SHIFT_FLOOR
 
 
