@@ -205,23 +205,28 @@ def test_usage_errors_are_one_line_with_exit_code_2(image_folder, tmp_path, argu
     assert result.stderr == f"Error: {message.format(tmp=tmp_path)}\n"
 
 
-def test_a_run_that_reads_no_image_exits_1_in_one_line(tmp_path):
+def test_a_run_that_reads_no_image_exits_1_in_one_line_and_leaves_nothing_to_look_finished(tmp_path):
     folder = tmp_path / "images"
     folder.mkdir()
     for name in ("a.jpg", "b.png", "c.jpg"):
         (folder / name).write_bytes(b"not an image")
     output = tmp_path / "out.h5"
-    result = run_featdump("extract", "-m", "resnet18", "-w", "none", "-l", "avgpool", folder, output)
-    assert result.returncode == 1
-    errors = [line for line in result.stderr.splitlines() if "Error" in line or "Wrote" in line]
-    assert errors == [f"Error: No image could be read: 3 tried from {folder}, all skipped; "
-                      f"`featdump info {output}` lists why."]
+    for _ in range(2):  # the same command tries again: nothing was left behind to say "nothing to do"
+        result = run_featdump("extract", "-m", "resnet18", "-w", "none", "-l", "avgpool", folder, output)
+        assert result.returncode == 1, result.stderr
+        errors = [line for line in result.stderr.splitlines() if "Error" in line or "Wrote" in line]
+        assert len(errors) == 1 and errors[0].startswith(f"Error: No image could be read: 3 tried from {folder}, "
+                                                         "all skipped (a.jpg: "), errors
+        assert f"Nothing was written to {output}: fix or replace them and run the same command again." in errors[0]
+        assert not output.exists() and not (tmp_path / "out.h5.partial").exists()
     listing = tmp_path / "list.txt"
     listing.write_text("gone/1.jpg\ngone/2.jpg\n")
     result = run_featdump("extract", "-m", "resnet18", "-w", "none", "-l", "avgpool", listing, tmp_path / "l.h5")
     assert result.returncode == 1 and "No image could be read: 2 tried" in result.stderr
-    info = run_featdump("info", tmp_path / "l.h5").stdout
-    assert "  gone/1.jpg: file not found" in info and "symlink" not in info
+    assert "gone/1.jpg: file not found" in result.stderr and not (tmp_path / "l.h5").exists()
+    write_images(folder, {"": 1})  # one image fixed: the same command now writes it
+    fixed = run_featdump("extract", "-m", "resnet18", "-w", "none", "-l", "avgpool", folder, output)
+    assert fixed.returncode == 0 and "Wrote 1 images (3 skipped)" in fixed.stderr, fixed.stderr
 
 
 def test_extract_help_names_every_model_source_and_what_compile_builds():

@@ -317,3 +317,20 @@ def test_spacepool_keeps_a_video_layer_s_time_axis(videos, tmp_path):
     refused = run_featdump("extract", "-m", "resnet18", "-w", "none", "-l", "layer2", "--reduce", "spacepool",
                            "--fps", "2", videos / "a" / "one.mkv", tmp_path / "image.h5")
     assert refused.returncode == 2 and "not a video model's (channel, time, y, x) map" in refused.stderr
+
+
+def test_a_job_whose_only_video_is_damaged_leaves_nothing_and_its_rerun_tries_again(videos, tmp_path):
+    folder = tmp_path / "films"
+    folder.mkdir()
+    good = videos / "a" / "one.mkv"
+    (folder / "film.mkv").write_bytes(good.read_bytes()[:600])  # cut short: nothing decodes
+    output = tmp_path / "out.h5"
+    command = ["extract", "-m", "resnet18", "-w", "none", "-l", "avgpool", "--fps", "2", folder, output]
+    for _ in range(2):
+        failed = run_featdump(*command)
+        assert failed.returncode == 1 and "No clip could be read: 1 tried" in failed.stderr, failed.stderr
+        assert "film.mkv: " in failed.stderr and not output.exists()
+        assert not (tmp_path / "out.h5.partial").exists()
+    (folder / "film.mkv").write_bytes(good.read_bytes())  # replaced by a good copy
+    fixed = run_featdump(*command)
+    assert fixed.returncode == 0 and "(0 skipped)" in fixed.stderr and output.exists(), fixed.stderr

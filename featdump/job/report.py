@@ -114,6 +114,13 @@ class Summary:
         return f"; {self.stale} rows are stale (image gone or changed since; listed by featdump info)"
 
 
+def nothing_read(images, output: Path, skipped: list[tuple[str, str]], noun: str = "image") -> NothingRead:
+    """The error of a new output whose run read no row: nothing is left behind, and the reasons are said here."""
+    shown = "; ".join(f"{path}: {reason}" for path, reason in skipped[:3]) + ("; ..." if len(skipped) > 3 else "")
+    return NothingRead(f"No {noun} could be read: {len(skipped)} tried from {images}, all skipped ({shown}). "
+                       f"Nothing was written to {output}: fix or replace them and run the same command again.")
+
+
 def summarize(images: Path, output: Path, after: Committed, before: Committed, processed: int, start: int,
               started: float, stale: int = 0, left_out: dict | None = None, proof: dict | None = None,
               noun: str = "image") -> Summary:

@@ -50,7 +50,7 @@ from featdump.job.proof import (
     plan_sample,
     reference_copy,
 )
-from featdump.job.report import NoProgress, Progress, Summary, summarize
+from featdump.job.report import NoProgress, Progress, Summary, nothing_read, summarize
 from featdump.job.settings import Settings
 from featdump.job.shards import Shard, choose_shard, plan_shard, wait_for_all_ranks
 from featdump.job.signals import StopSignals
@@ -223,7 +223,7 @@ def _run_locked(plan: Plan, lock: OutputLock, progress: Progress, started: float
     before = writer.committed
     if before.images:
         log.info("Resuming at image %d of %d (%d rows committed).", before.images, len(plan.images), before.rows)
-    output = _fill(writer, plan.images, settings, model, lock, progress)
+    output = _fill(writer, plan.images, settings, model, lock, progress, keep_empty=plan.shard is not None)
     with Output.open(output) as finished:
         after, proofs = finished.committed, finished.proofs
     return summarize(settings.images, output, after, before, len(plan.images) - before.images, before.images, started,
@@ -287,9 +287,11 @@ def _compiled_from(settings: Settings, model: Model) -> dict:
 
 
 def _fill(writer: FeatureWriter, images: ImageList, settings: Settings, model: Model, lock: OutputLock,
-          progress: Progress, offset: int = 0, task: str | None = None) -> Path:
+          progress: Progress, offset: int = 0, task: str | None = None, keep_empty: bool = True) -> Path:
     """Every image of IMAGES that WRITER's file has not committed yet, through the model into it; then finish it.
-    OFFSET: the images the job's output held before this list (an update's), for the progress record."""
+    OFFSET: the images the job's output held before this list (an update's), for the progress record. A file that
+    holds no row at the end is removed unless KEEP_EMPTY (a shard's: its job may have rows elsewhere), and the run
+    fails (NothingRead): a job that read nothing never looks finished."""
     start = writer.committed_images
     record = ProgressRecord(settings.output, writer.path, offset + len(images), offset + start,
                             {name: list(spec.shape) for name, spec in model.specs.items()}, task)
@@ -314,6 +316,8 @@ def _fill(writer: FeatureWriter, images: ImageList, settings: Settings, model: M
                 f"{len(images)} {images.noun}s; run the same command again to resume.",
                 stop.signal_number,
             )
+        if not keep_empty and writer.committed.rows == 0:
+            raise nothing_read(settings.images, settings.output, writer.discard(), images.noun)
         return writer.finish()
     finally:
         record.remove()  # only a kill leaves it, for info to report the job as stopped

@@ -174,6 +174,14 @@ class FeatureWriter:
             raise write_error(partial, error, None) from error
         return self.output
 
+    def discard(self) -> list[tuple[str, str]]:
+        """Close and remove OUT.partial, for a run that wrote no row (nothing to resume: the same command tries every
+        image again); returns the images it skipped and why."""
+        skipped = list(zip(self._file["skipped/paths"].asstr()[:], self._file["skipped/reasons"].asstr()[:]))
+        close_quietly(self._file)
+        self.path.unlink(missing_ok=True)
+        return skipped
+
     def close(self) -> None:
         """Close without finishing: the partial file stays, resumable from its committed rows."""
         error = close_quietly(self._file)
