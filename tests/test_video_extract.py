@@ -11,6 +11,7 @@ import torch
 from PIL import Image
 from torchvision.models import get_model, get_model_weights
 
+import featdump
 from featdump.job.runner import extract
 
 from .conftest import CrashAfterFirstBatch, read_output, run_featdump, settings_for
@@ -334,3 +335,19 @@ def test_a_job_whose_only_video_is_damaged_leaves_nothing_and_its_rerun_tries_ag
     (folder / "film.mkv").write_bytes(good.read_bytes())  # replaced by a good copy
     fixed = run_featdump(*command)
     assert fixed.returncode == 0 and "(0 skipped)" in fixed.stderr and output.exists(), fixed.stderr
+
+
+def test_load_and_xarray_keep_the_clip_start_and_select_by_path_and_onset(videos, tmp_path):
+    output = tmp_path / "out.h5"
+    assert run_featdump("extract", "-m", "resnet18", "-w", "none", "-l", "avgpool", "--fps", "2", videos,
+                        output).returncode == 0
+    with h5py.File(output, "r") as h5file:
+        starts = h5file["clip_start"][:]
+        assert h5file["clip_start"].attrs["units"] == "s"
+    plain = featdump.load(output, "avgpool")
+    np.testing.assert_array_equal(plain.clip_start, starts)
+    labelled = featdump.load(output, "avgpool", xarray=True)
+    row = int(np.flatnonzero((np.asarray(plain.paths) == "a/one.mkv") & (starts == 1.0))[0])
+    chosen = labelled.sel(path="a/one.mkv", clip_start=1.0)
+    np.testing.assert_array_equal(chosen.values, plain.features[row])
+    assert labelled["clip_start"].attrs["units"] == "s"

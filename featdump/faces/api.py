@@ -129,6 +129,7 @@ class Features:
     layer_attributes: dict | None = None  # what the reduction records (srp_seed, pca_fitted_on, ...)
     pca_fit: dict | None = None  # a pca:K layer's fit: mean, components, explained_variance
     file: h5py.File | None = None  # open while `features` is lazy: close it when done
+    clip_start: np.ndarray | None = None  # a video job's: each row's clip start in its video, seconds (None: images)
 
 
 def load(path: str | Path, layer: str, lazy: bool | None = None, xarray: bool = False):
@@ -160,6 +161,7 @@ def load(path: str | Path, layer: str, lazy: bool | None = None, xarray: bool = 
             layer_attributes=netcdf.without_netcdf(dataset.attrs),
             pca_fit=_fit_of(output, layer),
             file=output.file if lazy else None,
+            clip_start=output.file["clip_start"][:output.committed.rows] if "clip_start" in output.file else None,
         )
     except OSError as error:  # a file that breaks while read: one featdump error, never a traceback
         output.close()

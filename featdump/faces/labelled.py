@@ -29,11 +29,13 @@ def data_array(path: str | Path, layer: str, lazy: bool | None = None):
         rows = output.committed.rows
         dims = [netcdf.IMAGE, *netcdf.axis_kinds(dataset.shape[1:], dataset.attrs)]
         coords = {"path": (netcdf.IMAGE, output.paths()), "label": (netcdf.IMAGE, output.labels())}
+        if "clip_start" in output.file:  # a video job's rows: (path, clip_start) is their key
+            coords["clip_start"] = (netcdf.IMAGE, output.file["clip_start"][:rows], {"units": "s"})
         attrs = {**netcdf.without_netcdf(dataset.attrs), "reduction": output.reduction(layer),
                  "classes": output.classes, "model": str(output.attrs.get("model", ""))}
         size = dataset.size * dataset.dtype.itemsize
         if not (size > LAZY_ABOVE if lazy is None else lazy):  # read once, into the array xarray wraps
-            return xr.DataArray(read_rows(dataset, rows), dims=dims, coords=coords, attrs=attrs, name=layer)
+            return _keyed(xr.DataArray(read_rows(dataset, rows), dims=dims, coords=coords, attrs=attrs, name=layer))
     opened = xr.open_dataset(path, engine="h5netcdf", group="features", phony_dims="sort", decode_cf=False,
                              cache=False)
     try:
@@ -41,11 +43,17 @@ def data_array(path: str | Path, layer: str, lazy: bool | None = None):
         array = array.drop_vars(list(array.coords)).rename(dict(zip(array.dims, dims)))
         array = array.isel({netcdf.IMAGE: slice(0, rows)}).assign_coords(coords)
         array.attrs = attrs
+        array = _keyed(array)
         array.set_close(opened.close)
     except BaseException:
         opened.close()
         raise
     return array
+
+
+def _keyed(array):
+    """ARRAY with a (path, clip_start) index on `image` when its rows are clips: `sel(path=..., clip_start=...)`."""
+    return array.set_xindex(["path", "clip_start"]) if "clip_start" in array.coords else array
 
 
 def _xarray():

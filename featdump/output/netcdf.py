@@ -72,6 +72,9 @@ def label(h5file: h5py.File) -> None:
     for name in ("paths", "labels", "clip_start"):
         if name in h5file:
             _attach(h5file[name], [image])
+    if "clip_start" in h5file and _text(h5file["clip_start"].attrs.get("units")) != "s":
+        h5file["clip_start"].attrs["units"] = "s"  # CF units: xarray and netCDF readers show them
+        h5file["clip_start"].attrs["long_name"] = "the clip's first frame's time in its video"
     _attach(h5file["file_stats"], [image, _scale(h5file, "file_stat", 2)])
     _label_named_rows(h5file)
     for group in ("skipped", "stale"):
