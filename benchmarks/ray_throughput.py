@@ -6,8 +6,9 @@
 ImageNet-size JPEGs (500x375, benchmarks/data), random weights, default workers and batch size, whole commands:
 - "2 processes": `featdump extract --shard 0/2` and `--shard 1/2` started together (as two SLURM array tasks on
   one node), then `featdump merge`; wall time from the first start to the merge's end.
-- "Ray, N shards": `featdump extract --ray --shards N`, which starts a local Ray cluster (this machine's CPUs),
-  runs N tasks of one CPU each, merges, and stops the cluster; wall time of the command.
+- "Ray, N shards": `featdump extract --ray ADDRESS --shards N` on a Ray cluster started once before the rounds
+  (`ray start --head`, this machine's CPUs: as a cloud cluster is there before its jobs), N tasks of one CPU
+  each, merged at the end; wall time of the command (the job's workers start in it, torch imported).
 Each round runs them in that order; medians over rounds. The per-shard overhead is the slope of the Ray command's
 time against N (least squares), and the shard size at which it falls under 5% of a shard's time follows from it
 and the rate.
@@ -48,12 +49,23 @@ def two_processes(model: str, layer: str, images: Path, work: Path) -> float:
     return time.perf_counter() - started
 
 
-def on_ray(model: str, layer: str, images: Path, work: Path, shards: int) -> float:
+def on_ray(model: str, layer: str, images: Path, work: Path, shards: int, address: str) -> float:
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
-    seconds, _ = timed_featdump("extract", "-m", model, "-w", "none", "-l", layer, "--ray", "--shards", shards,
-                                images, work / "out.h5", what=f"ray {shards} shards")
+    seconds, _ = timed_featdump("extract", "-m", model, "-w", "none", "-l", layer, "--ray", address, "--shards",
+                                shards, images, work / "out.h5", what=f"ray {shards} shards")
     return seconds
+
+
+def start_cluster() -> str:
+    ray = str(Path(sys.executable).with_name("ray"))
+    subprocess.run([ray, "start", "--head", "--include-dashboard=false", "--disable-usage-stats"], check=True,
+                   capture_output=True)
+    return "auto"
+
+
+def stop_cluster() -> None:
+    subprocess.run([str(Path(sys.executable).with_name("ray")), "stop", "--force"], capture_output=True)
 
 
 def main() -> None:
@@ -68,13 +80,25 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="featdump-ray-"))
     counts = [int(text) for text in args.shards.split(",")]
     times: dict[str, list[float]] = {}
+    address = start_cluster()
+    try:
+        rounds(args, images, work, counts, times, address)
+    finally:
+        stop_cluster()
+    report(args, counts, times)
+
+
+def rounds(args, images: Path, work: Path, counts: list[int], times: dict, address: str) -> None:
     for round_ in range(args.rounds):
         times.setdefault("2 processes", []).append(two_processes(args.model, args.layer, images, work / "slurm"))
         for count in counts:
             times.setdefault(f"Ray, {count} shards", []).append(
-                on_ray(args.model, args.layer, images, work / f"ray{count}", count))
+                on_ray(args.model, args.layer, images, work / f"ray{count}", count, address))
         print(f"round {round_ + 1}: " + ", ".join(f"{name} {runs[-1]:.1f} s" for name, runs in times.items()),
               flush=True)
+
+
+def report(args, counts: list[int], times: dict) -> None:
     base = statistics.median(times["2 processes"])
     print(f"\n{args.images} images, {args.model} `{args.layer}`\n")
     print("| how | command (median) | rows/s | x 2 processes |\n| --- | --- | --- | --- |")
@@ -87,6 +111,7 @@ def main() -> None:
     print(f"\nPer-shard overhead (slope of the Ray command's time against N): {slope:.2f} s; fixed part "
           f"{intercept:.1f} s. It is under 5% of a shard's time from about {20 * slope * per_task:.0f} rows per "
           f"shard at this machine's rate per task ({per_task:.1f} rows/s).")
+
 
 if __name__ == "__main__":
     main()
