@@ -351,3 +351,70 @@ def test_load_and_xarray_keep_the_clip_start_and_select_by_path_and_onset(videos
     chosen = labelled.sel(path="a/one.mkv", clip_start=1.0)
     np.testing.assert_array_equal(chosen.values, plain.features[row])
     assert labelled["clip_start"].attrs["units"] == "s"
+
+
+ALPHAS = np.logspace(-2, 6, 9)
+
+
+def by_hand_sources(paths: list[str], starts: np.ndarray, delays: list[int], step: float) -> np.ndarray:
+    """Each delay's source row per row, found by a plain search: same video, onset less delay x step."""
+    found = np.full((len(delays), len(paths)), -1)
+    for index, delay in enumerate(delays):
+        for row in range(len(paths)):
+            for other in range(len(paths)):
+                if paths[other] == paths[row] and abs(starts[other] - (starts[row] - delay * step)) < 1e-4:
+                    found[index, row] = other
+    return found
+
+
+def test_encode_with_delays_equals_ridge_cv_on_the_delayed_design_and_its_folds(videos, tmp_path):
+    from sklearn.linear_model import RidgeCV
+
+    from featdump.readout.delays import delayed_rows
+
+    output = tmp_path / "out.h5"
+    assert run_featdump("extract", "-m", "resnet18", "-w", "none", "-l", "layer3", "--reduce", "avgpool", "--fps",
+                        "10", videos, output).returncode == 0
+    loaded = featdump.load(output, "layer3")
+    features, paths, starts = loaded.features.astype(np.float64), loaded.paths, loaded.clip_start
+    shifts = by_hand_sources(paths, starts, [1, 2, 3], 0.1)
+    assert (shifts[:, [paths.index(video) for video in dict.fromkeys(paths)]] == -1).all()  # zeros at each start
+    design = delayed_rows(features, shifts)
+    voxels = design @ np.random.default_rng(0).standard_normal((design.shape[1], 3)) * 0.1
+    voxels += np.random.default_rng(1).standard_normal(voxels.shape)
+    np.save(tmp_path / "bold.npy", voxels)
+    readout = featdump.encode(output, tmp_path / "bold.npy", folds=3, alphas=ALPHAS, delays="1,2,3",
+                              device="cpu")["layer3"]
+    for fold in range(3):
+        train, test = readout.fold != fold, readout.fold == fold
+        model = RidgeCV(alphas=ALPHAS).fit(design[train], voxels[train])
+        assert readout.alpha[fold] == model.alpha_
+        np.testing.assert_allclose(readout.predicted[test], model.predict(design[test]), rtol=1e-6, atol=1e-9)
+    seconds = featdump.encode(output, tmp_path / "bold.npy", folds=3, alphas=ALPHAS, delays="0.1s,0.2s,0.3s",
+                              device="cpu")["layer3"]
+    np.testing.assert_array_equal(seconds.predicted, readout.predicted)
+    refused = run_featdump("encode", output, tmp_path / "bold.npy", "--delays", "0.15s", "-o", tmp_path / "e.h5")
+    assert refused.returncode == 2 and "not a whole number of the rows' steps (0.1 s)" in refused.stderr
+
+
+def test_with_delays_the_layer_planted_behind_a_haemodynamic_lag_wins(tmp_path):
+    """BOLD made of layer4's features 2 and 3 steps earlier, through a random mixing, plus noise: with delays, layer4
+    explains it better than layer2 does, and better than layer4 without delays."""
+    from featdump.readout.delays import delayed_rows
+
+    for index in range(3):
+        write_video(tmp_path / "films" / f"run{index}.mkv", 250, fps=25, size=(64, 80), seed=10 + index)
+    output = tmp_path / "out.h5"
+    assert run_featdump("extract", "-m", "resnet18", "-w", "none", "-l", "layer2,layer4", "--reduce", "avgpool",
+                        "--fps", "5", tmp_path / "films", output).returncode == 0
+    planted = featdump.load(output, "layer4")
+    shifts = by_hand_sources(planted.paths, planted.clip_start, [2, 3], 0.2)
+    lagged = delayed_rows(planted.features.astype(np.float64), shifts)
+    lagged = (lagged - lagged.mean(0)) / (lagged.std(0) + 1e-9)
+    bold = lagged @ np.random.default_rng(0).standard_normal((lagged.shape[1], 4)) / np.sqrt(lagged.shape[1])
+    bold += 0.5 * np.random.default_rng(1).standard_normal(bold.shape)
+    np.save(tmp_path / "bold.npy", bold)
+    delayed = featdump.encode(output, tmp_path / "bold.npy", folds=3, delays="1,2,3,4", device="cpu")
+    plain = featdump.encode(output, tmp_path / "bold.npy", folds=3, device="cpu")
+    assert delayed["layer4"].score > delayed["layer2"].score
+    assert delayed["layer4"].score > plain["layer4"].score

@@ -556,9 +556,14 @@ def probe(output: Path, labels: Path | None, layers: str | None, folds: int, alp
 @click.argument("targets")
 @click.option("--alpha-per-target", is_flag=True,
               help="Choose an alpha for each target (else one for all, as RidgeCV).")
+@click.option("--delays", metavar="D1,D2,...",
+              help="Clip rows: fit each layer's features at these earlier onsets of the same video, stacked (FIR "
+                   "delays of the haemodynamic response): steps of the rows' grid (1,2,3,4) or seconds (1.5s,3s); "
+                   "zeros before a video's first row.")
 @_readout_options
-def encode(output: Path, targets: str, alpha_per_target: bool, layers: str | None, folds: int, alphas: str, seed: int,
-           common: bool, to: Path, memory: str, device: str, plot: Path | None, overwrite: bool) -> None:
+def encode(output: Path, targets: str, alpha_per_target: bool, delays: str | None, layers: str | None, folds: int,
+           alphas: str, seed: int, common: bool, to: Path, memory: str, device: str, plot: Path | None,
+           overwrite: bool) -> None:
     """Ridge encoding models from every layer of OUTPUT to TARGETS (neurons, voxels, behaviour), out of core,
     cross-validated, alpha chosen by leave-one-out in each fold. TARGETS: a CSV/TSV with a `path` column and a column
     per target, an .npy in OUTPUT's row order, or FILE.h5:DATASET with a `paths` dataset. Records every image's
@@ -567,12 +572,13 @@ def encode(output: Path, targets: str, alpha_per_target: bool, layers: str | Non
     \b
     Example:
       featdump encode feats.h5 it_neurons.csv -l 'layer*' -o enc.h5 --plot enc.png
+      featdump encode film.h5 bold.csv --delays 1,2,3,4 -o enc.h5     # clip rows on a TR grid
     """
     from featdump.readout.readouts import encode as compute
 
     started, done_before = time.perf_counter(), to.exists() and not overwrite
     readouts = compute(output, targets, layers, folds, alphas, alpha_per_target, common, seed, memory, device, to,
-                       overwrite, progress=_progress("MB"))
+                       overwrite, progress=_progress("MB"), delays=delays)
     _said_readouts("encode", readouts, to, plot, started, done_before)
 
 

@@ -24,6 +24,7 @@ import torch
 from featdump.analysis.gram import gram
 from featdump.output.space import human_bytes
 from featdump.output.views import row_spans
+from featdump.readout.delays import delayed_gram
 from featdump.readout.ridge import FoldFit, PrimalFold, choose, dual_fold
 
 ROW_BLOCK_BYTES = 64 * 1024**2  # a block of whole rows at most, whatever the budget (two exist at once)
@@ -80,11 +81,15 @@ def eigh_seconds(size: int, device: torch.device) -> float:
 
 def fit_wide(dataset: h5py.Dataset, file_rows: int, used: np.ndarray, targets: torch.Tensor, fold: np.ndarray,
              alphas: torch.Tensor, per_target: bool, memory: int, device: torch.device,
-             advance: Callable[[int], None], clock: FitClock | None = None) -> tuple[list[FoldFit], torch.Tensor]:
-    """Every fold's fit of a wide layer (rows USED of its first FILE_ROWS) from the Gram of the rows used alone;
-    the rows' nonfinite mask."""
+             advance: Callable[[int], None], clock: FitClock | None = None,
+             shifts: np.ndarray | None = None) -> tuple[list[FoldFit], torch.Tensor]:
+    """Every fold's fit of a wide layer (rows USED of its first FILE_ROWS) from the Gram of the rows used alone
+    (of their delayed design, `delays`, when SHIFTS are given); the rows' nonfinite mask."""
     stats = gram(dataset, file_rows if len(used) == file_rows else used, memory, device, advance, exact=True)
     matrix, nonfinite = stats.centred, stats.nonfinite
+    if shifts is not None:  # the delays need the rows as stored: a zero row is no row, not the mean
+        matrix += stats.shifts[:, None] + stats.shifts[None, :] + stats.mean_square
+        matrix = delayed_gram(matrix, shifts)
     del stats
     if bool(nonfinite.any()):
         return [], nonfinite

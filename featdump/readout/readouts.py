@@ -39,6 +39,7 @@ from featdump.output.layout import open_to_read, text_of
 from featdump.output.space import human_bytes, parse_bytes
 from featdump.readout import passes
 from featdump.readout.choices import DEFAULT_ALPHAS, DEFAULT_FOLDS
+from featdump.readout.delays import grid_step, parse_delays, sources
 from featdump.readout.folds import assign_folds, sparse_classes
 from featdump.readout.scores import MEASURES, layer_score
 from featdump.readout.targets import Targets, class_targets, numeric_targets
@@ -88,15 +89,17 @@ def probe(output: str | Path, layers: list[str] | str | None = None, folds: int 
 def encode(output: str | Path, targets: str | Path, layers: list[str] | str | None = None, folds: int = DEFAULT_FOLDS,
            alphas=DEFAULT_ALPHAS, per_target: bool = False, common: bool = False, seed: int = 0,
            memory: str | int = DEFAULT_MEMORY, device: str = "auto", to: str | Path | None = None,
-           overwrite: bool = False, progress: Progress | None = None) -> dict[str, Readout]:
+           overwrite: bool = False, progress: Progress | None = None, delays=None) -> dict[str, Readout]:
     """A ridge encoding model from each of LAYERS of OUTPUT to TARGETS (a CSV/TSV with a path column and a column
     per target, an .npy in the output's row order, or FILE.h5:DATASET with its paths), rows matched by path (COMMON:
     the images both have); FOLDS seeded folds, alpha chosen by leave-one-out in each (one for all targets, or
-    PER_TARGET). TO: also written there (ENC.h5), resumable layer by layer. {layer: Readout}."""
+    PER_TARGET). DELAYS ('1,2,3,4' steps of the clips' grid, or '1.5s,3s'): each layer's features at those
+    earlier onsets of the same video, stacked (FIR; zeros before a video's first row). TO: also written there
+    (ENC.h5), resumable layer by layer. {layer: Readout}."""
     stored = Stored.read(output)
     table = numeric_targets(stored, targets, common)
     return _read_out("encode", stored, table, layers, folds, alphas, per_target, seed, memory, device, to, overwrite,
-                     progress)
+                     progress, delays)
 
 
 def parse_alphas(alphas) -> np.ndarray:
@@ -130,9 +133,28 @@ def _videos(stored: Stored, table: Targets, folds: int) -> np.ndarray | None:
     return videos
 
 
+def _delay_shifts(stored: Stored, table: Targets, delays) -> tuple[list[int], float | None, np.ndarray | None]:
+    """(the delays in steps, the step in seconds, each delay's source row per used row) of DELAYS; ([], None, None)
+    without delays."""
+    if delays is None or (isinstance(delays, str) and not delays.strip()):
+        return [], None, None
+    if stored.clip_starts is None:
+        raise UsageProblem("--delays: the rows are images, not clips of videos on a time grid; extract the videos "
+                           "with --fps (or a clip model) first.")
+    paths = [stored.paths[row] for row in table.rows]
+    starts = np.asarray(stored.clip_starts)[table.rows]
+    step = grid_step(paths, starts)
+    steps = parse_delays(delays, step)
+    log.info("Delays %s (steps of %g s): each row's features at those earlier onsets of its video, zeros before "
+             "its first row.", ",".join(map(str, steps)), step)
+    return steps, step, sources(paths, starts, steps, step)
+
+
 def _read_out(kind: str, stored: Stored, table: Targets, layers, folds: int, alphas, per_target: bool, seed: int,
-              memory, device: str, to, overwrite: bool, progress: Progress | None) -> dict[str, Readout]:
+              memory, device: str, to, overwrite: bool, progress: Progress | None,
+              delays=None) -> dict[str, Readout]:
     names = stored.select(listed(layers))
+    steps, step, shifts = _delay_shifts(stored, table, delays)
     grid, budget, place = parse_alphas(alphas), parse_bytes(memory), resolve_device(device)
     fold = assign_folds(table.count, folds, seed, table.classes, _videos(stored, table, folds))
     sparse = sparse_classes(table.classes, table.columns, folds) if table.classes is not None else []
@@ -142,7 +164,8 @@ def _read_out(kind: str, stored: Stored, table: Targets, layers, folds: int, alp
     paths = [stored.paths[row] for row in table.rows]
     made_from = {"source": stored.identity(), "kind": kind, "targets": _digest(table), "layers": names,
                  "folds": folds, "seed": seed, "alphas": grid.tolist(), "per_target": per_target,
-                 **({"folds_by": "video"} if stored.clip_starts is not None else {})}
+                 **({"folds_by": "video"} if stored.clip_starts is not None else {}),
+                 **({"delays": steps, "delay_step": step} if steps else {})}
     if to is not None and not overwrite and finished(Path(to), made_from):
         log.info("%s is finished already, made by this same command: nothing to do.", to)
         return read_readouts(Path(to), names)
@@ -157,7 +180,7 @@ def _read_out(kind: str, stored: Stored, table: Targets, layers, folds: int, alp
             if not results.has("", name):
                 results.commit("", name, values)
     progress = progress or NoProgress()
-    plan = _Plan(kind, stored, table, names, fold, grid, per_target, budget, place, paths)
+    plan = _Plan(kind, stored, table, names, fold, grid, per_target, budget, place, paths, shifts)
     return computed_into(results, progress, lambda: _fit_layers(plan, results, progress, sizes),
                          {"kind": kind, "layers": names})
 
@@ -176,6 +199,7 @@ class _Plan:
     budget: int
     device: torch.device
     paths: list[str]  # of the rows used
+    shifts: np.ndarray | None = None  # the delays' source rows (`delays.sources`), or None
 
 
 def _fit_layers(plan: _Plan, results: Results | None, progress: Progress, sizes) -> dict[str, Readout]:
@@ -215,7 +239,7 @@ def _fit_layer(plan: _Plan, name: str, targets: torch.Tensor, alphas: torch.Tens
 
     with stored.dataset(name) as dataset:
         features = int(np.prod(dataset.shape[1:]))
-        wide = passes.is_wide(table.count, features)
+        wide = passes.is_wide(table.count, features) or plan.shifts is not None  # delays: through the Gram
         log.info("%s: %d images x %d features, %s.", name, table.count, features,
                  f"wide: its {table.count} x {table.count} Gram in one pass" if wide
                  else f"narrow: its {features} x {features} covariance per fold in two passes")
@@ -224,7 +248,7 @@ def _fit_layer(plan: _Plan, name: str, targets: torch.Tensor, alphas: torch.Tens
         clock = passes.FitClock(folds, lambda line: log.info("%s: %s.", name, line))
         if wide:
             fits, nonfinite = passes.fit_wide(dataset, stored.rows, table.rows, targets, fold, alphas,
-                                              plan.per_target, budget, place, advance, clock)
+                                              plan.per_target, budget, place, advance, clock, plan.shifts)
         else:
             fits, nonfinite = passes.fit_narrow(dataset, table.rows, targets, fold, alphas, plan.per_target, budget,
                                                 place, advance, lambda line: log.info("%s: %s.", name, line), clock)
