@@ -418,3 +418,39 @@ def test_with_delays_the_layer_planted_behind_a_haemodynamic_lag_wins(tmp_path):
     plain = featdump.encode(output, tmp_path / "bold.npy", folds=3, device="cpu")
     assert delayed["layer4"].score > delayed["layer2"].score
     assert delayed["layer4"].score > plain["layer4"].score
+
+
+def test_folds_cut_in_stretches_leave_a_gap_and_equal_ridge_cv_without_those_rows(videos, tmp_path):
+    """One film, 3 folds: three stretches of its time; each fold trains without the rows within the gap (the longest
+    delay plus a step: 0.2 s) of its held-out stretch, on both sides, as RidgeCV fitted on exactly those rows."""
+    from sklearn.linear_model import RidgeCV
+
+    from featdump.readout.delays import delayed_rows
+    from featdump.readout.folds import training_rows
+
+    output = tmp_path / "out.h5"
+    assert run_featdump("extract", "-m", "resnet18", "-w", "none", "-l", "layer3", "--reduce", "avgpool", "--fps",
+                        "10", videos / "a", output).returncode == 0
+    loaded = featdump.load(output, "layer3")
+    starts = loaded.clip_start
+    voxels = np.random.default_rng(2).standard_normal((len(starts), 2))
+    np.save(tmp_path / "bold.npy", voxels)
+    readout = featdump.encode(output, tmp_path / "bold.npy", folds=3, alphas=ALPHAS, delays="1",
+                              device="cpu")["layer3"]
+    design = delayed_rows(loaded.features.astype(np.float64),
+                          by_hand_sources(loaded.paths, starts, [1], 0.1))
+    for fold in range(3):
+        held = readout.fold == fold
+        near = np.array([np.abs(starts[held] - start).min() <= 0.2 + 1e-6 for start in starts])
+        train = ~held & ~near
+        assert train.sum() < (~held).sum()  # rows were left out: no neighbouring TRs across train and test
+        assert (np.abs(starts[train][:, None] - starts[held][None, :]) > 0.2 + 1e-6).all()
+        np.testing.assert_array_equal(train, training_rows(readout.fold, np.zeros(len(starts)), starts, 0.2)[:, fold])
+        model = RidgeCV(alphas=ALPHAS).fit(design[train], voxels[train])
+        assert readout.alpha[fold] == model.alpha_
+        np.testing.assert_allclose(readout.predicted[held], model.predict(design[held]), rtol=1e-6, atol=1e-9)
+    made = run_featdump("encode", output, tmp_path / "bold.npy", "--delays", "1", "--folds", "3", "-o",
+                        tmp_path / "enc.h5")
+    assert made.returncode == 0 and "A gap of 0.2 s on both sides of each held-out stretch" in made.stderr
+    info = run_featdump("info", tmp_path / "enc.h5").stdout
+    assert "delays:     1 steps of 0.1 s" in info and "gap:        0.2 s left out of training" in info, info

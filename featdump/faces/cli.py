@@ -560,10 +560,14 @@ def probe(output: Path, labels: Path | None, layers: str | None, folds: int, alp
               help="Clip rows: fit each layer's features at these earlier onsets of the same video, stacked (FIR "
                    "delays of the haemodynamic response): steps of the rows' grid (1,2,3,4) or seconds (1.5s,3s); "
                    "zeros before a video's first row.")
+@click.option("--gap", type=click.FloatRange(min=0), metavar="SECONDS",
+              help="Clip rows cut into stretches of time (fewer videos than folds): seconds of a video left out of a "
+                   "fold's training on both sides of its held-out stretch.  [default: the longest delay plus one "
+                   "step of the grid]")
 @_readout_options
-def encode(output: Path, targets: str, alpha_per_target: bool, delays: str | None, layers: str | None, folds: int,
-           alphas: str, seed: int, common: bool, to: Path, memory: str, device: str, plot: Path | None,
-           overwrite: bool) -> None:
+def encode(output: Path, targets: str, alpha_per_target: bool, delays: str | None, gap: float | None,
+           layers: str | None, folds: int, alphas: str, seed: int, common: bool, to: Path, memory: str, device: str,
+           plot: Path | None, overwrite: bool) -> None:
     """Ridge encoding models from every layer of OUTPUT to TARGETS (neurons, voxels, behaviour), out of core,
     cross-validated, alpha chosen by leave-one-out in each fold. TARGETS: a CSV/TSV with a `path` column and a column
     per target, an .npy in OUTPUT's row order, or FILE.h5:DATASET with a `paths` dataset. Records every image's
@@ -578,7 +582,7 @@ def encode(output: Path, targets: str, alpha_per_target: bool, delays: str | Non
 
     started, done_before = time.perf_counter(), to.exists() and not overwrite
     readouts = compute(output, targets, layers, folds, alphas, alpha_per_target, common, seed, memory, device, to,
-                       overwrite, progress=_progress("MB"), delays=delays)
+                       overwrite, progress=_progress("MB"), delays=delays, gap=gap)
     _said_readouts("encode", readouts, to, plot, started, done_before)
 
 

@@ -75,6 +75,7 @@ def readout_lines(path, h5file: h5py.File) -> list[str]:
              f"images:     {len(h5file['fold'])}, {scores.shape[1] if len(names) else '?'} folds",
              f"{what + ':':<11} {len(columns)} ({', '.join(columns[:8])}{', ...' if len(columns) > 8 else ''})",
              f"alphas:     {', '.join(f'{value:g}' for value in h5file['alphas'][:])}",
+             *_time_lines(_made_from(h5file)),
              "layers (accuracy, mean over folds ± sd):" if kind == "probe" else
              "layers (median r over targets; the folds' own median r from lowest to highest):"]
     summaries = layer_summaries(h5file, kind, names)
@@ -82,6 +83,19 @@ def readout_lines(path, h5file: h5py.File) -> list[str]:
               f"  {name}: {summary:.3f} (folds {np.nanmin(row):.3f} to {np.nanmax(row):.3f})"
               for name, summary, row in zip(names, summaries, scores)]
     lines.append("draw:       featdump show " + str(path))
+    return lines
+
+
+def _time_lines(made_from: dict) -> list[str]:
+    """How a read-out of clip rows handled time: its folds, delays and gap."""
+    lines = []
+    if made_from.get("folds_by") == "video":
+        lines.append("folds:      by video (whole videos, or stretches of time when there are fewer videos than "
+                     "folds)")
+    if made_from.get("delays"):
+        lines.append(f"delays:     {', '.join(map(str, made_from['delays']))} steps of {made_from['delay_step']:g} s")
+    if made_from.get("gap"):
+        lines.append(f"gap:        {made_from['gap']:g} s left out of training on both sides of a held-out stretch")
     return lines
 
 

@@ -82,9 +82,11 @@ def eigh_seconds(size: int, device: torch.device) -> float:
 def fit_wide(dataset: h5py.Dataset, file_rows: int, used: np.ndarray, targets: torch.Tensor, fold: np.ndarray,
              alphas: torch.Tensor, per_target: bool, memory: int, device: torch.device,
              advance: Callable[[int], None], clock: FitClock | None = None,
-             shifts: np.ndarray | None = None) -> tuple[list[FoldFit], torch.Tensor]:
+             shifts: np.ndarray | None = None,
+             training: np.ndarray | None = None) -> tuple[list[FoldFit], torch.Tensor]:
     """Every fold's fit of a wide layer (rows USED of its first FILE_ROWS) from the Gram of the rows used alone
-    (of their delayed design, `delays`, when SHIFTS are given); the rows' nonfinite mask."""
+    (of their delayed design, `delays`, when SHIFTS are given); the rows' nonfinite mask. TRAINING (N, K): the rows
+    each fold trains on (`folds.training_rows`; by default the other folds')."""
     stats = gram(dataset, file_rows if len(used) == file_rows else used, memory, device, advance, exact=True)
     matrix, nonfinite = stats.centred, stats.nonfinite
     if shifts is not None:  # the delays need the rows as stored: a zero row is no row, not the mean
@@ -94,9 +96,10 @@ def fit_wide(dataset: h5py.Dataset, file_rows: int, used: np.ndarray, targets: t
     if bool(nonfinite.any()):
         return [], nonfinite
     folds = torch.as_tensor(fold, device=device)
+    training = torch.as_tensor(training if training is not None else _others(fold), device=device)
     fits = []
     for number in range(int(fold.max()) + 1):
-        train, test = torch.nonzero(folds != number).flatten(), torch.nonzero(folds == number).flatten()
+        train, test = torch.nonzero(training[:, number]).flatten(), torch.nonzero(folds == number).flatten()
         fits.append(dual_fold(matrix, train, test, targets, alphas, per_target))
         if clock is not None:
             clock.fitted()
@@ -106,10 +109,12 @@ def fit_wide(dataset: h5py.Dataset, file_rows: int, used: np.ndarray, targets: t
 def fit_narrow(dataset: h5py.Dataset, used: np.ndarray, targets: torch.Tensor, fold: np.ndarray,
                alphas: torch.Tensor, per_target: bool, memory: int, device: torch.device,
                advance: Callable[[int], None], say: Callable[[str], None],
-               clock: FitClock | None = None) -> tuple[list[FoldFit], torch.Tensor]:
+               clock: FitClock | None = None, training: np.ndarray | None = None) -> tuple[list[FoldFit], torch.Tensor]:
     """Every fold's fit of a narrow layer, in two passes over its rows USED (three when the held-out predictions
-    at every alpha would not fit MEMORY); the rows' nonfinite mask (no fit when any is)."""
+    at every alpha would not fit MEMORY); the rows' nonfinite mask (no fit when any is). TRAINING (N, K): the rows
+    each fold trains on (by default the other folds')."""
     folds = int(fold.max()) + 1
+    training = training if training is not None else _others(fold)
     features = math.prod(dataset.shape[1:])
     moments = FoldMoments(folds, features, targets.shape[1], device)
     nonfinite = torch.zeros(len(used), dtype=torch.bool, device=device)
@@ -118,7 +123,7 @@ def fit_narrow(dataset: h5py.Dataset, used: np.ndarray, targets: torch.Tensor, f
         if bool(bad.any()):
             nonfinite[positions] |= bad
             continue
-        moments.add(rows, targets[positions], torch.as_tensor(fold[positions], device=device))
+        moments.add(rows, targets[positions], torch.as_tensor(~training[positions], device=device))
     if bool(nonfinite.any()):
         return [], nonfinite
     bases = []
@@ -134,15 +139,15 @@ def fit_narrow(dataset: h5py.Dataset, used: np.ndarray, targets: torch.Tensor, f
     groups = _alpha_groups(len(alphas), width, memory)
     for positions, rows in row_blocks(dataset, used, memory, device, advance, extra=width * 8 * 3):
         of_rows = torch.as_tensor(fold[positions], device=device)
+        trains = torch.as_tensor(training[positions], device=device)
         block_targets = targets[positions]
         for number, basis in enumerate(bases):
             projected = basis.project(rows)  # every row: the training ones' errors, the held-out ones' predictions
-            training = of_rows != number
-            held_out = (~training).nonzero().flatten()
+            held_out = (of_rows == number).nonzero().flatten()
             for group in groups:
                 fitted = basis.fitted(projected, alphas[group])
                 errors[number, group] += basis.loo_squared_errors(projected, block_targets, fitted, alphas[group],
-                                                                  training)
+                                                                  trains[:, number])
                 if held is not None and len(held_out):
                     held[torch.as_tensor(positions, device=device)[held_out], group] = fitted[held_out]
                 del fitted
@@ -192,24 +197,28 @@ def _third_pass(dataset, used, fold, bases: list[PrimalFold], alphas, chosen, me
 
 
 class FoldMoments:
-    """Per fold, the moments of its rows about a shift (the first block's mean: the sums stay small where the
-    features share a large offset): count, sums, X^T X, the targets' sums, X^T y; in float64."""
+    """The moments of all rows and, per fold, of the rows it does not train on (its own, and a gap's), about a
+    shift (the first block's mean: the sums stay small where the features share a large offset): count, sums,
+    X^T X, the targets' sums, X^T y; in float64. A fold's training moments are the difference."""
 
     def __init__(self, folds: int, features: int, targets: int, device: torch.device):
         zeros = dict(dtype=torch.float64, device=device)
-        self.counts = [0] * folds
-        self.sums = torch.zeros(folds, features, **zeros)
-        self.products = torch.zeros(folds, features, features, **zeros)
-        self.target_sums = torch.zeros(folds, targets, **zeros)
-        self.cross = torch.zeros(folds, features, targets, **zeros)
+        self.counts = [0] * (folds + 1)  # the last: all rows
+        self.sums = torch.zeros(folds + 1, features, **zeros)
+        self.products = torch.zeros(folds + 1, features, features, **zeros)
+        self.target_sums = torch.zeros(folds + 1, targets, **zeros)
+        self.cross = torch.zeros(folds + 1, features, targets, **zeros)
         self.shift: torch.Tensor | None = None
 
-    def add(self, rows: torch.Tensor, targets: torch.Tensor, fold: torch.Tensor) -> None:
+    def add(self, rows: torch.Tensor, targets: torch.Tensor, excluded: torch.Tensor) -> None:
+        """ROWS (b, D) with their TARGETS; EXCLUDED (b, K) bool: the folds each row does not train."""
         if self.shift is None:
             self.shift = rows.mean(0)
         rows = rows - self.shift
-        for number in torch.unique(fold).tolist():
-            mine = fold == number
+        everyone = torch.ones(len(rows), 1, dtype=torch.bool, device=rows.device)
+        for number, mine in enumerate(torch.cat([excluded, everyone], dim=1).T):
+            if not bool(mine.any()):
+                continue
             part, aims = rows[mine], targets[mine]
             self.counts[number] += len(part)
             self.sums[number] += part.sum(0)
@@ -218,15 +227,19 @@ class FoldMoments:
             self.cross[number] += part.T @ aims
 
     def fold_fit(self, number: int) -> PrimalFold:
-        """Fold NUMBER's fit: from the moments of every other fold (its training rows)."""
-        others = [index for index in range(len(self.counts)) if index != number]
-        count = sum(self.counts[index] for index in others)
-        offset = sum(self.sums[index] for index in others) / count  # the training mean less the shift
-        covariance = sum(self.products[index] for index in others)
+        """Fold NUMBER's fit: from the moments of its training rows (all rows' less those it excludes)."""
+        count = self.counts[-1] - self.counts[number]
+        offset = (self.sums[-1] - self.sums[number]) / count  # the training mean less the shift
+        covariance = self.products[-1] - self.products[number]
         covariance -= count * torch.outer(offset, offset)
-        mean_target = sum(self.target_sums[index] for index in others) / count
-        cross = sum(self.cross[index] for index in others) - count * torch.outer(offset, mean_target)
+        mean_target = (self.target_sums[-1] - self.target_sums[number]) / count
+        cross = self.cross[-1] - self.cross[number] - count * torch.outer(offset, mean_target)
         return PrimalFold.fit(count, self.shift + offset, mean_target, covariance, cross)
+
+
+def _others(fold: np.ndarray) -> np.ndarray:
+    """(N, K) bool: each fold trains on the other folds' rows."""
+    return fold[:, None] != np.arange(int(fold.max()) + 1)[None, :]
 
 
 def row_blocks(dataset: h5py.Dataset, used: np.ndarray, memory: int, device: torch.device,

@@ -40,7 +40,7 @@ from featdump.output.space import human_bytes, parse_bytes
 from featdump.readout import passes
 from featdump.readout.choices import DEFAULT_ALPHAS, DEFAULT_FOLDS
 from featdump.readout.delays import grid_step, parse_delays, sources
-from featdump.readout.folds import assign_folds, sparse_classes
+from featdump.readout.folds import assign_folds, sparse_classes, training_rows
 from featdump.readout.scores import MEASURES, layer_score
 from featdump.readout.targets import Targets, class_targets, numeric_targets
 
@@ -89,17 +89,19 @@ def probe(output: str | Path, layers: list[str] | str | None = None, folds: int 
 def encode(output: str | Path, targets: str | Path, layers: list[str] | str | None = None, folds: int = DEFAULT_FOLDS,
            alphas=DEFAULT_ALPHAS, per_target: bool = False, common: bool = False, seed: int = 0,
            memory: str | int = DEFAULT_MEMORY, device: str = "auto", to: str | Path | None = None,
-           overwrite: bool = False, progress: Progress | None = None, delays=None) -> dict[str, Readout]:
+           overwrite: bool = False, progress: Progress | None = None, delays=None,
+           gap: float | None = None) -> dict[str, Readout]:
     """A ridge encoding model from each of LAYERS of OUTPUT to TARGETS (a CSV/TSV with a path column and a column
     per target, an .npy in the output's row order, or FILE.h5:DATASET with its paths), rows matched by path (COMMON:
     the images both have); FOLDS seeded folds, alpha chosen by leave-one-out in each (one for all targets, or
     PER_TARGET). DELAYS ('1,2,3,4' steps of the clips' grid, or '1.5s,3s'): each layer's features at those
-    earlier onsets of the same video, stacked (FIR; zeros before a video's first row). TO: also written there
-    (ENC.h5), resumable layer by layer. {layer: Readout}."""
+    earlier onsets of the same video, stacked (FIR; zeros before a video's first row). GAP: seconds of a video left
+    out of a fold's training on both sides of its held-out stretch (default: the longest delay plus one step of the
+    grid). TO: also written there (ENC.h5), resumable layer by layer. {layer: Readout}."""
     stored = Stored.read(output)
     table = numeric_targets(stored, targets, common)
     return _read_out("encode", stored, table, layers, folds, alphas, per_target, seed, memory, device, to, overwrite,
-                     progress, delays)
+                     progress, delays, gap)
 
 
 def parse_alphas(alphas) -> np.ndarray:
@@ -150,13 +152,38 @@ def _delay_shifts(stored: Stored, table: Targets, delays) -> tuple[list[int], fl
     return steps, step, sources(paths, starts, steps, step)
 
 
+def _gapped(stored: Stored, table: Targets, fold: np.ndarray, videos: np.ndarray | None, steps: list[int],
+            step: float | None, gap: float | None) -> tuple[float, np.ndarray | None]:
+    """(the gap in seconds, the rows each fold trains on) for clip rows; (0, None) for images. The default gap is
+    the longest delay plus one step of the grid (one step without delays)."""
+    if videos is None:
+        if gap:
+            raise UsageProblem("--gap: the rows are images, not clips of videos on a time grid.")
+        return 0.0, None
+    starts = np.asarray(stored.clip_starts)[table.rows]
+    if gap is None:
+        try:
+            step = step or grid_step([stored.paths[row] for row in table.rows], starts)
+        except UsageProblem:  # one row a video: no stretch of time to leave a gap in
+            return 0.0, None
+        gap = (max(steps, default=0) + 1) * step
+    training = training_rows(fold, videos, starts, gap)
+    left_out = int((fold[:, None] != np.arange(training.shape[1])[None, :]).sum() - training.sum())
+    if left_out:
+        log.info("A gap of %g s on both sides of each held-out stretch: %d training rows left out over the folds.",
+                 gap, left_out)
+    return float(gap), training
+
+
 def _read_out(kind: str, stored: Stored, table: Targets, layers, folds: int, alphas, per_target: bool, seed: int,
               memory, device: str, to, overwrite: bool, progress: Progress | None,
-              delays=None) -> dict[str, Readout]:
+              delays=None, gap: float | None = None) -> dict[str, Readout]:
     names = stored.select(listed(layers))
     steps, step, shifts = _delay_shifts(stored, table, delays)
     grid, budget, place = parse_alphas(alphas), parse_bytes(memory), resolve_device(device)
-    fold = assign_folds(table.count, folds, seed, table.classes, _videos(stored, table, folds))
+    videos = _videos(stored, table, folds)
+    fold = assign_folds(table.count, folds, seed, table.classes, videos)
+    gap, training = _gapped(stored, table, fold, videos, steps, step, gap)
     sparse = sparse_classes(table.classes, table.columns, folds) if table.classes is not None else []
     if sparse:
         log.warning("%d class%s have fewer images than the %d folds (%s): some folds hold none of them.",
@@ -165,7 +192,8 @@ def _read_out(kind: str, stored: Stored, table: Targets, layers, folds: int, alp
     made_from = {"source": stored.identity(), "kind": kind, "targets": _digest(table), "layers": names,
                  "folds": folds, "seed": seed, "alphas": grid.tolist(), "per_target": per_target,
                  **({"folds_by": "video"} if stored.clip_starts is not None else {}),
-                 **({"delays": steps, "delay_step": step} if steps else {})}
+                 **({"delays": steps, "delay_step": step} if steps else {}),
+                 **({"gap": gap} if gap else {})}
     if to is not None and not overwrite and finished(Path(to), made_from):
         log.info("%s is finished already, made by this same command: nothing to do.", to)
         return read_readouts(Path(to), names)
@@ -180,7 +208,7 @@ def _read_out(kind: str, stored: Stored, table: Targets, layers, folds: int, alp
             if not results.has("", name):
                 results.commit("", name, values)
     progress = progress or NoProgress()
-    plan = _Plan(kind, stored, table, names, fold, grid, per_target, budget, place, paths, shifts)
+    plan = _Plan(kind, stored, table, names, fold, grid, per_target, budget, place, paths, shifts, training)
     return computed_into(results, progress, lambda: _fit_layers(plan, results, progress, sizes),
                          {"kind": kind, "layers": names})
 
@@ -200,6 +228,7 @@ class _Plan:
     device: torch.device
     paths: list[str]  # of the rows used
     shifts: np.ndarray | None = None  # the delays' source rows (`delays.sources`), or None
+    training: np.ndarray | None = None  # (N, K): the rows each fold trains on (`folds.training_rows`)
 
 
 def _fit_layers(plan: _Plan, results: Results | None, progress: Progress, sizes) -> dict[str, Readout]:
@@ -248,10 +277,12 @@ def _fit_layer(plan: _Plan, name: str, targets: torch.Tensor, alphas: torch.Tens
         clock = passes.FitClock(folds, lambda line: log.info("%s: %s.", name, line))
         if wide:
             fits, nonfinite = passes.fit_wide(dataset, stored.rows, table.rows, targets, fold, alphas,
-                                              plan.per_target, budget, place, advance, clock, plan.shifts)
+                                              plan.per_target, budget, place, advance, clock, plan.shifts,
+                                              plan.training)
         else:
             fits, nonfinite = passes.fit_narrow(dataset, table.rows, targets, fold, alphas, plan.per_target, budget,
-                                                place, advance, lambda line: log.info("%s: %s.", name, line), clock)
+                                                place, advance, lambda line: log.info("%s: %s.", name, line), clock,
+                                                plan.training)
     if bool(nonfinite.any()):
         bad = nonfinite.nonzero().flatten().tolist()
         raise UsageProblem(f"Layer {name} of {str(stored.path)!r} holds NaN or inf in {len(bad)} row"
