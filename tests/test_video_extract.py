@@ -351,6 +351,8 @@ def test_load_and_xarray_keep_the_clip_start_and_select_by_path_and_onset(videos
     chosen = labelled.sel(path="a/one.mkv", clip_start=1.0)
     np.testing.assert_array_equal(chosen.values, plain.features[row])
     assert labelled["clip_start"].attrs["units"] == "s"
+    info = run_featdump("info", output).stdout
+    assert f"rows:       {len(starts)} (clips of videos)" in info
 
 
 ALPHAS = np.logspace(-2, 6, 9)

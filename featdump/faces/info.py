@@ -107,6 +107,7 @@ def _file_info(output: Output) -> dict:
         "seed": int(attrs["seed"]) if "seed" in attrs else None,
         "complete": output.complete,
         "rows": committed.rows,
+        "row": "clip" if "clip_start" in output.file else "image",  # what a row is
         "images_done": committed.images,
         "image_count": fingerprint.get("image_count"),
         "layers": {name: _layer(output, name) for name in output.layers},
@@ -260,7 +261,7 @@ def describe(output: Path) -> list[str]:
         f"file:       {info['file']}",
         f"model:      {info['model']} (weights {info['weights']}, seed {info['seed']})",
         f"complete:   {'yes' if info['complete'] else 'no'}",
-        f"rows:       {info['rows']}",
+        f"rows:       {info['rows']}{' (clips of videos)' if info['row'] == 'clip' else ''}",
     ]
     if info["shard"]:
         index, count = info["shard"]
@@ -274,7 +275,7 @@ def describe(output: Path) -> list[str]:
     if info.get("job"):
         lines.append(stopped_line(info["job"]))
     if not info["complete"]:
-        lines.append(f"progress:   {info['images_done']} of {info['image_count'] or '?'} images done; "
+        lines.append(f"progress:   {info['images_done']} of {info['image_count'] or '?'} {info['row']}s done; "
                      "run the same extract command again to resume")
     lines.append("layers:")
     lines += [f"  {name}: {tuple(layer['shape'])} {layer['dtype']}{_reduction_note(layer)}{_added_note(layer)}"
