@@ -37,7 +37,7 @@ import torch
 from featdump.errors import UsageProblem
 from featdump.forward.device import exact_float32, free_memory
 from featdump.output.space import human_bytes
-from featdump.output.views import row_spans
+from featdump.output.views import read_span, sources
 
 _READ_BYTES = 16 * 1024**2  # a read call's size (rows x slab) when the chunks allow
 # Features per float32 product: its rounding grows with the length of the sums (here about 1e-7 relative at
@@ -287,15 +287,17 @@ def _read_slab(dataset: h5py.Dataset, picked: np.ndarray, slab: tuple[slice, ...
     chunk_rows = dataset.chunks[0] if dataset.chunks else 1
     step = max(chunk_rows, (_READ_BYTES // max(width * dataset.dtype.itemsize, 1)) // chunk_rows * chunk_rows)
     every = rows == 0 or int(picked[-1]) == rows - 1  # rows 0..ROWS-1: read straight into place
-    for start, stop in row_spans(dataset, 0, int(picked[-1]) + 1 if rows else 0, step):
-        if every and dataset.dtype == np.float32:
+    merged = bool(sources(dataset))  # a merged view: read from its shard files, one at a time
+    for start in range(0, int(picked[-1]) + 1 if rows else 0, step):
+        stop = min(start + step, int(picked[-1]) + 1)
+        if every and dataset.dtype == np.float32 and not merged:
             dataset.read_direct(view, np.s_[(slice(start, stop), *slab)], np.s_[start:stop])
-        elif every:  # float16 (or another type): read as stored, widened here
-            view[start:stop] = dataset[(slice(start, stop), *slab)]
+        elif every:  # float16 (or another type, or a view): read as stored, widened here
+            view[start:stop] = read_span(dataset, start, stop, slab)
         else:  # a span of the file, of which the rows picked are kept
             low, high = np.searchsorted(picked, [start, stop])
             if high > low:
-                view[low:high] = dataset[(slice(start, stop), *slab)][picked[low:high] - start]
+                view[low:high] = read_span(dataset, start, stop, slab)[picked[low:high] - start]
         advance((stop - start) * width * dataset.dtype.itemsize)
     return block
 

@@ -1,48 +1,58 @@
-"""Reading a merged view (virtual datasets over N shard files) in spans that open at most MAX_SOURCES shard files at
-once. HDF5 opens every source file a read touches, each with its own chunk cache, until the read ends: one read of
-a view of 1,000 shards held 1,000 files open and 1.1 GB, and 10,000 would pass the default `ulimit -n` of 1024.
-Every reader of rows (`featdump.load`, the Gram slabs of rdm/cka, the read-outs' row blocks) cuts its spans here."""
+"""Reading a merged view (virtual datasets over N shard files) one shard file at a time. HDF5 keeps every source file
+a virtual dataset has read open, each with its chunk cache, while the dataset stays open: a `featdump.load` of a
+view of 1,000 shards held 1,007 files open and 1.1 GB, and 10,000 shards would pass the default `ulimit -n` of
+1024. Every reader of rows (`featdump.load`, the Gram slabs of rdm/cka, the read-outs' row blocks) reads through
+`read_span`, which opens the shard files a span covers one after another, straight, and closes each."""
 
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import h5py
 import numpy as np
 
-MAX_SOURCES = 64  # shard files one read of a view may open
-_edges: dict[tuple, np.ndarray] = {}
+from featdump.output.layout import open_to_read
+
+_sources: dict[tuple, list[tuple[int, int, int, Path, str]]] = {}
 
 
-def source_starts(dataset: h5py.Dataset) -> np.ndarray | None:
-    """The first row of each source file of a virtual DATASET, sorted; None for a dataset that holds its rows."""
+def sources(dataset: h5py.Dataset) -> list[tuple[int, int, int, Path, str]]:
+    """A virtual DATASET's sources in row order: (first row, end row, the first row in the source, the source
+    file, the dataset in it); [] for a dataset that holds its rows."""
     if not dataset.is_virtual:
-        return None
+        return []
     key = (dataset.file.filename, dataset.name, os.stat(dataset.file.filename).st_mtime_ns)
-    if key not in _edges:
-        _edges[key] = np.sort([mapping.vspace.get_select_bounds()[0][0] for mapping in dataset.virtual_sources()])
-    return _edges[key]
+    if key not in _sources:
+        folder = Path(dataset.file.filename).parent
+        found = []
+        for mapping in dataset.virtual_sources():
+            (low, *_), (high, *_) = mapping.vspace.get_select_bounds()
+            whole = mapping.src_space.get_select_type() == h5py.h5s.SEL_ALL  # merge maps whole shards
+            source_low = 0 if whole else mapping.src_space.get_select_bounds()[0][0]
+            found.append((low, high + 1, source_low, folder / mapping.file_name, mapping.dset_name))
+        _sources[key] = sorted(found)
+    return _sources[key]
 
 
-def row_spans(dataset: h5py.Dataset, start: int, stop: int, step: int) -> list[tuple[int, int]]:
-    """[start, stop) cut into spans of at most STEP rows, each touching at most MAX_SOURCES source files."""
-    starts = source_starts(dataset)
-    spans, low = [], start
-    while low < stop:
-        high = min(low + max(step, 1), stop)
-        if starts is not None:
-            following = int(np.searchsorted(starts, low, side="right"))  # sources that begin after LOW
-            if following + MAX_SOURCES - 1 < len(starts):
-                high = min(high, int(starts[following + MAX_SOURCES - 1]))
-        spans.append((low, high))
-        low = high
-    return spans
+def read_span(dataset: h5py.Dataset, start: int, stop: int, part: tuple = ()) -> np.ndarray:
+    """Rows [START, STOP) of DATASET (PART: slices of a row), from the shard files directly when it is a merged
+    view (one open at a time), else through h5py."""
+    where = (slice(start, stop), *part)
+    found = sources(dataset)
+    if not found:
+        return dataset[where]
+    shape = tuple(len(range(*piece.indices(size))) for piece, size in zip(part, dataset.shape[1:]))
+    values = np.empty((stop - start, *shape, *dataset.shape[1 + len(part):]), dtype=dataset.dtype)
+    for low, high, source_low, path, name in found:
+        first, last = max(low, start), min(high, stop)
+        if first < last:
+            with open_to_read(path) as shard:
+                offset = source_low - low
+                values[first - start:last - start] = shard[name][(slice(first + offset, last + offset), *part)]
+    return values
 
 
 def read_rows(dataset: h5py.Dataset, rows: int) -> np.ndarray:
-    """DATASET's first ROWS rows in one array, read span by span."""
-    values = np.empty((rows, *dataset.shape[1:]), dtype=dataset.dtype)
-    for low, high in row_spans(dataset, 0, rows, rows):
-        if high > low:
-            dataset.read_direct(values, np.s_[low:high], np.s_[low:high])
-    return values
+    """DATASET's first ROWS rows in one array."""
+    return read_span(dataset, 0, rows)

@@ -23,7 +23,7 @@ import torch
 
 from featdump.analysis.gram import gram
 from featdump.output.space import human_bytes
-from featdump.output.views import row_spans
+from featdump.output.views import read_span
 from featdump.readout.delays import delayed_gram
 from featdump.readout.ridge import FoldFit, PrimalFold, choose, dual_fold
 
@@ -253,13 +253,13 @@ def row_blocks(dataset: h5py.Dataset, used: np.ndarray, memory: int, device: tor
     step = max(1, min(memory // 4, ROW_BLOCK_BYTES) // max(row_bytes + features * 8 * 3 + extra, 1))
     step = min(ROW_BLOCK_ROWS_AT_MOST, max(chunk, step // chunk * chunk))
     last = int(used[-1]) + 1
-    spans = row_spans(dataset, 0, last, step)
+    spans = [(start, min(start + step, last)) for start in range(0, last, step)]
 
     def read(span: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
         start, stop = span
         low, high = np.searchsorted(used, [start, stop])
         positions = np.arange(low, high)
-        block = dataset[start:stop].reshape(stop - start, features)[used[low:high] - start]
+        block = read_span(dataset, start, stop).reshape(stop - start, features)[used[low:high] - start]
         advance((stop - start) * row_bytes)
         return positions, block
 
