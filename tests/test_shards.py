@@ -285,3 +285,19 @@ def test_a_view_is_read_one_shard_file_at_a_time(folder, single, tmp_path):
         sampling.set()
         sampler.join()
     assert peak[0] - before <= 3, f"{peak[0] - before} files open at once"  # the view, a shard, xarray's own
+
+
+def test_a_merged_file_holds_the_attributes_of_10000_shards(tmp_path):
+    """10,000 shards' sizes (80 KB) and names passed the 64 KiB an attribute may take in HDF5's old format: the merge
+    failed with "object header message is too large". The merged file is made in a format that holds them."""
+    from featdump.output.merge import new_merged_file
+
+    with new_merged_file(tmp_path / "merged.h5", None) as merged:
+        merged.attrs["merged_sizes"] = np.arange(10_000, dtype=np.int64)
+        merged.attrs["merged_from"] = np.array([f"out.shard-{index}-of-10000.h5" for index in range(10_000)],
+                                               dtype=h5py.string_dtype())
+    with h5py.File(tmp_path / "merged.h5", "r") as merged:
+        assert merged.attrs["merged_sizes"][-1] == 9_999
+    netcdf4 = pytest.importorskip("netCDF4")
+    with netcdf4.Dataset(tmp_path / "merged.h5") as opened:
+        assert "merged_sizes" in opened.ncattrs()

@@ -92,7 +92,7 @@ def merge(output: Path, pattern: str | None = None, copy: bool = False, overwrit
     with OutputLock.acquire(output, overwrite or _a_merged_view(output)) as lock:
         partial = partial_path(output)
         try:
-            merged = h5py.File(partial, "w", locking=lock.hdf5_locking)
+            merged = new_merged_file(partial, lock.hdf5_locking)
             try:
                 _write_merged(merged, output, shards, summaries, fingerprint, copy)
             finally:
@@ -102,6 +102,13 @@ def merge(output: Path, pattern: str | None = None, copy: bool = False, overwrit
             partial.unlink(missing_ok=True)
             raise write_error(partial, error, None) from error
     return output
+
+
+def new_merged_file(path: Path, locking: bool | None) -> h5py.File:
+    """PATH created for a merge in HDF5's 1.8 format, which stores attributes past 64 KiB (10,000 shards' sizes
+    alone take 80 KB; the old format's limit failed such a merge); netCDF-4 and every HDF5 reader since 2008 open
+    it."""
+    return h5py.File(path, "w", locking=locking, libver="v108")
 
 
 def _a_merged_view(output: Path) -> bool:
