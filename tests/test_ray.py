@@ -38,6 +38,7 @@ def assert_same_rows(got: dict, expected: dict) -> None:
         np.testing.assert_array_equal(got[layer], expected[layer])
 
 
+@pytest.mark.slow  # a real Ray cluster: its start and its workers' imports take 20 s and more
 def test_more_shards_than_workers_on_a_local_cluster_merge_into_the_single_run(images, tmp_path):
     folder, expected = images
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)  # a cluster of 2 CPUs, started here

@@ -399,6 +399,7 @@ def test_encode_with_delays_equals_ridge_cv_on_the_delayed_design_and_its_folds(
     assert refused.returncode == 2 and "not a whole number of the rows' steps (0.1 s)" in refused.stderr
 
 
+@pytest.mark.slow  # three films through resnet18's layer2 and layer4
 def test_with_delays_the_layer_planted_behind_a_haemodynamic_lag_wins(tmp_path):
     """BOLD made of layer4's features 2 and 3 steps earlier, through a random mixing, plus noise: with delays, layer4
     explains it better than layer2 does, and better than layer4 without delays."""

@@ -223,6 +223,6 @@ def test_the_default_batch_of_large_clips_fits_a_laptop_and_says_so(film, tmp_pa
     assert 16 <= size <= 32 and "(not 64): a clip takes about 79 MB in the forward" in said, said
     with h5py.File(output, "r") as h5file:
         assert __import__("json").loads(h5file.attrs["settings"])["batch_size"] == size
-    given = run_featdump("extract", "-m", "r3d_18", "-w", "none", "-l", "layer1", "--reduce", "avgpool", "-b", "64",
-                         "--overwrite", film, output)
-    assert given.returncode == 0 and "Batch size" not in given.stderr
+    given = runner._sized(runner.Settings(model="r3d_18", layers=("layer1",), images=film, output=output,
+                                          batch_size=64), None, "clip")
+    assert given.batch_size == 64  # -b as given: no estimate made
