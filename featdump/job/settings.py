@@ -55,6 +55,11 @@ def _cache_folder(text: str) -> None:
         raise BadOption(f"--compile-cache {text!r}: give a folder (made if missing) for torch.compile's caches.")
 
 
+def _scratch_folder(text: str) -> None:
+    if not text.strip() or Path(text).expanduser().is_file():
+        raise BadOption(f"--scratch {text!r}: give a folder (made if missing) on a local disk.")
+
+
 @dataclass(frozen=True)
 class Settings:
     """What to extract, from what, into where, and how."""
@@ -134,7 +139,7 @@ class Settings:
                           "5xx, throttling), with backoff, before the job stops (exit 75) keeping its rows.",
         minimum=0, metavar="SECONDS")
     scratch: str | None = option(
-        kind=str, optional=True, metavar="DIR",
+        kind=str, optional=True, metavar="DIR", syntax=_scratch_folder,
         help="Local folder where an OUTPUT at a URL (s3://, gs://, ...) is written, with every guarantee of a local "
              "run, before its upload (the run's completion); a retry finds its partial file there.  [default: "
              "FEATDUMP_SCRATCH, else the temp folder, + /featdump-scratch]")
