@@ -48,6 +48,7 @@ def manual_avgpool(paths) -> np.ndarray:
         return model(batch).numpy()
 
 
+@pytest.mark.slow  # one of the quick suite's heaviest; its capability has quicker tests too
 def test_fast_decode_is_close_and_exact_path_unchanged(photos, tmp_path):
     exact_out, fast_out = tmp_path / "exact.h5", tmp_path / "fast.h5"
     for output, extra in ((exact_out, []), (fast_out, ["--fast-decode"])):

@@ -95,6 +95,7 @@ def test_mobilenet_v3_inplace_hardswish_victim(tmp_path, images):
     assert_features_equal(features, {"features.0.1": bn})
 
 
+@pytest.mark.slow  # one of the quick suite's heaviest; its capability has quicker tests too
 def test_vit_b_16_encoder_layers(tmp_path, images):
     layers = ["encoder.layers.encoder_layer_11", "encoder.ln"]
     paths, features = extract_and_read(tmp_path, images, "vit_b_16", layers, batch_size=2)

@@ -227,6 +227,7 @@ def test_at_is_the_embedding_the_model_exists_for(saved):
     assert several.exit_code == 2 and "select one: @last_hidden_state, @pooler_output" in several.output
 
 
+@pytest.mark.slow  # one of the quick suite's heaviest; its capability has quicker tests too
 def test_open_clip_block_equals_a_manual_hook_and_at_equals_encode_image(tmp_path):
     open_clip = pytest.importorskip("open_clip", reason="open_clip is not installed (pip install "
                                                         "'featdump[open_clip]')")

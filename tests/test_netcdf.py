@@ -284,6 +284,7 @@ def test_a_layer_named_label_keeps_its_name_and_the_rows_keep_their_path(tmp_pat
     assert list(featdump.load(output, "label", xarray=True)["label"].values) == [0, 0, 0]
 
 
+@pytest.mark.slow  # one of the quick suite's heaviest; its capability has quicker tests too
 def test_token_sequences_and_channels_last_maps_are_named_so(tmp_path):
     with user_project(tmp_path, "tinyvit", TINY_VIT, {"": 2}) as project:
         result = run_featdump("extract", "-m", "tinyvit:build", "--transform", "tinyvit:small", "-w", "none", "-l",

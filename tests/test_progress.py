@@ -52,6 +52,7 @@ def test_info_on_a_running_job_then_on_the_finished_file(tmp_path):
     assert not (tmp_path / "out.h5.progress.json").exists()
 
 
+@pytest.mark.slow  # one of the quick suite's heaviest; its capability has quicker tests too
 def test_info_after_a_sigkill_says_stopped_and_how_to_resume(tmp_path):
     images, output = tmp_path / "images", tmp_path / "out.h5"
     write_images(images, {"a": 12})

@@ -229,6 +229,7 @@ def test_errors_are_per_row_and_non_finite_only_where_the_reference_is_finite():
     assert bound(["cuda"], 0.5) == pytest.approx(1e-3)  # nothing emulated: the fixed bound alone
 
 
+@pytest.mark.slow  # one of the quick suite's heaviest; its capability has quicker tests too
 def test_shards_and_updates_record_their_own_proof(tmp_path):
     images = tmp_path / "images"
     write_images(images, {"a": 6, "b": 6}, seed=4)
@@ -300,6 +301,7 @@ def test_a_one_percent_error_on_one_channel_is_caught_where_bf16_s_own_error_is_
                               "value on average in channel 0, beyond the "), message
 
 
+@pytest.mark.slow  # one of the quick suite's heaviest; its capability has quicker tests too
 def test_a_fault_in_a_later_batch_keeps_its_rows_and_names_overwrite(tmp_path):
     """70 images in batches of 64: the second batch's copy is shifted; its sampled rows stop the run with the first
     batch committed, and the message's way out (another precision, with --overwrite) runs."""

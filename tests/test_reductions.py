@@ -126,6 +126,7 @@ def test_srp_and_per_layer_rules_are_the_same_whatever_the_batch_size_and_after_
             np.testing.assert_allclose(values, expected[name], rtol=1e-5, atol=1e-5 * np.abs(expected[name]).max())
 
 
+@pytest.mark.slow  # one of the quick suite's heaviest; its capability has quicker tests too
 def test_channels_are_the_slice_of_the_whole_output(images, tmp_path):
     whole_map, part = tmp_path / "whole.h5", tmp_path / "part.h5"
     extract(settings_for(images, whole_map, layers=("layer4",), batch_size=32))

@@ -81,6 +81,7 @@ def test_a_prefix_is_read_as_the_folder_it_was_uploaded_from(images, store_env, 
     assert again.returncode == 0 and "Nothing new:" in again.stderr, again.stderr  # same listing, same identities
 
 
+@pytest.mark.slow  # one of the quick suite's heaviest; its capability has quicker tests too
 def test_tar_urls_by_brace_patterns_joined_with_colons(images, store_env, tmp_path):
     root, folder = images
     output = tmp_path / "out.h5"
@@ -385,6 +386,7 @@ def _noise_tar(path, seed: int, flip: bool) -> None:
                 archive.addfile(info, io.BytesIO(data))
 
 
+@pytest.mark.slow  # one of the quick suite's heaviest; its capability has quicker tests too
 def test_a_tar_rebuilt_at_a_web_server_to_the_same_size_and_time_is_read_anew(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     served, tar = tmp_path / "served", tmp_path / "served" / "shard.tar"

@@ -211,6 +211,7 @@ def test_kill_and_resume_in_the_middle_of_a_shard(packed, folder_run, tmp_path):
     assert_rows_equal_the_folder(content, folder_run)
 
 
+@pytest.mark.slow  # one of the quick suite's heaviest; its capability has quicker tests too
 def test_shards_split_by_whole_tars_and_merge_equal_one_run(packed, folder_run, tmp_path):
     output = tmp_path / "out.h5"
     for index in range(2):
@@ -225,6 +226,7 @@ def test_shards_split_by_whole_tars_and_merge_equal_one_run(packed, folder_run, 
     assert_rows_equal_the_folder(merged, folder_run)
 
 
+@pytest.mark.slow  # one of the quick suite's heaviest; its capability has quicker tests too
 def test_update_after_a_fifth_tar(packed, tmp_path):
     shards = tmp_path / "shards"
     shutil.copytree(packed / "shards", shards)

@@ -137,7 +137,8 @@ def test_a_quantized_model_s_rows_are_its_dequantized_outputs_on_the_cpu(photos,
     ("lraspp_mobilenet_v3_large", "classifier", {"shapes": [[21, 65, 65]], "per_image": True}),
     ("fasterrcnn_mobilenet_v3_large_320_fpn", "roi_heads", {"per_image": False}),
     ("quantized_resnet18", "layer4", {"shapes": [[512, 7, 7]], "per_image": True}),
-    ("raft_small", "context_encoder", {"shapes": [[160, 30, 40]], "per_image": True}),
+    pytest.param("raft_small", "context_encoder", {"shapes": [[160, 30, 40]], "per_image": True},
+                 marks=pytest.mark.slow),  # RAFT's dry forwards: the quick suite's heaviest listing
     ("r3d_18", "layer2", {"shapes": [[128, 8, 28, 28]], "per_image": True}),
 ])
 def test_list_layers_for_a_model_of_each_task(name, path, expected):

@@ -143,6 +143,7 @@ def test_a_tar_member_named_twice_is_no_stale_row(tmp_path):
     assert again.returncode == 0 and "stale" not in again.stderr, again.stderr
 
 
+@pytest.mark.slow  # one of the quick suite's heaviest; its capability has quicker tests too
 def test_update_over_a_list_file_keeps_its_labels_and_refuses_shards(tmp_path):
     names = write_images(tmp_path / "pool", {"": 5}, size=(40, 32))
     listing, output = tmp_path / "list.csv", tmp_path / "out.h5"

@@ -121,6 +121,7 @@ def rows_by_clip(path) -> dict:
                 zip(h5file["features/avgpool"][:], keys)}
 
 
+@pytest.mark.slow  # one of the quick suite's heaviest; its capability has quicker tests too
 def test_update_adds_a_new_video_s_clips_and_shards_merge_to_one_run(videos, tmp_path):
     folder = tmp_path / "films"
     (folder / "a").mkdir(parents=True)
@@ -192,6 +193,7 @@ def test_encode_takes_targets_keyed_by_path_and_clip_start(videos, tmp_path):
     np.testing.assert_allclose(keyed.predicted, ordered.predicted, rtol=1e-12)
 
 
+@pytest.mark.slow  # one of the quick suite's heaviest; its capability has quicker tests too
 def test_a_bf16_run_on_clips_records_its_proof(videos, tmp_path):
     """CPU autocast bf16 on clip rows: the proof recomputes its sample of clips on the reference path."""
     import json
@@ -301,6 +303,7 @@ def test_a_folder_of_images_and_videos_takes_the_images_and_says_so(videos, tmp_
     assert "images and 1 videos (a/one.mkv, ...): the images are the rows" in result.stderr
 
 
+@pytest.mark.slow  # one of the quick suite's heaviest; its capability has quicker tests too
 def test_spacepool_keeps_a_video_layer_s_time_axis(videos, tmp_path):
     """--reduce spacepool on r3d_18's layer2: (128, T) equal to the whole map's mean over y and x, named channel
     and time; on an image layer it is refused in one line."""

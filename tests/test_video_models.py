@@ -146,6 +146,7 @@ def test_clips_of_frames_for_an_image_model_are_refused_in_one_line(film, tmp_pa
     assert "Traceback" not in result.stderr
 
 
+@pytest.mark.slow  # one of the quick suite's heaviest; its capability has quicker tests too
 def test_optical_flow_rows_are_raft_s_last_estimate_for_each_pair_of_frames(tmp_path):
     """raft_small on a video: clips of 2 frames (its own), back to back at the video's rate; a row is the last
     flow estimate between them, at the video's size cropped to multiples of 8."""

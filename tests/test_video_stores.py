@@ -70,6 +70,7 @@ def test_videos_in_tars_on_disk_equal_the_folder_run(stored_videos, tmp_path):
     assert_same_rows(rows_of(output), folder, member_path)
 
 
+@pytest.mark.slow  # one of the quick suite's heaviest; its capability has quicker tests too
 def test_videos_at_a_store_prefix_and_in_tars_in_a_store_equal_the_folder_run(stored_videos, store_env, tmp_path):
     _, folder = stored_videos
     for source, name in (("s3://movies/set/", lambda path: path),
