@@ -309,6 +309,7 @@ def test_a_missing_or_empty_fit_set_names_pca_fit(images, tmp_path):
         assert result.exit_code == 2 and result.stderr.startswith(f"Error: {message}"), result.stderr
 
 
+@pytest.mark.slow  # one of the quick suite's heaviest; its capability has quicker tests too
 def test_an_srp_seed_is_recorded_in_one_canonical_form(images, tmp_path):
     output = extract(settings_for(images, tmp_path / "seeded.h5", layers=("avgpool",), reduce=("srp:64:007",)))
     with h5py.File(output.output) as h5file:

@@ -223,6 +223,7 @@ def test_a_missing_package_and_missing_credentials_are_refused_with_the_way_out(
     assert no_credentials.returncode == 2 and "NoCredentialsError" in no_credentials.stderr  # not retried
 
 
+@pytest.mark.slow  # one of the quick suite's heaviest; its capability has quicker tests too
 def test_update_appends_the_objects_added_under_the_prefix(images, store_env, tmp_path):
     root, _ = images
     write_images(tmp_path / "grown", {"cats": 3, "dogs": 3}, size=(40, 32))

@@ -251,6 +251,7 @@ def test_update_after_a_fifth_tar(packed, tmp_path):
     assert output.stat().st_mtime_ns == before  # decided read-only: the file untouched
 
 
+@pytest.mark.slow  # one of the quick suite's heaviest; its capability has quicker tests too
 def test_fast_decode_and_the_gpu_jpeg_path_read_tars_as_they_read_files(packed, tmp_path):
     folder, tars = find_images(packed / "images"), find_images(packed / "shards" / "*.tar")
     assert [member_path(path) for path in tars.paths] == list(folder.paths)
