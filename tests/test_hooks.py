@@ -13,12 +13,13 @@ from featdump.reductions.methods import bind, snapshot
 from featdump.sources.tokens import TokenLayout
 
 
-def take(reduce: str, dtype: str, shape: tuple[int, ...]):
-    """The snapshot of a batch-first layer of per-image SHAPE reduced with REDUCE, stored as DTYPE."""
+def take(reduce: str, shape: tuple[int, ...]):
+    """The snapshot of a batch-first layer of per-image SHAPE reduced with REDUCE (float32 out: the storage dtype's
+    cast is `output.storage`'s)."""
     return snapshot(0, 1, bind(reduce, "x", shape))
 
 
-def copies(layers, reduce="none", dtype="float32"):
+def copies(layers, reduce="none"):
     """Each layer's snapshot, as the runner makes them."""
     return {layer.name: snapshot(layer.batch_dim, layer.fold, bind(reduce, layer.name, layer.shape))
             for layer in layers}
@@ -49,9 +50,9 @@ class CountingLinear(nn.Linear):
         return super().forward(x)
 
 
-def capture_for(model, selectors, reduce="none", dtype="float32", stop_early=True):
+def capture_for(model, selectors, reduce="none", stop_early=True):
     layers = resolve(selectors, probe(model, (4,)), "net")
-    return Capture(model, layers, copies(layers, reduce, dtype), stop_early=stop_early)
+    return Capture(model, layers, copies(layers, reduce), stop_early=stop_early)
 
 
 def test_captures_are_copies_untouched_by_later_inplace_ops():
@@ -119,7 +120,7 @@ def test_reductions(reduce, shape, expected):
 
 def test_snapshot_never_returns_a_view():
     x = torch.randn(2, 3)
-    out = take("none", "float32", (3,))(x)
+    out = take("none", (3,))(x)
     x.zero_()
     assert out.abs().sum() > 0
 
