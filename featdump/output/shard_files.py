@@ -31,14 +31,19 @@ def shard_count(output: Path, pattern: str | None = None) -> int:
     """N, from the names of OUTPUT's shard files (finished or partial); ShardProblem when there are none, or
     shards of different counts."""
     template = Path(shard_pattern(output, pattern))
-    counts = shard_counts(output, pattern)
+    return the_count(shard_counts(output, pattern), str(output), template.name,
+                     str(output.parent / template.parent))
+
+
+def the_count(counts: set[int], output: str, looked_for: str, where: str) -> int:
+    """The one N among COUNTS (the shard files' names found in WHERE); ShardProblem when there is none or more."""
     if not counts:
-        raise ShardProblem(f"No shards of {str(output)!r} found (looked for {template.name} in "
-                           f"{str(output.parent / template.parent)!r}); run the sharded extract first.")
+        raise ShardProblem(f"No shards of {output!r} found (looked for {looked_for} in {where!r}); run the sharded "
+                           "extract first.")
     if len(counts) > 1:
-        raise ShardProblem(f"Shards of {str(output)!r} from runs with different shard counts ({sorted(counts)}) "
-                           "lie side by side; remove the ones of the other run.")
-    return counts.pop()
+        raise ShardProblem(f"Shards of {output!r} from runs with different shard counts ({sorted(counts)}) lie "
+                           f"side by side in {where!r}; remove the ones of the other run.")
+    return min(counts)
 
 
 def shard_counts(output: Path, pattern: str | None = None) -> set[int]:

@@ -13,7 +13,7 @@ from featdump.errors import ShardProblem
 from featdump.inputs.stores import Patience, parent_of
 from featdump.output import remote
 from featdump.output.merge import merge
-from featdump.output.shard_files import counts_among, shard_path, shard_pattern
+from featdump.output.shard_files import counts_among, shard_path, shard_pattern, the_count
 
 log = logging.getLogger("featdump")
 _DOWNLOADS = 8  # shards copied at once
@@ -23,14 +23,7 @@ def store_shards(url: str, pattern: str | None, patience: Patience) -> tuple[int
     """(N, the shards' URLs, the indices missing in the store) of the output at URL, from one listing."""
     name = Path(url.rstrip("/").rsplit("/", 1)[1])
     names = remote.names_in_store(parent_of(url), patience)
-    counts = counts_among(names, name, pattern)
-    if not counts:
-        raise ShardProblem(f"No shards of {url!r} in the store (looked for {shard_pattern(name, pattern)} in "
-                           f"{parent_of(url)}); run the sharded extract first.")
-    if len(counts) > 1:
-        raise ShardProblem(f"Shards of {url!r} from runs with different shard counts ({sorted(counts)}) lie side "
-                           "by side in the store; remove the ones of the other run.")
-    count = counts.pop()
+    count = the_count(counts_among(names, name, pattern), url, shard_pattern(name, pattern), parent_of(url))
     shard_names = [shard_path(name, index, count, pattern).name for index in range(count)]
     present = set(names)
     return count, [remote.store_twin(Path(shard), url) for shard in shard_names], \
