@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from featdump.errors import FeatdumpError, StoreUnavailable, UsageProblem
 from featdump.inputs.stores import Patience, is_url
-from featdump.job import runner, staging
+from featdump.job import runner, staging, warm
 from featdump.job.report import NoProgress, Progress
 from featdump.job.settings import Settings
 from featdump.output.merge import merge
@@ -151,7 +151,8 @@ def _merge(settings: Settings):
 def _run_shard(settings: Settings, board, index: int) -> dict:
     """One shard's task on a Ray worker: the process's run of SETTINGS (its --shard set), reporting to BOARD."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s featdump INFO: %(message)s")
-    summary = staging.extract(settings, _BoardProgress(board, index))
+    with warm.kept_warm():  # the worker's next shard of this job reuses its rows, model and probe
+        summary = staging.extract(settings, _BoardProgress(board, index))
     return {"rows": summary.rows, "new": summary.new_rows if summary.processed else 0,
             "images": summary.rows + summary.skipped}
 

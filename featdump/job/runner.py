@@ -39,7 +39,7 @@ from featdump.inputs.gpu_decode import to_device_inputs
 from featdump.inputs.loader import Batch, batches_of, make_loader
 from featdump.inputs.preprocess import Preprocess
 from featdump.inputs.workers import choose_workers
-from featdump.job import fitting, updating
+from featdump.job import fitting, updating, warm
 from featdump.job.proof import (
     Emulation,
     Proof,
@@ -166,8 +166,10 @@ def extract(settings: Settings, progress: Progress | None = None) -> Summary:
 
 def job_rows(settings: Settings) -> ImageList:
     """The rows of the whole job SETTINGS describes (every shard's): its images, or its videos' clips."""
-    return as_rows(find_images(settings.images, patience=Patience(settings.store_patience)), settings.clip,
-                   settings.fps, settings.clip_every, clip_of(settings.model))
+    key = (str(settings.images), settings.clip, settings.fps, settings.clip_every, settings.model)
+    return warm.shared("rows", key, lambda: as_rows(
+        find_images(settings.images, patience=Patience(settings.store_patience)), settings.clip, settings.fps,
+        settings.clip_every, clip_of(settings.model)))
 
 
 def _plan(settings: Settings) -> Plan:
@@ -364,7 +366,8 @@ def _dataset_spec(layer: Layer, reduction: Reduction | None, dtype: str, layout:
 def _prepare_model(settings: Settings, device: torch.device, images: ImageList) -> Model:
     """The loaded model on DEVICE, its split preprocessing (of IMAGES' clips, for a video job), the validated
     layers and their datasets."""
-    loaded = load_model(settings.model, settings.weights, settings.seed, settings.transform, settings.trust_pickle)
+    key = (settings.model, settings.weights, settings.seed, settings.transform, settings.trust_pickle)
+    loaded = warm.loaded_model(key, lambda: load_model(*key))
     proved = (settings.proof and _departures(settings, device)) or settings.precision != "fp32"  # bf16/fp16: watched
     reference = reference_copy(loaded.module) if proved else None
     preprocess = preprocess_for(loaded, images, settings.fast_decode)
@@ -374,7 +377,9 @@ def _prepare_model(settings: Settings, device: torch.device, images: ImageList) 
     if settings.fast_decode and preprocess.draft is None:
         log.warning("--fast-decode needs a resize in the preprocessing; decoding every image whole.")
     try:
-        infos = probe(loaded.module, preprocess.input_shape, loaded.rows_within, loaded.stated_axes)
+        infos = warm.shared("probe", (key, str(device), settings.precision, memory_format, preprocess.input_shape),
+                            lambda: probe(loaded.module, preprocess.input_shape, loaded.rows_within,
+                                          loaded.stated_axes))
     except ModelFailed:
         preprocess.check_one_size(_preprocessing_name(settings))  # the likelier cause, said instead
         raise
