@@ -1,6 +1,6 @@
-"""A warm worker (`job.warm`, what a Ray worker runs its shards in): the job's rows, its model and its probe are made
-once for many shards, each shard runs its own copy of the model, and the merged rows equal a single run's. Outside
-it, every run builds anew (a factory changed between two runs is seen)."""
+"""A warm worker (`job.warm`, what a Ray worker runs its shards in): the job's rows, its model, its probe and the
+check of its pruned graph are made once for many shards, each shard runs its own copy of the model, and the rows
+equal cold shards'. Outside it, every run builds anew (a factory changed between two runs is seen)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import importlib
 
 import numpy as np
 
+from featdump.forward.hooks import Capture
 from featdump.job import staging, warm
 from featdump.output.merge import merge
 
@@ -34,15 +35,18 @@ def run_shards(images, output, count: int) -> None:
                                      shard=f"{index}/{count}"))
 
 
-def test_a_warm_worker_builds_once_and_its_shards_equal_cold_ones(tmp_path):
+def test_a_warm_worker_builds_once_and_its_shards_equal_cold_ones(tmp_path, monkeypatch):
+    checks = []
+    agrees = Capture._agrees
+    monkeypatch.setattr(Capture, "_agrees", lambda capture, pruned: checks.append(1) or agrees(capture, pruned))
     with user_project(tmp_path, "warmnet", FACTORY.replace("WIDTH", "5"), {"a": 5, "b": 4}) as project:
         import warmnet
 
         run_shards(project / "images", tmp_path / "cold.h5", 3)
-        assert len(warmnet.BUILDS) == 3
+        assert len(warmnet.BUILDS) == 3 and len(checks) == 3
         with warm.kept_warm():
             run_shards(project / "images", tmp_path / "warm.h5", 3)
-        assert len(warmnet.BUILDS) == 4  # three more shards, one build
+        assert len(warmnet.BUILDS) == 4 and len(checks) == 4  # three more shards, one build, one graph check
         cold, hot = (read_output(merge(tmp_path / name)) for name in ("cold.h5", "warm.h5"))
         assert hot["paths"] == cold["paths"] and len(cold["paths"]) == 9
         for layer in ("1", "4"):  # "1" is an in-place ReLU's: a shard's hooks left on a shared model would show

@@ -24,17 +24,20 @@ class Capture:
     in-place operations later in the forward cannot change it. Calls of a module are counted per forward, so
     `NAME:K` picks its K-th call. With STOP_EARLY, the forward ends as soon as the last capture is taken.
     With PRUNE, a traced graph that skips all work the layers do not need replaces the hooks when the
-    model traces and the graph's outputs equal the hooks' on EXAMPLE (a batch of inputs).
+    model traces and the graph's outputs equal the hooks' on EXAMPLE (a batch of inputs), or without that check
+    when the same graph of a copy of this model was checked already (CHECKED: a warm worker's earlier shard).
     The model runs in eval mode under torch.inference_mode(); hooks are removed and the model's
     training flag restored on exit, also on error.
     """
 
     def __init__(self, model: nn.Module, layers: list[Layer], snapshots: Mapping[str, Snapshot],
-                 stop_early: bool = True, prune: bool = False, example: torch.Tensor | None = None):
+                 stop_early: bool = True, prune: bool = False, example: torch.Tensor | None = None,
+                 checked: bool = False):
         self._model = model
         self._layers = layers
         self._prune = prune
         self._example = example
+        self._checked = checked
         self._pruned = None
         self.strategy = "hooks"  # or "graph" once a pruned graph is checked and in use ("compiled graph")
         self._snapshots = snapshots
@@ -77,18 +80,24 @@ class Capture:
             log.info("No pruned graph: the model does not trace (%s); capturing with hooks, the forward stops once the "
                      "last layer asked has run.", first_sentence(error))
             return
-        if self._example is None:
+        if not (self._checked or self._agrees(pruned)):
             return
-        expected = self.run(self._example)
         self._remove_hooks()
-        with torch.inference_mode():
-            agree = same_outputs(pruned(self._example), expected)
-        if not agree:
-            log.debug("Capturing with hooks: the traced graph's outputs differ from the hooks'.")
-            self._add_hooks()
-            return
         self._pruned, self.strategy = pruned, "graph"
         log.debug("Capturing with a traced graph that computes only what the layers need.")
+
+    def _agrees(self, pruned) -> bool:
+        """Whether PRUNED gives what the hooks give on the example (no example: not known, not used)."""
+        if self._example is None:
+            return False
+        expected = self.run(self._example)
+        self._remove_hooks()  # the graph calls the hooked modules
+        with torch.inference_mode():
+            agree = same_outputs(pruned(self._example), expected)
+        self._add_hooks()
+        if not agree:
+            log.debug("Capturing with hooks: the traced graph's outputs differ from the hooks'.")
+        return agree
 
     @property
     def graph(self):

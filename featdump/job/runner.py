@@ -299,9 +299,14 @@ def _fill(writer: FeatureWriter, images: ImageList, settings: Settings, model: M
                             {name: list(spec.shape) for name, spec in model.specs.items()}, task)
     try:
         example = torch.randn((2, *model.preprocess.input_shape), generator=torch.Generator().manual_seed(0))
+        graph_key = (_model_key(settings), tuple(model.chosen.items()), str(model.device), settings.precision,
+                     model.memory_format, model.preprocess.input_shape)
         capture = Capture(model.loaded.module, model.layers, model.snapshots(), prune=True,
-                          example=example.to(model.device).contiguous(memory_format=model.memory_format))
+                          example=example.to(model.device).contiguous(memory_format=model.memory_format),
+                          checked=warm.known("graph checked", graph_key))
         with StopSignals() as stop, capture:
+            if capture.strategy == "graph":
+                warm.note("graph checked", graph_key)
             cache = Path(settings.compile_cache) if settings.compile_cache else None
             compiled = compile_capture(capture, cache, _compiled_from(settings, model), waiting_lock) \
                 if settings.compile else None
@@ -363,10 +368,15 @@ def _dataset_spec(layer: Layer, reduction: Reduction | None, dtype: str, layout:
                        reduction.attributes, reduction.fit, axes)
 
 
+def _model_key(settings: Settings) -> tuple:
+    """What the loaded model is made of (a warm worker's key for it, its probe and its checked graph)."""
+    return settings.model, settings.weights, settings.seed, settings.transform, settings.trust_pickle
+
+
 def _prepare_model(settings: Settings, device: torch.device, images: ImageList) -> Model:
     """The loaded model on DEVICE, its split preprocessing (of IMAGES' clips, for a video job), the validated
     layers and their datasets."""
-    key = (settings.model, settings.weights, settings.seed, settings.transform, settings.trust_pickle)
+    key = _model_key(settings)
     loaded = warm.loaded_model(key, lambda: load_model(*key))
     proved = (settings.proof and _departures(settings, device)) or settings.precision != "fp32"  # bf16/fp16: watched
     reference = reference_copy(loaded.module) if proved else None

@@ -42,6 +42,17 @@ def shared(kind: str, key: tuple, make: Callable[[], Made]) -> Made:
     return _kept[kind][1]
 
 
+def known(kind: str, key: tuple) -> bool:
+    """Whether KIND (a fact: "the graph was checked") was noted for KEY earlier in this warm process."""
+    return _warm and kind in _kept and _kept[kind][0] == key
+
+
+def note(kind: str, key: tuple) -> None:
+    """Note KIND for KEY (while warm), for `known`."""
+    if _warm:
+        _kept[kind] = (key, True)
+
+
 def loaded_model(key: tuple, load: Callable[[], Made]) -> Made:
     """A LoadedModel as LOAD() makes it for KEY: while warm, a copy of its module from the one loaded before."""
     loaded = shared("model", key, load)
