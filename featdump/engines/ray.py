@@ -16,7 +16,6 @@ from dataclasses import dataclass
 
 from featdump.errors import FeatdumpError, StoreUnavailable, UsageProblem
 from featdump.inputs.stores import Patience, is_url
-from featdump.job import runner, staging, warm
 from featdump.job.report import NoProgress, Progress
 from featdump.job.settings import Settings
 from featdump.output.merge import merge
@@ -67,13 +66,15 @@ def extract_on_ray(settings: Settings, shards: int | None = None, address: str |
 def _run(ray, settings: Settings, shards: int | None, progress: Progress, started: float) -> RaySummary:
     resources = _task_resources(ray, settings)
     count = shards or SHARDS_PER_SLOT * _slots(ray, resources)
-    progress.start(len(runner.job_rows(settings)), 0, "row")
     board = ray.remote(_Board).options(num_cpus=0).remote()
     task = ray.remote(_run_shard).options(max_retries=RETRIES, retry_exceptions=[StoreUnavailable], **resources)
     log.info("Ray: %d shards of %s, each a task asking for %s.", count, settings.output,
              ", ".join(f"{value} {key.removeprefix('num_')}" for key, value in resources.items()))
     pending = {task.remote(dataclasses.replace(settings, shard=f"{index}/{count}"), board, index): index
                for index in range(count)}
+    from featdump.job import runner  # torch, imported here while the workers start (not before they are asked)
+
+    progress.start(len(runner.job_rows(settings)), 0, "row")
     rows = _wait_for(ray, pending, board, progress, count)
     progress.close()
     retried = ray.get(board.retried.remote())
@@ -151,6 +152,8 @@ def _merge(settings: Settings):
 def _run_shard(settings: Settings, board, index: int) -> dict:
     """One shard's task on a Ray worker: the process's run of SETTINGS (its --shard set), reporting to BOARD."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s featdump INFO: %(message)s")
+    from featdump.job import staging, warm  # torch, which the driver need not import before the tasks start
+
     with warm.kept_warm():  # the worker's next shard of this job reuses its rows, model and probe
         summary = staging.extract(settings, _BoardProgress(board, index))
     return {"rows": summary.rows, "new": summary.new_rows if summary.processed else 0,

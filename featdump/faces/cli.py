@@ -299,8 +299,6 @@ def extract(images: str, output: str, ray_address: str | None, shards: int | Non
       featdump extract -m resnet50 -l layer3,avgpool --reduce avgpool ./images feats.h5
       featdump extract --config configs/linear_probe.toml ./images feats.h5
     """
-    from featdump.job.staging import extract as run_extraction
-
     options.pop("config")
     settings = Settings(images=images, output=output, command=shlex.join(["featdump", *sys.argv[1:]]), **options)
     if ray_address is None and shards is not None:
@@ -311,6 +309,8 @@ def extract(images: str, output: str, ray_address: str | None, shards: int | Non
         address = None if ray_address == "auto" else ray_address
         summary = extract_on_ray(settings, shards, address, _progress())
     else:
+        from featdump.job.staging import extract as run_extraction  # torch: not before a Ray job's tasks start
+
         summary = run_extraction(settings, _progress())
     click.echo(summary.line(), err=True)
 
