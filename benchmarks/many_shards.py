@@ -5,7 +5,8 @@
 The shards are made in-process by featdump's own extract (`--shard K/N`) with a tiny model (a factory: a strided
 convolution, 16 outputs) over a labelled CSV list naming PER-SHARD x N small PNGs (four files over and over), once,
 kept under benchmarks/data/many-shards/N. Then, each step in its own process under `ulimit -n 1024` (the default
-soft limit): `featdump merge` (virtual datasets) and `merge --copy`, their time, peak RSS and the most files open
+soft limit): `featdump merge --view` (virtual datasets) and `merge --copy` (what `merge` makes of such small
+shards by itself), their time, peak RSS and the most files open
 at once (sampled from /proc/PID/fd); then reads of the merged view and of the copy: `featdump.load`, a
 FeatureDataset epoch, `probe`, `rdm`, the view's rate as a fraction of the copy's. --store: the shards uploaded
 to a SeaweedFS server on loopback and merged from there (`featdump merge s3://...`).
@@ -179,7 +180,7 @@ def main() -> None:
     for count in (int(text) for text in args.counts.split(",")):
         output = make_shards(count, args.per_shard)
         made = float((output.parent / "made").read_text())
-        view = measured(featdump_command("merge", "--overwrite", output))
+        view = measured(featdump_command("merge", "--view", "--overwrite", output))  # the default copies these
         copy_path = output.with_name("copy.h5")
         for shard in output.parent.glob("out.shard-*"):  # the copy needs its own shard names: link them
             target = output.parent / shard.name.replace("out.", "copy.", 1)

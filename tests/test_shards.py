@@ -19,6 +19,7 @@ import featdump
 from featdump.errors import MergedViewBroken, UsageProblem
 from featdump.inputs import find_images
 from featdump.job.shards import Shard, choose_shard, detect_shard, parse_shard, plan_shard
+from featdump.output import merge as merge_module
 from featdump.output import views
 from featdump.output.shard_files import shard_path
 
@@ -258,7 +259,7 @@ def test_a_view_is_read_one_shard_file_at_a_time(folder, single, tmp_path):
     shards): load, rdm and probe read a view's shards one at a time instead."""
     for index in range(4):
         assert run_featdump(*extract_args(folder, tmp_path / "out.h5"), "--shard", f"{index}/4").returncode == 0
-    assert run_featdump("merge", tmp_path / "out.h5").returncode == 0
+    assert run_featdump("merge", "--view", tmp_path / "out.h5").returncode == 0
     with h5py.File(tmp_path / "out.h5", "r") as h5file:
         dataset = h5file["features"]["avgpool"]
         spans = [(low, high) for low, high, *_ in views.sources(dataset)]
@@ -301,3 +302,28 @@ def test_a_merged_file_holds_the_attributes_of_10000_shards(tmp_path):
     netcdf4 = pytest.importorskip("netCDF4")
     with netcdf4.Dataset(tmp_path / "merged.h5") as opened:
         assert "merged_sizes" in opened.ncattrs()
+
+
+def test_small_shards_are_merged_as_a_copy_larger_ones_as_a_view_and_either_when_asked(folder, single, tmp_path,
+                                                                                        monkeypatch):
+    """A view of small shards reads slowly (a file open for a few rows: 0.004-0.5x one file's rate at 10,000 shards
+    of 2 rows), so the merge copies them by itself; from VIEW_FROM_BYTES a shard, a view; --copy/--view decide."""
+    output = tmp_path / "out.h5"
+    for index in range(2):
+        assert run_featdump(*extract_args(folder, output), "--shard", f"{index}/2").returncode == 0
+    small = run_featdump("merge", output)
+    assert small.returncode == 0, small.stderr
+    assert "of rows each: copied into one file" in small.stderr and "(self-contained copy)" in small.stderr
+    assert not merge_module.merged_view(output)
+    assert_same(read_output(output), single)
+    monkeypatch.setattr(merge_module, "VIEW_FROM_BYTES", 1024)  # these shards (9 and 8 rows of 2 KB) count as large
+    large = run_featdump("merge", output)  # the merge's own copy is replaced without --overwrite, as a view is
+    assert large.returncode == 0, large.stderr
+    assert "(virtual datasets over the shards)" in large.stderr and merge_module.merged_view(output)
+    assert_same(read_output(output), single)
+    copied = run_featdump("merge", "--copy", output)
+    assert copied.returncode == 0 and not merge_module.merged_view(output)
+    monkeypatch.setattr(merge_module, "VIEW_FROM_BYTES", 2**40)
+    asked = run_featdump("merge", "--view", "--overwrite", output)
+    assert asked.returncode == 0 and merge_module.merged_view(output)
+    assert_same(read_output(output), single)

@@ -243,7 +243,7 @@ def test_a_merged_view_and_a_list_of_shards_read_as_one_output(tmp_path, monkeyp
     for shard in ("0/2", "1/2"):
         featdump.extract(tmp_path / "images", tmp_path / "out.h5", model="resnet18", weights="none",
                          layers="avgpool,layer4", shard=shard)
-    merge(tmp_path / "out.h5")
+    merge(tmp_path / "out.h5", copy=False)
     shards = sorted(tmp_path.glob("out.shard-*.h5"))
     expected = featdump.load(tmp_path / "out.h5", "layer4")
     for source in (tmp_path / "out.h5", shards):

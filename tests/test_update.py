@@ -16,7 +16,7 @@ import pytest
 
 import featdump
 from featdump.errors import UsageProblem
-from featdump.output.merge import merge
+from featdump.output.merge import merge, merged_view
 
 from .conftest import committed_rows, featdump_env, run_featdump, start_featdump, write_images
 
@@ -234,15 +234,19 @@ def test_update_of_a_self_contained_merged_copy(tmp_path):
     options = dict(model="resnet18", weights="none", layers="avgpool", num_workers=0)
     for index in range(2):  # in this process: the shards and the merge are only the setting
         featdump.extract(images, output, shard=f"{index}/2", **options)
-    merge(output)
+    merge(output, copy=False)
     with pytest.raises(UsageProblem, match="is a merged view over shards"):
         featdump.extract(images, output, update=True, **options)
-    merge(output, copy=True, overwrite=True)
+    merge(output)  # small shards: the merge copies them (it replaces its own view without --overwrite)
+    assert not merged_view(output)
     write_images(images, {"b": 3}, seed=5, size=(40, 32))
     updated = run_featdump("extract", "-m", "resnet18", "-w", "none", "-l", "avgpool", "-j", "0", "--update", images,
                            output)
     assert updated.returncode == 0, updated.stderr
     assert f"Wrote 3 images (0 skipped) to {output}, 9 in all (0 skipped)," in updated.stderr
+    assert len(rows_by_path(output)) == 9
+    again = run_featdump("merge", output)  # the copy holds the update's rows now: not replaced by the shards'
+    assert again.returncode != 0 and "--overwrite" in again.stderr, again.stderr
     assert len(rows_by_path(output)) == 9
 
 

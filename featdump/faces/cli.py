@@ -318,21 +318,24 @@ def extract(images: str, output: str, ray_address: str | None, shards: int | Non
 @main.command()
 @click.argument("output")
 @click.option("--shard-pattern", metavar="PATTERN", help="Shard file names with {k} and {n}, as given to extract.")
-@click.option("--copy", is_flag=True, help="Write a self-contained file instead of virtual datasets over the shards "
-                                           "(always, for shards in a store).")
+@click.option("--copy/--view", default=None,
+              help="A self-contained file (--copy; always, for shards in a store), or virtual datasets over the "
+                   "shards (--view).  [default: a copy of shards under 64 MiB of rows each, which a view reads "
+                   "slowly; else a view]")
 @click.option("--overwrite", is_flag=True, help="Replace an existing OUTPUT.")
 @click.option("--scratch", type=click.Path(file_okay=False, path_type=Path),
               help="For shards in a store: the local folder they are copied to and merged in.  "
                    "[default: FEATDUMP_SCRATCH, else the temp folder, + /featdump-scratch]")
 @click.option("--store-patience", type=click.FloatRange(min=0), default=DEFAULT_PATIENCE, show_default=True,
               metavar="SECONDS", help="Seconds a request to the store retries transient faults.")
-def merge(output: str, shard_pattern: str | None, copy: bool, overwrite: bool, scratch: Path | None,
+def merge(output: str, shard_pattern: str | None, copy: bool | None, overwrite: bool, scratch: Path | None,
           store_patience: float) -> None:
     """Join the finished shards of OUTPUT (OUTPUT.shard-K-of-N.h5) into OUTPUT.
 
     Checks that all N shards exist, are finished and were made with one configuration, then writes
-    OUTPUT with virtual datasets over the shards' features (instant; keep the shards beside it) and
-    the paths, labels and skipped images joined in order. The result reads like one run's output.
+    OUTPUT with virtual datasets over the shards' features (instant; keep the shards beside it), or a
+    copy of small shards' rows, and the paths, labels and skipped images joined in order. The result
+    reads like one run's output.
     OUTPUT may be a URL (s3://bucket/run/out.h5): the shards in the store are copied to --scratch,
     merged there into a self-contained file, and that file is uploaded to OUTPUT.
 
@@ -340,20 +343,22 @@ def merge(output: str, shard_pattern: str | None, copy: bool, overwrite: bool, s
     Example:
       featdump merge feats.h5            # feats.shard-0-of-8.h5 ... feats.shard-7-of-8.h5
       featdump merge --copy feats.h5     # a self-contained file
+      featdump merge --view feats.h5     # virtual datasets, however small the shards
       featdump merge s3://bucket/run/feats.h5
     """
     from featdump.inputs.stores import Patience, is_url
     from featdump.output.merge import merge as merge_shards
+    from featdump.output.merge import merged_view
     from featdump.output.store_merge import merge_from_store
 
     started = time.perf_counter()
     if is_url(output):
-        merged = merge_from_store(output, shard_pattern, scratch, Patience(store_patience))
-        copy = True
+        merged, view = merge_from_store(output, shard_pattern, scratch, Patience(store_patience)), False
     else:
         merged = merge_shards(Path(output), shard_pattern, copy=copy, overwrite=overwrite)
+        view = merged_view(merged)
     click.echo(f"Merged into {merged} in {time.perf_counter() - started:.1f} s"
-               f"{' (self-contained copy)' if copy else ' (virtual datasets over the shards)'}.", err=True)
+               f"{' (virtual datasets over the shards)' if view else ' (self-contained copy)'}.", err=True)
 
 
 @main.command()

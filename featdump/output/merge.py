@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
+import shutil
 from pathlib import Path
 
 import h5py
@@ -33,10 +35,12 @@ from featdump.output.layout import (
 )
 from featdump.output.lock import OutputLock
 from featdump.output.shard_files import shard_count, shard_path
-from featdump.output.space import check_space
+from featdump.output.space import check_space, human_bytes
 from featdump.output.writer import close_quietly, publish, write_error
 
+log = logging.getLogger("featdump")
 _COPY_ROWS = 1024
+VIEW_FROM_BYTES = 64 * 2**20  # a shard's rows, on average, from which a view reads near one file's rate (view_rate.py)
 _NOT_COPIED = ("committed", "fingerprint", "complete", "command", "created", "format")
 
 
@@ -77,24 +81,27 @@ def merge_problem(output: Path, pattern: str | None = None) -> str | None:
     return None
 
 
-def merge(output: Path, pattern: str | None = None, copy: bool = False, overwrite: bool = False) -> Path:
+def merge(output: Path, pattern: str | None = None, copy: bool | None = None, overwrite: bool = False) -> Path:
     """Write OUTPUT over its finished shards: virtual datasets pointing into them, or (COPY) a self-contained
-    file. Paths, labels, file stats and skipped images are joined in order; attributes say what was merged.
-    Shards are opened one at a time (thousands of them stay within the open-file limit)."""
+    file; COPY None: a copy of small shards (`copies_small_shards`), a view of others. Paths, labels, file stats
+    and skipped images are joined in order; attributes say what was merged. Shards are opened one at a time
+    (thousands of them stay within the open-file limit)."""
     output = Path(output)
     shards = find_shards(output, pattern)
     summaries = [_summary(index, path) for index, path in enumerate(shards)]
     fingerprint = _common_fingerprint(shards, summaries)
+    needed = sum(summary["committed"].rows * DatasetSpec(shape, str(dtype)).row_bytes
+                 for summary in summaries for shape, dtype, _, _ in summary["features"].values())
+    packed = copy is None and copies_small_shards(output, needed, len(shards))
     if copy:
-        needed = sum(summary["committed"].rows * DatasetSpec(shape, str(dtype)).row_bytes
-                     for summary in summaries for shape, dtype, _, _ in summary["features"].values())
         check_space(output, needed, "The --copy of the shards", "merge without --copy (virtual datasets, no copy)")
-    with OutputLock.acquire(output, overwrite or _a_merged_view(output)) as lock:
+    with OutputLock.acquire(output, overwrite or _replaced_freely(output)) as lock:
         partial = partial_path(output)
         try:
             merged = new_merged_file(partial, lock.hdf5_locking)
             try:
-                _write_merged(merged, output, shards, summaries, fingerprint, copy)
+                _write_merged(merged, output, shards, summaries, fingerprint, bool(copy) or packed)
+                merged.attrs["packed"] = packed
             finally:
                 close_quietly(merged)
             publish(partial, output)
@@ -111,13 +118,40 @@ def new_merged_file(path: Path, locking: bool | None) -> h5py.File:
     return h5py.File(path, "w", locking=locking, libver="v108")
 
 
-def _a_merged_view(output: Path) -> bool:
-    """Whether OUTPUT is a virtual merged view (it holds no rows of its own: merging again replaces it)."""
+def copies_small_shards(output: Path, needed: int, count: int) -> bool:
+    """Whether a merge of COUNT shards holding NEEDED bytes of rows copies them into OUTPUT by itself: when they
+    are small (a view opens a shard file for each shard's rows it reads, a few ms: a view of shards under
+    VIEW_FROM_BYTES reads at under 0.8x one file's rate) and the copy fits beside OUTPUT."""
+    each = needed / max(count, 1)
+    if each >= VIEW_FROM_BYTES:
+        return False
+    free = shutil.disk_usage(output.resolve().parent).free
+    if needed > free // 2:
+        log.info("The shards hold %s of rows each, which a view reads slowly, but their copy (%s) would take over "
+                 "half the free space (%s): merging as a view.", human_bytes(each), human_bytes(needed),
+                 human_bytes(free))
+        return False
+    log.info("The shards hold %s of rows each: copied into one file, %s (a view over them would open a file for "
+             "every %s it reads; `featdump merge --view` makes one).", human_bytes(each), human_bytes(needed),
+             human_bytes(each))
+    return True
+
+
+def merged_view(output: Path) -> bool:
+    """Whether the merged OUTPUT is a view over its shards (else it holds their rows)."""
+    with open_to_read(output) as held:
+        return bool(held.attrs.get("virtual", False))
+
+
+def _replaced_freely(output: Path) -> bool:
+    """Whether OUTPUT is a merge that merging again replaces without --overwrite: a view (no rows of its own) or a
+    copy the merge chose (its shards are there, found finished)."""
     if not output.exists():
         return False
     try:  # plain h5py: a view whose shards have grown since is what is merged again
         with open_to_read(output) as held:
-            return bool(held.attrs.get("virtual", False)) and "merged_from" in held.attrs
+            return "merged_from" in held.attrs and bool(held.attrs.get("virtual", False) or
+                                                          held.attrs.get("packed", False))
     except OSError:  # not an HDF5 file: not ours to replace
         return False
 

@@ -221,6 +221,8 @@ def apply_update(output: Path, plan: UpdatePlan, images_digest: str, record: dic
     h5file = _open_for_writing(output, locking)
     try:
         _discard_unfinished_growth(h5file)
+        if h5file.attrs.get("packed", False):  # a merge's copy of its shards, now with rows of its own
+            h5file.attrs["packed"] = False  # merging the shards again must not replace it
         if plan.new_layers:
             with Output.open(grow_path(output), locking=False) as grown:
                 _add_layers(h5file, grown, plan, record)
