@@ -4,6 +4,8 @@ video is a recorded skip; clip starts are a coordinate; a crash, then the same c
 
 from __future__ import annotations
 
+import json
+
 import h5py
 import numpy as np
 import pytest
@@ -460,3 +462,24 @@ def test_folds_cut_in_stretches_leave_a_gap_and_equal_ridge_cv_without_those_row
     assert made.returncode == 0 and "A gap of 0.2 s on both sides of each held-out stretch" in made.stderr
     info = run_featdump("info", tmp_path / "enc.h5").stdout
     assert "delays:     1 steps of 0.1 s" in info and "gap:        0.2 s left out of training" in info, info
+
+
+def test_show_draws_a_clip_row_beside_the_frame_at_its_onset(videos, tmp_path):
+    from featdump.faces import show
+    from featdump.inputs.video import decode_clip, video_info
+
+    output = tmp_path / "out.h5"
+    assert run_featdump("extract", "-m", "resnet18", "-w", "none", "-l", "layer1", "--fps", "2", videos / "a",
+                        output).returncode == 0
+    _, _, frame, title = show._read(output, None, 3)  # the fourth clip of one.mkv: its onset 1.5 s
+    assert title == "one.mkv @ 1.5 s"
+    source = videos / "a" / "one.mkv"
+    shown = decode_clip(source, video_info(source), np.array([1.5]))[0]
+    first = decode_clip(source, video_info(source), np.array([0.0]))[0]
+    with h5py.File(output, "r") as h5file:
+        geometry = json.loads(h5file.attrs["image_geometry"])
+    expected = show._as_seen(Image.fromarray(shown), geometry)
+    np.testing.assert_array_equal(frame, expected)
+    assert not np.array_equal(frame, show._as_seen(Image.fromarray(first), geometry))  # not the film's first frame
+    drawn = run_featdump("show", output, "--index", "3")
+    assert drawn.returncode == 0, drawn.stderr

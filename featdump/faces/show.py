@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import logging
 import math
 import os
 from pathlib import Path
@@ -15,6 +16,8 @@ from featdump.inputs.objects import read_object
 from featdump.inputs.stores import is_url
 from featdump.inputs.tars import read_stored
 from featdump.output.layout import Output
+
+log = logging.getLogger("featdump")
 
 
 def draw(output: Path, layer: str | None, index: int, picture: Path | None, channels: int = 16) -> Path:
@@ -60,7 +63,11 @@ def _read(output: Path, layer: str | None, index: int):
         relative = opened.raw_paths()[index]
         path = Path(os.fsdecode(os.path.join(os.fsencode(root), relative)))
         geometry = json.loads(opened.attrs.get("image_geometry", "{}"))
-    return values, name, _open_image(_stored_image(path, root, os.fsdecode(relative)), geometry), os.fsdecode(relative)
+        start = float(opened.file["clip_start"][index]) if "clip_start" in opened.file else None
+    source, title = _stored_image(path, root, os.fsdecode(relative)), os.fsdecode(relative)
+    if start is None:
+        return values, name, _open_image(source, geometry), title
+    return values, name, _clip_frame(source, start, geometry), f"{title} @ {start:g} s"
 
 
 def _stored_image(path: Path, root: str, relative: str):
@@ -76,16 +83,44 @@ def _stored_image(path: Path, root: str, relative: str):
 
 
 def _open_image(path, geometry: dict):
-    """The image as the model saw it: resized and centre-cropped by GEOMETRY ({"resize": ..., "crop": ...}, what
-    the file records of torchvision-style preprocessing), so that the maps line up with it."""
+    """The image as the model saw it (`_as_seen`), or None when it cannot be opened."""
     from PIL import Image, ImageOps
-    from torchvision.transforms import functional as F
 
     try:
         with Image.open(path) as image:
             image = ImageOps.exif_transpose(image).convert("RGB")
     except OSError:
         return None  # moved or gone: the features are drawn alone
+    return _as_seen(image, geometry)
+
+
+def _clip_frame(source, start: float, geometry: dict):
+    """The frame on screen at a clip row's START (seconds from its video's first frame) as the model saw it, or None
+    when the video cannot be read."""
+    from PIL import Image
+
+    from featdump.inputs.video import _av, decode_clip, video_info
+
+    try:
+        unreadable = (OSError, ValueError, _av().FFmpegError)  # moved, gone or damaged: the features alone
+        info = video_info(source)
+        if hasattr(source, "seek"):
+            source.seek(0)
+        frame = decode_clip(source, info, np.array([start]))[0]
+    except UsageProblem as error:  # no PyAV
+        log.debug("No frame of %s: %s", source, error)
+        return None
+    except unreadable as error:
+        log.debug("No frame of %s at %g s: %s", source, start, error)
+        return None
+    return _as_seen(Image.fromarray(frame), geometry)
+
+
+def _as_seen(image, geometry: dict):
+    """IMAGE resized and centre-cropped by GEOMETRY ({"resize": ..., "crop": ...}, what the file records of
+    torchvision-style preprocessing), so that the maps line up with it."""
+    from torchvision.transforms import functional as F
+
     if geometry.get("resize"):
         image = F.resize(image, geometry["resize"])
     if geometry.get("crop"):
