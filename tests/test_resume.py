@@ -134,7 +134,8 @@ def open_files(pid: int) -> set[str]:
     return files
 
 
-@pytest.mark.parametrize("trial", [0, pytest.param(1, marks=pytest.mark.slow), pytest.param(2, marks=pytest.mark.slow)])
+@pytest.mark.slow  # real processes, 10-15 s each; the quick suite kills a run in test_writer and test_progress
+@pytest.mark.parametrize("trial", [0, 1, 2])
 def test_restart_right_after_a_sigkill_resumes(folder, clean, tmp_path, trial):
     """Only the main process is killed; its loader workers die with it and hold none of the output's files."""
     output = tmp_path / "out.h5"
