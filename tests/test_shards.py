@@ -133,7 +133,7 @@ def test_slurm_array_tasks_then_merge_equal_a_single_run(folder, single, tmp_pat
     assert not output.exists()
     info = run_featdump("info", output)
     assert info.returncode == 0 and "not merged yet; all 3 shards are finished" in info.stdout
-    merged = run_featdump("merge", output)
+    merged = run_featdump("merge", "--view", output)
     assert merged.returncode == 0, merged.stderr
     assert_same(read_output(output), single)
     again = run_featdump(*extract_args(folder, output), env=featdump_env(
