@@ -169,7 +169,7 @@ def test_shards_their_merged_view_and_a_merged_copy(images, tmp_path):
         assert result.returncode == 0, result.stderr
     for shard in ("out.shard-0-of-2.h5", "out.shard-1-of-2.h5"):
         check_netcdf(tmp_path / shard)
-    assert run_featdump("merge", output).returncode == 0
+    assert run_featdump("merge", "--view", output).returncode == 0
     dims = check_netcdf(output)
     assert dims == {"layer3": ("image", "channel_256", "y_14", "x_14"), "fc": ("image", "component_3")}
     with open_tree(output) as tree:
