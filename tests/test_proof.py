@@ -364,6 +364,11 @@ def test_the_storage_cast_refuses_only_what_it_made_non_finite():
     kept = to_storage({"a": torch_tensor([[1.0, float("inf"), float("nan")]])}, {"a": np.dtype("float16")})["a"]
     assert kept.dtype == np.float16 and np.isinf(kept[0, 1]) and np.isnan(kept[0, 2])  # the model's own
     assert to_storage(rows, {"a": np.dtype("float32")})["a"].dtype == np.float32
+    wide = torch_tensor([[3e38, -65504.0, 1.5]])  # bf16 rows stored as float32: widened exactly, never refused
+    assert np.array_equal(to_storage({"a": wide.bfloat16()}, {"a": np.dtype("float32")})["a"],
+                          wide.bfloat16().float().numpy())
+    with pytest.raises(StorageOverflow):  # bf16 holds what float16 does not
+        to_storage({"a": wide.bfloat16()}, {"a": np.dtype("float16")})
 
 
 def torch_tensor(values):

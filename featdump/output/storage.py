@@ -20,10 +20,18 @@ def to_storage(rows: dict[str, torch.Tensor], dtypes: dict[str, np.dtype]) -> di
     for name, values in rows.items():
         dtype = torch.from_numpy(np.zeros(0, dtype=dtypes[name])).dtype
         cast = values if values.dtype == dtype else values.to(dtype)
-        if cast is not values and cast.is_floating_point():
+        if cast is not values and _may_overflow(values.dtype, dtype):
             _refuse_overflow(name, values, cast)
         stored[name] = cast.numpy()
     return stored
+
+
+def _may_overflow(source: torch.dtype, target: torch.dtype) -> bool:
+    """Whether a cast from SOURCE to TARGET can turn a finite value into inf: a floating TARGET whose largest
+    value is below SOURCE's (float32 holds every bfloat16 and float16 value, so widening is never checked)."""
+    if not target.is_floating_point:
+        return False
+    return not source.is_floating_point or torch.finfo(target).max < torch.finfo(source).max
 
 
 def _refuse_overflow(name: str, values: torch.Tensor, cast: torch.Tensor) -> None:
