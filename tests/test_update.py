@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -282,3 +283,49 @@ def test_an_update_with_nothing_new_leaves_the_file_alone_while_a_reader_holds_i
     after = output.stat()
     assert (after.st_mtime_ns, after.st_size, after.st_ino) == (before.st_mtime_ns, before.st_size, before.st_ino)
     assert sorted(path.name for path in tmp_path.iterdir()) == ["images", "out.h5"]
+
+
+def skipped_entries(path) -> list[tuple[str, str]]:
+    with h5py.File(path, "r", locking=False) as h5file:
+        count = int(h5file.attrs["committed"][2])
+        return list(zip(h5file["skipped/paths"].asstr()[:count], h5file["skipped/reasons"].asstr()[:count]))
+
+
+def test_update_reads_again_a_skipped_image_whose_file_changed_and_retry_skipped_reads_them_all(tmp_path):
+    images, output = tmp_path / "images", tmp_path / "out.h5"
+    written = write_images(images, {"a": 4}, size=(40, 32))
+    broken, unchanged = images / "a" / "broken.jpg", images / "a" / "empty.png"
+    broken.write_bytes(b"not a jpeg")
+    unchanged.write_bytes(b"")
+    args = ["extract", "-m", "resnet18", "-w", "none", "-l", "avgpool", "--update", images, output]
+    assert run_featdump(*args).returncode == 0
+    assert [path for path, _ in skipped_entries(output)] == ["a/broken.jpg", "a/empty.png"]
+    with h5py.File(output, "r") as h5file:
+        recorded = h5file["skipped/file_stats"][:]
+    assert [tuple(stat) for stat in recorded] == [(10, broken.stat().st_mtime_ns), (0, unchanged.stat().st_mtime_ns)]
+    before = rows_by_path(output)
+
+    shutil.copyfile(images / written[0], broken)  # fixed: a good image under the broken name
+    told = run_featdump("info", output)
+    assert "1 skipped file(s) changed since (--update reads them again): a/broken.jpg" in told.stdout
+    fixed = run_featdump(*args)
+    assert fixed.returncode == 0, fixed.stderr
+    assert "Reading again 1 skipped input(s) (changed since they were skipped): a/broken.jpg" in fixed.stderr
+    after = rows_by_path(output)
+    assert list(after) == [*before, "a/broken.jpg"]  # the 4 rows kept, the fixed one appended
+    assert_rows_kept(before, after)
+    np.testing.assert_array_equal(after["a/broken.jpg"][0]["avgpool"], before[written[0]][0]["avgpool"])  # its twin
+    assert [path for path, _ in skipped_entries(output)] == ["a/empty.png"]
+    with h5py.File(output, "r") as h5file:
+        assert list(h5file.attrs["committed"]) == [5, 6, 1]  # images: 5 rows and the one skip, each once
+
+    again = run_featdump(*args)
+    assert again.returncode == 0 and "Nothing new:" in again.stderr  # an unchanged skip is not read again
+    retried = run_featdump(*args[:-2], "--retry-skipped", images, output)
+    assert retried.returncode == 1  # it read nothing: said so, the output as it was, with the new reason
+    assert "Reading again 1 skipped input(s) (--retry-skipped): a/empty.png" in retried.stderr
+    assert "No image could be read: 1 tried" in retried.stderr
+    assert [path for path, _ in skipped_entries(output)] == ["a/empty.png"]  # still bad: recorded once, anew
+    with h5py.File(output, "r") as h5file:
+        assert list(h5file.attrs["committed"]) == [5, 6, 1]
+    assert json.loads(run_featdump("info", "--json", output).stdout)["skipped"] == 1

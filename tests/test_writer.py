@@ -13,6 +13,7 @@ import pytest
 
 from featdump.errors import OutputExists, ResumeMismatch
 from featdump.output.layout import DatasetSpec, chunk_shape, partial_path
+from featdump.output.skipped import Skip
 from featdump.output.writer import FeatureWriter
 
 from .conftest import featdump_env
@@ -47,7 +48,7 @@ def test_layout_commit_and_finish(tmp_path):
     output = tmp_path / "out.h5"
     writer = open_writer(output)
     writer.append({"layer": rows(3)}, ["cats/a.jpg", "cats/b.jpg", "dogs/ü.jpg"], [0, 0, 1], [], images_done=3)
-    writer.append({"layer": rows(0)}, [], [], [("dogs/bad.jpg", "truncated")], images_done=4)
+    writer.append({"layer": rows(0)}, [], [], [Skip("dogs/bad.jpg", "truncated")], images_done=4)
     assert (writer.committed_rows, writer.committed_images, writer.committed_skipped) == (3, 4, 1)
     assert partial_path(output).exists() and not output.exists()
     assert writer.finish() == output
@@ -154,6 +155,7 @@ def test_chunks_a_kill_left_past_the_recorded_end_of_the_file_are_taken_in(tmp_p
 KILLED_APPENDER = """
 import sys, numpy as np
 from featdump.output.layout import DatasetSpec
+from featdump.output.skipped import Skip
 from featdump.output.writer import FeatureWriter
 writer = FeatureWriter.open(sys.argv[1], {"f": DatasetSpec((64, 28, 28), "float32")}, {"image_count": 10**6},
                             {}, [], batch_size=4)

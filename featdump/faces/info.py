@@ -10,6 +10,7 @@ from featdump.errors import NotAnOutput
 from featdump.faces.curves import is_readouts, layer_scores, layer_summaries, readout_lines
 from featdump.inputs.stores import Patience, is_url
 from featdump.output import remote
+from featdump.output import skipped as skips
 from featdump.output.layout import Output, open_to_read, partial_path, text_of
 from featdump.output.lock import lock_holder
 from featdump.output.merge import merge_problem
@@ -114,6 +115,8 @@ def _file_info(output: Output) -> dict:
         "classes": output.classes,
         "skipped": committed.skipped,
         "skipped_examples": output.named_rows("skipped", _SHOWN),
+        "skipped_changed": [skip.key for skip in skips.changed_under(output.file, text_of(attrs.get("image_root")),
+                                                                      committed.skipped)],
         "shard": fingerprint.get("shard"),
         "merged": _merged_info(output.path, attrs) if "merged_from" in attrs else None,
         "update": _update_info(output.path),
@@ -286,6 +289,10 @@ def describe(output: Path) -> list[str]:
         lines.append(f"classes:    {len(names)} ({', '.join(names[:8])}{more})")
     lines.append(f"skipped:    {info['skipped']}")
     lines += [f"  {name}: {reason}" for name, reason in info["skipped_examples"]]
+    if info["skipped_changed"]:
+        changed = info["skipped_changed"]
+        lines.append(f"  {len(changed)} skipped file(s) changed since (--update reads them again): "
+                     f"{', '.join(changed[:_SHOWN])}{', ...' if len(changed) > _SHOWN else ''}")
     if info["stale"]:
         lines.append(f"stale:      {info['stale']} rows whose image disappeared or changed since it was read "
                      "(kept; --overwrite recomputes)")

@@ -151,7 +151,10 @@ class Settings:
     on_error: str = option("skip", "A bad image is skipped and recorded, or stops the run.", choices=ON_ERROR)
     overwrite: bool = option(False, "Replace an existing output (or partial output).")
     update: bool = option(False, "OUTPUT exists: extract only the images it lacks and append them (cron), and add "
-                                 "the layers --layers names that it lacks, for every stored row; rows it has stay.")
+                                 "the layers --layers names that it lacks, for every stored row; rows it has stay. "
+                                 "A skipped input whose file changed since is read again.")
+    retry_skipped: bool = option(False, "--update that reads again every input the output records as skipped, "
+                                        "changed or not (a store that was away, a decoder installed since).")
     shard: str | None = option(
         kind=str, optional=True, metavar="K/N", syntax=parse_shard,
         help="Extract part K (0-based) of N of the sorted images into OUTPUT's shard file; `none` turns off the "
@@ -169,6 +172,7 @@ class Settings:
         for name, declared in OPTIONS.items():
             object.__setattr__(self, name, declared.check(getattr(self, name)))
         object.__setattr__(self, "images", as_location(self.images, "images"))
+        object.__setattr__(self, "update", self.update or self.retry_skipped)
         object.__setattr__(self, "output", as_location(self.output, "output"))  # a URL: `job.staging` uploads it
         object.__setattr__(self, "reduce", tuple(canonical_rule(item) for item in self.reduce))  # one spelling
         if uses_pca(self.reduce) != (self.pca_fit is not None):

@@ -86,13 +86,14 @@ def update(job: UpdateJob) -> Summary:
     grower = model.with_layers(new_layers, model.chosen) if new_layers else None  # the stored rows' new layers
     fit_entries = {**fitting.recorded_entries(stored.fingerprint), **job.fingerprint.get("pca_fit", {})}
     plan = plan_update(output, job.images, _over(job.fingerprint, whole, fit_entries), new_layers,
-                       _over(job.fingerprint, grower, fit_entries) if grower else None)
+                       _over(job.fingerprint, grower, fit_entries) if grower else None, settings.retry_skipped)
     discard_other_staging(output, plan)
     if plan.nothing_new:  # decided read-only: the file, its mtime and its readers are left alone
         log.info("%s holds every image and layer this command names: nothing to add.", output)
         return dataclasses.replace(Summary.of_finished(output, 0.0), stale=len(plan.stale))
-    log.info("Updating %s: %d new %ss, %d new layers (%s), %d rows already there%s.", output, len(plan.images),
-             plan.images.noun, len(new_layers), ", ".join(new_layers) or "none", plan.base.rows,
+    log.info("Updating %s: %d new %ss (%d skipped ones read again), %d new layers (%s), %d rows already there%s.",
+             output, len(plan.images), plan.images.noun, len(plan.retried), len(new_layers),
+             ", ".join(new_layers) or "none", plan.base.rows,
              f", {len(plan.stale)} of them stale (see featdump info)" if plan.stale else "")
     grown = _grow(job, plan, grower) if grower else 0
     staged, start = staging_path(output), 0
@@ -111,7 +112,7 @@ def update(job: UpdateJob) -> Summary:
         after = updated.committed
     log.info("Final commit: %d layers and %d rows added to %s in %.2f s (the only time readers wait).",
              len(new_layers), after.rows - plan.base.rows, output, seconds)
-    summary = summarize(settings.images, output, after, plan.base, len(plan.images) - start, start,
+    summary = summarize(settings.images, output, after, plan.before, len(plan.images) - start, start,
                         time.perf_counter(), stale=len(plan.stale), left_out=plan.images.left_out(),
                         noun=plan.images.noun)
     return dataclasses.replace(summary, processed=summary.processed + grown, layers_added=new_layers)

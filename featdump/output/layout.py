@@ -153,7 +153,7 @@ def create_layout(h5file: h5py.File, attributes: dict, classes, feature_group=No
     labels = h5file.create_dataset("labels", shape=(0,), maxshape=(None,), dtype=np.int64, chunks=(4096,))
     labels.attrs["classes"] = classes if isinstance(classes, np.ndarray) else text_array(classes)
     h5file.create_dataset("file_stats", shape=(0, 2), maxshape=(None, 2), dtype=np.int64, chunks=(2048, 2))
-    _create_named_rows(h5file.create_group("skipped"))
+    create_named_rows(h5file.create_group("skipped"))
     h5file.attrs["committed"] = np.zeros(3, dtype=np.int64)
     name_dimensions(h5file)
 
@@ -216,7 +216,7 @@ def create_path_datasets(group: h5py.Group, chunk_rows: int) -> None:
     raw.create_dataset("bytes", shape=(0,), maxshape=(None,), dtype=_BYTES, chunks=(256,))
 
 
-def _create_named_rows(group: h5py.Group) -> None:
+def create_named_rows(group: h5py.Group) -> None:
     """GROUP/paths (with raw_paths) and GROUP/reasons: the skipped images, or the stale rows."""
     create_path_datasets(group, 256)
     group.create_dataset("reasons", shape=(0,), maxshape=(None,), dtype=STRING, chunks=(256,))
@@ -226,7 +226,7 @@ def write_stale(h5file: h5py.File, stale: list[tuple[str, str]]) -> None:
     """Replace /stale with STALE's (path, why)."""
     if "stale" in h5file:
         del h5file["stale"]
-    _create_named_rows(h5file.create_group("stale"))
+    create_named_rows(h5file.create_group("stale"))
     if stale:
         write_paths(h5file, "stale/", 0, [path for path, _ in stale])
         write_rows(h5file["stale/reasons"], 0, len(stale), np.array([reason for _, reason in stale], dtype=object))

@@ -14,6 +14,7 @@ import numpy as np
 from featdump.errors import NotAnOutput, ShardProblem
 from featdump.output import fingerprint as fingerprints
 from featdump.output import netcdf
+from featdump.output import skipped as skips
 from featdump.output.layout import (
     FORMAT,
     PROOF,
@@ -238,10 +239,7 @@ def _append_shard(merged: h5py.File, shard: Output, row: int, rows: int, skip: i
         write_rows(merged["labels"], row, row + rows, shard.labels())
         write_rows(merged["file_stats"], row, row + rows, shard.file["file_stats"][:rows])
         copy_coordinates(merged, shard.file, row, rows)
-    if skipped:
-        write_paths(merged, "skipped/", skip, [os.fsdecode(raw) for raw in shard.raw_paths("skipped/")])
-        write_rows(merged["skipped/reasons"], skip, skip + skipped,
-                   np.array(shard.file["skipped/reasons"].asstr()[:skipped], dtype=object))
+    skips.write(merged, skip, skips.read(shard.file, skipped))
 
 
 def _virtual_rows(group: h5py.Group, name: str, shape: tuple, dtype, shards: list[Path], folder: Path,

@@ -76,10 +76,10 @@ def label(h5file: h5py.File) -> None:
         h5file["clip_start"].attrs["units"] = "s"  # CF units: xarray and netCDF readers show them
         h5file["clip_start"].attrs["long_name"] = "the clip's first frame's time in its video"
     _attach(h5file["file_stats"], [image, _scale(h5file, "file_stat", 2)])
-    _label_named_rows(h5file)
+    label_named_rows(h5file)
     for group in ("skipped", "stale"):
         if group in h5file:
-            _label_named_rows(h5file[group], group)
+            label_named_rows(h5file[group], group)
     features = h5file["features"]
     layers = layer_names(h5file)
     for coordinate, target in COORDINATES.items():
@@ -126,13 +126,16 @@ def without_netcdf(attrs) -> dict:
     return {key: value for key, value in attrs.items() if key not in ATTRIBUTES}
 
 
-def _label_named_rows(group: h5py.Group, dimension: str | None = None) -> None:
-    """GROUP's paths and reasons along DIMENSION; its raw_paths along `raw_path`."""
+def label_named_rows(group: h5py.Group, dimension: str | None = None) -> None:
+    """GROUP's paths, reasons (and a skipped input's clip_start, file_stats) along DIMENSION; its raw_paths along
+    `raw_path`."""
     if dimension is not None:
         scale = _scale(group, dimension, None)
-        for name in ("paths", "reasons"):
+        for name in ("paths", "reasons", "clip_start"):
             if name in group:
                 _attach(group[name], [scale])
+        if "file_stats" in group:
+            _attach(group["file_stats"], [scale, _scale(group, "file_stat", 2)])
     raw = group.get("raw_paths")
     if raw is not None:
         scale = _scale(raw, "raw_path", None)

@@ -20,6 +20,7 @@ import h5py
 import numpy as np
 
 from featdump.output import netcdf
+from featdump.output import skipped as skips
 from featdump.output.layout import Committed
 
 log = logging.getLogger("featdump")
@@ -35,6 +36,7 @@ def discard_uncommitted(h5file: h5py.File, limit: int) -> None:
     for dataset in [*layers, h5file["labels"], h5file["file_stats"]]:
         dataset.resize(rows, axis=0)
     h5file["skipped/reasons"].resize(skipped, axis=0)
+    skips.cut_to(h5file, skipped)
     _clear_strings_beyond(h5file["skipped/reasons"], skipped, limit)
     for group, kept in ((h5file, rows), (h5file["skipped"], skipped)):
         _clear_strings_beyond(group["paths"], kept, limit)

@@ -19,12 +19,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import h5py
-import numpy as np
 
 from featdump.errors import ResumeMismatch, UsageProblem
 from featdump.inputs import ImageList
 from featdump.output import fingerprint as fingerprints
 from featdump.output import netcdf
+from featdump.output import skipped as skips
 from featdump.output.layout import (
     Committed,
     Output,
@@ -41,6 +41,7 @@ from featdump.output.layout import (
     write_stale,
 )
 from featdump.output.repair import discard_uncommitted
+from featdump.output.skipped import Skip
 from featdump.output.writer import close_quietly, fsync_path, write_error
 
 log = logging.getLogger("featdump")
@@ -63,12 +64,29 @@ class UpdatePlan:
     rows: ImageList | None  # the images of OUT's rows, in row order, when there are new layers
     grow_fingerprint: dict | None  # the new layers' staging file's
     recorded_stale: list[tuple[str, str]] = ()  # the stale rows OUT records now
+    retried: tuple[Skip, ...] = ()  # OUT's skipped inputs read again (changed since, or --retry-skipped)
+    kept_skips: tuple[Skip, ...] = ()  # the others, when some are retried: the list they leave
 
     @property
     def nothing_new(self) -> bool:
         """No new image, no new layer, and the stale rows as OUT records them: nothing to write."""
         stale = [(as_text(path), reason) for path, reason in self.stale]  # as the file holds them: text
-        return not len(self.images) and not self.new_layers and stale == list(self.recorded_stale)
+        return not len(self.images) and not self.new_layers and stale == list(self.recorded_stale) and \
+            not self.retried
+
+    @property
+    def before(self) -> Committed:
+        """OUT's counters without the retried inputs' entries: what the update's outcome adds to."""
+        base, retried = self.base, len(self.retried)
+        return Committed(base.rows, base.images - retried, base.skipped - retried)
+
+    def after(self, added: Committed) -> Committed:
+        """OUT's counters once the staged ADDED are in: a retried input's old entry is replaced by its outcome."""
+        base = self.base
+        if not self.retried:
+            return Committed(base.rows + added.rows, base.images + added.images, base.skipped + added.skipped)
+        return Committed(base.rows + added.rows, base.images - len(self.retried) + added.images,
+                         len(self.kept_skips) + added.skipped)
 
 
 @dataclass(frozen=True)
@@ -108,8 +126,9 @@ def staging_path(output: Path) -> Path:
 
 
 def plan_update(output: Path, images: ImageList, fingerprint: dict, new_layers: list[str],
-                grow_fingerprint: dict | None = None) -> UpdatePlan:
-    """Read the finished OUTPUT (briefly, read-only): refuse what cannot be updated, and find what is new.
+                grow_fingerprint: dict | None = None, retry_skipped: bool = False) -> UpdatePlan:
+    """Read the finished OUTPUT (briefly, read-only): refuse what cannot be updated, and find what is new: new
+    images, and skipped inputs to read again (those whose file changed; all of them with RETRY_SKIPPED).
     FINGERPRINT: the run's, over every layer (the stored ones and NEW_LAYERS); GROW_FINGERPRINT: the run's over
     NEW_LAYERS alone (their staging file's, over the stored rows)."""
     with Output.open(output) as held:
@@ -119,7 +138,12 @@ def plan_update(output: Path, images: ImageList, fingerprint: dict, new_layers: 
                 "with `featdump merge --copy`, or run the sharded job again over the new folder."
             )
         fingerprints.check(held.attrs, output, fingerprint, ignore=(*fingerprints.UPDATE_IGNORES, *LAYER_KEYS))
-        new = new_images(images, held.known_paths(), tuple(held.classes))
+        recorded = skips.read(held.file, held.committed.skipped)
+        again = set(skips.to_retry(recorded, _stat_by_path(images), retry_skipped))
+        retried = [skip for index, skip in enumerate(recorded) if index in again]
+        kept = [skip for index, skip in enumerate(recorded) if index not in again]
+        known = {os.fsdecode(name) for name in held.raw_paths()} | {skip.path for skip in kept}
+        new = new_images(images, known, tuple(held.classes), {(skip.path, skip.onset) for skip in retried})
         stale = stale_rows(held, images)
         recorded_stale = [(path, reason) for path, reason in held.named_rows("stale", held.stale_count())]
         base = held.committed
@@ -136,7 +160,20 @@ def plan_update(output: Path, images: ImageList, fingerprint: dict, new_layers: 
     if new_layers:
         grown = {**grow_fingerprint, "images": rows.digest(), "image_count": len(rows), "grow_of": extends,
                  "stored_layers": stored}
-    return UpdatePlan(new, stale, base, staged, stored, list(new_layers), rows, grown, recorded_stale)
+    if retried:
+        log.info("Reading again %d skipped input(s) (%s): %s.", len(retried),
+                 "--retry-skipped" if retry_skipped else "changed since they were skipped",
+                 ", ".join(skip.key for skip in retried[:3]) + (", ..." if len(retried) > 3 else ""))
+    return UpdatePlan(new, stale, base, staged, stored, list(new_layers), rows, grown, recorded_stale,
+                      tuple(retried), tuple(kept) if retried else ())
+
+
+def _stat_by_path(images: ImageList):
+    """stat(path): the (size, mtime_ns) now of IMAGES' input at PATH, or None when IMAGES lacks it."""
+    first: dict[str, int] = {}
+    for position, path in enumerate(images.paths):
+        first.setdefault(path, position)
+    return lambda path: images.stat(first[path]) if path in first else None
 
 
 def _row_images(held: Output, images: ImageList, output: Path) -> ImageList:
@@ -152,10 +189,14 @@ def _row_images(held: Output, images: ImageList, output: Path) -> ImageList:
     return images.select(chosen, labels=list(held.labels()), classes=held.classes)
 
 
-def new_images(images: ImageList, known: set[str], classes: tuple[str, ...]) -> ImageList:
-    """The images whose paths are not in KNOWN, labelled against CLASSES (as a file stores them: UTF-8 text)
-    extended by any new class folder (appended, so that labels already written keep their meaning)."""
-    kept = [position for position, path in enumerate(images.paths) if path not in known]
+def new_images(images: ImageList, known: set[str], classes: tuple[str, ...],
+               again: set[tuple[str, float | None]] = frozenset()) -> ImageList:
+    """The images whose paths are not in KNOWN, and the clips AGAIN names by (path, onset), labelled against
+    CLASSES (as a file stores them: UTF-8 text) extended by any new class folder (appended, so that labels
+    already written keep their meaning)."""
+    starts = images.clips.starts if images.clips is not None else None
+    kept = [position for position, path in enumerate(images.paths)
+            if path not in known or (starts is not None and (path, starts[position]) in again)]
     if not images.classes:  # labels from a list file, a .cls member (or none): they stay as given
         return images.select(kept, classes=classes)
     new_classes = sorted({as_text(images.classes[images.labels[p]]) for p in kept if images.labels[p] >= 0}
@@ -297,10 +338,14 @@ def _open_for_writing(output: Path, locking: bool, patience: float = 600.0) -> h
 
 def _append_staged(h5file: h5py.File, staged: Output, plan: UpdatePlan, images_digest: str) -> None:
     added = staged.committed
-    held = Committed.of(h5file)
-    if added.images and held == Committed(plan.base.rows + added.rows, plan.base.images + added.images,
-                                          plan.base.skipped + added.skipped):
+    skips.finish_swap(h5file)
+    held, after = Committed.of(h5file), plan.after(added)
+    if added.images and held == after:
         return  # a kill came after the commit: the rows are there (and all recorded before them)
+    if plan.retried and held == plan.base and skips.swapped_for(h5file, after):
+        after.store(h5file)  # a kill came between the new skipped list and the counters: all else is written
+        h5file.flush()
+        return
     if held != plan.base:
         raise ResumeMismatch(f"{staging_path(Path(h5file.filename))} was staged for another state of the output; "
                              "remove it and run the update again.")
@@ -317,10 +362,8 @@ def _append_staged(h5file: h5py.File, staged: Output, plan: UpdatePlan, images_d
         write_rows(h5file["labels"], rows, rows + added.rows, staged.labels())
         write_rows(h5file["file_stats"], rows, rows + added.rows, staged.file["file_stats"][:added.rows])
         copy_coordinates(h5file, staged.file, rows, added.rows)
-    if added.skipped:
-        write_paths(h5file, "skipped/", skipped, [os.fsdecode(name) for name in staged.raw_paths("skipped/")])
-        write_rows(h5file["skipped/reasons"], skipped, skipped + added.skipped,
-                   np.array(staged.file["skipped/reasons"].asstr()[:added.skipped], dtype=object))
+    if not plan.retried:
+        skips.write(h5file, skipped, skips.read(staged.file, added.skipped))
     h5file["labels"].attrs["classes"] = text_array(staged.classes)
     write_stale(h5file, plan.stale)
     if "image_listing" in staged.attrs:  # the listing this update read (a prefix's object count, ...)
@@ -328,10 +371,11 @@ def _append_staged(h5file: h5py.File, staged: Output, plan: UpdatePlan, images_d
     fingerprint = {key: value for key, value in plan.fingerprint.items() if key != "update_of"}
     h5file.attrs["layers"] = text_array(fingerprint["layers"])
     h5file.attrs["reduce"] = json.dumps(fingerprint["reduce"])
-    fingerprints.store(h5file.attrs, {**fingerprint, "images": images_digest,
-                                      "image_count": held.images + added.images})
+    fingerprints.store(h5file.attrs, {**fingerprint, "images": images_digest, "image_count": after.images})
     for entry in staged.proofs if added.images else ():  # the update's own proof, when it read images
         append_proof(h5file, {**entry, "run": "update"})
     h5file.flush()
-    Committed(rows + added.rows, held.images + added.images, skipped + added.skipped).store(h5file)
+    if plan.retried:  # the retried inputs' old entries give way to their outcome
+        skips.replace(h5file, [*plan.kept_skips, *skips.read(staged.file, added.skipped)], after)
+    after.store(h5file)
     h5file.flush()

@@ -5,6 +5,7 @@ what is stored."""
 
 from __future__ import annotations
 
+import math
 import queue
 import threading
 import time
@@ -18,6 +19,7 @@ from featdump.errors import RowsUntrusted
 from featdump.inputs import ImageList
 from featdump.inputs.loader import Batch
 from featdump.output.progress import ProgressRecord
+from featdump.output.skipped import UNKNOWN_STAT, Skip
 from featdump.output.storage import to_storage
 from featdump.output.writer import FeatureWriter
 
@@ -38,10 +40,18 @@ class QueuedBatch:
     positions: list[int]  # the rows' source positions in the job's image list
     paths: list[str]
     labels: list[int]
-    skipped: list[tuple[str, str]]  # (path, why)
+    skipped: list[Skip]
     images_done: int  # source images done after this batch (the commit counter)
     file_stats: list[tuple[int, int]]
     coordinates: dict  # what the rows record beside their paths (a clip's start)
+
+
+def skip_of(images: ImageList, batch: Batch, position: int, reason: str) -> Skip:
+    """The record of the input at POSITION of IMAGES, skipped in BATCH for REASON: its file's stat when read, and
+    a clip's onset."""
+    onset = images.row_coordinates([position]).get("clip_start", [math.nan])[0]
+    return Skip(images.paths[position], reason, tuple(batch.file_stats.get(position, UNKNOWN_STAT)),
+                None if math.isnan(onset) else float(onset))
 
 
 class WriteBehind:
@@ -71,7 +81,8 @@ class WriteBehind:
             copied.record()
         item = QueuedBatch(host, copied, list(batch.positions), [images.paths[p] for p in batch.positions],
                            [images.labels[p] for p in batch.positions],
-                           [(images.paths[p], reason) for p, reason in batch.failures], batch.end,
+                           [skip_of(images, batch, position, reason) for position, reason in batch.failures],
+                           batch.end,
                            [batch.file_stats.get(p, (-1, -1)) for p in batch.positions],
                            images.row_coordinates(batch.positions))
         while True:

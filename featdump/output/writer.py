@@ -19,11 +19,11 @@ import numpy as np
 
 from featdump.errors import OutputWriteError, ResumeMismatch
 from featdump.output import fingerprint as fingerprints
+from featdump.output import skipped as skips
 from featdump.output.layout import (
     Committed,
     DatasetSpec,
     append_proof,
-    as_text,
     coordinate_rows,
     create_features,
     create_layout,
@@ -34,6 +34,7 @@ from featdump.output.layout import (
 )
 from featdump.output.lock import refuse_existing
 from featdump.output.repair import discard_uncommitted
+from featdump.output.skipped import Skip
 
 log = logging.getLogger("featdump")
 
@@ -97,7 +98,7 @@ class FeatureWriter:
         features: dict[str, np.ndarray],
         paths: list[str],
         labels: list[int],
-        skipped: list[tuple[str, str]],
+        skipped: list[Skip],
         images_done: int,
         file_stats: list[tuple[int, int]] | None = None,
         coordinates: dict[str, np.ndarray] | None = None,
@@ -119,10 +120,7 @@ class FeatureWriter:
                 for name, values in (coordinates or {}).items():
                     write_rows(self._coordinate(name), rows, new_rows, values)
             new_skipped = skipped_before + len(skipped)
-            if skipped:
-                write_paths(self._file, "skipped/", skipped_before, [path for path, _ in skipped])
-                write_rows(self._file["skipped/reasons"], skipped_before, new_skipped,
-                           np.array([as_text(reason) for _, reason in skipped], dtype=object))
+            skips.write(self._file, skipped_before, skipped)
             self._file.flush()
             Committed(new_rows, images_done, new_skipped).store(self._file)
             self._file.flush()
@@ -177,7 +175,7 @@ class FeatureWriter:
     def discard(self) -> list[tuple[str, str]]:
         """Close and remove OUT.partial, for a run that wrote no row (nothing to resume: the same command tries every
         image again); returns the images it skipped and why."""
-        skipped = list(zip(self._file["skipped/paths"].asstr()[:], self._file["skipped/reasons"].asstr()[:]))
+        skipped = [(skip.key, skip.reason) for skip in skips.read(self._file, self.committed.skipped)]
         close_quietly(self._file)
         self.path.unlink(missing_ok=True)
         return skipped
