@@ -125,6 +125,9 @@ def test_the_python_examples_run(sandbox, analysed, monkeypatch):
     made = run_featdump("extract", "-m", "resnet18", "-w", "none", "-l", "layer1,avgpool", "examples/images",
                         "tour.h5", cwd=sandbox)
     assert made.returncode == 0, made.stderr
+    made = run_featdump("extract", "-m", "resnet18", "-w", "none", "-l", "avgpool", "--fps", "2", "--overwrite",
+                        "movies/", "frames.h5", cwd=sandbox)  # usage.md's one file per film reads it
+    assert made.returncode == 0, made.stderr
     namespaces: dict[str, dict] = {}  # a page's blocks follow on from each other, as a reader runs them
     for page, code in blocks("python"):
         if page == "api.md":  # its extract writes feats.h5 anew (analysis.md, before it, read the sandbox's)
@@ -135,6 +138,10 @@ def test_the_python_examples_run(sandbox, analysed, monkeypatch):
         exec(compile(code, page, "exec"), namespaces.setdefault(page, {}))  # noqa: S102 - the documentation's own code
     with h5py.File(sandbox / "feats.h5") as h5file:
         assert set(h5file.attrs["layers"]) == {"layer4", "avgpool"}
+    import xarray as xr
+
+    with xr.open_dataarray(sandbox / "one.mkv.nc") as film:  # usage.md's file of one film
+        assert film.dims[0] == "clip_start" and film.sizes["clip_start"] == 4 and film.sizes["channel"] == 512
 
 
 def test_every_example_is_run_or_says_why_not():

@@ -34,6 +34,7 @@ BAD = {
     "on_error": ("skp", "skp"),
     "overwrite": ("no", None),
     "update": (0, None),
+    "retry_skipped": ("all", None),
     "shard": ("5/3", "5/3"),
     "shard_pattern": ("part-{k}.h5", "part-{k}.h5"),
     "merge_timeout": (0, "0"),
@@ -43,6 +44,8 @@ BAD = {
     "clip": (0, "0"),
     "fps": (-2, "-2"),
     "clip_every": ("often", "often"),
+    "clip_anchor": ("middle", "middle"),
+    "clip_pad": ("black", "black"),
     "space_check": ("off", None),
     "pca_fit": ("1", "1"),
 }

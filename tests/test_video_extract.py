@@ -5,6 +5,7 @@ video is a recorded skip; clip starts are a coordinate; a crash, then the same c
 from __future__ import annotations
 
 import json
+import shutil
 
 import h5py
 import numpy as np
@@ -320,6 +321,9 @@ def test_spacepool_keeps_a_video_layer_s_time_axis(videos, tmp_path):
 
     with xr.open_dataset(tmp_path / "pooled.h5", engine="h5netcdf", group="features") as opened:
         assert opened["layer2"].dims == ("image", "channel_128", "time_4")
+    timed = featdump.load(tmp_path / "pooled.h5", "layer2", xarray=True)  # each step's first frame in its clip
+    np.testing.assert_array_equal(timed["time"].values, [0, 2, 4, 6])
+    assert timed["time"].attrs["units"] == "frames of the clip"
     refused = run_featdump("extract", "-m", "resnet18", "-w", "none", "-l", "layer2", "--reduce", "spacepool",
                            "--fps", "2", videos / "a" / "one.mkv", tmp_path / "image.h5")
     assert refused.returncode == 2 and "not a video model's (channel, time, y, x) map" in refused.stderr
@@ -483,3 +487,60 @@ def test_show_draws_a_clip_row_beside_the_frame_at_its_onset(videos, tmp_path):
     assert not np.array_equal(frame, show._as_seen(Image.fromarray(first), geometry))  # not the film's first frame
     drawn = run_featdump("show", output, "--index", "3")
     assert drawn.returncode == 0, drawn.stderr
+
+
+def test_windows_ending_on_the_grid_hold_the_frames_before_each_onset_padded_or_left_out(videos, tmp_path):
+    film = videos / "a" / "one.mkv"  # 50 frames at 25 fps: the last at 1.96 s
+    common = ["extract", "-m", "resnet18", "-w", "none", "-l", "avgpool", "--fps", "2", film]
+    assert run_featdump(*common, tmp_path / "starts.h5").returncode == 0
+    left_out = run_featdump(*common, "--clip-anchor", "end", tmp_path / "ends.h5")
+    padded = run_featdump(*common, "--clip-anchor", "end", "--clip-pad", "repeat", tmp_path / "padded.h5")
+    assert left_out.returncode == 0 and padded.returncode == 0, left_out.stderr + padded.stderr
+    starts, ends, pads = (featdump.load(tmp_path / name, "avgpool") for name in ("starts.h5", "ends.h5", "padded.h5"))
+    np.testing.assert_allclose(ends.clip_end, [0.5, 1.0, 1.5, 2.0])  # onsets 0.5 ... 2.0: the frame before each
+    np.testing.assert_allclose(ends.clip_start, [0.0, 0.5, 1.0, 1.5])
+    np.testing.assert_array_equal(ends.features, starts.features)  # the same frames as clips starting there
+    np.testing.assert_allclose(pads.clip_start, [-0.5, 0.0, 0.5, 1.0, 1.5])  # onset 0: the first frame, repeated
+    np.testing.assert_array_equal(pads.features[0], starts.features[0])
+    np.testing.assert_array_equal(pads.features[1:], starts.features)
+    with h5py.File(tmp_path / "padded.h5", "r") as h5file:
+        assert h5file.attrs["clip_anchor"] == "end" and h5file.attrs["clip_pad"] == "repeat"
+        np.testing.assert_allclose(h5file["video_rate"][:], 25.0)
+        np.testing.assert_allclose(h5file["video_duration"][:], 2.0)
+        assert h5file["clip_end"].attrs["units"] == "s" and h5file["video_rate"].attrs["units"] == "Hz"
+    labelled = featdump.load(tmp_path / "padded.h5", "avgpool", xarray=True)
+    np.testing.assert_allclose(labelled["clip_end"].values, [0.0, 0.5, 1.0, 1.5, 2.0])
+
+
+def test_targets_match_onsets_within_half_a_frame_and_a_miss_names_its_onsets(videos, tmp_path):
+    output = tmp_path / "out.h5"
+    assert run_featdump("extract", "-m", "resnet18", "-w", "none", "-l", "avgpool", "--fps", "2", "--clip-anchor",
+                        "end", videos / "a" / "one.mkv", output).returncode == 0  # onsets 0.5 ... 2 (a frame: 0.04 s)
+    near = tmp_path / "near.csv"
+    near.write_text("path,clip_end,y\n" + "".join(f"one.mkv,{t + 0.0149},{t}\n" for t in (0.5, 1.0, 1.5, 2.0)))
+    fitted = run_featdump("encode", output, near, "--folds", "2", "-o", tmp_path / "near.h5")
+    assert fitted.returncode == 0, fitted.stderr
+    far = tmp_path / "far.csv"
+    far.write_text("path,clip_end,y\n" + "".join(f"one.mkv,{t},{t}\n" for t in (0.5, 1.0, 1.53, 2.0)))
+    missed = run_featdump("encode", output, far, "--folds", "2", "-o", tmp_path / "far.h5")
+    assert missed.returncode == 2
+    assert "1 of " in missed.stderr and "one.mkv @ 1.53 s" in missed.stderr and "one.mkv @ 1.5 s" in missed.stderr
+
+
+def test_a_damaged_film_replaced_by_a_good_one_is_read_again_by_update(videos, tmp_path):
+    folder, output = tmp_path / "films", tmp_path / "out.h5"
+    folder.mkdir()
+    good = videos / "a" / "one.mkv"
+    shutil.copyfile(good, folder / "good.mkv")
+    (folder / "film.mkv").write_bytes(good.read_bytes()[:600])  # cut short: nothing decodes
+    command = ["extract", "-m", "resnet18", "-w", "none", "-l", "avgpool", "--fps", "2", "--update", folder, output]
+    assert run_featdump(*command).returncode == 0
+    assert featdump.load(output, "avgpool").paths == ["good.mkv"] * 4
+    shutil.copyfile(good, folder / "film.mkv")  # replaced by a good copy
+    assert "changed since (--update reads them again): film.mkv" in run_featdump("info", output).stdout
+    again = run_featdump(*command)
+    assert again.returncode == 0 and "Reading again 1 skipped input(s)" in again.stderr, again.stderr
+    loaded = featdump.load(output, "avgpool")
+    assert loaded.paths == ["good.mkv"] * 4 + ["film.mkv"] * 4
+    np.testing.assert_array_equal(loaded.features[4:], loaded.features[:4])  # the same bytes, the same rows
+    assert json.loads(run_featdump("info", "--json", output).stdout)["skipped"] == 0

@@ -104,6 +104,12 @@ def check_room(rows: int, memory: int, device: torch.device, what: str) -> None:
             ", or a smaller --memory.")
 
 
+def piece_width(rows: int, memory: int) -> int:
+    """Features per piece widened to float64 for exact products of ROWS rows: PRODUCT_WIDTH, fewer where that
+    buffer would take more than an eighth of MEMORY (256 at the least)."""
+    return max(256, min(PRODUCT_WIDTH, memory // 8 // max(rows * 8, 1)))
+
+
 def slabs(shape: tuple[int, ...], budget: int) -> list[tuple[slice, ...]]:
     """Slices of a row's SHAPE covering it in C order, each of at most BUDGET values (one value at the least),
     cut along the first axes: a slab is then contiguous within each row."""
@@ -134,7 +140,9 @@ def gram(dataset: h5py.Dataset, rows: int | np.ndarray, memory: int, device: tor
     picked = np.arange(rows) if isinstance(rows, int) else np.asarray(rows, dtype=np.int64)
     rows = len(picked)
     shape = dataset.shape[1:]
-    budget = max(1, min(memory // 2, SLAB_BYTES) // (max(rows, 1) * 4))
+    piece = piece_width(rows, memory) if exact else PRODUCT_WIDTH
+    widening = rows * piece * 8 if exact else 0  # the float64 buffer each piece is widened into
+    budget = max(1, min(max(memory - widening, 0) // 2, SLAB_BYTES) // (max(rows, 1) * 4))
     zeros = dict(dtype=torch.float64, device=device)
     centred, row_sums, shifts = torch.zeros(rows, rows, **zeros), torch.zeros(rows, **zeros), torch.zeros(rows, **zeros)
     mean_square = mean_sum = 0.0
@@ -165,13 +173,13 @@ def gram(dataset: h5py.Dataset, rows: int | np.ndarray, memory: int, device: tor
         weights = torch.stack([torch.ones_like(centre), centre - level])  # (large where all features share an
         sums = torch.zeros(rows, 2, **zeros)  # offset) stays out of the float32 products
         with exact_float32():
-            for start in range(0, values.shape[1], PRODUCT_WIDTH):
-                part = values[:, start:start + PRODUCT_WIDTH]
+            for start in range(0, values.shape[1], piece):
+                part = values[:, start:start + piece]
                 if exact:  # widened into one reused buffer (no new pages for every piece)
-                    widened = widened if widened is not None else torch.empty(rows, PRODUCT_WIDTH, **zeros)
-                    part = widened[:, :part.shape[1]].copy_(part).sub_(centre[start:start + PRODUCT_WIDTH])
+                    widened = widened if widened is not None else torch.empty(rows, piece, **zeros)
+                    part = widened[:, :part.shape[1]].copy_(part).sub_(centre[start:start + piece])
                 _add_upper_products(centred, part)
-                sums += part @ weights[:, start:start + PRODUCT_WIDTH].T
+                sums += part @ weights[:, start:start + piece].T
         row_sums += sums[:, 0]
         shifts += sums[:, 1] + float(level) * sums[:, 0]
         centre = centre.to(torch.float64)

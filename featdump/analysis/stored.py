@@ -28,6 +28,8 @@ class Stored:
     fingerprint: str  # a digest of the run's fingerprint: which run made the file
     root: str = ""  # the image_root the paths are relative to (a folder, or a URL prefix)
     clip_starts: np.ndarray | None = None  # a video job's: each row's clip start (seconds)
+    clip_ends: np.ndarray | None = None  # ... its offset (seconds; None in files made before it was recorded)
+    video_rates: np.ndarray | None = None  # ... its video's frame rate (None in files made before)
 
     @classmethod
     def read(cls, path: str | Path) -> Stored:
@@ -36,9 +38,11 @@ class Stored:
             layers = output.layers
             fingerprint = hashlib.sha256(json.dumps(output.fingerprint, sort_keys=True).encode()).hexdigest()[:16]
             rows = output.committed.rows
-            starts = output.file["clip_start"][:rows] if "clip_start" in output.file else None
+            coordinate = {name: output.file[name][:rows] if name in output.file else None
+                          for name in ("clip_start", "clip_end", "video_rate")}
             return cls(path, rows, output.paths(), output.labels(), output.classes, layers, fingerprint,
-                       text_of(output.attrs.get("image_root")) or "", starts)
+                       text_of(output.attrs.get("image_root")) or "", coordinate["clip_start"],
+                       coordinate["clip_end"], coordinate["video_rate"])
 
     def row_keys(self) -> list[tuple]:
         """What names each row across outputs: (path, clip start) for clips of videos; else (path, k) for the

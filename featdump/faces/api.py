@@ -130,6 +130,12 @@ class Features:
     pca_fit: dict | None = None  # a pca:K layer's fit: mean, components, explained_variance
     file: h5py.File | None = None  # open while `features` is lazy: close it when done
     clip_start: np.ndarray | None = None  # a video job's: each row's clip start in its video, seconds (None: images)
+    clip_end: np.ndarray | None = None  # a video job's: each row's clip offset (its start + frames / rate), seconds
+
+
+def _row_coordinate(output: Output, name: str) -> np.ndarray | None:
+    """The committed rows' coordinate NAME (a video job's clip_start, clip_end), or None where there is none."""
+    return output.file[name][:output.committed.rows] if name in output.file else None
 
 
 def load(path: str | Path, layer: str, lazy: bool | None = None, xarray: bool = False):
@@ -161,7 +167,8 @@ def load(path: str | Path, layer: str, lazy: bool | None = None, xarray: bool = 
             layer_attributes=netcdf.without_netcdf(dataset.attrs),
             pca_fit=_fit_of(output, layer),
             file=output.file if lazy else None,
-            clip_start=output.file["clip_start"][:output.committed.rows] if "clip_start" in output.file else None,
+            clip_start=_row_coordinate(output, "clip_start"),
+            clip_end=_row_coordinate(output, "clip_end"),
         )
     except OSError as error:  # a file that breaks while read: one featdump error, never a traceback
         output.close()

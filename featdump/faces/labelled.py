@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
+
 from featdump.errors import UnknownLayer, UsageProblem
 from featdump.output import netcdf
 from featdump.output.layout import Output
@@ -29,8 +31,12 @@ def data_array(path: str | Path, layer: str, lazy: bool | None = None):
         rows = output.committed.rows
         dims = [netcdf.IMAGE, *netcdf.axis_kinds(dataset.shape[1:], dataset.attrs)]
         coords = {"path": (netcdf.IMAGE, output.paths()), "label": (netcdf.IMAGE, output.labels())}
-        if "clip_start" in output.file:  # a video job's rows: (path, clip_start) is their key
-            coords["clip_start"] = (netcdf.IMAGE, output.file["clip_start"][:rows], {"units": "s"})
+        for name, (units, meaning) in netcdf.ROW_COORDINATES.items():  # a video job's: (path, clip_start) its key
+            if name in output.file:
+                coords[name] = (netcdf.IMAGE, output.file[name][:rows], {"units": units, "long_name": meaning})
+        if "time" in dims and "time_offset_frames" in dataset.attrs:  # where each step starts within its clip
+            coords["time"] = ("time", np.asarray(dataset.attrs["time_offset_frames"]),
+                              {"units": "frames of the clip", "long_name": "the step's first frame within its clip"})
         attrs = {**netcdf.without_netcdf(dataset.attrs), "reduction": output.reduction(layer),
                  "classes": output.classes, "model": str(output.attrs.get("model", ""))}
         size = dataset.size * dataset.dtype.itemsize

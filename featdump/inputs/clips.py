@@ -32,7 +32,7 @@ log = logging.getLogger("featdump")
 
 
 def as_rows(images: ImageList, frames: int | None, fps: float | None, every: float | None,
-            model: ModelClip) -> ImageList:
+            model: ModelClip, anchor: str = "start", pad: str = "skip") -> ImageList:
     """IMAGES as a job's rows: a list of videos (every path a video's) as clips of FRAMES at FPS, one every EVERY
     seconds (defaults: what the MODEL takes: a video model's clip, an image model's one frame at each video's own
     rate; clips back to back); images as they are. The job's clip (`ImageList.clips`) is its one record from here
@@ -48,7 +48,7 @@ def as_rows(images: ImageList, frames: int | None, fps: float | None, every: flo
     if frames and frames > 1 and not model.takes_clips:
         raise UsageProblem(f"--clip {frames}: the model takes images, one frame a row (--clip 1); name a video model "
                            "for clips of frames, or a factory that declares featdump_clip.")
-    return clip_rows(images, ClipPlan.asked(frames or model.frames, fps or model.fps, every))
+    return clip_rows(images, ClipPlan.asked(frames or model.frames, fps or model.fps, every, anchor, pad))
 
 
 def is_video_list(images: ImageList) -> bool:
@@ -111,7 +111,7 @@ def clip_rows(videos: ImageList, asked: ClipPlan) -> ImageList:
              time.perf_counter() - started)
     rows = videos.select(positions)
     return dataclasses.replace(rows, clips=ClipTable(asked.frames, asked.fps, asked.every, tuple(starts),
-                                                     tuple(reasons), tuple(infos)))
+                                                     tuple(reasons), tuple(infos), asked.anchor, asked.pad))
 
 
 def _readable(source):
@@ -172,7 +172,7 @@ class ClipDataset(ImageDataset):
     def __init__(self, images: ImageList, preprocess: Preprocess):
         super().__init__(images, preprocess)
         clips = images.clips
-        self.asked = ClipPlan(clips.frames, clips.fps, clips.every)
+        self.asked = ClipPlan(clips.frames, clips.fps, clips.every, clips.anchor, clips.pad)
 
     def _decoded(self, position: int, encoded) -> Item:
         item = Item(position)

@@ -3,8 +3,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import io
+import math
 import os
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -178,14 +180,30 @@ class ClipTable:
     starts: tuple[float, ...]
     reasons: tuple[str, ...]  # "" for a row with a clip
     infos: tuple = ()  # each row's video's frame times (inputs.video.VideoInfo; None without a clip), as listed
+    anchor: str = "start"  # the grid gives the clips' starts, or their ends (inputs.video.ANCHORS)
+    pad: str = "skip"  # an end-anchored window before the first frame: left out, or padded
 
     def select(self, positions: Sequence[int]) -> ClipTable:
-        return ClipTable(self.frames, self.fps, self.every, tuple(self.starts[p] for p in positions),
-                         tuple(self.reasons[p] for p in positions), tuple(self.infos[p] for p in positions))
+        return dataclasses.replace(self, starts=tuple(self.starts[p] for p in positions),
+                                   reasons=tuple(self.reasons[p] for p in positions),
+                                   infos=tuple(self.infos[p] for p in positions))
 
     def attributes(self) -> dict:
-        """What an output records of its clips (and its fingerprint holds)."""
-        return {"clip_frames": self.frames, "clip_fps": self.fps, "clip_every": self.every}
+        """What an output records of its clips (and its fingerprint holds; the anchor and padding where asked)."""
+        anchored = {"clip_anchor": self.anchor, "clip_pad": self.pad} if self.anchor != "start" else {}
+        return {"clip_frames": self.frames, "clip_fps": self.fps, "clip_every": self.every, **anchored}
+
+    def coordinates(self, positions: Sequence[int]) -> dict[str, np.ndarray]:
+        """Each row's onset and offset (`clip_start`, `clip_end`: seconds in its video; a padded window starts
+        before 0) and its video's rate and duration as read (`video_rate`, frames a second; `video_duration`,
+        seconds from its first frame to its last frame's end), for the rows at POSITIONS."""
+        starts = np.array([self.starts[p] for p in positions], dtype=np.float64)
+        infos = [self.infos[p] if self.infos else None for p in positions]
+        rates = np.array([math.nan if info is None else info.rate for info in infos], dtype=np.float64)
+        sampled = np.where(rates > 0, rates, math.nan) if not self.fps else np.full(len(starts), self.fps)
+        lasts = np.array([math.nan if info is None else info.last for info in infos], dtype=np.float64)
+        return {"clip_start": starts, "clip_end": starts + self.frames / sampled, "video_rate": rates,
+                "video_duration": lasts + 1 / np.where(rates > 0, rates, math.nan)}
 
 
 @dataclass(frozen=True)
@@ -235,7 +253,7 @@ class ImageList:
         """What a row records beside its path and label: a clip's start (seconds), for the rows at POSITIONS."""
         if self.clips is None:
             return {}
-        return {"clip_start": np.array([self.clips.starts[p] for p in positions], dtype=np.float64)}
+        return self.clips.coordinates(positions)
 
     def row_key(self, position: int) -> str:
         """How the row at POSITION is named to its user: its path, and a clip's start ("film.mp4 @ 1.5 s")."""

@@ -4,8 +4,11 @@ not their suffix), each video's frame times, the clips it gives, and a clip's fr
 never the whole video in memory.
 
 A clip of N frames sampled at F frames a second that starts at time s holds, for k = 0..N-1, the frame on screen at
-s + k/F: the last frame whose presentation time is <= s + k/F, times measured from the stream's first frame. Clips
-start at 0, S, 2S, ... while the clip's last frame time s + (N-1)/F is <= the video's last frame time.
+s + k/F: the last frame whose presentation time is <= s + k/F, times measured from the stream's first frame; it
+covers [s, s + N/F), its offset. Anchored at their start (the default), clips start at 0, S, 2S, ... while the
+clip's last frame time s + (N-1)/F is <= the video's last frame time. Anchored at their end (causal windows, each
+the N frames before an onset t = 0, S, 2S, ...: s = t - N/F), a window that reaches before the first frame is left
+out, or padded by repeating the first frame (a time before it shows the first frame: s < 0 records it).
 """
 
 from __future__ import annotations
@@ -19,6 +22,8 @@ import numpy as np
 from featdump.errors import UsageProblem
 
 VIDEO_SUFFIXES = (".mp4", ".mkv", ".webm", ".avi", ".mov")
+ANCHORS = ("start", "end")  # --clip-anchor: the grid gives clips' starts, or their ends (causal windows)
+PADS = ("skip", "repeat")  # --clip-pad: an end-anchored window reaching before the first frame
 _TOLERANCE = 1e-6  # seconds: a frame time and a sampling time this close are the same instant
 _END_SEEK = 3.0  # seconds before the stream's stated end where its last frame is looked for
 
@@ -59,20 +64,27 @@ class ClipPlan:
     frames: int
     fps: float
     every: float
+    anchor: str = "start"  # the grid times are the clips' starts, or their ends (ANCHORS)
+    pad: str = "skip"  # an end-anchored window reaching before the first frame: left out, or padded (PADS)
 
     @classmethod
-    def of(cls, frames: int, fps: float, every: float | None = None) -> ClipPlan:
+    def of(cls, frames: int, fps: float, every: float | None = None, anchor: str = "start",
+           pad: str = "skip") -> ClipPlan:
         """The plan for FRAMES at FPS, a clip every EVERY seconds (default N/F: back to back)."""
-        return cls.asked(frames, fps, every).for_video(0.0)
+        return cls.asked(frames, fps, every, anchor, pad).for_video(0.0)
 
     @classmethod
-    def asked(cls, frames: int, fps: float | None = None, every: float | None = None) -> ClipPlan:
+    def asked(cls, frames: int, fps: float | None = None, every: float | None = None, anchor: str = "start",
+              pad: str = "skip") -> ClipPlan:
         """The plan as asked, before a video is seen: FPS None (0) for each video's own rate, EVERY None (0) for
         back to back."""
         if frames < 1 or (fps is not None and not fps > 0) or (every is not None and not every > 0):
             raise UsageProblem(f"--clip {frames}, --fps {fps}, --clip-every {every}: give a clip of 1 frame or more, "
                                "and a positive rate and step.")
-        return cls(int(frames), float(fps or 0.0), float(every or 0.0))
+        if anchor not in ANCHORS or pad not in PADS:
+            raise UsageProblem(f"--clip-anchor {anchor}, --clip-pad {pad}: choose from {', '.join(ANCHORS)} and "
+                               f"{', '.join(PADS)}.")
+        return cls(int(frames), float(fps or 0.0), float(every or 0.0), anchor, pad)
 
     def for_video(self, rate: float) -> ClipPlan:
         """This plan for a video of RATE frames a second: its own rate where none was asked, clips back to back
@@ -80,24 +92,39 @@ class ClipPlan:
         fps = self.fps or rate
         if not fps > 0:
             raise ValueError("it states no frame rate: give --fps")
-        return ClipPlan(self.frames, fps, self.every or self.frames / fps)
+        return ClipPlan(self.frames, fps, self.every or self.frames / fps, self.anchor, self.pad)
 
     @property
     def span(self) -> float:
         """Seconds from a clip's first frame time to its last."""
         return (self.frames - 1) / self.fps
 
+    @property
+    def duration(self) -> float:
+        """Seconds a clip covers: from its start to its offset (N/F)."""
+        return self.frames / self.fps
+
     def starts(self, last: float) -> list[float]:
-        """The clip starts of a video whose last frame is at LAST seconds from its first: 0, S, 2S, ... while the
-        clip's last frame time is <= LAST. None when the video is shorter than one clip."""
+        """The clip starts of a video whose last frame is at LAST seconds from its first: on the grid 0, S, 2S, ...
+        (or ending on it) while the clip's last frame time is <= LAST. None when the video is shorter than one."""
+        if self.anchor == "end":
+            return self._window_starts(last)
         if last + _TOLERANCE < self.span:
             return []
         count = math.floor((last - self.span) / self.every + _TOLERANCE) + 1
         return [round(index * self.every, 9) for index in range(count)]
 
+    def _window_starts(self, last: float) -> list[float]:
+        """The starts of the windows ending on the grid (onsets t = 0, S, 2S, ... up to the last frame's time plus
+        a frame): t - N/F, those before the first frame left out unless padded."""
+        onsets = range(math.floor((last + 1 / self.fps) / self.every + _TOLERANCE) + 1)
+        starts = [round(index * self.every - self.duration, 9) for index in onsets]
+        return starts if self.pad == "repeat" else [start for start in starts if start >= -_TOLERANCE]
+
     def times(self, start: float) -> np.ndarray:
-        """The sampling times (seconds from the first frame) of the clip that starts at START."""
-        return start + np.arange(self.frames) / self.fps
+        """The sampling times (seconds from the first frame) of the clip that starts at START: a time before the
+        first frame (a padded window's) takes the first frame."""
+        return np.maximum(start + np.arange(self.frames) / self.fps, 0.0)
 
 
 @dataclass(frozen=True)

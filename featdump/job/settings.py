@@ -13,6 +13,7 @@ from pathlib import Path
 
 from featdump.errors import BadOption
 from featdump.inputs.stores import DEFAULT_PATIENCE
+from featdump.inputs.video import ANCHORS, PADS
 from featdump.job.options import Option, as_location, option, options_of
 from featdump.job.shards import parse_shard
 from featdump.output.shard_files import shard_pattern
@@ -103,6 +104,12 @@ class Settings:
         kind=float, optional=True, minimum=0, metavar="SECONDS",
         help="Videos: a clip starts every SECONDS (1.49: on an fMRI's TR grid).  [default: --clip / --fps, clips "
              "back to back]")
+    clip_anchor: str = option("start", "Videos: the grid of --clip-every gives each clip's start, or its end (each "
+                                       "row the window of frames before an onset: causal, as for fMRI).",
+                              choices=ANCHORS)
+    clip_pad: str = option("skip", "Videos, --clip-anchor end: a window that reaches before a video's first frame "
+                                   "is left out, or padded by repeating that frame (its clip_start is then < 0).",
+                           choices=PADS)
     dtype: str = option("float32", "Storage dtype.", choices=DTYPES)
     reduce: tuple[str, ...] = option(
         (), kind=tuple, metavar="[PATTERN=]REDUCTION", syntax=check_rule, table=rules_from_table,

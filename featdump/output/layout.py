@@ -235,13 +235,13 @@ def write_stale(h5file: h5py.File, stale: list[tuple[str, str]]) -> None:
 # -- rows and names ------------------------------------------------------------------------------
 
 
-ROW_COORDINATES = ("clip_start",)  # row-aligned datasets beside /paths that some jobs write (a video job's)
+ROW_COORDINATES = tuple(netcdf.ROW_COORDINATES)  # row-aligned datasets beside /paths that a video job writes
 
 
 def coordinate_rows(h5file: h5py.File, name: str) -> h5py.Dataset:
     """The row-aligned float64 dataset /NAME (a row coordinate such as a clip's start), made when first needed."""
     if name not in h5file:
-        h5file.create_dataset(name, shape=(0,), maxshape=(None,), dtype=np.float64, chunks=(4096,))
+        h5file.create_dataset(name, shape=(0,), maxshape=(None,), dtype=np.float64, chunks=(4096,), fillvalue=math.nan)
     return h5file[name]
 
 

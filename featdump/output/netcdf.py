@@ -23,8 +23,14 @@ import h5py
 import numpy as np
 
 IMAGE = "image"
-COORDINATES = {"path": "paths", "label": "labels", "clip_start": "clip_start"}  # along `image` in /features: its
-# dataset (clip_start: a video job's, each row's clip start in seconds)
+ROW_COORDINATES = {  # a video job's row coordinates: units, meaning (`output.layout` writes them)
+    "clip_start": ("s", "the clip's first sampled time in its video (below 0: a window padded before its start)"),
+    "clip_end": ("s", "the clip's offset: its start plus its frames over their rate"),
+    "video_rate": ("Hz", "the video's frame rate as its stream states it"),
+    "video_duration": ("s", "from the video's first frame to its last frame's end, as decoded"),
+}
+COORDINATES = {"path": "paths", "label": "labels", **{name: name for name in ROW_COORDINATES}}  # along `image` in
+# /features: their datasets
 ATTRIBUTES = ("DIMENSION_LIST", "REFERENCE_LIST", "CLASS", "NAME", "coordinates", "_Netcdf4Dimid")
 _NOT_A_VARIABLE = "This is a netCDF dimension but not a netCDF variable.%10d"
 _REDUCED_AXIS = {"pca": "component", "srp": "projection", "countsketch": "projection"}
@@ -69,12 +75,13 @@ def layer_names(h5file: h5py.File) -> list[str]:
 def label(h5file: h5py.File) -> None:
     """Give every dataset of the featdump output H5FILE named dimensions, and its layers their coordinates."""
     image = _scale(h5file, IMAGE, None)
-    for name in ("paths", "labels", "clip_start"):
+    for name in ("paths", "labels", *ROW_COORDINATES):
         if name in h5file:
             _attach(h5file[name], [image])
-    if "clip_start" in h5file and _text(h5file["clip_start"].attrs.get("units")) != "s":
-        h5file["clip_start"].attrs["units"] = "s"  # CF units: xarray and netCDF readers show them
-        h5file["clip_start"].attrs["long_name"] = "the clip's first frame's time in its video"
+    for name, (units, meaning) in ROW_COORDINATES.items():
+        if name in h5file and _text(h5file[name].attrs.get("units")) != units:
+            h5file[name].attrs["units"] = units  # CF units: xarray and netCDF readers show them
+            h5file[name].attrs["long_name"] = meaning
     _attach(h5file["file_stats"], [image, _scale(h5file, "file_stat", 2)])
     label_named_rows(h5file)
     for group in ("skipped", "stale"):
@@ -89,6 +96,7 @@ def label(h5file: h5py.File) -> None:
     for name in layers:
         dataset = features[name]
         names = dimension_names(dataset)
+        _time_offsets(dataset, h5file.attrs.get("clip_frames"))
         _attach(dataset, [image, *(_scale(h5file, dim, size) for dim, size in zip(names[1:], dataset.shape[1:]))])
         if _text(dataset.attrs.get("coordinates")) != coordinates:
             dataset.attrs["coordinates"] = coordinates
@@ -97,6 +105,17 @@ def label(h5file: h5py.File) -> None:
             if name in fit:
                 dataset = fit[name]
                 _attach(dataset, [_scale(fit, axis, size) for axis, size in zip(axes, dataset.shape)])
+
+
+def _time_offsets(dataset: h5py.Dataset, clip_frames) -> None:
+    """A layer that keeps a clip's time axis records where each of its steps starts within the clip, in frames of
+    the clip (`time_offset_frames`: k N / T for T steps of a clip of N frames; times in seconds divide by the
+    rate the clip was sampled at)."""
+    kinds = axis_kinds(dataset.shape[1:], dataset.attrs)
+    if clip_frames is None or "time" not in kinds or "time_offset_frames" in dataset.attrs:
+        return
+    steps = dataset.shape[1 + kinds.index("time")]
+    dataset.attrs["time_offset_frames"] = np.arange(steps) * float(clip_frames) / steps
 
 
 def forget(node: h5py.Group | h5py.Dataset) -> None:

@@ -99,27 +99,30 @@ def numeric_targets(stored: Stored, targets: str | Path, common: bool) -> Target
         columns = [name.strip() for name in header]
         values = _numbers(table, columns, text)
         _refuse_nonfinite(values, columns, text, "line", first=2)  # named by the CSV's own lines
-        starts = None
-        if CLIP_START in columns:  # a video job's rows, named by (path, clip_start): a movie's TR onsets
-            place = columns.index(CLIP_START)
-            starts, values = values[:, place], np.delete(values, place, axis=1)
-            columns = [name for name in columns if name != CLIP_START]
-        rows, order = match_rows(stored, paths[1:], common, text, starts)
+        onsets = None
+        for key in ONSET_COLUMNS:  # a video job's rows, named by (path, onset): a movie's TR onsets
+            if key in columns:
+                place = columns.index(key)
+                onsets, values = (key, values[:, place]), np.delete(values, place, axis=1)
+                columns = [name for name in columns if name != key]
+                break
+        rows, order = match_rows(stored, paths[1:], common, text, onsets)
         values = values[order]
     _refuse_nonfinite(values, columns, text)
     return Targets(np.asarray(rows), values, list(columns), None, text)
 
 
 def match_rows(stored: Stored, paths: list[str], common: bool, where: str,
-               starts: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+               onsets: tuple[str, np.ndarray] | None = None) -> tuple[np.ndarray, np.ndarray]:
     """(output rows, PATHS' rows) of the images both name, in the output's order. UsageProblem with both counts
     when they differ and not COMMON, or when PATHS names an image twice. Paths that carry the output's image_root
-    (absolute, or its URL) are matched without it. A video job's rows are named by (path, clip start) when the
-    table gives STARTS (seconds), else by path alone: every clip of a video takes its video's value."""
+    (absolute, or its URL) are matched without it. A video job's rows are named by (path, onset) when the table
+    gives ONSETS (its column, clip_start or clip_end, and its seconds), matched within half a frame; else by path
+    alone: every clip of a video takes its video's value."""
     paths = [_within_root(path, stored.root) for path in paths]
-    keys = list(paths) if starts is None else [(path, _instant(start)) for path, start in zip(paths, starts)]
-    stored_keys = stored.paths if starts is None or stored.clip_starts is None else \
-        [(path, _instant(start)) for path, start in zip(stored.paths, stored.clip_starts)]
+    if onsets is not None and stored.clip_starts is not None:
+        return _match_onsets(stored, paths, onsets, common, where)
+    keys, stored_keys = list(paths), stored.paths
     place: dict = {}
     for index, key in enumerate(keys):
         if key in place:
@@ -141,12 +144,64 @@ def match_rows(stored: Stored, paths: list[str], common: bool, where: str,
     return np.array(rows, dtype=np.int64), np.array([place[stored_keys[row]] for row in rows], dtype=np.int64)
 
 
-CLIP_START = "clip_start"  # a targets table's column naming a video job's rows with `path`
+ONSET_COLUMNS = ("clip_start", "clip_end")  # a targets table's column naming a video job's rows with `path`
+_EXACT = 1e-6  # seconds: the tolerance where a file does not record its videos' rates
 
 
-def _instant(seconds: float) -> float:
-    """A clip start as a key: to the microsecond (a table's 1.49 and a file's 1.4900000000000002 are one)."""
-    return round(float(seconds), 6)
+def _match_onsets(stored: Stored, paths: list[str], onsets: tuple[str, np.ndarray], common: bool,
+                  where: str) -> tuple[np.ndarray, np.ndarray]:
+    """(output rows, table rows) of the clips both name: each table row (path, onset) takes the row of that video
+    whose onset (the column the table names) is nearest, when within half of the video's frame. UsageProblem
+    naming the onsets that find no row (and the rows no onset finds), unless COMMON."""
+    column, times = onsets
+    stored_times = stored.clip_ends if column == "clip_end" else stored.clip_starts
+    if stored_times is None:
+        raise UsageProblem(f"{where!r} names its rows by {column}, which {str(stored.path)!r} does not record "
+                           "(made by an earlier featdump): name them by clip_start.")
+    by_video: dict[str, list[int]] = {}
+    for row, path in enumerate(stored.paths):
+        by_video.setdefault(path, []).append(row)
+    chosen: dict[int, int] = {}  # output row: table row
+    missed, tolerances = [], _half_frames(stored)
+    for index, (path, time) in enumerate(zip(paths, times)):
+        row = _nearest(by_video.get(path, []), stored_times, float(time), tolerances)
+        if row is None:
+            missed.append(f"{path} @ {float(time):.6g} s")
+        elif row in chosen:
+            raise UsageProblem(f"{where!r} names the clip {path} @ {float(time):.6g} s twice (rows "
+                               f"{chosen[row] + 1} and {index + 1}, within half a frame): one value per clip.")
+        else:
+            chosen[row] = index
+    unmatched = [f"{stored.paths[row]} @ {float(stored_times[row]):.6g} s" for row in range(stored.rows)
+                 if row not in chosen]
+    if not chosen or ((missed or unmatched) and not common):
+        raise UsageProblem(
+            f"{len(missed)} of {where!r}'s {len(paths)} onsets ({column}) find no clip of {str(stored.path)!r} within "
+            f"half a frame ({_shown(missed)}), and {len(unmatched)} of its {stored.rows} clips have no onset there "
+            f"({_shown(unmatched)}); pass --common (common=True) to use the {len(chosen)} clips both have.")
+    rows = np.array(sorted(chosen), dtype=np.int64)
+    return rows, np.array([chosen[row] for row in rows], dtype=np.int64)
+
+
+def _half_frames(stored: Stored) -> np.ndarray:
+    """Each row's tolerance in seconds: half its video's frame (1 µs where the file does not record rates)."""
+    if stored.video_rates is None:
+        return np.full(stored.rows, _EXACT)
+    rates = np.asarray(stored.video_rates, dtype=np.float64)
+    return np.where(rates > 0, 0.5 / np.where(rates > 0, rates, 1.0), _EXACT) + _EXACT
+
+
+def _nearest(rows: list[int], times: np.ndarray, time: float, tolerances: np.ndarray) -> int | None:
+    """Of ROWS, the one whose time is nearest TIME, when within its tolerance; else None."""
+    if not rows:
+        return None
+    distances = np.abs(times[rows] - time)
+    best = int(np.argmin(distances))
+    return rows[best] if distances[best] <= tolerances[rows[best]] else None
+
+
+def _shown(keys: list[str]) -> str:
+    return ", ".join(keys[:3]) + (", ..." if len(keys) > 3 else "") if keys else "none"
 
 
 def _within_root(path: str, root: str) -> str:
