@@ -137,6 +137,7 @@ def test_later_runs_load_the_package_and_a_damaged_one_is_built_anew(project, tm
                                     "--compile-cache", cache)
         verb = "Built" if run == 0 else "Loaded"
         assert f"{verb} the compiled forward in" in log and note.startswith("yes: AOTInductor package"), log
+        assert ("found for this traced graph: no export" in log) == (run == 1), log  # the export ran once
         seconds.append(float(note.split(" in ")[1].split(" s")[0]))
         features.append(values)
     assert seconds[1] < seconds[0] / 2, seconds
@@ -203,6 +204,24 @@ def test_the_package_key_follows_what_the_export_sees():
     """Same name, same weights, another BatchNorm eps: another package (the state dict alone is the same)."""
     assert exported_key(1e-5) == exported_key(1e-5)
     assert exported_key(1e-5) != exported_key(1e-4)
+
+
+def traced_key(eps: float, scale: float = 1.0) -> str:
+    from featdump.forward.ahead import graph_key
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4, eps=eps)).eval()
+    with torch.no_grad():
+        model[0].weight.mul_(scale)
+    return graph_key(torch.fx.symbolic_trace(model), torch.randn(2, 3, 16, 16), {"model": "factory:net"})
+
+
+def test_the_traced_graph_s_key_sees_a_module_s_settings_and_weights():
+    """The key that lets a later run skip the export changes with a BatchNorm's eps and with a weight, as the
+    export's own key does; the same model gives the same key."""
+    assert traced_key(1e-5) == traced_key(1e-5)
+    assert traced_key(1e-5) != traced_key(1e-4)
+    assert traced_key(1e-5) != traced_key(1e-5, scale=1.5)
 
 
 def test_the_first_batch_check_is_tight_in_float32():

@@ -254,6 +254,7 @@ def open_files() -> int:
     return len(os.listdir("/proc/self/fd"))
 
 
+@pytest.mark.slow  # a store or many processes beyond a few seconds: make test-all (CI)
 def test_a_view_is_read_one_shard_file_at_a_time(folder, single, tmp_path):
     """HDF5 keeps every source file a virtual dataset read open while it is open (1,007 files for a view of 1,000
     shards): load, rdm and probe read a view's shards one at a time instead."""

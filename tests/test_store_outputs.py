@@ -127,6 +127,7 @@ def test_a_shard_killed_at_random_moments_and_run_again_equals_a_clean_run(image
         assert_same_rows(fetched(seaweed, url, tmp_path), expected)
 
 
+@pytest.mark.slow  # a store or many processes beyond a few seconds: make test-all (CI)
 def test_a_shard_killed_mid_shard_resumes_the_partial_file_on_its_scratch(images, seaweed, tmp_path):
     folder, _ = images
     url = f"{bucket(seaweed, 'results')}/resumed/features.h5"

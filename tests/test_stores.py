@@ -110,6 +110,7 @@ def test_tar_urls_by_brace_patterns_joined_with_colons(images, store_env, tmp_pa
     assert {path.split("/")[0] for path in first["paths"]} == {"00000.tar", "00001.tar"}
 
 
+@pytest.mark.slow  # a store or many processes beyond a few seconds: make test-all (CI)
 def test_a_list_of_urls_mixed_with_paths_and_a_list_at_a_url(images, store_env, tmp_path):
     root, folder = images
     paths = folder["paths"]

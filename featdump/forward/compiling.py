@@ -16,7 +16,20 @@ from pathlib import Path
 
 import torch
 
-from featdump.forward.ahead import Lock, export, load_or_build, package_key, package_path, reject, rejected
+from featdump.forward.ahead import (
+    Lock,
+    export,
+    forget_for_graph,
+    found_for_graph,
+    graph_key,
+    load,
+    load_or_build,
+    package_key,
+    package_path,
+    reject,
+    rejected,
+    remember_for_graph,
+)
 from featdump.forward.hooks import Capture
 
 log = logging.getLogger("featdump")
@@ -110,7 +123,7 @@ class CompiledForward:
             first_line = str(error).strip().splitlines()[0] if str(error).strip() else ""
             return self._eager(f"it does not compile ({type(error).__name__}: {first_line[:300]})", inputs)
         seconds = time.perf_counter() - started
-        difference = relative_difference({name: values[:2] for name, values in got.items()}, self.graph(inputs[:2]))
+        difference = self._difference(got, inputs)
         if not difference <= self.tolerance:
             return self._eager(f"its outputs differ from eager's by {difference:.1e} of a layer's largest value "
                                f"(more than {self.tolerance:.0e})", inputs)
@@ -126,22 +139,28 @@ class CompiledForward:
         """The forward from its AOTInductor package (loaded, or built once and cached), checked against eager; None,
         with a log line, where export, the compiler or the check fails (then torch.compile is tried)."""
         started = time.perf_counter()
+        graph = graph_key(self.graph, inputs, self.described)
         try:
-            exported = export(self.graph, inputs)
-            path = package_path(self.cache, package_key(exported, inputs, self.described))
-            earlier = rejected(path)
-            if earlier is not None:  # neither built again nor compiled again by every run: eager at once
-                return self._eager(f"its package {path.name} failed the check against eager before ({earlier})",
-                                   inputs)
-            forward, how = load_or_build(exported, inputs.device, path, self.lock)
-            got = forward(inputs)
+            found = self._found_for_graph(graph, inputs)  # an earlier export of this graph: no export now
+            if found is not None:
+                (forward, path, got, difference), how = found, "loaded"
+            else:
+                exported = export(self.graph, inputs)
+                path = package_path(self.cache, package_key(exported, inputs, self.described))
+                earlier = rejected(path)
+                if earlier is not None:  # neither built again nor compiled again by every run: eager at once
+                    return self._eager(f"its package {path.name} failed the check against eager before ({earlier})",
+                                       inputs)
+                forward, how = load_or_build(exported, inputs.device, path, self.lock)
+                got = forward(inputs)
+                difference = self._difference(got, inputs)
+                remember_for_graph(self.cache, graph, path)
         except Exception as error:  # export and the compilers fail in many model-specific ways
             first_line = str(error).strip().splitlines()[0] if str(error).strip() else ""
             log.info("--compile: no ahead-of-time package (%s: %s); compiling with torch.compile in this run.",
                      type(error).__name__, first_line[:300])
             return None
         seconds = time.perf_counter() - started
-        difference = relative_difference({name: values[:2] for name, values in got.items()}, self.graph(inputs[:2]))
         if not difference <= self.tolerance:  # kept (another task may be loading it), marked for every later run
             why = (f"it differs from eager by {difference:.1e} of a layer's largest value, more than "
                    f"{self.tolerance:.0e}")
@@ -153,6 +172,28 @@ class CompiledForward:
         self.result = Compiled(True, seconds, f"yes: AOTInductor package {path.name}, {how} in {seconds:.1f} s (the "
                                               "first batch included)")
         return got
+
+    def _found_for_graph(self, graph: str, inputs: torch.Tensor) -> tuple | None:
+        """(forward, its package, the batch's outputs, their difference from eager) from the package an earlier
+        export of this graph made, when it is there, was not rejected, and passes the check; else None (a failing
+        one's name is forgotten, and the graph is exported again)."""
+        path = found_for_graph(self.cache, graph)
+        if path is None or rejected(path) is not None:
+            return None
+        forward = load(path)
+        got = forward(inputs)
+        difference = self._difference(got, inputs)
+        if not difference <= self.tolerance:
+            log.info("--compile: the package %s found for this graph differs from eager by %.1e; exporting the graph "
+                     "again.", path.name, difference)
+            forget_for_graph(self.cache, graph)
+            return None
+        log.debug("--compile: package %s found for this traced graph: no export.", path.name)
+        return forward, path, got, difference
+
+    def _difference(self, got: dict[str, torch.Tensor], inputs: torch.Tensor) -> float:
+        """How far GOT's first two rows are from eager's, relative to each layer's largest value."""
+        return relative_difference({name: values[:2] for name, values in got.items()}, self.graph(inputs[:2]))
 
     def _eager(self, why: str, inputs: torch.Tensor) -> dict[str, torch.Tensor]:
         self._forward = self.graph
