@@ -1,6 +1,7 @@
 """--compile against eager: the batch loop's img/s, the compile time cold and with a warm cache, the whole command.
 
     python benchmarks/compile.py [--images 512] [--models resnet50:avgpool,resnet18:layer3] [--rounds 3]
+    python benchmarks/compile.py --images 128 --rounds 1 --models vit_b_16:vit-blocks   # ViT-B/16, its 12 blocks
 
 ImageNet-size JPEGs (500x375, benchmarks/data), random weights, the default workers and batch size, each run a
 whole `featdump -v extract` command in its own process, in this order per model and round: eager, compiled
@@ -30,9 +31,14 @@ sys.path.insert(0, str(REPO))
 
 from benchmarks.run import make_images, timed_featdump  # noqa: E402
 
+LAYER_SETS = {"vit-blocks": ",".join(f"encoder.layers.encoder_layer_{index}" for index in range(12))}
 
-def extract(model: str, layer: str, images: Path, output: Path, *options: str) -> dict:
-    seconds, log = timed_featdump("-v", "extract", "-m", model, "-w", "none", "-l", layer, "--overwrite", *options,
+
+def extract(model: str, layer: str, images: Path, output: Path, *options: str, reference: dict | None = None) -> dict:
+    """One whole command; its rows kept (`values`) when REFERENCE is None, else their largest difference from
+    REFERENCE's over the largest |value| of each layer (`difference`)."""
+    layers = LAYER_SETS.get(layer, layer)
+    seconds, log = timed_featdump("-v", "extract", "-m", model, "-w", "none", "-l", layers, "--overwrite", *options,
                                   images, output, what=f"{model} {options}")
     compiled = re.search(r"(Compiled|Built|Loaded) the (?:compiled )?forward in ([\d.]+) s[,(]? ?(.*?)\)?; it differs",
                          log)
@@ -43,9 +49,13 @@ def extract(model: str, layer: str, images: Path, output: Path, *options: str) -
     if compiled:
         how = "torch.compile" if compiled[1] == "Compiled" else f"AOTInductor, {compiled[1].lower()}"
     with h5py.File(output, "r") as h5file:
-        values = h5file["features"][layer][:]
-    return {"seconds": seconds, "loop_rate": float(steady[1]) if steady else float("nan"),  # nan: one batch only
-            "compile": float(compiled[2]) if compiled else None, "how": how, "values": values}
+        values = {name: h5file["features"][name][:] for name in layers.split(",")}
+    run = {"seconds": seconds, "loop_rate": float(steady[1]) if steady else float("nan"),  # nan: one batch only
+           "compile": float(compiled[2]) if compiled else None, "how": how}
+    if reference is None:
+        return {**run, "values": values, "difference": 0.0}
+    return {**run, "difference": max(float(np.abs(values[name] - wanted).max()) / float(np.abs(wanted).max())
+                                     for name, wanted in reference.items())}
 
 
 def measure(model: str, layer: str, images: Path, scratch: Path, rounds: int) -> list[str]:
@@ -54,21 +64,22 @@ def measure(model: str, layer: str, images: Path, scratch: Path, rounds: int) ->
     for round_ in range(rounds):
         cache = scratch / f"cache-{model}-{round_}"
         shutil.rmtree(cache, ignore_errors=True)
-        runs.setdefault("eager", []).append(extract(model, layer, images, scratch / "eager.h5"))
+        reference = runs["eager"][0]["values"] if runs else None
+        runs.setdefault("eager", []).append(extract(model, layer, images, scratch / "eager.h5", reference=reference))
         for name in ("compiled, cold cache", "compiled, warm cache"):
             runs.setdefault(name, []).append(extract(model, layer, images, scratch / "compiled.h5", "--compile",
-                                                     "--compile-cache", str(cache)))
+                                                     "--compile-cache", str(cache),
+                                                     reference=runs["eager"][0]["values"]))
         shutil.rmtree(cache, ignore_errors=True)
         print(f"round {round_ + 1}: " + ", ".join(f"{name} {run[-1]['seconds']:.1f} s" for name, run in runs.items()),
               flush=True)
     eager = runs["eager"]
-    scale = float(np.abs(eager[0]["values"]).max())
     rows = []
     for name, done in runs.items():
         seconds = statistics.median(run["seconds"] for run in done)
         ratios = [run["seconds"] / base["seconds"] for run, base in zip(done, eager)]
         rate = statistics.median(run["loop_rate"] for run in done)
-        difference = max(float(np.abs(run["values"] - eager[0]["values"]).max()) / scale for run in done)
+        difference = max(run["difference"] for run in done)
         compiling = "-" if done[0]["compile"] is None else \
             f"{statistics.median(run['compile'] for run in done):.1f} s ({done[0]['how']})"
         eager_rate = statistics.median(run["loop_rate"] for run in eager)

@@ -110,6 +110,7 @@ def test_clip_options_on_images_and_a_video_model_on_images_are_one_line(tmp_pat
 
     write_images(tmp_path / "images", {"a": 2})
     for arguments, message in ((["-m", "resnet18", "--clip", "4"], "--clip apply to videos"),
+                               (["-m", "resnet18", "--clip-anchor", "end"], "--clip-anchor apply to videos"),
                                (["-m", "r3d_18"], "the model takes clips of 16 frames of a video")):
         result = run_featdump("extract", *arguments, "-w", "none", "-l", "avgpool", tmp_path / "images",
                               tmp_path / "out.h5")
@@ -510,6 +511,9 @@ def test_windows_ending_on_the_grid_hold_the_frames_before_each_onset_padded_or_
         assert h5file["clip_end"].attrs["units"] == "s" and h5file["video_rate"].attrs["units"] == "Hz"
     labelled = featdump.load(tmp_path / "padded.h5", "avgpool", xarray=True)
     np.testing.assert_allclose(labelled["clip_end"].values, [0.0, 0.5, 1.0, 1.5, 2.0])
+    assert "clip_anchor: end" in run_featdump("info", tmp_path / "padded.h5").stdout
+    refused = run_featdump(*common, "--clip-pad", "repeat", tmp_path / "start-padded.h5")
+    assert refused.returncode == 2 and "add --clip-anchor end" in refused.stderr, refused.stderr
 
 
 def test_targets_match_onsets_within_half_a_frame_and_a_miss_names_its_onsets(videos, tmp_path):

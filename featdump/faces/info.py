@@ -21,8 +21,8 @@ from featdump.output.update import grow_path, staging_path
 from featdump.readout.scores import MEASURES
 
 _SHOWN = 20  # skipped and stale images listed by name
-_PROVENANCE = ("image_root", "image_listing", "clip_frames", "clip_fps", "clip_every", "preprocessing", "command",
-               "featdump_version", "torch_version", "created")
+_PROVENANCE = ("image_root", "image_listing", "clip_frames", "clip_fps", "clip_every", "clip_anchor", "clip_pad",
+               "preprocessing", "command", "featdump_version", "torch_version", "created")
 
 
 def read_info(output: Path | str) -> dict:

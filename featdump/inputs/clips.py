@@ -38,7 +38,9 @@ def as_rows(images: ImageList, frames: int | None, fps: float | None, every: flo
     rate; clips back to back); images as they are. The job's clip (`ImageList.clips`) is its one record from here
     on. UsageProblem for clip options on images, a video model on images, or clips of frames for an image model."""
     if not is_video_list(images):
-        asked = [name for name, value in (("--clip", frames), ("--fps", fps), ("--clip-every", every)) if value]
+        asked = [name for name, value in (("--clip", frames), ("--fps", fps), ("--clip-every", every),
+                                          ("--clip-anchor", anchor != "start"), ("--clip-pad", pad != "skip"))
+                 if value]
         if asked or model.takes_clips:
             what = f"{', '.join(asked)} apply to videos" if asked else \
                 f"the model takes clips of {model.frames} frames of a video"

@@ -84,6 +84,9 @@ class ClipPlan:
         if anchor not in ANCHORS or pad not in PADS:
             raise UsageProblem(f"--clip-anchor {anchor}, --clip-pad {pad}: choose from {', '.join(ANCHORS)} and "
                                f"{', '.join(PADS)}.")
+        if pad != "skip" and anchor != "end":
+            raise UsageProblem(f"--clip-pad {pad} pads windows that end on the grid: add --clip-anchor end (a clip "
+                               "that starts on the grid never reaches before the first frame).")
         return cls(int(frames), float(fps or 0.0), float(every or 0.0), anchor, pad)
 
     def for_video(self, rate: float) -> ClipPlan:
