@@ -72,6 +72,7 @@ def test_resnet18_layers_match_manual_forward(tmp_path, images):
     assert_features_equal(features, expected)
 
 
+@pytest.mark.slow  # VGG11 (133M parameters); mobilenet_v3's in-place victim and test_hooks stay quick
 def test_vgg11_inplace_relu_victim(tmp_path, images):
     paths, features = extract_and_read(tmp_path, images, "vgg11", ["features.0", "features.5"])
     model = seeded_model("vgg11")

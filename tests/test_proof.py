@@ -182,6 +182,7 @@ def test_an_fp16_overflow_stops_the_run_naming_the_layer(images, tmp_path):
     assert not (tmp_path / "fp16.h5").exists()  # never passed off as done
 
 
+@pytest.mark.slow  # the CPU allocation failure's one line stays quick; this resume runs in make test-all
 def test_out_of_memory_in_the_forward_is_one_line_keeps_the_rows_and_the_same_command_finishes(tmp_path):
     """140 images in default batches of 64: the third batch's forward raises; two batches stay committed."""
     with user_project(tmp_path, "oom_models", MODELS, {"": 140}) as folder:

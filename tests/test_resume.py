@@ -172,8 +172,8 @@ def wait_for_progress(process: subprocess.Popen) -> list[str]:
     raise AssertionError("no progress line: " + "".join(lines))
 
 
-@pytest.mark.parametrize("signal_number, exit_code", [  # SIGINT's twin run in make test-all only
-    (signal.SIGTERM, 143), pytest.param(signal.SIGINT, 130, marks=pytest.mark.slow)])
+@pytest.mark.slow  # real processes signalled: make test-all (test_writer and test_progress kill runs quickly)
+@pytest.mark.parametrize("signal_number, exit_code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
 def test_sigterm_and_sigint_commit_and_resume(folder, clean, tmp_path, signal_number, exit_code):
     output = tmp_path / "out.h5"
     process = start_featdump(*extract_args(folder, output, "-b", "2"))

@@ -68,6 +68,7 @@ def test_a_run_to_a_url_is_made_on_scratch_uploaded_once_finished_and_not_made_a
     assert info.returncode == 0 and "finished, in the store: 20 rows (0 skipped)" in info.stdout, info.stdout
 
 
+@pytest.mark.slow  # a store or many processes beyond a few seconds: make test-all (CI)
 def test_shards_land_in_the_bucket_and_merge_from_there_as_from_disk(images, store_env, tmp_path):
     folder, expected = images
     url = f"{bucket(store_env, 'results')}/sharded/features.h5"

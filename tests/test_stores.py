@@ -365,6 +365,7 @@ def test_a_kill_and_a_store_outage_both_resume_with_the_same_command(seaweed, tm
         np.testing.assert_array_equal(content[layer], expected[layer])
 
 
+@pytest.mark.slow  # a store or many processes beyond a few seconds: make test-all (CI)
 def test_find_images_lists_a_prefix_in_pages(seaweed, store_env, tmp_path):
     fs = store_env.client()
     fs.mkdir("many")

@@ -81,6 +81,7 @@ def test_videos_at_a_store_prefix_and_in_tars_in_a_store_equal_the_folder_run(st
         assert_same_rows(rows_of(output), folder, name)
 
 
+@pytest.mark.slow  # a store or many processes beyond a few seconds: make test-all (CI)
 def test_a_listed_video_url_equals_its_file(stored_videos, store_env, tmp_path):
     _, folder = stored_videos
     listing = tmp_path / "videos.txt"
