@@ -508,6 +508,7 @@ def test_windows_ending_on_the_grid_hold_the_frames_before_each_onset_padded_or_
         assert h5file.attrs["clip_anchor"] == "end" and h5file.attrs["clip_pad"] == "repeat"
         np.testing.assert_allclose(h5file["video_rate"][:], 25.0)
         np.testing.assert_allclose(h5file["video_duration"][:], 2.0)
+        np.testing.assert_array_equal(h5file["video_frames"][:], 50)  # the film's 50 frames, counted
         assert h5file["clip_end"].attrs["units"] == "s" and h5file["video_rate"].attrs["units"] == "Hz"
     labelled = featdump.load(tmp_path / "padded.h5", "avgpool", xarray=True)
     np.testing.assert_allclose(labelled["clip_end"].values, [0.0, 0.5, 1.0, 1.5, 2.0])

@@ -195,15 +195,18 @@ class ClipTable:
 
     def coordinates(self, positions: Sequence[int]) -> dict[str, np.ndarray]:
         """Each row's onset and offset (`clip_start`, `clip_end`: seconds in its video; a padded window starts
-        before 0) and its video's rate and duration as read (`video_rate`, frames a second; `video_duration`,
-        seconds from its first frame to its last frame's end), for the rows at POSITIONS."""
+        before 0) and its video's rate, duration and frames as read (`video_rate`, frames a second;
+        `video_duration`, seconds from its first frame to its last frame's end; `video_frames`, NaN where not
+        counted), for the rows at POSITIONS."""
         starts = np.array([self.starts[p] for p in positions], dtype=np.float64)
         infos = [self.infos[p] if self.infos else None for p in positions]
         rates = np.array([math.nan if info is None else info.rate for info in infos], dtype=np.float64)
         sampled = np.where(rates > 0, rates, math.nan) if not self.fps else np.full(len(starts), self.fps)
         lasts = np.array([math.nan if info is None else info.last for info in infos], dtype=np.float64)
+        counts = np.array([math.nan if info is None or info.frames < 0 else info.frames for info in infos],
+                          dtype=np.float64)
         return {"clip_start": starts, "clip_end": starts + self.frames / sampled, "video_rate": rates,
-                "video_duration": lasts + 1 / np.where(rates > 0, rates, math.nan)}
+                "video_duration": lasts + 1 / np.where(rates > 0, rates, math.nan), "video_frames": counts}
 
 
 @dataclass(frozen=True)

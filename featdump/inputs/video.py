@@ -133,17 +133,21 @@ class ClipPlan:
 @dataclass(frozen=True)
 class VideoInfo:
     """A video's first video stream as it is read: its first frame's time, its last frame's (from the first), the
-    stream's stated average rate (frames a second; 0 when it states none) and its frame size."""
+    stream's stated average rate (frames a second; 0 when it states none), its frame size, and its frames counted
+    by their packets (a local file's; -1 where not counted)."""
 
     first: Fraction  # seconds, the first frame's presentation time
     last: float  # seconds from the first frame to the last
     rate: float
     size: tuple[int, int]  # (height, width)
+    frames: int = -1
 
 
 def video_info(source) -> VideoInfo:
     """SOURCE's (a path or a binary file) frame times: its first frame, and its last, found by seeking near the
-    stream's stated end and decoding from there (exact, and cheap: a few seconds are decoded, not the video)."""
+    stream's stated end and decoding from there (exact, and cheap: a few seconds are decoded, not the video). A
+    local file's frames are counted too, by their packets, read without decoding (as `ffprobe -count_packets`);
+    a stream's (a tar member, an object in a store) are not: that would read it whole."""
     av = _av()
     with av.open(source) as container:
         stream = _video_stream(container)
@@ -152,7 +156,14 @@ def video_info(source) -> VideoInfo:
         size = (first_frame.height, first_frame.width)
         last = _last_time(container, stream, first)
         rate = float(stream.average_rate) if stream.average_rate else 0.0
-    return VideoInfo(first, float(last - first), rate, size)
+        frames = _packets(container, stream) if isinstance(source, str) else -1
+    return VideoInfo(first, float(last - first), rate, size, frames)
+
+
+def _packets(container, stream) -> int:
+    """The stream's packets that hold data, read from its start without decoding: its frame count."""
+    container.seek(0, stream=stream, backward=True, any_frame=False)
+    return sum(1 for packet in container.demux(stream) if packet.size)
 
 
 def _video_stream(container):

@@ -28,6 +28,7 @@ ROW_COORDINATES = {  # a video job's row coordinates: units, meaning (`output.la
     "clip_end": ("s", "the clip's offset: its start plus its frames over their rate"),
     "video_rate": ("Hz", "the video's frame rate as its stream states it"),
     "video_duration": ("s", "from the video's first frame to its last frame's end, as decoded"),
+    "video_frames": ("1", "the video's frames, counted by their packets (NaN: a video in a tar or a store)"),
 }
 COORDINATES = {"path": "paths", "label": "labels", **{name: name for name in ROW_COORDINATES}}  # along `image` in
 # /features: their datasets
