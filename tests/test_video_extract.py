@@ -513,6 +513,12 @@ def test_windows_ending_on_the_grid_hold_the_frames_before_each_onset_padded_or_
     labelled = featdump.load(tmp_path / "padded.h5", "avgpool", xarray=True)
     np.testing.assert_allclose(labelled["clip_end"].values, [0.0, 0.5, 1.0, 1.5, 2.0])
     assert "clip_anchor: end" in run_featdump("info", tmp_path / "padded.h5").stdout
+    from featdump.faces import show
+
+    _, _, padded_frame, title = show._read(tmp_path / "padded.h5", None, 0)  # before the film: its first frame
+    _, _, first_frame, _ = show._read(tmp_path / "starts.h5", None, 0)
+    assert title == "one.mkv @ -0.5 s" and padded_frame is not None
+    np.testing.assert_array_equal(padded_frame, first_frame)
     refused = run_featdump(*common, "--clip-pad", "repeat", tmp_path / "start-padded.h5")
     assert refused.returncode == 2 and "add --clip-anchor end" in refused.stderr, refused.stderr
 

@@ -106,7 +106,7 @@ def _clip_frame(source, start: float, geometry: dict):
         info = video_info(source)
         if hasattr(source, "seek"):
             source.seek(0)
-        frame = decode_clip(source, info, np.array([start]))[0]
+        frame = decode_clip(source, info, np.array([max(start, 0.0)]))[0]  # a padded window's: the first frame
     except UsageProblem as error:  # no PyAV
         log.debug("No frame of %s: %s", source, error)
         return None
