@@ -329,3 +329,7 @@ def test_update_reads_again_a_skipped_image_whose_file_changed_and_retry_skipped
     with h5py.File(output, "r") as h5file:
         assert list(h5file.attrs["committed"]) == [5, 6, 1]
     assert json.loads(run_featdump("info", "--json", output).stdout)["skipped"] == 1
+    unchanged.unlink()  # gone: its entry stays (nothing would replace it), and nothing is read
+    gone = run_featdump(*args[:-2], "--retry-skipped", images, output)
+    assert gone.returncode == 0 and "Nothing new:" in gone.stderr, gone.stderr
+    assert [path for path, _ in skipped_entries(output)] == ["a/empty.png"]

@@ -139,7 +139,9 @@ def plan_update(output: Path, images: ImageList, fingerprint: dict, new_layers: 
             )
         fingerprints.check(held.attrs, output, fingerprint, ignore=(*fingerprints.UPDATE_IGNORES, *LAYER_KEYS))
         recorded = skips.read(held.file, held.committed.skipped)
-        again = set(skips.to_retry(recorded, _stat_by_path(images), retry_skipped))
+        present = set(images.paths)  # an input no longer listed keeps its entry: nothing would replace it
+        again = {index for index in skips.to_retry(recorded, _stat_by_path(images), retry_skipped)
+                 if recorded[index].path in present}
         retried = [skip for index, skip in enumerate(recorded) if index in again]
         kept = [skip for index, skip in enumerate(recorded) if index not in again]
         known = {os.fsdecode(name) for name in held.raw_paths()} | {skip.path for skip in kept}
