@@ -40,13 +40,14 @@ def test_a_rebuild_killed_before_its_swap_keeps_the_old_list(tmp_path):
         h5file.create_group("skipped_next")  # a kill while the new list was being written
         skips.finish_swap(h5file)
         assert "skipped_next" not in h5file and skips.read(h5file) == OLD
-        assert not skips.swapped_for(h5file, AFTER)
+        assert not skips.swapped_for(h5file, AFTER, "update-1")
 
 
 def test_a_rebuild_killed_inside_its_swap_is_finished_and_known(tmp_path):
     with layout(tmp_path / "out.h5") as h5file:
-        skips.replace(h5file, NEW, AFTER)
+        skips.replace(h5file, NEW, AFTER, "update-1")
         h5file.move("skipped", "skipped_next")  # as if killed after the old list's removal, before the move
         skips.finish_swap(h5file)
-        assert skips.read(h5file) == NEW and skips.swapped_for(h5file, AFTER)
-        assert not skips.swapped_for(h5file, Committed(7, 8, 2))
+        assert skips.read(h5file) == NEW and skips.swapped_for(h5file, AFTER, "update-1")
+        assert not skips.swapped_for(h5file, Committed(7, 8, 2), "update-1")
+        assert not skips.swapped_for(h5file, AFTER, "update-2")  # a later update with the same counters

@@ -291,6 +291,11 @@ def skipped_entries(path) -> list[tuple[str, str]]:
         return list(zip(h5file["skipped/paths"].asstr()[:count], h5file["skipped/reasons"].asstr()[:count]))
 
 
+def skipped_stats(path) -> list[tuple[int, int]]:
+    with h5py.File(path, "r", locking=False) as h5file:
+        return [tuple(int(value) for value in stat) for stat in h5file["skipped/file_stats"][:]]
+
+
 def test_update_reads_again_a_skipped_image_whose_file_changed_and_retry_skipped_reads_them_all(tmp_path):
     images, output = tmp_path / "images", tmp_path / "out.h5"
     written = write_images(images, {"a": 4}, size=(40, 32))
@@ -321,6 +326,15 @@ def test_update_reads_again_a_skipped_image_whose_file_changed_and_retry_skipped
 
     again = run_featdump(*args)
     assert again.returncode == 0 and "Nothing new:" in again.stderr  # an unchanged skip is not read again
+    before_stats = skipped_stats(output)
+    unchanged.write_bytes(b"x")  # changed, still bad: read again; an update that reads nothing records nothing
+    for _ in range(2):  # and says so (exit 1) each time, as for new images that cannot be read
+        rebad = run_featdump(*args)
+        assert rebad.returncode == 1 and "Reading again 1 skipped input(s) (changed since" in rebad.stderr
+        assert "No image could be read: 1 tried" in rebad.stderr
+        assert skipped_stats(output) == before_stats
+    unchanged.write_bytes(b"")
+    os.utime(unchanged, ns=(before_stats[0][1], before_stats[0][1]))  # as it was when skipped
     retried = run_featdump(*args[:-2], "--retry-skipped", images, output)
     assert retried.returncode == 1  # it read nothing: said so, the output as it was, with the new reason
     assert "Reading again 1 skipped input(s) (--retry-skipped): a/empty.png" in retried.stderr

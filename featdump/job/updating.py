@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +24,7 @@ from featdump.output import fingerprint as fingerprints
 from featdump.output.layout import Output
 from featdump.output.space import report_size
 from featdump.output.update import (
+    UPDATE_TOKEN,
     StoredLayers,
     UpdatePlan,
     apply_update,
@@ -101,7 +103,8 @@ def update(job: UpdateJob) -> Summary:
         if len(plan.images):
             report_size(output, whole.specs, len(plan.images), settings.space_check, whole.device_bytes,
                         plan.images.noun)
-        writer = FeatureWriter.open(staged, whole.specs, plan.fingerprint, job.attributes,
+        writer = FeatureWriter.open(staged, whole.specs, plan.fingerprint,
+                                    {**job.attributes, UPDATE_TOKEN: uuid.uuid4().hex},
                                     list(plan.images.classes), settings.batch_size, settings.compression,
                                     locking=False)
         start = writer.committed_images

@@ -8,7 +8,8 @@ entries read as unknown (never seen to change) and without onset.
 An --update reads an entry again when its file changed since it was skipped (size or mtime), or every entry with
 --retry-skipped; its new outcome (rows, or a fresh entry) replaces it. The skipped group is then rebuilt as a
 hidden group and swapped in before the commit counters move (`replace`), so a kill leaves either the old list
-with the old counters or the new list that `swapped_for` recognises.
+with the old counters or the new list that `swapped_for` recognises (by the counters it was made for and the
+update's token, which its staging file keeps: no later update mistakes it for its own).
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from featdump.output.layout import (
 )
 
 _NEXT = "skipped_next"  # the rebuilt list, until it replaces /skipped
-_COMMITS = "commits"  # the counters the rebuilt list was made for ([rows, images, skipped])
+_COMMITS = "commits"  # what the rebuilt list was made for: [rows, images, skipped] and the update's token
 UNKNOWN_STAT = (-1, -1)
 
 
@@ -112,14 +113,14 @@ def changed_under(h5file: h5py.File, root: str | None, count: int) -> list[Skip]
     return [entries[index] for index in to_retry(entries, stat_now, every=False)]
 
 
-def replace(h5file: h5py.File, skips: Sequence[Skip], commits: Committed) -> None:
-    """Rebuild /skipped as SKIPS for the counters COMMITS (stored after this, by the caller): written whole as a
-    hidden group, then swapped in."""
+def replace(h5file: h5py.File, skips: Sequence[Skip], commits: Committed, token: str) -> None:
+    """Rebuild /skipped as SKIPS for the counters COMMITS (stored after this, by the caller) of the update TOKEN
+    names: written whole as a hidden group, then swapped in."""
     if _NEXT in h5file:
         del h5file[_NEXT]
     create_named_rows(h5file.create_group(_NEXT))
     write(h5file, 0, skips, _NEXT)
-    h5file[_NEXT].attrs[_COMMITS] = json.dumps([commits.rows, commits.images, commits.skipped])
+    h5file[_NEXT].attrs[_COMMITS] = json.dumps([commits.rows, commits.images, commits.skipped, token])
     h5file.flush()
     del h5file["skipped"]
     h5file.move(_NEXT, "skipped")
@@ -137,10 +138,11 @@ def finish_swap(h5file: h5py.File) -> None:
         h5file.move(_NEXT, "skipped")
 
 
-def swapped_for(h5file: h5py.File, commits: Committed) -> bool:
-    """Whether /skipped is a list rebuilt for the counters COMMITS (a kill came before they were stored)."""
+def swapped_for(h5file: h5py.File, commits: Committed, token: str) -> bool:
+    """Whether /skipped is the list the update TOKEN names rebuilt for the counters COMMITS (a kill came before
+    they were stored)."""
     recorded = h5file["skipped"].attrs.get(_COMMITS)
-    return recorded is not None and json.loads(recorded) == [commits.rows, commits.images, commits.skipped]
+    return recorded is not None and json.loads(recorded) == [commits.rows, commits.images, commits.skipped, token]
 
 
 def cut_to(h5file: h5py.File, count: int) -> None:

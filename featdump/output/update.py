@@ -48,6 +48,7 @@ log = logging.getLogger("featdump")
 _COPY_ROWS = 1024
 
 
+UPDATE_TOKEN = "update_token"  # an update's staging file's own name for it (kept across a kill)
 LAYER_KEYS = ("layers", "layouts", "reduce", "pca_fit")  # the fingerprint's keys an update may extend (new layers)
 
 
@@ -344,7 +345,8 @@ def _append_staged(h5file: h5py.File, staged: Output, plan: UpdatePlan, images_d
     held, after = Committed.of(h5file), plan.after(added)
     if added.images and held == after:
         return  # a kill came after the commit: the rows are there (and all recorded before them)
-    if plan.retried and held == plan.base and skips.swapped_for(h5file, after):
+    token = str(staged.attrs.get(UPDATE_TOKEN, ""))
+    if plan.retried and held == plan.base and skips.swapped_for(h5file, after, token):
         after.store(h5file)  # a kill came between the new skipped list and the counters: all else is written
         h5file.flush()
         return
@@ -378,6 +380,6 @@ def _append_staged(h5file: h5py.File, staged: Output, plan: UpdatePlan, images_d
         append_proof(h5file, {**entry, "run": "update"})
     h5file.flush()
     if plan.retried:  # the retried inputs' old entries give way to their outcome
-        skips.replace(h5file, [*plan.kept_skips, *skips.read(staged.file, added.skipped)], after)
+        skips.replace(h5file, [*plan.kept_skips, *skips.read(staged.file, added.skipped)], after, token)
     after.store(h5file)
     h5file.flush()
