@@ -1,6 +1,6 @@
 """bf16 on a CPU node: `--precision bf16` (with its proof on, the default 8 images) against fp32, whole commands.
 
-    python benchmarks/bf16_cpu.py [--images 256] [--vit-images 64] [--rounds 2]
+    python benchmarks/bf16_cpu.py [--images 256] [--vit-images 64] [--rounds 2] [--configurations "fp32;bf16 + proof"]
 
 ImageNet-size JPEGs (500x375, benchmarks/data), random weights, the default workers and batch size, each run a
 whole `featdump extract` command in its own process, interleaved per round: fp32, bf16 (proof 8, the default),
@@ -44,13 +44,15 @@ def proof_record(output: Path) -> dict:
     return entry
 
 
-def measure(job: str, images: Path, scratch: Path, rounds: int) -> tuple[list[str], dict]:
-    """ROUNDS interleaved rounds of the three configurations: table rows, and the bf16 run's proof record."""
+def measure(job: str, images: Path, scratch: Path, rounds: int, configurations: list[str]) -> tuple[list[str], dict]:
+    """ROUNDS interleaved rounds of CONFIGURATIONS (fp32 always first): table rows, and the bf16 run's proof
+    record."""
     model, layers = JOBS[job]
-    seconds: dict[str, list[float]] = {name: [] for name in CONFIGURATIONS}
+    chosen = {name: CONFIGURATIONS[name] for name in ["fp32", *(name for name in configurations if name != "fp32")]}
+    seconds: dict[str, list[float]] = {name: [] for name in chosen}
     record = {}
     for round_ in range(rounds):
-        for name, options in CONFIGURATIONS.items():
+        for name, options in chosen.items():
             output = scratch / f"{name.replace(' ', '_').replace(',', '')}.h5"
             seconds[name].append(command(model, layers, images, output, options))
             if name == "bf16 + proof":
@@ -76,6 +78,8 @@ def main() -> None:
     parser.add_argument("--vit-images", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--jobs", default=",".join(JOBS))
+    parser.add_argument("--configurations", default=";".join(CONFIGURATIONS),
+                        help="separated by ';', of: " + "; ".join(CONFIGURATIONS))
     args = parser.parse_args()
     scratch = HERE / "data" / "bf16"
     scratch.mkdir(parents=True, exist_ok=True)
@@ -83,7 +87,7 @@ def main() -> None:
     for job in args.jobs.split(","):
         count = args.vit_images if job.startswith("vit") else args.images
         images = make_images(HERE / "data" / f"photos-{count}", count)
-        rows, record = measure(job, images, scratch, args.rounds)
+        rows, record = measure(job, images, scratch, args.rounds, args.configurations.split(";"))
         times += rows
         accuracy += accuracy_rows(job, record)
     print("\n| job | configuration | command (median) | x fp32 (range) |\n| --- | --- | --- | --- |")
