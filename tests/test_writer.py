@@ -162,7 +162,7 @@ writer = FeatureWriter.open(sys.argv[1], {"f": DatasetSpec((64, 28, 28), "float3
 done = writer.committed_images
 while True:
     paths = [f"folder/image_{i:07d}.jpg" for i in range(done, done + 4)]
-    skipped = [(paths[0] + ".bad", "truncated")] if done % 12 == 0 else []
+    skipped = [Skip(paths[0] + ".bad", "truncated")] if done % 12 == 0 else []
     writer.append({"f": np.full((4, 64, 28, 28), done, np.float32)}, paths, [0] * 4, skipped, done + 4)
     done += 4
 """
