@@ -122,6 +122,7 @@ def test_a_resumed_output_and_its_partial_file(images, tmp_path):
     assert check_netcdf(output)["fc"] == ("image", "feature_1000")
 
 
+@pytest.mark.slow  # an update and a growth; netCDF naming has quicker tests
 def test_updated_and_grown_outputs_keep_their_dimensions(images, tmp_path):
     half = tmp_path / "half"
     shutil.copytree(images, half)

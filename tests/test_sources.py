@@ -183,6 +183,7 @@ def test_timm_cnn_and_vit_against_explicit_calls(tmp_path):
             assert json.loads(h5file.attrs["model_source"])["timm_model"] == name
 
 
+@pytest.mark.slow  # timm's Swin built and run twice; the axes' own tests (test_netcdf) stay quick
 def test_timm_swin_stages_are_channels_last_as_timm_states_and_pool_to_their_channels(tmp_path):
     """timm's Swin takes only its own input size, so the probe cannot find its maps' axes by another size: its
     feature_info stages (NHWC, as `output_fmt` says) are pooled over y and x, 768 values a row equal to hooks' mean

@@ -43,6 +43,7 @@ def images_in_row_order(root, content) -> list[Image.Image]:
     return [Image.open(root / path).convert("RGB") for path in content["paths"]]
 
 
+@pytest.mark.slow  # a segmentation network's forward; each task's listing stays quick
 def test_a_segmentation_model_s_rows_are_its_square_crops_through_the_model(photos, tmp_path):
     output = tmp_path / "seg.h5"
     result = run_featdump("extract", "-m", "lraspp_mobilenet_v3_large", "-w", "none", "-l", "@out,backbone@high",
