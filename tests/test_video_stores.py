@@ -61,6 +61,7 @@ def assert_same_rows(found: dict, expected: dict, name=lambda path: path) -> Non
             np.testing.assert_array_equal(row[layer], wanted[layer])
 
 
+@pytest.mark.slow  # the module's fixture uploads videos to a store (6 s): make test-all (CI)
 def test_videos_in_tars_on_disk_equal_the_folder_run(stored_videos, tmp_path):
     root, folder = stored_videos
     assert folder["skipped"] == ["b/tiny.mkv"] and len(folder["order"]) == 5  # 3 clips of one, 2 of two
@@ -95,6 +96,7 @@ def test_a_listed_video_url_equals_its_file(stored_videos, store_env, tmp_path):
         np.testing.assert_array_equal(row["avgpool"], folder["rows"][("a/one.mkv", start)]["avgpool"])
 
 
+@pytest.mark.slow  # the module's fixture uploads videos to a store (6 s): make test-all (CI)
 def test_a_stored_video_is_read_by_ranges_not_whole(stored_videos, store_env):
     """Listing the prefix's clips reads each video's head and tail, not its bytes end to end: a video's Window
     reads ranges of it."""
