@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 import featdump
+from featdump.errors import OutputExists
 from featdump.output.layout import Committed, Output
 
 from .conftest import featdump_env, read_output, run_featdump, start_featdump, write_images
@@ -45,6 +46,14 @@ def test_more_shards_than_workers_on_a_local_cluster_merge_into_the_single_run(i
     try:
         summary = featdump.extract_on_ray(folder, tmp_path / "out.h5", model="resnet18", weights="none",
                                           layers="layer3,avgpool", shards=3)
+        stamps = {path.name: path.stat().st_mtime_ns for path in tmp_path.glob("out*.h5")}
+        again = featdump.extract_on_ray(folder, tmp_path / "out.h5", model="resnet18", weights="none",
+                                        layers="layer3,avgpool", shards=3)
+        assert (again.rows, again.new_rows) == (23, 0)  # done at once: no shard read, nothing merged again
+        assert {path.name: path.stat().st_mtime_ns for path in tmp_path.glob("out*.h5")} == stamps
+        with pytest.raises(OutputExists, match="made by another command"):
+            featdump.extract_on_ray(folder, tmp_path / "out.h5", model="resnet18", weights="none",
+                                    layers="layer4,avgpool", shards=3)
     finally:
         ray.shutdown()
     assert summary.shards == 3 and summary.rows == 23 and summary.new_rows == 23

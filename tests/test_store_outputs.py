@@ -62,10 +62,44 @@ def test_a_run_to_a_url_is_made_on_scratch_uploaded_once_finished_and_not_made_a
     assert_same_rows(fetched(store_env, url, tmp_path), expected)
     assert not [path for path in scratch.rglob("*") if path.is_file()]  # the scratch copy is gone once uploaded
     again = run_featdump(*EXTRACT, "--scratch", scratch, folder, url)
-    assert again.returncode == 0 and "is already finished in the store: nothing to do" in again.stderr
+    assert again.returncode == 0 and "is finished already, made by this same command: nothing to do" in again.stderr
     assert f"Nothing new: {url} already holds 20 images" in again.stderr
     info = run_featdump("info", url)
     assert info.returncode == 0 and "finished, in the store: 20 rows (0 skipped)" in info.stdout, info.stdout
+
+
+def test_another_command_into_a_finished_url_is_refused_as_into_a_local_file(images, store_env, tmp_path):
+    """A finished object in the store is judged by the same fingerprint as a local file: other layers (or another
+    model) are refused with exit 2 naming the difference, --update adds them, and the same command is done at once
+    (nothing downloaded, nothing uploaded); a shard's object likewise."""
+    folder, expected = images
+    url = f"{bucket(store_env, 'results')}/judged/features.h5"
+    scratch = tmp_path / "scratch"
+    assert run_featdump(*EXTRACT, "--scratch", scratch, folder, url).returncode == 0
+    other_layers = ["extract", "-m", "resnet18", "-w", "none", "-l", "layer4,avgpool", "--scratch", scratch]
+    refused = run_featdump(*other_layers, folder, url)
+    assert refused.returncode == 2, refused.stderr
+    assert "made by another command (layers:" in refused.stderr and "--update" in refused.stderr, refused.stderr
+    other_model = run_featdump("extract", "-m", "resnet34", "-w", "none", "-l", "layer3,avgpool", "--scratch",
+                               scratch, folder, url)
+    assert other_model.returncode == 2 and "model: \"resnet18\" when started" in other_model.stderr
+    stored = fetched(store_env, url, tmp_path)
+    assert "layer4" not in stored
+    assert_same_rows(stored, expected)
+    grown = run_featdump(*other_layers, "--update", folder, url)
+    assert grown.returncode == 0, grown.stderr
+    assert {"layer3", "layer4", "avgpool"} <= set(fetched(store_env, url, tmp_path / "grown"))
+    modified = store_env.client().info(url.removeprefix("s3://"))["LastModified"]
+    again = run_featdump(*other_layers, "--update", folder, url)
+    assert again.returncode == 0 and "nothing to add" in again.stderr, again.stderr
+    assert store_env.client().info(url.removeprefix("s3://"))["LastModified"] == modified  # not uploaded again
+    assert not [path for path in scratch.rglob("*") if path.is_file()]
+    shard = [*EXTRACT, "--shard", "1/2", "--scratch", scratch, folder, f"{bucket(store_env, 'results')}/sh/f.h5"]
+    assert run_featdump(*shard).returncode == 0
+    assert run_featdump(*shard).returncode == 0
+    other_shard = [arg if arg != "layer3,avgpool" else "layer2,avgpool" for arg in shard]
+    refused_shard = run_featdump(*other_shard)
+    assert refused_shard.returncode == 2 and "made by another command" in refused_shard.stderr, refused_shard.stderr
 
 
 @pytest.mark.slow  # a store or many processes beyond a few seconds: make test-all (CI)

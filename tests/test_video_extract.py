@@ -409,6 +409,45 @@ def test_encode_with_delays_equals_ridge_cv_on_the_delayed_design_and_its_folds(
     assert refused.returncode == 2 and "not a whole number of the rows' steps (0.1 s)" in refused.stderr
 
 
+def test_delays_take_rows_without_a_target_as_the_whole_films_design_cut_to_the_targets_does(videos, tmp_path):
+    """Targets for some TRs only (each film's first 3 dropped as dummy scans, one censored volume): each kept row
+    holds the features 1-3 steps earlier wherever the file has them, targets or not (the design built over each
+    whole film, then cut to the rows with targets), and the fit equals RidgeCV on exactly that."""
+    import csv
+
+    from sklearn.linear_model import RidgeCV
+
+    from featdump.readout.delays import delayed_rows
+    from featdump.readout.folds import training_rows
+
+    output = tmp_path / "out.h5"
+    assert run_featdump("extract", "-m", "resnet18", "-w", "none", "-l", "layer3", "--reduce", "avgpool", "--fps",
+                        "10", videos, output).returncode == 0
+    loaded = featdump.load(output, "layer3")
+    features, paths, starts = loaded.features.astype(np.float64), loaded.paths, loaded.clip_start
+    whole = delayed_rows(features, by_hand_sources(paths, starts, [1, 2, 3], 0.1))  # over every row of each film
+    firsts = {video: np.sort(starts[np.asarray(paths) == video])[:3] for video in dict.fromkeys(paths)}
+    kept = np.array([start not in firsts[path] for path, start in zip(paths, starts)])
+    kept[np.flatnonzero(kept)[7]] = False  # a censored volume in the middle of a film
+    voxels = whole @ np.random.default_rng(0).standard_normal((whole.shape[1], 2)) * 0.1
+    voxels += np.random.default_rng(1).standard_normal(voxels.shape)
+    with open(tmp_path / "bold.csv", "w", newline="") as handle:
+        table = csv.writer(handle)
+        table.writerow(["path", "clip_start", "v0", "v1"])
+        table.writerows([paths[row], f"{starts[row]:.6f}", *voxels[row]] for row in np.flatnonzero(kept))
+    readout = featdump.encode(output, tmp_path / "bold.csv", folds=3, alphas=ALPHAS, delays="1,2,3",
+                              device="cpu", common=True)["layer3"]
+    design, wanted = whole[kept], voxels[kept]
+    assert (np.abs(design[:, :features.shape[1]]).sum(1) > 0).all()  # no kept row lost its first delay to a gap
+    films = np.unique(np.asarray(paths)[kept], return_inverse=True)[1]
+    training = training_rows(readout.fold, films, starts[kept], 0.4)  # the default gap: 3 delays + 1 step
+    for fold in range(3):
+        train, test = training[:, fold], readout.fold == fold
+        model = RidgeCV(alphas=ALPHAS).fit(design[train], wanted[train])
+        assert readout.alpha[fold] == model.alpha_
+        np.testing.assert_allclose(readout.predicted[test], model.predict(design[test]), rtol=1e-6, atol=1e-9)
+
+
 @pytest.mark.slow  # three films through resnet18's layer2 and layer4
 def test_with_delays_the_layer_planted_behind_a_haemodynamic_lag_wins(tmp_path):
     """BOLD made of layer4's features 2 and 3 steps earlier, through a random mixing, plus noise: with delays, layer4

@@ -13,11 +13,15 @@ import logging
 import os
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 from featdump.errors import FeatdumpError, StoreUnavailable, UsageProblem
 from featdump.inputs.stores import Patience, is_url
-from featdump.job.report import NoProgress, Progress
+from featdump.job.report import NoProgress, Progress, Summary
 from featdump.job.settings import Settings
+from featdump.output import fingerprint as fingerprints
+from featdump.output import remote
+from featdump.output.layout import Output
 from featdump.output.merge import merge
 from featdump.output.store_merge import merge_from_store
 
@@ -66,6 +70,10 @@ def extract_on_ray(settings: Settings, shards: int | None = None, address: str |
 def _run(ray, settings: Settings, shards: int | None, progress: Progress, started: float) -> RaySummary:
     resources = _task_resources(ray, settings)
     count = shards or SHARDS_PER_SLOT * _slots(ray, resources)
+    if not (settings.overwrite or settings.update):
+        finished = _merged_already(settings, count)
+        if finished is not None:
+            return RaySummary(settings.output, count, finished, 0, time.perf_counter() - started, 0)
     board = ray.remote(_Board).options(num_cpus=0).remote()
     task = ray.remote(_run_shard).options(max_retries=RETRIES, retry_exceptions=[StoreUnavailable], **resources)
     log.info("Ray: %d shards of %s, each a task asking for %s.", count, settings.output,
@@ -140,6 +148,32 @@ def _wait_for(ray, pending: dict, board, progress: Progress, count: int) -> tupl
 def _cancel(ray, pending: dict) -> None:
     for ref in pending:
         ray.cancel(ref, force=True)
+
+
+def _merged_already(settings: Settings, count: int) -> int | None:
+    """The rows of the job's merged output when it is finished and made by this same command (judged as one
+    process judges its output; another command's is refused, OutputExists), at once: no shard is read or merged
+    again. None when there is none yet, or it names pca:K layers (their shards judge them)."""
+    from featdump.job import runner, updating  # torch, as in _run
+
+    output, patience = settings.output, Patience(settings.store_patience)
+    if is_url(output):
+        if not remote.finished_in_store(output, patience):
+            return None
+        held, complete = remote.held_in_store(output, patience)
+    elif Path(output).exists():
+        with Output.open(output) as finished:
+            held, complete = finished.fingerprint, finished.complete
+    else:
+        return None
+    expected = runner.fingerprint_of(dataclasses.replace(settings, shard=f"0/{count}"))
+    if expected is None:
+        return None
+    updating.judge_finished(str(output), fingerprints.merged_held(held), complete, fingerprints.of_merged(expected))
+    rows = remote.committed(output, patience)[0].rows if is_url(output) else Summary.of_finished(output, 0).rows
+    log.info("Ray: %s is merged already, made by this same command: nothing to do (--update adds, --overwrite "
+             "makes it again).", output)
+    return rows
 
 
 def _merge(settings: Settings):

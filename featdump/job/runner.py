@@ -150,16 +150,12 @@ def extract(settings: Settings, progress: Progress | None = None) -> Summary:
     started = time.perf_counter()
     plan = _plan(settings)
     output = plan.settings.output
-    if plan.shard is not None and output.exists() and not (settings.overwrite or settings.update):
-        log.info("Shard %d of %d is already finished: %s.", plan.shard.index, plan.shard.count, output)
-        summary = Summary.of_finished(output, time.perf_counter() - started)
-    else:
-        with OutputLock.acquire(output, overwrite=True) as lock:  # an existing output: updating's to judge
-            ProgressRecord.starting(output)  # `info` answers from the moment the lock is held
-            try:
-                summary = _run_locked(plan, lock, progress or NoProgress(), started)
-            finally:
-                remove_record(output)  # only a kill leaves it, for info to report the job as stopped
+    with OutputLock.acquire(output, overwrite=True) as lock:  # an existing output (a shard's too): updating's to judge
+        ProgressRecord.starting(output)  # `info` answers from the moment the lock is held
+        try:
+            summary = _run_locked(plan, lock, progress or NoProgress(), started)
+        finally:
+            remove_record(output)  # only a kill leaves it, for info to report the job as stopped
     _merge_when_all_ranks_done(plan)
     return summary
 
@@ -208,9 +204,7 @@ def _run_locked(plan: Plan, lock: OutputLock, progress: Progress, started: float
                                                          plan.shard.local_rank if plan.shard else None), plan.images)
     plan = dataclasses.replace(plan, settings=_sized(plan.settings, model, plan.images.noun))
     settings = plan.settings
-    fingerprint = fingerprints.build(settings, model.layers, model.chosen, repr(model.preprocess.transforms),
-                                     resolve_decode(settings.decode, model.device, model.preprocess), plan.images,
-                                     model.loaded.source, plan.shard_fingerprint)
+    fingerprint = _fingerprint(plan, model)
     if settings.pca_fit is not None:
         _fit_projections(plan, model, fingerprint, lock, progress)
     attributes = _provenance(settings, model, plan.images)
@@ -231,6 +225,24 @@ def _run_locked(plan: Plan, lock: OutputLock, progress: Progress, started: float
         after, proofs = finished.committed, finished.proofs
     return summarize(settings.images, output, after, before, len(plan.images) - before.images, before.images, started,
                      left_out=plan.images.left_out(), proof=proofs[-1] if proofs else None, noun=plan.images.noun)
+
+
+def _fingerprint(plan: Plan, model: Model) -> dict:
+    """What the run of PLAN with MODEL records of itself (`output.fingerprint`), before any PCA fit's identity."""
+    settings = plan.settings
+    return fingerprints.build(settings, model.layers, model.chosen, repr(model.preprocess.transforms),
+                              resolve_decode(settings.decode, model.device, model.preprocess), plan.images,
+                              model.loaded.source, plan.shard_fingerprint)
+
+
+def fingerprint_of(settings: Settings) -> dict | None:
+    """The fingerprint the run of SETTINGS (its shard's, under --shard) would record, computed without running it;
+    None where it names pca:K layers (their fits' identity is known only once they are found or made)."""
+    if settings.pca_fit is not None:
+        return None
+    plan = _plan(settings)
+    device = resolve_device(plan.settings.device, plan.shard.local_rank if plan.shard else None)
+    return _fingerprint(plan, _prepare_model(plan.settings, device, plan.images))
 
 
 def _sized(settings: Settings, model: Model, noun: str) -> Settings:

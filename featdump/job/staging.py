@@ -13,7 +13,7 @@ from pathlib import Path
 
 from featdump.errors import UsageProblem
 from featdump.inputs.stores import Patience, is_url
-from featdump.job import runner
+from featdump.job import runner, updating
 from featdump.job.report import NoProgress, Progress, Summary
 from featdump.job.settings import Settings
 from featdump.job.shards import choose_shard
@@ -41,15 +41,20 @@ def _extract_to_store(settings: Settings, progress: Progress) -> Summary:
                            "shard with --shard K/N (or --ray), then `featdump merge URL`.")
     local = shard.path(local_output, settings.shard_pattern) if shard else local_output
     target = remote.store_twin(local, settings.output)
-    if remote.finished_in_store(target, patience):
-        if not (settings.overwrite or settings.update):
-            log.info("%s is already finished in the store: nothing to do (--overwrite makes it again).", target)
+    on_scratch = dataclasses.replace(settings, output=local_output)
+    downloaded = None
+    if not settings.overwrite and remote.finished_in_store(target, patience):
+        expected = None if settings.update else runner.fingerprint_of(on_scratch)
+        if expected is not None:  # judged as a local output is, from the object's attributes alone
+            updating.judge_finished(target, *remote.held_in_store(target, patience), expected)
             return _in_store(target, patience, time.perf_counter() - started)
-        if settings.update and not local.exists():
-            remote.download(target, local, patience)  # the rows it holds stay; the update adds to them
+        if not local.exists():  # --update (its rows stay; it adds to them), or pca:K layers: judged on scratch
+            remote.download(target, local, patience)
+        downloaded = local.stat().st_mtime_ns
     _say_where(local, target)
-    summary = runner.extract(dataclasses.replace(settings, output=local_output), progress)
-    remote.upload(local, target, patience)
+    summary = runner.extract(on_scratch, progress)
+    if downloaded is None or local.stat().st_mtime_ns != downloaded:  # unchanged: the store holds it already
+        remote.upload(local, target, patience)
     local.unlink()  # the store holds it now; the scratch is free for the next shard
     return dataclasses.replace(summary, output=target, seconds=time.perf_counter() - started)
 

@@ -59,14 +59,21 @@ def finished_as_asked(job: UpdateJob) -> Summary:
     output = job.settings.output
     try:
         with Output.open(output) as held:
-            differences = fingerprints.describe_differences(held.fingerprint, job.fingerprint)
-            complete = held.complete
+            judge_finished(str(output), held.fingerprint, held.complete, job.fingerprint)
     except NotAnOutput as error:  # some other file: not featdump's to judge
         raise OutputExists(f"Output {str(output)!r} already exists; pass --overwrite to replace it.") from error
+    return Summary.of_finished(output, 0.0)
+
+
+def judge_finished(name: str, held: dict, complete: bool, fingerprint: dict) -> None:
+    """The one judgement of a finished output NAME (on a disk or in a store) that holds the fingerprint HELD: made
+    by this same command (FINGERPRINT) and complete, it is done (logged); any other is refused (OutputExists),
+    naming the difference and the ways on."""
+    differences = fingerprints.describe_differences(held, fingerprint)
     if complete and not differences:
-        log.info("%s is finished already, made by this same command: nothing to do.", output)
-        return Summary.of_finished(output, 0.0)
-    raise OutputExists(f"Output {str(output)!r} already exists" +
+        log.info("%s is finished already, made by this same command: nothing to do.", name)
+        return
+    raise OutputExists(f"Output {name!r} already exists" +
                        (f", made by another command ({'; '.join(differences)})" if differences else "") +
                        "; pass --update to add new images or layers to it, or --overwrite to replace it.")
 

@@ -42,6 +42,17 @@ def build(settings, layers, reductions: dict[str, str], preprocessing: str, deco
     }
 
 
+def of_merged(shard_fingerprint: dict) -> dict:
+    """What the merge of a job's shards records, from one shard's fingerprint (the job's, without the shard's
+    place in it)."""
+    return _without(shard_fingerprint, SHARD_KEYS)
+
+
+def merged_held(fingerprint: dict) -> dict:
+    """A merged output's FINGERPRINT as a job's is compared (the shard count aside: it does not change a row)."""
+    return _without(fingerprint, ("shards",))
+
+
 def stored(attrs) -> dict:
     """The fingerprint a file's attributes hold."""
     return json.loads(attrs.get("fingerprint", "{}"))

@@ -15,6 +15,7 @@ from pathlib import Path
 import h5py
 
 from featdump.inputs.stores import Patience, filesystem, join, parent_of, store_path
+from featdump.output import fingerprint as fingerprints
 from featdump.output.layout import Committed
 
 log = logging.getLogger("featdump")
@@ -68,6 +69,17 @@ def committed(url: str, patience: Patience) -> tuple[Committed, int]:
         fs = filesystem(url, patience)
         with fs.open(store_path(url), "rb") as handle, h5py.File(handle, "r") as h5file:
             return Committed.of(h5file), fs.size(store_path(url))
+
+    return patience.call(read, f"Reading {url}")
+
+
+def held_in_store(url: str, patience: Patience) -> tuple[dict, bool]:
+    """(the fingerprint, whether complete) of the finished output at URL, read through the store (its attributes:
+    a few KiB), for the judgement a local output gets (`job.updating.judge_finished`)."""
+    def read() -> tuple[dict, bool]:
+        fs = _fresh(url, patience)
+        with fs.open(store_path(url), "rb") as handle, h5py.File(handle, "r") as h5file:
+            return fingerprints.stored(h5file.attrs), bool(h5file.attrs.get("complete", False))
 
     return patience.call(read, f"Reading {url}")
 

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from featdump.errors import ShardProblem
 from featdump.inputs.stores import Patience, parent_of
+from featdump.output import fingerprint as fingerprints
 from featdump.output import remote
 from featdump.output.merge import merge
 from featdump.output.shard_files import counts_among, shard_path, shard_pattern, the_count
@@ -30,6 +31,17 @@ def store_shards(url: str, pattern: str | None, patience: Patience) -> tuple[int
         [index for index, shard in enumerate(shard_names) if shard not in present]
 
 
+def _merged_already(url: str, shards: list[str], count: int, patience: Patience) -> bool:
+    """Whether the object at URL is the finished merge of these COUNT SHARDS (its fingerprint is theirs), read
+    from attributes alone; a merge of other shards (made again, grown) is replaced by merging these."""
+    if not remote.finished_in_store(url, patience):
+        return False
+    held, complete = remote.held_in_store(url, patience)
+    first, _ = remote.held_in_store(shards[0], patience)
+    return complete and held.get("shards") == count and \
+        not fingerprints.describe_differences(fingerprints.merged_held(held), fingerprints.of_merged(first))
+
+
 def merge_from_store(url: str, pattern: str | None = None, scratch: Path | None = None,
                      patience: Patience | None = None) -> str:
     """Merge the shards of the output at URL into URL (a self-contained copy); returns URL."""
@@ -39,6 +51,9 @@ def merge_from_store(url: str, pattern: str | None = None, scratch: Path | None 
         named = ", ".join(str(index) for index in missing[:20]) + (" ..." if len(missing) > 20 else "")
         raise ShardProblem(f"Cannot merge {url!r}: {len(missing)} of {count} shards are not in the store (shard "
                            f"{named}; a shard is uploaded when it is finished): run their tasks again.")
+    if _merged_already(url, shards, count, patience):
+        log.info("%s is merged already from these %d shards: nothing to do.", url, count)
+        return url
     twin = remote.scratch_twin(url, scratch)
     local = twin.parent / "merging" / twin.name  # apart from any shard this node is extracting
     log.info("Copying the %d shards of %s to %s to merge them there.", count, url, local.parent)

@@ -5,7 +5,11 @@ get zeros for the onsets before it, never another video's rows.
 
 The read-outs fit the delayed design through its Gram: with S_d the shift of delay d (a row's source row, or none),
 the delayed rows' Gram is the sum over d of S_d K S_d^T, computed from the layer's Gram K without ever making the
-D-times wider rows."""
+D-times wider rows.
+
+The delays are taken among every row the file holds, not only the rows with a target: a volume left out of the fit
+(censored, a dropped dummy scan, a TR without a response) still gives its features to the rows after it, as a
+delayed design built over each film's whole stimulus and then cut to the rows with targets does."""
 
 from __future__ import annotations
 
@@ -75,10 +79,28 @@ def sources(paths: list[str], starts: np.ndarray, delays: list[int], step: float
     return found
 
 
+def gram_rows(used: np.ndarray, shifts: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(the file rows the delayed design of the rows USED reads: those rows and every row a delay takes from,
+    sorted; SHIFTS (file rows, -1: none) as places among them; USED's places among them)."""
+    read = np.union1d(np.asarray(used, dtype=np.int64), shifts[shifts >= 0])
+    places = np.where(shifts >= 0, np.searchsorted(read, np.maximum(shifts, 0)), -1)
+    return read, places, np.searchsorted(read, used)
+
+
+def delayed_nonfinite(nonfinite: torch.Tensor, shifts: np.ndarray, used: np.ndarray) -> torch.Tensor:
+    """Which rows of the delayed design (USED: places of its rows, SHIFTS: of their sources) take a non-finite row,
+    their own or a delay's, from NONFINITE (of the rows read)."""
+    bad = nonfinite[torch.as_tensor(used, device=nonfinite.device)].clone()
+    for source in shifts:
+        present = torch.as_tensor(np.flatnonzero(source >= 0), device=nonfinite.device)
+        bad[present] |= nonfinite[torch.as_tensor(source[source >= 0], device=nonfinite.device)]
+    return bad
+
+
 def delayed_gram(gram: torch.Tensor, shifts: np.ndarray) -> torch.Tensor:
-    """The Gram of the delayed rows from the rows' (uncentred) GRAM: the sum over delays of S_d GRAM S_d^T, SHIFTS
-    as `sources` gives them (-1: a zero row)."""
-    delayed = torch.zeros_like(gram)
+    """The Gram of the delayed rows from the (uncentred) GRAM of the rows read: the sum over delays of
+    S_d GRAM S_d^T, SHIFTS (delays x design rows) as places among the rows read (-1: a zero row)."""
+    delayed = gram.new_zeros((shifts.shape[1], shifts.shape[1]))
     for source in shifts:
         present = torch.as_tensor(np.flatnonzero(source >= 0), device=gram.device)
         picked = torch.as_tensor(source[source >= 0], device=gram.device)

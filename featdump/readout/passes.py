@@ -24,7 +24,7 @@ import torch
 from featdump.analysis.gram import gram
 from featdump.output.space import human_bytes
 from featdump.output.views import read_span
-from featdump.readout.delays import delayed_gram
+from featdump.readout.delays import delayed_gram, delayed_nonfinite, gram_rows
 from featdump.readout.ridge import FoldFit, PrimalFold, choose, dual_fold
 
 ROW_BLOCK_BYTES = 64 * 1024**2  # a block of whole rows at most, whatever the budget (two exist at once)
@@ -84,14 +84,19 @@ def fit_wide(dataset: h5py.Dataset, file_rows: int, used: np.ndarray, targets: t
              advance: Callable[[int], None], clock: FitClock | None = None,
              shifts: np.ndarray | None = None,
              training: np.ndarray | None = None) -> tuple[list[FoldFit], torch.Tensor]:
-    """Every fold's fit of a wide layer (rows USED of its first FILE_ROWS) from the Gram of the rows used alone
-    (of their delayed design, `delays`, when SHIFTS are given); the rows' nonfinite mask. TRAINING (N, K): the rows
-    each fold trains on (`folds.training_rows`; by default the other folds')."""
-    stats = gram(dataset, file_rows if len(used) == file_rows else used, memory, device, advance, exact=True)
+    """Every fold's fit of a wide layer (rows USED of its first FILE_ROWS) from the Gram of the rows used alone, or of
+    their delayed design (`delays`) when SHIFTS (each delay's source file row of each row used) are given; the
+    rows' nonfinite mask. TRAINING (N, K): the rows each fold trains on (`folds.training_rows`; by default the
+    other folds')."""
+    read = used
+    if shifts is not None:  # the rows used and those their delays take from, with or without a target
+        read, shifts, places = gram_rows(used, shifts)
+    stats = gram(dataset, file_rows if len(read) == file_rows else read, memory, device, advance, exact=True)
     matrix, nonfinite = stats.centred, stats.nonfinite
     if shifts is not None:  # the delays need the rows as stored: a zero row is no row, not the mean
         matrix += stats.shifts[:, None] + stats.shifts[None, :] + stats.mean_square
         matrix = delayed_gram(matrix, shifts)
+        nonfinite = delayed_nonfinite(nonfinite, shifts, places)
     del stats
     if bool(nonfinite.any()):
         return [], nonfinite

@@ -136,20 +136,19 @@ def _videos(stored: Stored, table: Targets, folds: int) -> np.ndarray | None:
 
 
 def _delay_shifts(stored: Stored, table: Targets, delays) -> tuple[list[int], float | None, np.ndarray | None]:
-    """(the delays in steps, the step in seconds, each delay's source row per used row) of DELAYS; ([], None, None)
-    without delays."""
+    """(the delays in steps, the step in seconds, each delay's source file row per used row: among all the file's
+    rows, whether they have a target or not) of DELAYS; ([], None, None) without delays."""
     if delays is None or (isinstance(delays, str) and not delays.strip()):
         return [], None, None
     if stored.clip_starts is None:
         raise UsageProblem("--delays: the rows are images, not clips of videos on a time grid; extract the videos "
                            "with --fps (or a clip model) first.")
-    paths = [stored.paths[row] for row in table.rows]
-    starts = np.asarray(stored.clip_starts)[table.rows]
+    paths, starts = list(stored.paths), np.asarray(stored.clip_starts)  # every row the file holds, target or not
     step = grid_step(paths, starts)
     steps = parse_delays(delays, step)
     log.info("Delays %s (steps of %g s): each row's features at those earlier onsets of its video, zeros before "
              "its first row.", ",".join(map(str, steps)), step)
-    return steps, step, sources(paths, starts, steps, step)
+    return steps, step, sources(paths, starts, steps, step)[:, table.rows]
 
 
 def _gapped(stored: Stored, table: Targets, fold: np.ndarray, videos: np.ndarray | None, steps: list[int],
@@ -192,7 +191,7 @@ def _read_out(kind: str, stored: Stored, table: Targets, layers, folds: int, alp
     made_from = {"source": stored.identity(), "kind": kind, "targets": _digest(table), "layers": names,
                  "folds": folds, "seed": seed, "alphas": grid.tolist(), "per_target": per_target,
                  **({"folds_by": "video"} if stored.clip_starts is not None else {}),
-                 **({"delays": steps, "delay_step": step} if steps else {}),
+                 **({"delays": steps, "delay_step": step, "delays_from": "every row"} if steps else {}),
                  **({"gap": gap} if gap else {})}
     if to is not None and not overwrite and finished(Path(to), made_from):
         log.info("%s is finished already, made by this same command: nothing to do.", to)
