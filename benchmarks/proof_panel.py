@@ -99,8 +99,10 @@ def run(model: str, inputs: Path, output: Path, seed: int, cache: Path, **option
 
 
 def true_stop(outcome: str) -> bool:
-    """A stop that is right: the precision's (or the storage's) values are inf or NaN where fp32's are finite."""
-    return "non-finite (inf or NaN) where the reference path's are finite" in outcome or "holds at most" in outcome
+    """A stop that is right: the precision's (or the storage's) values are inf or NaN where fp32's are finite, or
+    the CPU's own emulation of the precision is beyond its ceiling (the precision does not fit the model there)."""
+    return any(words in outcome for words in ("non-finite (inf or NaN) where the reference path's are finite",
+                                              "holds at most", "does not fit this model at this layer"))
 
 
 def false_alarm(outcome: str) -> bool:
@@ -111,9 +113,10 @@ def margin(entry: dict) -> tuple[float, str]:
     """The largest fraction of a bound any layer used, and which (layer, test)."""
     used = []
     for name, layer in entry.get("layers", {}).items():
-        used += [(float(layer["largest"]) / layer["bound"], f"{name} largest"),
-                 (float(layer["whole"]) / layer["whole_bound"], f"{name} whole"),
-                 (layer["channel_shift"] / float(layer["shift_bound"]), f"{name} channel")]
+        used += [(float(layer["nearest"]) / layer["bound"], f"{name} largest"),
+                 (float(layer["whole_nearest"]) / layer["whole_bound"], f"{name} whole"),
+                 (layer["channel_shift"] / float(layer["shift_bound"]), f"{name} channel"),
+                 (layer["channel_scale"] / float(layer["scale_bound"]), f"{name} scale")]
     return max(used, default=(0.0, ""))
 
 
@@ -135,6 +138,7 @@ def summary_table(results: list[dict]) -> str:
         for name in configurations:
             runs = [r for r in mine if r["configuration"] == name]
             cells.append(", ".join(f"{r['used']:.2f}" if r["outcome"] == "finished" else
+                                   "does not fit: right stop" if "does not fit" in r["outcome"] else
                                    "inf: right stop" if true_stop(r["outcome"]) else
                                    "FALSE ALARM" if false_alarm(r["outcome"]) else r["outcome"][:40]
                                    for r in runs) or "-")

@@ -143,6 +143,15 @@ class StorageOverflow(RowsUntrusted):
         self.layer, self.largest = layer, largest
 
 
+class StorageUnderflow(RowsUntrusted):
+    """A row's values all lie below the storage dtype's smallest normal number (float16): the cast would store
+    zeros or lose their digits; the run stops before writing it."""
+
+    def __init__(self, problem: str, layer: str, largest: float):
+        super().__init__(problem, "with --dtype float32")
+        self.layer, self.largest = layer, largest
+
+
 class MixedSizes(UsageProblem):
     """The preprocessing makes images of different sizes, which cannot be batched."""
 

@@ -46,6 +46,22 @@ def channel_off(axes: dict[str, int | None]) -> Fault:
     return fault
 
 
+def channel_scaled(axes: dict[str, int | None], factor: float) -> Fault:
+    """One channel (the first along each layer's channel axis in AXES) of every row multiplied by FACTOR."""
+
+    def fault(rows: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        faulty = {}
+        for name, values in rows.items():
+            values = values.clone()
+            axis = axes.get(name)
+            channel = values.select(1 + axis, 0) if axis is not None and values.dim() > 2 else values.flatten(1)[:, 0]
+            channel *= factor
+            faulty[name] = values
+        return faulty
+
+    return fault
+
+
 def wrong_layer(rows: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """Each layer's rows replaced by the next layer's (the last's by the first's), cut or repeated to its size."""
     names = list(rows)

@@ -4,6 +4,7 @@ Small models: CI has 2 cores."""
 
 from __future__ import annotations
 
+import json
 import os
 
 import h5py
@@ -181,6 +182,15 @@ def test_a_model_that_does_not_compile_runs_eager_and_says_why(project, tmp_path
     np.testing.assert_array_equal(features["pool"], eager["pool"])
 
 
+def test_a_compile_that_fell_back_to_eager_is_recorded_as_eager_in_the_proof(project, tmp_path):
+    """--compile --precision bf16 on a model that does not trace: it ran eager, and its proof says "cpu, bf16"."""
+    _, note, _ = extract(project, "tiny_models:untraceable", tmp_path / "out.h5", "--compile", "--precision", "bf16")
+    assert note.startswith("no: the model does not trace to a graph")
+    with h5py.File(tmp_path / "out.h5", "r") as h5file:
+        (proof,) = json.loads(h5file.attrs["proof"])
+    assert proof["configuration"] == "cpu, bf16" and proof["proved"], proof["configuration"]
+
+
 def test_memory_format_is_chosen_per_model():
     assert choose_memory_format(resnet18(), (3, 224, 224))[0] == torch.channels_last
     tiny_vit = VisionTransformer(image_size=224, patch_size=32, num_layers=1, num_heads=2, hidden_dim=32, mlp_dim=64)
@@ -267,3 +277,5 @@ def test_compiled_bf16_is_accepted_then_loaded_and_a_rejected_package_is_kept_no
     assert f"--compile: running eager, its package {package.name} failed the check against eager before" in log
     assert note.startswith("no: its package") and package.exists()
     assert "Built the compiled forward" not in log and "Compiled the forward" not in log
+    with h5py.File(tmp_path / "run2.h5", "r") as h5file:  # a forced package failure: what ran, eager, is recorded
+        assert json.loads(h5file.attrs["proof"])[0]["configuration"] == "cpu, bf16"

@@ -44,6 +44,52 @@ def overflowing():
     return model
 
 
+class Offset(nn.Module):
+    """(x + 1000) - 1000: x itself in fp32; in bf16 (spacing 4 near 1000) every |x| < 2 is rounded away to 0."""
+
+    def forward(self, x):
+        return (x + 1000.0) - 1000.0
+
+
+class Gated(nn.Module):
+    """Exact in fp32; in bf16 its `offset` output is 0 where fp32's is about -1.4 to 1.4: a precision that does not
+    fit the model at that layer, whose CPU emulation is as wrong as the run."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.conv = nn.Conv2d(3, 4, 3, stride=8)
+        self.pool = nn.AdaptiveAvgPool2d(1)
+        self.fc = nn.Linear(4, 8)
+        self.offset = Offset()
+
+    def forward(self, x):
+        return self.offset(self.fc(self.pool(self.conv(x)).flatten(1)))
+
+
+def gated():
+    return Gated()
+
+
+class Tiny(nn.Module):
+    """Values of about 1e-8, finite and exact in fp32: fp16 holds no weight that small (its rows are zeros), and
+    float16 storage none of its values (below its smallest normal, 6.1e-5)."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3, stride=8, bias=False)
+        self.pool = nn.AdaptiveAvgPool2d(1)
+        with torch.no_grad():
+            self.conv.weight.copy_(torch.linspace(-1e-9, 2e-9, 108).reshape(4, 3, 3, 3))
+
+    def forward(self, x):
+        return self.pool(self.conv(x)).flatten(1)
+
+
+def tiny():
+    return Tiny()
+
+
 class RunsOutOfMemory(nn.Module):
     """Raises CUDA's out-of-memory error at its third forward of a real batch while MARKER exists (then deletes it)."""
 
@@ -120,13 +166,13 @@ def test_a_bf16_run_proves_its_rows_and_info_and_the_summary_show_it(images, tmp
     result = run_featdump("extract", "-m", "resnet18", "-w", "none", "-l", "layer2,avgpool", "--precision", "bf16",
                           images, output)
     assert result.returncode == 0, result.stderr
-    assert "; proof: 8 images recomputed on the reference path, each layer within its bound (nearest: " in result.stderr
+    assert "; proof: 8 images recomputed on the reference path, each layer within its bounds (nearest: " in result.stderr
     with h5py.File(output, "r") as h5file:
         (proof,) = json.loads(h5file.attrs["proof"])
     assert proof["configuration"] == "cpu, bf16" and proof["proved"] and proof["emulated"] == ["bf16"]
-    for layer in proof["layers"].values():  # the bound: 3x the emulation's own farthest row, plus bf16's floor
-        assert layer["bound"] == pytest.approx(3 * layer["emulated"] + 2**-8)
-        assert 1e-4 < layer["emulated"] < 0.05 and layer["largest"] <= layer["bound"]
+    for layer in proof["layers"].values():  # each row's bound: 3x its own emulation's error, plus bf16's floor
+        assert 2**-8 < layer["bound"] <= 3 * layer["emulated"] + 2**-8 + 1e-12
+        assert 1e-4 < layer["emulated"] < 0.05 and layer["nearest"] <= layer["bound"] and layer["used"] < 1
     assert len(proof["images"]) == len(set(proof["images"])) == 8  # 20 images in one default batch of 64: all first
     bf16 = featdump.load(output, "layer2").features
     reference = tmp_path / "fp32.h5"
@@ -211,13 +257,35 @@ def error_line(stderr: str) -> str:
     return lines[-1]
 
 
-def test_the_sample_takes_most_from_the_first_batch_and_spreads_the_rest():
-    sample = plan_sample(8, 0, 64, 10_000)
-    assert sample.count_first == 6 and len(sample.later) == 2
-    assert all(64 <= position < 10_000 for position in sample.later)
-    assert plan_sample(8, 0, 64, 10_000) == sample  # seeded
-    assert plan_sample(8, 0, 4, 11).count_first == 4 and len(plan_sample(8, 0, 4, 11).later) == 4
+def test_the_sample_takes_a_quarter_from_the_first_batch_and_one_row_in_each_stretch_of_the_rest():
+    sample = plan_sample(8, 0, 64, 10_000, seed=5)
+    assert sample.count_first == 2 and len(sample.later) == 6 and sample.seed == 5
+    stretches = np.linspace(64, 10_000, 7).astype(int)
+    assert sorted(np.searchsorted(stretches, sorted(sample.later), side="right") - 1) == list(range(6))
+    assert plan_sample(8, 0, 64, 10_000, seed=5) == sample  # its seed makes it again
+    assert plan_sample(8, 0, 64, 10_000).seed != plan_sample(8, 0, 64, 10_000).seed  # a new one each run
+    assert plan_sample(8, 0, 4, 11, seed=1).count_first == 2 and len(plan_sample(8, 0, 4, 11, seed=1).later) == 6
     assert plan_sample(8, 0, 20, 20).count_first == 8 and not plan_sample(8, 0, 20, 20).later
+    assert plan_sample(1, 0, 64, 10_000).count_first == 1 and not plan_sample(1, 0, 64, 10_000).later
+
+
+@pytest.mark.parametrize("name, faulty", [
+    ("every 7th batch", lambda rng: {row for batch in range(7, 32, 7) for row in range(8 * batch, 8 * batch + 8)}),
+    ("one stale batch", lambda rng: set(range(8 * (batch := int(rng.integers(1, 32))), 8 * batch + 8))),
+    ("one swapped pair", lambda rng: {(row := int(rng.integers(8, 255))), row + 1}),
+])
+def test_the_chance_formula_is_the_sampler_s_own(name, faulty):
+    """256 rows in batches of 8, --proof 8: a fault after the first batch is met as often as docs/proof.md's formula
+    says (between 1 - (1 - f)^M spread evenly and M f in one place; M = 6), over 4,000 drawn samples."""
+    from featdump.job.proof import chance_of_seeing
+
+    rng = np.random.default_rng(0)
+    trials = 4000
+    met = sum(bool((plan_sample(8, 0, 8, 256).later | set(range(8))) & faulty(rng)) for _ in range(trials))
+    fraction = len(faulty(rng)) / 248
+    even, one_place = chance_of_seeing(8, 8, 256, fraction)
+    low, high = (even, even) if name == "every 7th batch" else (one_place, one_place)
+    assert low - 0.03 <= met / trials <= high + 0.03, (name, met / trials, even, one_place)
 
 
 def test_errors_are_per_row_and_non_finite_only_where_the_reference_is_finite():
@@ -228,6 +296,18 @@ def test_errors_are_per_row_and_non_finite_only_where_the_reference_is_finite():
     assert bound(["cuda", "bf16", "compile"], 0.01) == pytest.approx(1e-3 + 3 * 0.01 + 2**-8 + 1e-4)
     assert bound(["bf16"], 0.01, "float16") == pytest.approx(3 * 0.01 + 2**-8 + 2**-11)
     assert bound(["cuda"], 0.5) == pytest.approx(1e-3)  # nothing emulated: the fixed bound alone
+    assert bound(["bf16"], 0.05) == pytest.approx(0.1)  # the emulated part is capped by bf16's ceiling
+
+
+def test_a_row_beyond_its_own_bound_stays_beyond_it_however_many_rows_are_proved():
+    """Each row is judged by its own emulation: rows proved besides it (farther in the emulation) do not loosen its
+    test, so --proof 256 is never more lenient than --proof 8 on the same rows."""
+    from featdump.job.proof import _nearest_row
+
+    error, limit = _nearest_row([0.05, 0.01], [0.01, 0.01], ["bf16"], "float32")
+    assert (error, limit) == (0.05, pytest.approx(3 * 0.01 + 2**-8)) and error > limit
+    more = _nearest_row([0.05, 0.01, 0.08, 0.07], [0.01, 0.01, 0.03, 0.025], ["bf16"], "float32")
+    assert more == (0.05, pytest.approx(3 * 0.01 + 2**-8))  # the same row, the same bound: still beyond it
 
 
 @pytest.mark.slow  # one of the quick suite's heaviest; its capability has quicker tests too
@@ -266,8 +346,7 @@ def test_a_deep_bf16_layer_of_a_random_inception_v3_is_proved_against_its_emulat
     with h5py.File(output, "r") as h5file:
         (proof,) = json.loads(h5file.attrs["proof"])
     layer = proof["layers"]["Mixed_7b.branch3x3_2a"]
-    assert layer["emulated"] > 1e-2 and layer["largest"] <= layer["bound"] == pytest.approx(
-        3 * layer["emulated"] + 2**-8)
+    assert layer["emulated"] > 1e-2 and layer["nearest"] <= layer["bound"] <= 3 * layer["emulated"] + 2**-8 + 1e-12
 
 
 @pytest.mark.parametrize("fault", ["shifted", pytest.param("zeroed", marks=pytest.mark.slow),
@@ -298,8 +377,8 @@ def test_a_one_percent_error_on_one_channel_is_caught_where_bf16_s_own_error_is_
         result = run_featdump("extract", "-m", "resnet18", "-w", "none", "-l", "layer1,layer4", "--precision", "bf16",
                               images, tmp_path / "out.h5")
     message = error_line(result.stderr)
-    assert message.startswith("Error: Layer layer4: the rows of cpu, bf16 are shifted by 1.0e-02 of a row's largest "
-                              "value on average in channel 0, beyond the "), message
+    assert message.startswith("Error: Layer layer4: the rows of cpu, bf16 are shifted by "), message
+    assert "e-02 of a row's largest value on average in channel 0, beyond the " in message, message
 
 
 @pytest.mark.slow  # one of the quick suite's heaviest; its capability has quicker tests too
@@ -343,6 +422,104 @@ def test_a_float16_storage_overflow_stops_naming_dtype_float32_and_blames_the_st
         way_out = run_featdump(*command, "--dtype", "float32", tmp_path / "half.h5", cwd=tmp_path)
         assert way_out.returncode == 0, way_out.stderr
     assert np.isfinite(featdump.load(tmp_path / "half.h5", "conv").features).all()
+
+
+@pytest.mark.parametrize("model, precision", [("gated", "bf16"), ("tiny", "fp16")])
+def test_a_precision_that_does_not_fit_the_model_stops_at_the_first_batch(images, tmp_path, model, precision):
+    """Rows as wrong as their own emulation (bf16 rounding a layer's values away to 0; fp16 holding none of a
+    model's 1e-9 weights, its rows all zeros) are not proved: the emulation itself is beyond the precision's
+    ceiling, and the run stops saying the precision does not fit, before a row is written; fp32 then runs."""
+    layer = "offset" if model == "gated" else "pool"
+    with user_project(tmp_path, "fit_models", MODELS, {}):
+        command = ["extract", "-m", f"fit_models:{model}", "-l", layer, images, tmp_path / "out.h5"]
+        result = run_featdump(*command[:5], "--precision", precision, *command[5:], cwd=tmp_path)
+        message = error_line(result.stderr)
+        assert message.startswith(f"Error: Layer {layer}: {precision} does not fit this model at this layer: the "
+                                  f"CPU's own {precision} takes its rows 1.0e+00"), message
+        assert message.endswith("Run again with --precision fp32 (nothing was committed: it starts over)."), message
+        assert not (tmp_path / "out.h5").exists()  # never passed off as done
+        fp32 = run_featdump(*command, cwd=tmp_path)
+        assert fp32.returncode == 0, fp32.stderr
+    values = featdump.load(tmp_path / "out.h5", layer).features
+    assert (np.abs(values).max(axis=1) > 0).all()  # fp32's rows are not zeros
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_a_float16_storage_underflow_stops_naming_dtype_float32_and_blames_the_storage(images, tmp_path, precision):
+    """Values of about 1e-8 stored as float16 would be zeros or subnormals: the storage cast refuses them (under
+    fp32, where no proof runs, too) and names --dtype float32, which then stores them."""
+    with user_project(tmp_path, "fit_models", MODELS, {}):
+        command = ["extract", "-m", "fit_models:tiny", "-l", "pool", "--precision", precision, images]
+        result = run_featdump(*command, "--dtype", "float16", tmp_path / "half.h5", cwd=tmp_path)
+        message = error_line(result.stderr)
+        assert message.startswith("Error: Layer pool: 20 of 20 rows hold values no larger than "), message
+        assert "below float16's smallest normal number (6.1e-05): stored as float16 they would be zeros" in message
+        assert message.endswith("Run again with --dtype float32 (nothing was committed: it starts over)."), message
+        assert not (tmp_path / "half.h5").exists()
+        way_out = run_featdump(*command, "--dtype", "float32", tmp_path / "half.h5", cwd=tmp_path)
+        assert way_out.returncode == 0, way_out.stderr
+    assert (np.abs(featdump.load(tmp_path / "half.h5", "pool").features).max(axis=1) > 0).all()
+
+
+def test_the_storage_cast_refuses_a_row_below_float16_s_normals_and_keeps_small_values_of_a_large_row():
+    from featdump.errors import StorageUnderflow
+    from featdump.output.storage import to_storage
+
+    with pytest.raises(StorageUnderflow) as caught:
+        to_storage({"a": torch_tensor([[1.0, 0.5, 1e-9], [3e-6, -1e-6, 0.0]])}, {"a": np.dtype("float16")})
+    assert caught.value.layer == "a" and "1 of 2 rows" in str(caught.value)
+    kept = to_storage({"a": torch_tensor([[1.0, 1e-9, 0.0], [0.0, 0.0, 0.0]])}, {"a": np.dtype("float16")})["a"]
+    assert kept.dtype == np.float16 and kept[0, 0] == 1.0 and kept[0, 1] == 0.0  # below its row's rounding
+    assert to_storage({"a": torch_tensor([[1e-9]])}, {"a": np.dtype("float32")})["a"][0, 0] == np.float32(1e-9)
+
+
+def test_a_channel_scaled_by_two_percent_is_caught_where_bf16_s_own_error_is_larger(images, tmp_path):
+    """Channel 0 of layer2 scaled by 1.02 in every row: bf16's rounding is in the run and its emulation alike, so
+    the channel's factor against the emulation stands out of its noise."""
+    with faults.injected(faults.channel_scaled({"layer2": 0}, 1.02), {"layer2"}):
+        result = run_featdump("extract", "-m", "resnet18", "-w", "none", "-l", "layer2", "--precision", "bf16",
+                              images, tmp_path / "out.h5")
+    message = error_line(result.stderr)  # post-ReLU values: the channel's mean moves too, and may be seen first
+    assert message.startswith("Error: Layer layer2: the rows of cpu, bf16 are "), message
+    assert "in channel 0 against the emulation's" in message or \
+        "on average in channel 0" in message, message
+
+
+def test_the_scale_test_sees_a_two_percent_channel_whose_mean_does_not_move():
+    """A channel of zero mean (values of both signs) scaled by 1.02, with noise far below that: its mean is where the
+    emulation's is, its factor is not; the other channels, noise alone, stay within their bounds."""
+    from featdump.job.proof import ChannelScales
+    from featdump.job.tolerances import scale_bound
+
+    rng = np.random.default_rng(0)
+    scales = ChannelScales()
+    for _ in range(8):
+        base = rng.standard_normal((16, 49)) * 0.3
+        got = base + rng.standard_normal(base.shape) * 2**-9 * 0.3  # a different rounding of the same values
+        got[3] *= 1.02
+        scales.add(got, base)
+    deviations, errors = scales.deviations()
+    bounds = scale_bound(["bf16"], errors)
+    assert deviations[3] == pytest.approx(0.02, abs=1e-3) and deviations[3] > bounds[3]
+    assert (np.delete(deviations, 3) < np.delete(bounds, 3)).all()
+    assert ChannelScales().deviations()[1] is None  # nothing judged before SCALE_ENTRIES values
+
+
+def test_two_runs_of_the_same_job_prove_other_rows_each_recorded_with_its_seed(tmp_path):
+    folder = tmp_path / "images"
+    write_images(folder, {"": 40}, seed=8)
+    proofs = []
+    for run in range(2):
+        output = tmp_path / f"run{run}.h5"
+        assert run_featdump("extract", "-m", "resnet18", "-w", "none", "-l", "avgpool", "--precision", "bf16", "-b",
+                            "4", folder, output).returncode == 0
+        with h5py.File(output, "r") as h5file:
+            (proof,) = json.loads(h5file.attrs["proof"])
+        paths = featdump.load(output, "avgpool").paths
+        later = plan_sample(8, 0, 4, 40, seed=proof["seed"]).later  # the record names the sample's seed
+        assert {paths[position] for position in later} <= set(proof["images"]) and len(proof["images"]) == 8
+        proofs.append(proof)
+    assert proofs[0]["seed"] != proofs[1]["seed"] and proofs[0]["images"] != proofs[1]["images"]
 
 
 def test_proof_0_turns_off_the_sample_but_not_the_fp16_watch(images, tmp_path):

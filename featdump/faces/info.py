@@ -339,6 +339,8 @@ def _proof_layer_line(name: str, errors: dict) -> str:
     if "bound" in errors:
         line += (f" (bound {errors['bound']:.1e}); whole row {float(errors['whole']):.1e} (bound "
                  f"{errors['whole_bound']:.1e}); channel shift {errors['channel_shift']:.1e}")
+    if "used" in errors:
+        line += f", scale {errors['channel_scale']:.1e}; {float(errors['used']):.2f} of a bound used"
     return line
 
 

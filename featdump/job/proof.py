@@ -1,7 +1,7 @@
 """Proof: a run that is not the reference path (a CUDA device, bf16/fp16, --compile, --decode gpu, --fast-decode)
-proves the rows it stores as it goes. A seeded sample of its images (most from the first batch, so a bad
-configuration fails within seconds, the rest spread over the job, so a fault that shows later is caught too) is
-recomputed on the reference path: the CPU, fp32, eager, hooks, the original files decoded on the CPU with the
+proves the rows it stores as it goes. A sample of its images drawn anew each run (a quarter from the first batch, so
+a bad configuration fails within seconds; the rest one in each stretch of the job, so a fault that shows later is met
+too, and a rerun proves other rows) is recomputed on the reference path: the CPU, fp32, eager, hooks, the original files decoded on the CPU with the
 model's exact preprocessing; and, where the run's departures can be emulated on the CPU (bf16/fp16 autocast, the
 fast decode), once more in that emulation. The rows judged are the ones the writer receives, after the copy to the
 host and the cast to the storage dtype (`output.write_behind` hands them over), so a raced copy, a wrong cast or a
@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import copy
 import logging
+import math
+import secrets
 import time
 from dataclasses import dataclass, field
 
@@ -36,8 +38,8 @@ from featdump.output.netcdf import axis_kinds
 
 log = logging.getLogger("featdump")
 REFERENCE = "cpu, fp32, eager, hooks, the original files decoded on the CPU"
-SEED = 0  # the sample is the same for every run of the same images
 MIN_ROWS = 4  # proved rows before channel means are judged (their noise is estimated from the rows' spread)
+SCALE_ENTRIES = 32  # values of a channel (rows x positions) before its scale is judged (its error estimated)
 WATCHED = 4  # rows of a batch recomputed when a reduced precision made non-finite values in it
 _AUTOCAST = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -103,22 +105,35 @@ class Reference:
 
 @dataclass
 class _Sample:
-    """Which source positions are proved: COUNT_FIRST of the first batch's (seeded), and LATER ones spread over
-    the rest of the job."""
+    """Which source positions are proved: COUNT_FIRST of the first batch's, and LATER ones spread over the rest of
+    the job, drawn by SEED (a new one each run, recorded with the proof)."""
 
     count_first: int
     later: set[int]
+    seed: int
 
 
-def plan_sample(count: int, start: int, first_end: int, end: int) -> _Sample:
-    """COUNT images of positions START..END: three quarters (at most the whole first batch, START..FIRST_END) from
-    the first batch, the rest one per stretch of the positions after it, seeded."""
-    count_first = min(count - min(count // 4, end - first_end), first_end - start)
-    spread = min(count - count_first, end - first_end)
-    rng = np.random.default_rng(SEED)
-    stretches = np.linspace(first_end, end, spread + 1).astype(int)
+def plan_sample(count: int, start: int, first_end: int, end: int, seed: int | None = None) -> _Sample:
+    """COUNT rows of positions START..END: a quarter (at least one) from the first batch (START..FIRST_END), so that
+    a configuration that does not fit stops within seconds; the rest one in each of as many equal stretches of the
+    positions after it, at a place drawn by SEED (drawn anew when None), so that a rerun, a shard or an update proves
+    other rows and a fault that starts late meets the sample (docs/proof.md: the chance of seeing a fault)."""
+    seed = secrets.randbits(32) if seed is None else seed
+    later_count = min(count - math.ceil(count / 4), end - first_end)
+    count_first = min(count - later_count, first_end - start)
+    rng = np.random.default_rng(seed)
+    stretches = np.linspace(first_end, end, later_count + 1).astype(int)
     later = {int(rng.integers(low, high)) for low, high in zip(stretches[:-1], stretches[1:]) if high > low}
-    return _Sample(count_first, later)
+    return _Sample(count_first, later, seed)
+
+
+def chance_of_seeing(count: int, first_batch: int, rows: int, faulty_after_first: float) -> tuple[float, float]:
+    """The chance that a sample of COUNT rows (`plan_sample`) of a job of ROWS rows whose first batch holds
+    FIRST_BATCH proves a row of a fault that touches a fraction FAULTY_AFTER_FIRST of the rows after the first batch: (spread
+    evenly over them, all in one place). Each later sample is drawn in its own stretch, so an even fault is met
+    with 1 - (1 - f)^M and a fault in one place, which only the stretch (or two) it falls in can meet, with M x f."""
+    later = min(count - math.ceil(count / 4), rows - first_batch)
+    return 1.0 - (1.0 - faulty_after_first) ** later, min(1.0, later * faulty_after_first)
 
 
 @dataclass
@@ -154,6 +169,42 @@ class ChannelMeans:
 
 
 @dataclass
+class ChannelScales:
+    """Per channel, the least-squares factor between the run's rows and the emulation's over the proved rows and
+    positions, and its standard error from the residuals: a channel scaled by a fault shows a factor farther from 1
+    than its own noise allows, where the precision's rounding scales both alike."""
+
+    products: np.ndarray | None = None  # per channel: the sum of got x base
+    squares: np.ndarray | None = None  # per channel: the sum of base^2
+    got_squares: np.ndarray | None = None  # per channel: the sum of got^2
+    entries: int = 0  # per channel: the values summed (rows x positions)
+
+    def add(self, got: np.ndarray, base: np.ndarray) -> None:
+        """GOT and BASE: (channels, entries) of one proved row, in units of its largest fp32 value."""
+        sums = ((got * base).sum(axis=1), (base * base).sum(axis=1), (got * got).sum(axis=1))
+        if self.products is None:
+            self.products, self.squares, self.got_squares = sums
+        else:
+            self.products, self.squares, self.got_squares = (self.products + sums[0], self.squares + sums[1],
+                                                             self.got_squares + sums[2])
+        self.entries += got.shape[1]
+
+    def deviations(self) -> tuple[np.ndarray, np.ndarray | None]:
+        """Per channel, |factor - 1| (0 where the base is all zeros), and its standard error (the residuals'
+        variance, at least the median channel's, over the base's energy); None under SCALE_ENTRIES values."""
+        if self.products is None:
+            return np.zeros(1), None
+        held = self.squares > 0
+        factors = np.divide(self.products, self.squares, out=np.ones_like(self.products), where=held)
+        if self.entries < SCALE_ENTRIES:
+            return np.abs(factors - 1.0), None
+        residual = np.maximum(self.got_squares - factors * self.products, 0.0) / (self.entries - 1)
+        residual = np.maximum(residual, np.median(residual))
+        errors = np.sqrt(np.divide(residual, self.squares, out=np.full_like(residual, np.inf), where=held))
+        return np.where(held, np.abs(factors - 1.0), 0.0), errors
+
+
+@dataclass
 class _Evidence:
     """One layer's proof so far: each proved row's errors, the emulation's, and the channel shift."""
 
@@ -163,6 +214,7 @@ class _Evidence:
     emulated_whole: list[float] = field(default_factory=list)
     shift: ChannelMeans = field(default_factory=ChannelMeans)  # of the run's rows - the emulated rows
     emulated_shift: ChannelMeans = field(default_factory=ChannelMeans)  # of the emulated rows - the fp32 rows
+    scale: ChannelScales = field(default_factory=ChannelScales)  # of the run's rows against the emulated rows
 
 
 @dataclass
@@ -183,6 +235,12 @@ class Proof:
     proved: list[str] = field(default_factory=list)  # the rows' keys: a path, or a clip's "path @ start s"
     seconds: float = 0.0
     _first_done: bool = False
+
+    def ran_eager(self) -> None:
+        """The run's --compile fell back to eager: it departs without "compile", and its record says so."""
+        if "compile" in self.parts:
+            self.parts = [part for part in self.parts if part != "compile"]
+            self.configuration = ", ".join(words for words in self.configuration.split(", ") if words != "compile")
 
     def check(self, positions: list[int], rows: dict[str, np.ndarray]) -> None:
         """Prove the ROWS the writer is about to store for the source POSITIONS (called on the writer's thread);
@@ -206,7 +264,7 @@ class Proof:
         rows = []
         if not self._first_done:
             self._first_done = True
-            chosen = np.random.default_rng(SEED).permutation(len(positions))[:self.sample.count_first]
+            chosen = np.random.default_rng(self.sample.seed).permutation(len(positions))[:self.sample.count_first]
             rows += [int(row) for row in chosen]
         rows += [row for row, position in enumerate(positions) if position in self.sample.later]
         return sorted(set(rows))
@@ -233,19 +291,25 @@ class Proof:
             if emulate:
                 evidence.emulated_largest += row_errors(emulated[name], expected)
                 evidence.emulated_whole += row_errors(emulated[name], expected, whole=True)
-                self._add_shift(evidence.shift, name, got, emulated[name], expected)
-                self._add_shift(evidence.emulated_shift, name, emulated[name], expected, expected)
+                self._add_channels(evidence.shift, evidence.scale, name, got, emulated[name], expected)
+                self._add_channels(evidence.emulated_shift, None, name, emulated[name], expected, expected)
+            else:  # a watched row: judged by the emulation of the sampled ones
+                evidence.emulated_largest += [np.nan] * len(chosen)
+                evidence.emulated_whole += [np.nan] * len(chosen)
         self.proved += [self.images.row_key(position) for position in chosen_positions]
 
-    def _add_shift(self, means: ChannelMeans, name: str, got: np.ndarray, base: np.ndarray,
-                   expected: np.ndarray) -> None:
-        """Add each row of (GOT - BASE) / the row's largest fp32 (EXPECTED) value to MEANS, by channel."""
+    def _add_channels(self, means: ChannelMeans, scales: ChannelScales | None, name: str, got: np.ndarray,
+                      base: np.ndarray, expected: np.ndarray) -> None:
+        """Add each row of (GOT - BASE) / the row's largest fp32 (EXPECTED) value to MEANS, and GOT against BASE
+        to SCALES (when given), by channel."""
         shape, axis = self.row_shapes.get(name, (got.shape[1],)), self.channel_axes.get(name)
         for got_row, base_row, expected_row in zip(got, base, expected):
             scale = float(np.abs(expected_row).max(initial=0.0))
             if scale == 0.0 or not (np.isfinite(got_row).all() and np.isfinite(base_row).all()):
                 continue
             means.add(_by_channel((got_row - base_row) / scale, shape, axis))
+            if scales is not None:
+                scales.add(_by_channel(got_row / scale, shape, axis), _by_channel(base_row / scale, shape, axis))
 
     def _recompute(self, positions: list[int], emulation: Emulation) -> dict[str, np.ndarray]:
         """The rows of the images at POSITIONS on the reference path, or in EMULATION, by layer, in float64."""
@@ -263,29 +327,45 @@ class Proof:
             captured = capture.run(inputs.float().contiguous())
         return {name: values.double().flatten(1).numpy() for name, values in captured.items()}
 
-    def bounds(self, name: str) -> tuple[float, float]:
-        """Layer NAME's bounds on the largest element's and the whole row's errors."""
+    def judged(self, name: str) -> _Judged:
+        """Layer NAME's evidence against its bounds (`tolerances`), each row by its own emulation."""
         evidence = self.evidence[name]
-        return (tolerances.bound(self.parts, _finite_max(evidence.emulated_largest), self.storage),
-                tolerances.bound(self.parts, _finite_max(evidence.emulated_whole), self.storage))
+        largest = _nearest_row(evidence.largest, evidence.emulated_largest, self.parts, self.storage)
+        whole = _nearest_row(evidence.whole, evidence.emulated_whole, self.parts, self.storage)
+        shift, shift_bound, channel = _nearest_channel(evidence)
+        scale, scale_bound, scaled = _nearest_scale(evidence, self.parts)
+        emulated = max(_finite_max(evidence.emulated_largest), _finite_max(evidence.emulated_whole))
+        return _Judged(largest, whole, (shift, shift_bound, channel), (scale, scale_bound, scaled), emulated)
 
     def _judge(self) -> None:
+        precision, ceiling = tolerances.precision_of(self.parts), tolerances.ceiling(self.parts)
         for name, evidence in self.evidence.items():
-            largest_bound, whole_bound = self.bounds(name)
-            worst, whole = max(evidence.largest), max(evidence.whole, default=0.0)
-            if worst == np.inf:
+            judged = self.judged(name)
+            if max(evidence.largest) == np.inf:
                 self._fail(name, "non-finite (inf or NaN) where the reference path's are finite")
+            if judged.emulated > ceiling:
+                raise ProofFailed(
+                    f"Layer {name}: {precision} does not fit this model at this layer: the CPU's own {precision} "
+                    f"takes its rows {judged.emulated:.1e} (of a row's largest value or size) from fp32's, beyond the "
+                    f"{ceiling:.1e} {precision} may cost ({REFERENCE}; docs/proof.md).",
+                    tolerances.way_out([precision]))
+            (worst, largest_bound), (whole, whole_bound) = judged.largest, judged.whole
             if worst > largest_bound:
                 self._fail(name, f"{worst:.1e} of a row's largest value from the reference path's, beyond the "
                                  f"{largest_bound:.1e} allowed for {self.configuration} at this layer")
             if whole > whole_bound:
                 self._fail(name, f"{whole:.1e} of a row's size (its L2 norm) from the reference path's, beyond the "
                                  f"{whole_bound:.1e} allowed for {self.configuration} at this layer")
-            shift, shift_bound, channel = _nearest_channel(evidence)
+            shift, shift_bound, channel = judged.shift
             if shift > shift_bound:
                 self._fail(name, f"shifted by {shift:.1e} of a row's largest value on average in channel {channel}, "
                                  f"beyond the {shift_bound:.1e} allowed for {self.configuration} at this layer (a "
                                  "systematic error)")
+            scale, scale_bound, scaled = judged.scale
+            if scale > scale_bound:
+                self._fail(name, f"scaled by {1 + scale:.4f} (or {1 - scale:.4f}) in channel {scaled} against the "
+                                 f"emulation's, beyond the {scale_bound:.1e} allowed for {self.configuration} at this "
+                                 "layer (a systematic error)")
 
     def _fail(self, name: str, what: str) -> None:
         raise ProofFailed(f"Layer {name}: the rows of {self.configuration} are {what} ({REFERENCE}; "
@@ -298,17 +378,69 @@ class Proof:
                     "why": "the run is the reference path" if not self.parts else "--proof 0"}
         layers = {}
         for name, evidence in self.evidence.items():
-            largest_bound, whole_bound = self.bounds(name)
-            shift, shift_bound, _ = _nearest_channel(evidence)
+            judged = self.judged(name)
             layers[name] = {"largest": _plain(max(evidence.largest)),
                             "median": _plain(float(np.median(evidence.largest))),
-                            "bound": largest_bound, "whole": _plain(max(evidence.whole)), "whole_bound": whole_bound,
-                            "emulated": _plain(_finite_max(evidence.emulated_largest)), "channel_shift": shift,
-                            "shift_bound": _plain(shift_bound)}
+                            "nearest": _plain(judged.largest[0]), "bound": judged.largest[1],
+                            "whole": _plain(max(evidence.whole)), "whole_nearest": _plain(judged.whole[0]),
+                            "whole_bound": judged.whole[1],
+                            "emulated": _plain(_finite_max(evidence.emulated_largest)),
+                            "emulated_whole": _plain(_finite_max(evidence.emulated_whole)),
+                            "channel_shift": judged.shift[0], "shift_bound": _plain(judged.shift[1]),
+                            "channel_scale": judged.scale[0], "scale_bound": _plain(judged.scale[1]),
+                            "used": _plain(judged.used)}
         return {"configuration": self.configuration, "reference": REFERENCE, "proved": bool(self.proved),
                 "emulated": tolerances.emulated(self.parts), "tolerance": max(
                     (layer["bound"] for layer in layers.values()), default=0.0),
-                "rows": self.images.noun, "images": self.proved, "seconds": round(self.seconds, 2), "layers": layers}
+                **({"ceiling": tolerances.ceiling(self.parts)} if tolerances.precision_of(self.parts) else {}),
+                "rows": self.images.noun, "images": self.proved, "seed": self.sample.seed,
+                "seconds": round(self.seconds, 2), "layers": layers}
+
+
+@dataclass(frozen=True)
+class _Judged:
+    """One layer's tests: (error, bound) of the row nearest its bound for the largest element's and the whole row's
+    errors; (value, bound, channel) of the channel nearest its bound for the mean shift and the scale; and the
+    emulation's farthest row (either error), which the precision's ceiling caps."""
+
+    largest: tuple[float, float]
+    whole: tuple[float, float]
+    shift: tuple[float, float, int]
+    scale: tuple[float, float, int]
+    emulated: float
+
+    @property
+    def used(self) -> float:
+        """The largest fraction of a bound any test used."""
+        return max(_fraction(*self.largest), _fraction(*self.whole), _fraction(*self.shift[:2]),
+                   _fraction(*self.scale[:2]))
+
+
+def _fraction(value: float, limit: float) -> float:
+    return 0.0 if limit == np.inf else value / limit if limit > 0 else np.inf if value > 0 else 0.0
+
+
+def _nearest_row(errors: list[float], emulated: list[float], parts: list[str], storage: str) -> tuple[float, float]:
+    """(error, bound) of the row nearest its own bound (or farthest past it): each row's bound from its own
+    emulation's error (a watched row, unemulated, from the farthest emulated row's), so that more rows proved never
+    loosen the test of one."""
+    fallback = _finite_max(emulated)
+    bounds = [tolerances.bound(parts, own if np.isfinite(own) else fallback, storage) for own in emulated]
+    fractions = [_fraction(error, limit) for error, limit in zip(errors, bounds)]
+    row = int(np.argmax(fractions))
+    return errors[row], bounds[row]
+
+
+def _nearest_scale(evidence: _Evidence, parts: list[str]) -> tuple[float, float, int]:
+    """The channel whose scale (run against emulation) is nearest its bound: |factor - 1|, its bound (SCALE_MULTIPLE
+    standard errors + the parts' floor; inf before SCALE_ENTRIES values) and its index."""
+    deviations, errors = evidence.scale.deviations()
+    if errors is None:
+        channel = int(np.argmax(deviations))
+        return float(deviations[channel]), np.inf, channel
+    bounds = tolerances.scale_bound(parts, errors)
+    channel = int(np.argmax(deviations / bounds))
+    return float(deviations[channel]), float(bounds[channel]), channel
 
 
 def _by_channel(difference: np.ndarray, shape: tuple[int, ...], axis: int | None) -> np.ndarray:

@@ -96,10 +96,9 @@ class Summary:
         if not self.proof or not self.proof.get("proved"):
             return ""
         proof = self.proof
-        name, layer = max(proof["layers"].items(), key=lambda item: float(item[1]["largest"]) / item[1]["bound"])
+        name, layer = max(proof["layers"].items(), key=lambda item: float(item[1]["used"]))
         return (f"; proof: {len(proof['images'])} {self.noun}s recomputed on the reference path, each layer within "
-                f"its bound (nearest: {name}, {float(layer['largest']):.1e} of {layer['bound']:.1e}, "
-                f"{proof['configuration']})")
+                f"its bounds (nearest: {name}, {float(layer['used']):.2f} of a bound used, {proof['configuration']})")
 
     def _left_out_note(self) -> str:
         if not self.left_out:

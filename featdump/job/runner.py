@@ -328,6 +328,8 @@ def _fill(writer: FeatureWriter, images: ImageList, settings: Settings, model: M
                        owned_files=(writer.path, *([lock.path] if lock.path else [])),
                        proof=_proof(settings, model, images, start))
             _run_batches(job, progress, stop)
+            if compiled is None or not compiled.result.compiled:
+                job.proof.ran_eager()  # what ran is recorded, not what was asked
             writer.note({"compiled": compiled_note(compiled, settings.compile)})
             writer.record_proof(job.proof.entry())
         if stop.signal_number is not None:

@@ -16,7 +16,17 @@ systematic part of the precision's error (its rounded weights) is in both the ru
 what is left is noise, and a systematic error of one channel (a wrong scale or offset) that the row errors are too
 coarse to see where the precision's own noise is large. It is judged from `proof.MIN_ROWS` proved rows on.
 
-The figures behind the multiples and floors are the panel's (`python benchmarks/proof_panel.py`, table in
+Each row is judged by its own emulation (its bound is MULTIPLE times how far the emulation takes that row, plus the
+floor), so proving more rows never loosens the test of a row. The emulation tells rounding from a fault, but it must
+not widen a bound past what the precision can honestly cost: CEILINGS caps the emulated part of a bound, and a layer
+whose emulation itself takes a row beyond its precision's ceiling is not proved at all: that precision does not fit
+the model at that layer (the way out: --precision fp32). A fourth test scales each channel: the least-squares factor
+between the run's channel and the emulation's, over the proved rows and positions, may differ from 1 by
+SCALE_MULTIPLE standard errors (from the residuals, at least the median channel's) plus the floor: the precision's
+rounding of the weights is in both and cancels, so a channel scaled by 2% is seen where its noise is far below that.
+It is judged from `proof.SCALE_ENTRIES` values of a channel on.
+
+The figures behind the multiples, floors and ceilings are the panel's (`python benchmarks/proof_panel.py`, table in
 benchmarks/RESULTS.md and docs/proof.md): 12 architectures at four depths, two seeds, no false alarm.
 """
 
@@ -27,6 +37,12 @@ from dataclasses import dataclass
 MULTIPLE = 3.0  # how many times the emulation's farthest row a run's may be: kernels that round in another order
 SHIFT_MULTIPLE = 6.0  # how many standard errors of the emulation's channel means a run's channel mean may be
 SHIFT_FLOOR = 1e-3  # a channel's mean shift, in units of a row's largest value, that is never a fault
+SCALE_MULTIPLE = 6.0  # how many standard errors (from its residuals) a channel's scale may be from 1
+# The farthest the CPU's emulation of a precision may take a row from fp32 (both row errors) before the precision
+# is judged not to fit the model at that layer. The panel's sound cells reach 0.037 (inception_v3 Mixed_7c, bf16)
+# and 0.027 (efficientnet_v2_s's classifier, fp16); random mobilenet_v3_large in fp16 reaches 1.0 (its deep values
+# underflow to zeros) and is stopped by it, as it should be.
+CEILINGS = {"bf16": 0.1, "fp16": 0.1}
 
 
 @dataclass(frozen=True)
@@ -61,12 +77,34 @@ STORAGE_ROUNDING = {"float32": 0.0, "float16": 2.0**-11}
 
 
 def bound(parts: list[str], emulated_error: float, storage: str = "float32") -> float:
-    """How far a layer's rows may be (either row error) for a run departing in PARTS, whose emulation's farthest
-    row is EMULATED_ERROR away (0 when nothing is emulated), stored as STORAGE."""
+    """How far a row may be (either row error) for a run departing in PARTS, whose emulation takes the same row
+    EMULATED_ERROR away (0 when nothing is emulated), stored as STORAGE: the emulated part capped by the
+    precision's ceiling."""
     emulated = [PARTS[part] for part in parts if PARTS[part].emulated]
     fixed = sum(PARTS[part].allowance for part in parts if not PARTS[part].emulated)
     spread = MULTIPLE * emulated_error + sum(part.allowance for part in emulated) if emulated else 0.0
-    return spread + fixed + STORAGE_ROUNDING[storage]
+    return min(spread, ceiling(parts)) + fixed + STORAGE_ROUNDING[storage]
+
+
+def ceiling(parts: list[str]) -> float:
+    """The farthest from fp32 the run's precision (among PARTS) may honestly take a row; inf without one."""
+    return min((CEILINGS[part] for part in parts if part in CEILINGS), default=float("inf"))
+
+
+def precision_of(parts: list[str]) -> str | None:
+    """The reduced precision among PARTS (bf16, fp16), or None."""
+    return next((part for part in parts if part in CEILINGS), None)
+
+
+def floor(parts: list[str]) -> float:
+    """What every test allows whatever the emulation shows: the parts' floors and fixed bounds together."""
+    return sum(PARTS[part].allowance for part in parts)
+
+
+def scale_bound(parts: list[str], error):
+    """How far from 1 a channel's scale (run against emulation) may be, where its standard error is ERROR (a float,
+    or an array: one bound per channel)."""
+    return SCALE_MULTIPLE * error + floor(parts)
 
 
 def shift_bound(noise):
