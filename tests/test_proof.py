@@ -166,7 +166,8 @@ def test_a_bf16_run_proves_its_rows_and_info_and_the_summary_show_it(images, tmp
     result = run_featdump("extract", "-m", "resnet18", "-w", "none", "-l", "layer2,avgpool", "--precision", "bf16",
                           images, output)
     assert result.returncode == 0, result.stderr
-    assert "; proof: 8 images recomputed on the reference path, each layer within its bounds (nearest: " in result.stderr
+    assert "; proof: 8 images recomputed on the reference path, each layer within its bounds (nearest: " in \
+        result.stderr
     with h5py.File(output, "r") as h5file:
         (proof,) = json.loads(h5file.attrs["proof"])
     assert proof["configuration"] == "cpu, bf16" and proof["proved"] and proof["emulated"] == ["bf16"]

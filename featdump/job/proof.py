@@ -1,8 +1,8 @@
 """Proof: a run that is not the reference path (a CUDA device, bf16/fp16, --compile, --decode gpu, --fast-decode)
 proves the rows it stores as it goes. A sample of its images drawn anew each run (a quarter from the first batch, so
 a bad configuration fails within seconds; the rest one in each stretch of the job, so a fault that shows later is met
-too, and a rerun proves other rows) is recomputed on the reference path: the CPU, fp32, eager, hooks, the original files decoded on the CPU with the
-model's exact preprocessing; and, where the run's departures can be emulated on the CPU (bf16/fp16 autocast, the
+too, and a rerun proves other rows) is recomputed on the reference path: the CPU, fp32, eager, hooks, the original
+files decoded on the CPU with the model's exact preprocessing; and, where the run's departures can be emulated on the CPU (bf16/fp16 autocast, the
 fast decode), once more in that emulation. The rows judged are the ones the writer receives, after the copy to the
 host and the cast to the storage dtype (`output.write_behind` hands them over), so a raced copy, a wrong cast or a
 row of another image is seen where it would be stored. Per layer the errors are recorded in the output and judged
@@ -129,8 +129,8 @@ def plan_sample(count: int, start: int, first_end: int, end: int, seed: int | No
 
 def chance_of_seeing(count: int, first_batch: int, rows: int, faulty_after_first: float) -> tuple[float, float]:
     """The chance that a sample of COUNT rows (`plan_sample`) of a job of ROWS rows whose first batch holds
-    FIRST_BATCH proves a row of a fault that touches a fraction FAULTY_AFTER_FIRST of the rows after the first batch: (spread
-    evenly over them, all in one place). Each later sample is drawn in its own stretch, so an even fault is met
+    FIRST_BATCH proves a row of a fault that touches a fraction FAULTY_AFTER_FIRST of the rows after the first batch:
+    (spread evenly over them, all in one place). Each later sample is drawn in its own stretch, so an even fault is met
     with 1 - (1 - f)^M and a fault in one place, which only the stretch (or two) it falls in can meet, with M x f."""
     later = min(count - math.ceil(count / 4), rows - first_batch)
     return 1.0 - (1.0 - faulty_after_first) ** later, min(1.0, later * faulty_after_first)
