@@ -1,12 +1,13 @@
 """Proof: a run that is not the reference path (a CUDA device, bf16/fp16, --compile, --decode gpu, --fast-decode)
 proves the rows it stores as it goes. A sample of its images drawn anew each run (a quarter from the first batch, so
-a bad configuration fails within seconds; the rest one in each stretch of the job, so a fault that shows later is met
-too, and a rerun proves other rows) is recomputed on the reference path: the CPU, fp32, eager, hooks, the original
-files decoded on the CPU with the model's exact preprocessing; and, where the run's departures can be emulated on the CPU (bf16/fp16 autocast, the
-fast decode), once more in that emulation. The rows judged are the ones the writer receives, after the copy to the
-host and the cast to the storage dtype (`output.write_behind` hands them over), so a raced copy, a wrong cast or a
-row of another image is seen where it would be stored. Per layer the errors are recorded in the output and judged
-by `tolerances`; a layer beyond them stops the run with one line, before the batch is written.
+a bad configuration fails within seconds; the rest one in each stretch of the job, so a fault that shows later is
+met too, and a rerun proves other rows) is recomputed on the reference path: the CPU, fp32, eager, hooks, the
+original files decoded on the CPU with the model's exact preprocessing; and, where the run's departures can be
+emulated on the CPU (bf16/fp16 autocast, the fast decode), once more in that emulation. The rows judged are the ones
+the writer receives, after the copy to the host and the cast to the storage dtype (`output.write_behind` hands them
+over), so a raced copy, a wrong cast or a row of another image is seen where it would be stored. Per layer the
+errors are recorded in the output and judged by `tolerances`; a layer beyond them stops the run with one line,
+before the batch is written.
 
 Under bf16/fp16 every batch is also watched, whatever --proof says: a row holding inf or NaN is recomputed in fp32,
 and one that is finite there stops the run (`--proof 0` turns off the sampled recomputation, not the watch).
