@@ -1,14 +1,16 @@
 """The proof's panel: no false alarm on sound runs, every injected fault caught (docs/proof.md).
 
     python benchmarks/proof_panel.py [--models resnet50,...] [--seeds 0,1] [--configurations bf16,fp16,...]
-                                     [--faults shifted,zeroed,channel,wrong-layer] [--out DIR] [--slow-fp16]
+                                     [--faults shifted,zeroed,channel,scaled,wrong-layer] [--out DIR] [--slow-fp16]
+                                     [--no-misfits]
 
 12 architectures of different families (random weights, two seeds), each at a shallow, a middle and the deepest
 layer and its output, run in-process on 8 images (one batch: the default proof of 8 samples every row) in bf16,
 fp16, --fast-decode and --compile; then, under bf16 (the noisiest precision), with each fault injected in the copy
 of every batch's rows to the host (`tests/faults.py`), into the deepest layer's and the output's rows alone (where
 bf16's own error is largest; the shallow layers stay sound). A sound run must finish; a faulty one must stop with the
-proof's one line. Each row of the table: the configuration, what happened, and for a sound run the largest
+proof's one line; a model a precision does not fit (MISFITS: a layer bf16 rounds away, weights fp16 cannot hold)
+must stop saying so. Each row of the table: the configuration, what happened, and for a sound run the largest
 fraction of its bound that any layer used (over the three tests: largest element, whole row, channel means).
 """
 
@@ -50,7 +52,7 @@ PANEL = {  # model: (shallow, middle, deepest, output)
 }
 CONFIGURATIONS = {"bf16": dict(precision="bf16"), "fp16": dict(precision="fp16"),
                   "fast decode": dict(fast_decode=True), "compile": dict(compile=True)}
-FAULTS = ("shifted", "zeroed", "channel", "wrong-layer")
+FAULTS = ("shifted", "zeroed", "channel", "scaled", "wrong-layer")
 IMAGES = 8
 
 
@@ -76,7 +78,56 @@ def write_films(folder: Path) -> Path:
 
 def fault_of(name: str, axes: dict[str, int | None]):
     return {"shifted": faults.shifted, "zeroed": faults.zeroed, "channel": faults.channel_off(axes),
-            "wrong-layer": faults.wrong_layer}[name]
+            "scaled": faults.channel_scaled(axes, 1.02), "wrong-layer": faults.wrong_layer}[name]
+
+
+MISFIT_MODELS = '''
+import torch
+from torch import nn
+
+
+class Offset(nn.Module):
+    def forward(self, x):
+        return (x + 1000.0) - 1000.0  # x in fp32; 0 in bf16 wherever |x| < 2
+
+
+def gated():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Conv2d(3, 4, 3, stride=8), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(4, 8),
+                         Offset())
+
+
+def tiny():
+    model = nn.Sequential(nn.Conv2d(3, 4, 3, stride=8, bias=False), nn.AdaptiveAvgPool2d(1), nn.Flatten())
+    with torch.no_grad():
+        model[0].weight.copy_(torch.linspace(-1e-9, 2e-9, 108).reshape(4, 3, 3, 3))  # below fp16's subnormals
+    return model
+'''
+MISFITS = {  # a precision that does not fit the model at a layer: must stop, saying so
+    "bf16 rounds a layer away (panel_misfits:gated)": ("panel_misfits:gated", "4", "bf16"),
+    "fp16 holds none of its weights (panel_misfits:tiny)": ("panel_misfits:tiny", "2", "fp16"),
+}
+
+
+def run_misfits(images: Path, work: Path) -> list[dict]:
+    """Each MISFITS case: it must stop with the proof's "does not fit" line (a sound finish is a miss)."""
+    (work / "panel_misfits.py").write_text(MISFIT_MODELS)
+    sys.path.insert(0, str(work))
+    results = []
+    for name, (model, layer, precision) in MISFITS.items():
+        started = time.perf_counter()
+        try:
+            extract(Settings(model=model, layers=(layer,), images=images, output=work / "misfit.h5",
+                             precision=precision, overwrite=True))
+            outcome = "finished"
+        except FeatdumpError as error:
+            outcome = str(error)
+        stopped = "does not fit this model at this layer" in outcome
+        results.append({"model": name, "seed": 0, "configuration": f"{precision} misfit", "outcome": outcome,
+                        "caught": stopped, "seconds": time.perf_counter() - started})
+        print(f"| {name} | 0 | {precision} misfit | {'stopped: ' if stopped else 'MISSED: '}{outcome[:140]} | | "
+              f"{time.perf_counter() - started:.0f} |", flush=True)
+    return results
 
 
 def run(model: str, inputs: Path, output: Path, seed: int, cache: Path, **options) -> tuple[str, float, dict]:
@@ -156,6 +207,8 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--slow-fp16", action="store_true", help="Run r3d_18 in fp16 too (10+ minutes a run here).")
     parser.add_argument("--summarize", type=Path, nargs="+", help="Print the summary of these panel.json files.")
+    parser.add_argument("--no-misfits", dest="misfits", action="store_false",
+                        help="Leave out the models a precision does not fit (which must stop).")
     args = parser.parse_args()
     if args.summarize:
         print(summary_table([result for path in args.summarize for result in json.loads(path.read_text())]))
@@ -192,6 +245,8 @@ def main() -> None:
                                 "outcome": outcome, "caught": caught, "seconds": seconds})
                 print(f"| {model} | {seed} | bf16 + {fault} | {'caught: ' if caught else 'MISSED: '}"
                       f"{outcome[:140]} | | {seconds:.0f} |", flush=True)
+    if args.misfits:
+        results += run_misfits(images, work)
     (work / "panel.json").write_text(json.dumps(results, indent=1))
     print("\n" + summary_table(results))
     sound = [result for result in results if "caught" not in result]

@@ -14,7 +14,13 @@ from torchvision.models import get_model
 
 from featdump.errors import ResumeMismatch
 from featdump.inputs.preprocess import Preprocess
-from featdump.inputs.workers import available_memory, choose_workers, decode_bytes_per_worker, job_cpus
+from featdump.inputs.workers import (
+    available_memory,
+    cgroup_cpus,
+    choose_workers,
+    decode_bytes_per_worker,
+    job_cpus,
+)
 from featdump.job.runner import extract
 from featdump.sources.models import default_preprocessing
 
@@ -91,8 +97,28 @@ def test_workers_follow_slurm_then_the_affinity_mask(monkeypatch):
     monkeypatch.setenv("SLURM_CPUS_PER_TASK", "1")
     assert choose_workers(None) == 1  # never zero workers by default
     monkeypatch.delenv("SLURM_CPUS_PER_TASK")
-    assert choose_workers(None) == max(1, len(os.sched_getaffinity(0)) - 1)
+    assert choose_workers(None) == max(1, min(len(os.sched_getaffinity(0)), cgroup_cpus() or 10**6) - 1)
     assert choose_workers(0) == 0 and choose_workers(3) == 3  # an explicit count is kept
+
+
+def test_workers_follow_what_the_scheduler_granted_not_the_node(monkeypatch, tmp_path):
+    """A Ray task's CPUs (FEATDUMP_CPUS, which the task sets from its resources) and a container's CPU quota
+    (cpu.max: 8 CPUs of a larger node) size the loader, not the node's cores."""
+    from featdump.inputs import workers
+
+    monkeypatch.delenv("SLURM_CPUS_PER_TASK", raising=False)
+    monkeypatch.setenv("FEATDUMP_CPUS", "3")
+    assert job_cpus() == (3, "FEATDUMP_CPUS") and choose_workers(None) == 2
+    monkeypatch.delenv("FEATDUMP_CPUS")
+    monkeypatch.setattr(workers, "CGROUP_ROOT", tmp_path)
+    monkeypatch.setattr(workers, "_cgroup_path", lambda: "pod")
+    (tmp_path / "pod").mkdir()
+    (tmp_path / "pod" / "cpu.max").write_text("150000 100000\n")  # 1.5 CPUs: 2
+    assert cgroup_cpus() == 2
+    (tmp_path / "pod" / "cpu.max").write_text("100000 100000\n")  # 1 CPU of this machine's 2 or more
+    assert job_cpus() == (1, "the cgroup's CPU quota (cpu.max)") and choose_workers(None) == 1
+    (tmp_path / "pod" / "cpu.max").write_text("max 100000\n")
+    assert cgroup_cpus() is None and job_cpus()[1] == "the CPU affinity mask"
 
 
 def test_workers_are_bounded_by_memory(monkeypatch, caplog):

@@ -71,6 +71,8 @@ def test_shard_from_a_kubernetes_indexed_job():
     assert rules["Ignore"]["onPodConditions"] == [{"type": "DisruptionTarget"}]  # a preemption is not a failure
     assert rules["FailIndex"]["onExitCodes"]["values"] == [2]  # a usage error is not retried
     assert container["command"][:2] == ["featdump", "extract"] and "--scratch" in container["command"]
+    cpus = next(variable for variable in container["env"] if variable["name"] == "FEATDUMP_CPUS")
+    assert cpus["valueFrom"]["resourceFieldRef"]["resource"] == "requests.cpu"  # -j from the request, not the node
 
 
 def test_shard_from_the_launcher_environment():

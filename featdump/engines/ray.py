@@ -185,8 +185,13 @@ def _merge(settings: Settings):
 
 def _run_shard(settings: Settings, board, index: int) -> dict:
     """One shard's task on a Ray worker: the process's run of SETTINGS (its --shard set), reporting to BOARD."""
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s featdump INFO: %(message)s")
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s featdump %(levelname)s: %(message)s")
+    from featdump.inputs.workers import CPUS_VARIABLE
     from featdump.job import staging, warm  # torch, which the driver need not import before the tasks start
+
+    granted = _ray().get_runtime_context().get_assigned_resources().get("CPU")
+    if granted:  # loader workers sized by what the task was given, not by the node
+        os.environ[CPUS_VARIABLE] = str(max(1, int(granted)))
 
     with warm.kept_warm():  # the worker's next shard of this job reuses its rows, model and probe
         summary = staging.extract(settings, _BoardProgress(board, index))

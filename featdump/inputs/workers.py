@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import os
 from pathlib import Path
 
@@ -11,15 +12,35 @@ from PIL import Image
 log = logging.getLogger("featdump")
 
 
+CPUS_VARIABLE = "FEATDUMP_CPUS"  # the CPUs a scheduler granted (a Ray task's; a pod's requests.cpu, its manifest)
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+
+
 def job_cpus() -> tuple[int, str]:
-    """How many CPUs this job was given, and by whom: SLURM_CPUS_PER_TASK, else this process's affinity mask."""
-    slurm = os.environ.get("SLURM_CPUS_PER_TASK", "").strip()
-    if slurm.isdigit() and int(slurm) > 0:
-        return int(slurm), "SLURM_CPUS_PER_TASK"
+    """How many CPUs this job was given, and by whom: SLURM_CPUS_PER_TASK, FEATDUMP_CPUS (set by a Ray task from its
+    resources, by a pod's manifest from its request), else the fewer of this process's affinity mask and its
+    cgroup's CPU quota (a container's limit: a pod on a 96-core node given 8)."""
+    for variable in ("SLURM_CPUS_PER_TASK", CPUS_VARIABLE):
+        given = os.environ.get(variable, "").strip()
+        if given.isdigit() and int(given) > 0:
+            return int(given), variable
     try:
-        return len(os.sched_getaffinity(0)), "the CPU affinity mask"
+        cpus, source = len(os.sched_getaffinity(0)), "the CPU affinity mask"
     except AttributeError:  # not Linux
-        return os.cpu_count() or 1, "os.cpu_count()"
+        cpus, source = os.cpu_count() or 1, "os.cpu_count()"
+    quota = cgroup_cpus()
+    return (quota, "the cgroup's CPU quota (cpu.max)") if quota is not None and quota < cpus else (cpus, source)
+
+
+def cgroup_cpus() -> int | None:
+    """The CPUs this process's cgroup (v2) may use, from its cpu.max quota (rounded up), or None without one."""
+    try:
+        quota, period = (CGROUP_ROOT / _cgroup_path() / "cpu.max").read_text().split()[:2]
+    except (OSError, ValueError):
+        return None
+    if quota == "max":
+        return None
+    return max(1, math.ceil(int(quota) / int(period)))
 
 
 def decode_bytes_per_worker() -> int:
@@ -39,7 +60,7 @@ def available_memory() -> int | None:
     except OSError:
         pass
     try:
-        folder = Path("/sys/fs/cgroup") / _cgroup_path()
+        folder = CGROUP_ROOT / _cgroup_path()
         with open(folder / "memory.max") as limit, open(folder / "memory.current") as used:
             maximum = limit.read().strip()
             if maximum != "max":
