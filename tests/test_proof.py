@@ -474,36 +474,40 @@ def test_the_storage_cast_refuses_a_row_below_float16_s_normals_and_keeps_small_
     assert to_storage({"a": torch_tensor([[1e-9]])}, {"a": np.dtype("float32")})["a"][0, 0] == np.float32(1e-9)
 
 
-def test_a_channel_scaled_by_two_percent_is_caught_where_bf16_s_own_error_is_larger(images, tmp_path):
-    """Channel 0 of layer2 scaled by 1.02 in every row: bf16's rounding is in the run and its emulation alike, so
-    the channel's factor against the emulation stands out of its noise."""
-    with faults.injected(faults.channel_scaled({"layer2": 0}, 1.02), {"layer2"}):
-        result = run_featdump("extract", "-m", "resnet18", "-w", "none", "-l", "layer2", "--precision", "bf16",
+def test_a_channel_scaled_by_two_percent_is_caught_where_bf16_s_own_error_is_far_below(images, tmp_path):
+    """Channel 0 of bn1 (values of both signs: its mean barely moves) scaled by 1.02 in every row, where bf16's own
+    relative error of that channel is a few 0.1%: the run stops before a row is written."""
+    with faults.injected(faults.channel_scaled({"bn1": 0}, 1.02), {"bn1"}):
+        result = run_featdump("extract", "-m", "resnet18", "-w", "none", "-l", "bn1", "--precision", "bf16",
                               images, tmp_path / "out.h5")
-    message = error_line(result.stderr)  # post-ReLU values: the channel's mean moves too, and may be seen first
-    assert message.startswith("Error: Layer layer2: the rows of cpu, bf16 are "), message
-    assert "in channel 0 against the emulation's" in message or \
-        "on average in channel 0" in message, message
+    message = error_line(result.stderr)  # the scale test, or the largest element's where a row's peak is channel 0
+    assert message.startswith("Error: Layer bn1: the rows of cpu, bf16 are "), message
+    assert "in channel 0 against the emulation's" in message or "of a row's largest value from the" in message
+    assert not (tmp_path / "out.h5").exists()
 
 
-def test_the_scale_test_sees_a_two_percent_channel_whose_mean_does_not_move():
-    """A channel of zero mean (values of both signs) scaled by 1.02, with noise far below that: its mean is where the
-    emulation's is, its factor is not; the other channels, noise alone, stay within their bounds."""
-    from featdump.job.proof import ChannelScales
-    from featdump.job.tolerances import scale_bound
+@pytest.mark.parametrize("factor", [1.02, 1.0])
+def test_the_scale_test_sees_a_two_percent_channel_whose_mean_does_not_move(factor):
+    """A channel of zero mean (values of both signs) scaled by 1.02, where the precision's own relative error of it
+    is 2^-9: its mean is where the emulation's is, its factor is not. Without the fault, noise alone, every channel
+    stays within its bound."""
+    from featdump.job.proof import _Evidence, _nearest_scale
 
     rng = np.random.default_rng(0)
-    scales = ChannelScales()
+    evidence = _Evidence()
     for _ in range(8):
-        base = rng.standard_normal((16, 49)) * 0.3
-        got = base + rng.standard_normal(base.shape) * 2**-9 * 0.3  # a different rounding of the same values
-        got[3] *= 1.02
-        scales.add(got, base)
-    deviations, errors = scales.deviations()
-    bounds = scale_bound(["bf16"], errors)
-    assert deviations[3] == pytest.approx(0.02, abs=1e-3) and deviations[3] > bounds[3]
-    assert (np.delete(deviations, 3) < np.delete(bounds, 3)).all()
-    assert ChannelScales().deviations()[1] is None  # nothing judged before SCALE_ENTRIES values
+        fp32 = rng.standard_normal((16, 49)) * 0.3
+        emulated = fp32 * (1 + rng.standard_normal(fp32.shape) * 2**-9)  # bf16-like rounding of each value
+        got = emulated * (1 + rng.standard_normal(fp32.shape) * 2**-9)  # another rounding of the same values
+        got[3] *= factor
+        evidence.scale.add(got, emulated)
+        evidence.emulated_scale.add(emulated, fp32)
+        evidence.emulated_largest.append(2**-9)
+    value, limit, channel = _nearest_scale(evidence, ["bf16"])
+    if factor == 1.0:
+        assert value < limit
+    else:
+        assert channel == 3 and value == pytest.approx(0.02, abs=1e-3) and value > limit
 
 
 def test_two_runs_of_the_same_job_prove_other_rows_each_recorded_with_its_seed(tmp_path):

@@ -40,7 +40,6 @@ from featdump.output.netcdf import axis_kinds
 log = logging.getLogger("featdump")
 REFERENCE = "cpu, fp32, eager, hooks, the original files decoded on the CPU"
 MIN_ROWS = 4  # proved rows before channel means are judged (their noise is estimated from the rows' spread)
-SCALE_ENTRIES = 32  # values of a channel (rows x positions) before its scale is judged (its error estimated)
 WATCHED = 4  # rows of a batch recomputed when a reduced precision made non-finite values in it
 _AUTOCAST = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -171,9 +170,10 @@ class ChannelMeans:
 
 @dataclass
 class ChannelScales:
-    """Per channel, the least-squares factor between the run's rows and the emulation's over the proved rows and
-    positions, and its standard error from the residuals: a channel scaled by a fault shows a factor farther from 1
-    than its own noise allows, where the precision's rounding scales both alike."""
+    """Per channel, the sums that give the least-squares factor between one set of rows and another (the run's and
+    the emulation's; the emulation's and fp32's) over the proved rows and positions, and how far apart the two are
+    in all: a fault that scales a channel shows a factor farther from 1 than the precision's own error of that
+    channel could make it."""
 
     products: np.ndarray | None = None  # per channel: the sum of got x base
     squares: np.ndarray | None = None  # per channel: the sum of base^2
@@ -190,19 +190,17 @@ class ChannelScales:
                                                              self.got_squares + sums[2])
         self.entries += got.shape[1]
 
-    def deviations(self) -> tuple[np.ndarray, np.ndarray | None]:
-        """Per channel, |factor - 1| (0 where the base is all zeros), and its standard error (the residuals'
-        variance, at least the median channel's, over the base's energy); None under SCALE_ENTRIES values."""
+    def deviations(self) -> np.ndarray:
+        """Per channel, |factor - 1| (0 where the base is all zeros, and before any row)."""
         if self.products is None:
-            return np.zeros(1), None
+            return np.zeros(1)
         held = self.squares > 0
         factors = np.divide(self.products, self.squares, out=np.ones_like(self.products), where=held)
-        if self.entries < SCALE_ENTRIES:
-            return np.abs(factors - 1.0), None
-        residual = np.maximum(self.got_squares - factors * self.products, 0.0) / (self.entries - 1)
-        residual = np.maximum(residual, np.median(residual))
-        errors = np.sqrt(np.divide(residual, self.squares, out=np.full_like(residual, np.inf), where=held))
-        return np.where(held, np.abs(factors - 1.0), 0.0), errors
+        return np.where(held, np.abs(factors - 1.0), 0.0)
+
+    def apart(self) -> np.ndarray:
+        """Per channel, the sum of (got - base)^2: how far the two sets are in all."""
+        return np.maximum(self.got_squares - 2 * self.products + self.squares, 0.0)
 
 
 @dataclass
@@ -216,6 +214,7 @@ class _Evidence:
     shift: ChannelMeans = field(default_factory=ChannelMeans)  # of the run's rows - the emulated rows
     emulated_shift: ChannelMeans = field(default_factory=ChannelMeans)  # of the emulated rows - the fp32 rows
     scale: ChannelScales = field(default_factory=ChannelScales)  # of the run's rows against the emulated rows
+    emulated_scale: ChannelScales = field(default_factory=ChannelScales)  # of the emulated rows against fp32's
 
 
 @dataclass
@@ -293,24 +292,24 @@ class Proof:
                 evidence.emulated_largest += row_errors(emulated[name], expected)
                 evidence.emulated_whole += row_errors(emulated[name], expected, whole=True)
                 self._add_channels(evidence.shift, evidence.scale, name, got, emulated[name], expected)
-                self._add_channels(evidence.emulated_shift, None, name, emulated[name], expected, expected)
+                self._add_channels(evidence.emulated_shift, evidence.emulated_scale, name, emulated[name], expected,
+                                   expected)
             else:  # a watched row: judged by the emulation of the sampled ones
                 evidence.emulated_largest += [np.nan] * len(chosen)
                 evidence.emulated_whole += [np.nan] * len(chosen)
         self.proved += [self.images.row_key(position) for position in chosen_positions]
 
-    def _add_channels(self, means: ChannelMeans, scales: ChannelScales | None, name: str, got: np.ndarray,
+    def _add_channels(self, means: ChannelMeans, scales: ChannelScales, name: str, got: np.ndarray,
                       base: np.ndarray, expected: np.ndarray) -> None:
         """Add each row of (GOT - BASE) / the row's largest fp32 (EXPECTED) value to MEANS, and GOT against BASE
-        to SCALES (when given), by channel."""
+        to SCALES, by channel."""
         shape, axis = self.row_shapes.get(name, (got.shape[1],)), self.channel_axes.get(name)
         for got_row, base_row, expected_row in zip(got, base, expected):
             scale = float(np.abs(expected_row).max(initial=0.0))
             if scale == 0.0 or not (np.isfinite(got_row).all() and np.isfinite(base_row).all()):
                 continue
             means.add(_by_channel((got_row - base_row) / scale, shape, axis))
-            if scales is not None:
-                scales.add(_by_channel(got_row / scale, shape, axis), _by_channel(base_row / scale, shape, axis))
+            scales.add(_by_channel(got_row / scale, shape, axis), _by_channel(base_row / scale, shape, axis))
 
     def _recompute(self, positions: list[int], emulation: Emulation) -> dict[str, np.ndarray]:
         """The rows of the images at POSITIONS on the reference path, or in EMULATION, by layer, in float64."""
@@ -433,13 +432,20 @@ def _nearest_row(errors: list[float], emulated: list[float], parts: list[str], s
 
 
 def _nearest_scale(evidence: _Evidence, parts: list[str]) -> tuple[float, float, int]:
-    """The channel whose scale (run against emulation) is nearest its bound: |factor - 1|, its bound (SCALE_MULTIPLE
-    standard errors + the parts' floor; inf before SCALE_ENTRIES values) and its index."""
-    deviations, errors = evidence.scale.deviations()
-    if errors is None:
+    """The channel whose scale (run against emulation) is nearest its bound: |factor - 1|, its bound and its index.
+    The bound is SCALE_MULTIPLE times the precision's own relative error of that channel (the emulation's distance
+    from fp32 over the channel's size; at least the median channel's distance), plus the parts' floor: a channel
+    the precision barely moves is held to a small factor, one it moves much (or one nearly all zeros) is not; inf
+    before MIN_ROWS rows."""
+    deviations, own = evidence.scale.deviations(), evidence.emulated_scale
+    if evidence.scale.entries == 0 or own.products is None or own.squares.shape != deviations.shape or \
+            len(evidence.emulated_largest) < MIN_ROWS:
         channel = int(np.argmax(deviations))
         return float(deviations[channel]), np.inf, channel
-    bounds = tolerances.scale_bound(parts, errors)
+    apart = own.apart()
+    relative = np.sqrt(np.divide(np.maximum(apart, np.median(apart)), own.squares,
+                                 out=np.full_like(apart, np.inf), where=own.squares > 0))
+    bounds = tolerances.scale_bound(parts, relative)
     channel = int(np.argmax(deviations / bounds))
     return float(deviations[channel]), float(bounds[channel]), channel
 

@@ -22,9 +22,9 @@ not widen a bound past what the precision can honestly cost: CEILINGS caps the e
 whose emulation itself takes a row beyond its precision's ceiling is not proved at all: that precision does not fit
 the model at that layer (the way out: --precision fp32). A fourth test scales each channel: the least-squares factor
 between the run's channel and the emulation's, over the proved rows and positions, may differ from 1 by
-SCALE_MULTIPLE standard errors (from the residuals, at least the median channel's) plus the floor: the precision's
-rounding of the weights is in both and cancels, so a channel scaled by 2% is seen where its noise is far below that.
-It is judged from `proof.SCALE_ENTRIES` values of a channel on.
+SCALE_MULTIPLE times the precision's own relative error of that channel (how far the emulation's channel is from
+fp32's, over its size), plus the floor: a channel scaled by 2% is seen where the precision moves it far less,
+while a channel the precision moves a lot (or one of near zeros, whose factor means nothing) is not held to it.
 
 The figures behind the multiples, floors and ceilings are the panel's (`python benchmarks/proof_panel.py`, table in
 benchmarks/RESULTS.md and docs/proof.md): 12 architectures at four depths, two seeds, no false alarm.
@@ -37,7 +37,7 @@ from dataclasses import dataclass
 MULTIPLE = 3.0  # how many times the emulation's farthest row a run's may be: kernels that round in another order
 SHIFT_MULTIPLE = 6.0  # how many standard errors of the emulation's channel means a run's channel mean may be
 SHIFT_FLOOR = 1e-3  # a channel's mean shift, in units of a row's largest value, that is never a fault
-SCALE_MULTIPLE = 6.0  # how many standard errors (from its residuals) a channel's scale may be from 1
+SCALE_MULTIPLE = 2.0  # how many times the precision's own relative error of a channel its scale may be from 1
 # The farthest the CPU's emulation of a precision may take a row from fp32 (both row errors) before the precision
 # is judged not to fit the model at that layer. The panel's sound cells reach 0.037 (inception_v3 Mixed_7c, bf16)
 # and 0.027 (efficientnet_v2_s's classifier, fp16); random mobilenet_v3_large in fp16 reaches 1.0 (its deep values
@@ -101,10 +101,10 @@ def floor(parts: list[str]) -> float:
     return sum(PARTS[part].allowance for part in parts)
 
 
-def scale_bound(parts: list[str], error):
-    """How far from 1 a channel's scale (run against emulation) may be, where its standard error is ERROR (a float,
-    or an array: one bound per channel)."""
-    return SCALE_MULTIPLE * error + floor(parts)
+def scale_bound(parts: list[str], relative_error):
+    """How far from 1 a channel's scale (run against emulation) may be, where the precision's own relative error
+    of that channel (the emulation's against fp32) is RELATIVE_ERROR (a float, or an array: one per channel)."""
+    return SCALE_MULTIPLE * relative_error + floor(parts)
 
 
 def shift_bound(noise):
