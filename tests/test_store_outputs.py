@@ -102,6 +102,21 @@ def test_another_command_into_a_finished_url_is_refused_as_into_a_local_file(ima
     assert refused_shard.returncode == 2 and "made by another command" in refused_shard.stderr, refused_shard.stderr
 
 
+def test_a_missing_output_bucket_is_refused_before_the_first_image(images, store_env, tmp_path, monkeypatch):
+    """A user who may write objects but not make buckets names a bucket that does not exist: exit 2 at once (not
+    at the upload after the whole run), nothing computed, nothing left on scratch."""
+    folder, _ = images
+    for key, value in store_env.writer_env.items():
+        monkeypatch.setenv(key, value)
+    result = run_featdump(*EXTRACT, "--scratch", tmp_path / "scratch", folder, "s3://no-such-bucket/run/out.h5")
+    assert result.returncode == 2, result.stderr
+    assert "access refused" in result.stderr and "nothing was computed" in result.stderr, result.stderr
+    assert "create the bucket" in result.stderr and "images (100%)" not in result.stderr  # no image was read
+    assert not [path for path in (tmp_path / "scratch").rglob("*") if path.is_file()]
+    made = run_featdump(*EXTRACT, "--scratch", tmp_path / "scratch", folder, f"{bucket(store_env, 'results')}/w.h5")
+    assert made.returncode == 0, made.stderr  # the same user writes into a bucket that exists
+
+
 @pytest.mark.slow  # a store or many processes beyond a few seconds: make test-all (CI)
 def test_shards_land_in_the_bucket_and_merge_from_there_as_from_disk(images, store_env, tmp_path):
     folder, expected = images

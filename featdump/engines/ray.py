@@ -70,6 +70,8 @@ def extract_on_ray(settings: Settings, shards: int | None = None, address: str |
 def _run(ray, settings: Settings, shards: int | None, progress: Progress, started: float) -> RaySummary:
     resources = _task_resources(ray, settings)
     count = shards or SHARDS_PER_SLOT * _slots(ray, resources)
+    if is_url(settings.output):  # a missing output bucket found before any task runs
+        remote.check_writable(settings.output, Patience(settings.store_patience))
     if not (settings.overwrite or settings.update):
         finished = _merged_already(settings, count)
         if finished is not None:

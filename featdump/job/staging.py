@@ -51,6 +51,8 @@ def _extract_to_store(settings: Settings, progress: Progress) -> Summary:
         if not local.exists():  # --update (its rows stay; it adds to them), or pca:K layers: judged on scratch
             remote.download(target, local, patience)
         downloaded = local.stat().st_mtime_ns
+    if downloaded is None:
+        remote.check_writable(target, patience)  # a missing bucket is found now, not after the whole run
     _say_where(local, target)
     summary = runner.extract(on_scratch, progress)
     if downloaded is None or local.stat().st_mtime_ns != downloaded:  # unchanged: the store holds it already

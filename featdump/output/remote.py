@@ -10,9 +10,12 @@ import logging
 import os
 import re
 import tempfile
+import uuid
 from pathlib import Path
 
 import h5py
+
+from featdump.errors import StoreRefused
 
 from featdump.inputs.stores import Patience, filesystem, join, parent_of, store_path
 from featdump.output import fingerprint as fingerprints
@@ -82,6 +85,26 @@ def held_in_store(url: str, patience: Patience) -> tuple[dict, bool]:
             return fingerprints.stored(h5file.attrs), bool(h5file.attrs.get("complete", False))
 
     return patience.call(read, f"Reading {url}")
+
+
+def check_writable(url: str, patience: Patience) -> None:
+    """StoreRefused, before any work, when the store will not take the output at URL (its bucket missing, writing
+    refused): an empty object is written beside it and removed again."""
+    probe = join(parent_of(url), f".featdump-write-check-{uuid.uuid4().hex}")
+
+    def attempt() -> None:
+        fs = _fresh(url, patience)
+        fs.pipe_file(store_path(probe), b"")
+        try:
+            fs.rm_file(store_path(probe))
+        except (PermissionError, OSError) as error:  # may write, may not delete: the output can still be written
+            log.debug("Could not remove %s (%s).", probe, error)
+
+    try:
+        patience.call(attempt, f"Writing beside {url}")
+    except StoreRefused as error:
+        raise StoreRefused(f"{error} OUTPUT {url} cannot be written there: create the bucket or give credentials "
+                           "that may write to it (nothing was computed).") from error
 
 
 def upload(local: Path, url: str, patience: Patience) -> None:
