@@ -4,10 +4,10 @@ http.server, each started by the test that needs it, on free ports, in a folder 
 from __future__ import annotations
 
 import contextlib
-import json
 import functools
 import http.server
 import io
+import json
 import os
 import re
 import shutil

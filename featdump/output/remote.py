@@ -16,7 +16,6 @@ from pathlib import Path
 import h5py
 
 from featdump.errors import StoreRefused
-
 from featdump.inputs.stores import Patience, filesystem, join, parent_of, store_path
 from featdump.output import fingerprint as fingerprints
 from featdump.output.layout import Committed
