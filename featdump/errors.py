@@ -74,6 +74,14 @@ class StoreUnavailable(FeatdumpError):
     exit_code = 75
 
 
+class StoreNeverAnswered(FeatdumpError):
+    """An object store never answered this process within the patience: its address or credentials, most likely
+    (a node without the store's variables), which the same command on the same node will not mend; not retried
+    by Ray (exit code 75, as the store staying away)."""
+
+    exit_code = 75
+
+
 class NothingRead(FeatdumpError):
     """Every image a run tried was skipped: the output was written, but holds no row from this run."""
 

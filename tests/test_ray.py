@@ -104,3 +104,32 @@ def test_a_worker_killed_in_the_middle_of_a_shard_is_retried_and_the_result_equa
     assert process.returncode == 0, stderr
     assert "Ray: 3 shards (23 rows" in stderr and "retried" in stderr, stderr
     assert_same_rows(read_output(output), expected)
+
+
+@pytest.mark.slow  # a real Ray cluster and a real store
+def test_tasks_reach_the_store_with_the_driver_s_variables_whatever_their_nodes_hold(images, seaweed, tmp_path,
+                                                                                   monkeypatch):
+    """The cluster starts without the store's keys or endpoint (as nodes a platform set up); the driver has them:
+    its tasks upload their shards with them, a rerun is done at once, and each task's loader has the CPU it asked
+    for, not the node's."""
+    folder, expected = images
+    for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_ENDPOINT_URL"):
+        monkeypatch.delenv(key, raising=False)
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)  # its workers: no store variables
+    try:
+        for key, value in seaweed.env.items():
+            monkeypatch.setenv(key, value)
+        client = seaweed.client()
+        if not client.exists("rayout"):
+            client.mkdir("rayout")
+        url = "s3://rayout/run/out.h5"
+        summary = featdump.extract_on_ray(folder, url, model="resnet18", weights="none", layers="layer3,avgpool",
+                                          shards=2, scratch=str(tmp_path / "scratch"))
+        assert (summary.rows, summary.new_rows) == (23, 23)
+        again = featdump.extract_on_ray(folder, url, model="resnet18", weights="none", layers="layer3,avgpool",
+                                        shards=2, scratch=str(tmp_path / "scratch"))
+        assert (again.rows, again.new_rows) == (23, 0)
+    finally:
+        ray.shutdown()
+    client.get("rayout/run/out.h5", str(tmp_path / "merged.h5"))
+    assert_same_rows(read_output(tmp_path / "merged.h5"), expected)

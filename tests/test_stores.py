@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from featdump.errors import StoreUnavailable
+from featdump.errors import StoreNeverAnswered, StoreUnavailable
 from featdump.faces.show import _read
 from featdump.inputs import find_images
 from featdump.inputs.stores import Patience, fetch_all, is_missing, is_refused, is_transient
@@ -319,9 +319,15 @@ def test_transient_faults_are_retried_within_the_patience_then_name_the_object(s
     with pytest.raises(FileNotFoundError):  # a missing object is not retried
         Patience(10).call(lambda: (_ for _ in ()).throw(missing), "Reading s3://x/y.jpg")
     started = time.monotonic()
-    with pytest.raises(StoreUnavailable, match=r"^Reading http://127\.0\.0\.1:9/away\.jpg: the store did not answer"):
-        fetch_all(["http://127.0.0.1:9/away.jpg"], Patience(2))  # nothing listens on port 9
+    never = r"^Reading http://127\.0\.0\.1:9/away\.jpg: the store did not answer"
+    with pytest.raises(StoreNeverAnswered, match=never):  # nothing listens on port 9: its address, most likely
+        fetch_all(["http://127.0.0.1:9/away.jpg"], Patience(2))
     assert time.monotonic() - started < 15
+    answered = Patience(2)
+    answered.call(lambda: "listed", "Listing")  # the store answered this job before: now it is away (exit 75 too)
+    with pytest.raises(StoreUnavailable, match="run the same command again to resume once the store is back"):
+        fetch_all(["http://127.0.0.1:9/away.jpg"], answered)
+    assert not issubclass(StoreNeverAnswered, StoreUnavailable)  # what Ray retries is the second, not the first
 
 
 @pytest.mark.slow  # real processes: a SIGKILL, then an outage of the store
@@ -436,4 +442,4 @@ def test_a_store_that_hangs_ends_the_job_within_a_small_multiple_of_the_patience
             if source.startswith("s3"):  # (the web server's one try, HEAD then GET, takes the whole patience)
                 assert waits and where in waits[0], result.stderr  # each wait said, naming where it waits
             last = result.stderr.strip().splitlines()[-1]
-            assert where in last and "Nothing was ever read from it: check its address" in last, last
+            assert where in last and "Nothing was ever read from it by this process: check its address" in last, last

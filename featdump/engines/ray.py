@@ -1,14 +1,17 @@
-"""Ray (`featdump extract --ray [ADDRESS] --shards N`, extra `featdump[ray]`): one Ray task per shard, each running
-the same `job.staging.extract` a process runs under `--shard K/N`, asking for a GPU when the device is CUDA and for
-CPUs otherwise. A task whose worker dies is retried by Ray, and one whose store stays away (StoreUnavailable, exit
-75) too; either resumes its shard's partial file, or starts it again on another node's scratch. More shards than
-workers is the normal case: a slow or lost node delays only its own shards. The driver counts the rows done over
-all shards (a small actor the tasks report to) into the caller's progress, logs each shard as it finishes, and
-merges the shards at the end."""
+"""Ray (`featdump extract --ray [ADDRESS] --shards N`, extra `featdump[ray]`): one Ray task per shard, each running the
+same `job.staging.extract` a process runs under `--shard K/N`, asking for a GPU when the device is CUDA and for CPUs
+otherwise. A task runs with the driver's store variables and fsspec's configuration (`store_environment`), whatever
+its node's environment holds. A task whose worker dies is retried by Ray, and one whose store stays away after
+answering (StoreUnavailable, exit 75) too, but not one whose store never answered it (its configuration); either
+resumes its shard's partial file, or starts it again on another node's scratch. More shards than workers is the
+normal case: a slow or lost node delays only its own shards. The driver counts the rows done over all shards (a
+small actor the tasks report to) into the caller's progress, logs each shard as it finishes, and merges the shards
+at the end."""
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import os
 import time
@@ -77,7 +80,8 @@ def _run(ray, settings: Settings, shards: int | None, progress: Progress, starte
         if finished is not None:
             return RaySummary(settings.output, count, finished, 0, time.perf_counter() - started, 0)
     board = ray.remote(_Board).options(num_cpus=0).remote()
-    task = ray.remote(_run_shard).options(max_retries=RETRIES, retry_exceptions=[StoreUnavailable], **resources)
+    task = ray.remote(_run_shard).options(max_retries=RETRIES, retry_exceptions=[StoreUnavailable],
+                                          runtime_env={"env_vars": store_environment()}, **resources)
     log.info("Ray: %d shards of %s, each a task asking for %s.", count, settings.output,
              ", ".join(f"{value} {key.removeprefix('num_')}" for key, value in resources.items()))
     pending = {task.remote(dataclasses.replace(settings, shard=f"{index}/{count}"), board, index): index
@@ -90,6 +94,29 @@ def _run(ray, settings: Settings, shards: int | None, progress: Progress, starte
     retried = ray.get(board.retried.remote())
     merged = _merge(settings)
     return RaySummary(merged, count, rows[0], rows[1], time.perf_counter() - started, retried)
+
+
+STORE_VARIABLES = ("AWS_", "GOOGLE_", "GCS_", "FSSPEC_", "HF_", "AZURE_", "FEATDUMP_")  # what a task needs to reach
+_NOT_PASSED = ("FEATDUMP_CPUS",)  # each task's own (its resources)
+
+
+def store_environment() -> dict[str, str]:
+    """What the driver's environment says of the stores (credentials, endpoints, featdump's settings) and fsspec's
+    configuration (as FSSPEC_<PROTOCOL> JSON, which fsspec reads on the worker): a task runs with it whatever its
+    node's environment holds, as the driver's own listing did."""
+    passed = {key: value for key, value in os.environ.items()
+              if key.startswith(STORE_VARIABLES) and key not in _NOT_PASSED}
+    try:
+        import fsspec.config
+
+        for protocol, options in fsspec.config.conf.items():
+            try:
+                passed.setdefault(f"FSSPEC_{protocol.upper()}", json.dumps(options))
+            except TypeError:  # an option that is not JSON (an object in a config file) stays the node's
+                log.debug("fsspec's %s options are not JSON: not passed to the tasks.", protocol)
+    except ImportError:
+        pass
+    return passed
 
 
 def _ray():

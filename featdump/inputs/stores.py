@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TypeVar
 
-from featdump.errors import FeatdumpError, StoreRefused, StoreUnavailable, UsageProblem
+from featdump.errors import FeatdumpError, StoreNeverAnswered, StoreRefused, StoreUnavailable, UsageProblem
 
 _URL = re.compile(r"^([a-zA-Z][a-zA-Z0-9+.-]*)://")
 _EXTRAS = {  # protocol: (the package that reads it, featdump's extra that installs it)
@@ -276,15 +276,15 @@ class Patience:
         url = _URL_IN.search(what)
         where = endpoint(url[0]) if url else "the store"
         if waited + pause > self.seconds:
-            raise StoreUnavailable(
-                f"{what}: the store did not answer ({describe(error)}; {tries} {'try' if tries == 1 else 'tries'} in "
-                f"{waited:.0f} s, --store-patience {self.seconds:g}; {where}). " + (
-                    "The output keeps every row written so far: run the same command again to resume once the store "
-                    "is back." if self.state.get("answered") else
-                    "Nothing was ever read from it: check its address" + (
-                        " (AWS_ENDPOINT_URL) and the credentials (AWS_ACCESS_KEY_ID, AWS_PROFILE)"
-                        if url and protocol_of(url[0]) in ("s3", "s3a") else "") +
-                    ", then run the same command again."))
+            problem = (f"{what}: the store did not answer ({describe(error)}; {tries} {'try' if tries == 1 else 'tries'}"
+                       f" in {waited:.0f} s, --store-patience {self.seconds:g}; {where}). ")
+            if self.state.get("answered"):
+                raise StoreUnavailable(problem + "The output keeps every row written so far: run the same command "
+                                                 "again to resume once the store is back.")
+            raise StoreNeverAnswered(problem + "Nothing was ever read from it by this process: check its address" + (
+                " (AWS_ENDPOINT_URL) and the credentials (AWS_ACCESS_KEY_ID, AWS_PROFILE)"
+                if url and protocol_of(url[0]) in ("s3", "s3a") else "") + " where it runs (on a cluster: the node's "
+                "environment), then run the same command again.")
         if time.monotonic() - self.state.get("said_at", -math.inf) >= _SAY_EVERY:
             self.state["said_at"] = time.monotonic()
             log.warning("%s: %s; trying again in %.1f s (%.0f of %g s of --store-patience; %s)", what,
