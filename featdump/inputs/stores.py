@@ -276,8 +276,9 @@ class Patience:
         url = _URL_IN.search(what)
         where = endpoint(url[0]) if url else "the store"
         if waited + pause > self.seconds:
-            problem = (f"{what}: the store did not answer ({describe(error)}; {tries} {'try' if tries == 1 else 'tries'}"
-                       f" in {waited:.0f} s, --store-patience {self.seconds:g}; {where}). ")
+            tried = f"{tries} {'try' if tries == 1 else 'tries'}"
+            problem = (f"{what}: the store did not answer ({describe(error)}; {tried} in {waited:.0f} s, "
+                       f"--store-patience {self.seconds:g}; {where}). ")
             if self.state.get("answered"):
                 raise StoreUnavailable(problem + "The output keeps every row written so far: run the same command "
                                                  "again to resume once the store is back.")
