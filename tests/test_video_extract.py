@@ -562,6 +562,29 @@ def test_windows_ending_on_the_grid_hold_the_frames_before_each_onset_padded_or_
     assert refused.returncode == 2 and "add --clip-anchor end" in refused.stderr, refused.stderr
 
 
+def test_tr_onsets_are_stored_exactly_and_select_rows_through_load_xarray_and_merge(tmp_path):
+    """Windows ending on a 1.49 s TR grid: each row's clip_end is the grid's onset itself (5 x 1.49 is 7.45, not
+    7.45 +- 3e-10), so an exact join and `sel(path=..., clip_end=7.45)` find it, in one file and in a merge of
+    shards; `load` gives each row's video's rate, duration and frames."""
+    write_video(tmp_path / "films" / "run1.mkv", 250, fps=25, size=(48, 64), seed=4)  # 10 s
+    common = ["extract", "-m", "resnet18", "-w", "none", "-l", "avgpool", "--fps", "15", "--clip-every", "1.49",
+              "--clip-anchor", "end", tmp_path / "films"]
+    assert run_featdump(*common, tmp_path / "out.h5").returncode == 0
+    for index in range(2):
+        assert run_featdump(*common[:-1], "--shard", f"{index}/2", common[-1], tmp_path / "sharded.h5").returncode == 0
+    assert run_featdump("merge", tmp_path / "sharded.h5").returncode == 0
+    onsets = [round(index * 1.49, 9) for index in range(1, 7)]  # 1.49 ... 8.94: the first frame is at 0
+    for name in ("out.h5", "sharded.h5"):
+        loaded = featdump.load(tmp_path / name, "avgpool")
+        assert loaded.clip_end.tolist()[:6] == onsets, loaded.clip_end  # equal, not close
+        np.testing.assert_array_equal(loaded.video_rate, 25.0)
+        np.testing.assert_allclose(loaded.video_duration, 10.0)
+        np.testing.assert_array_equal(loaded.video_frames, 250)
+        labelled = featdump.load(tmp_path / name, "avgpool", xarray=True)
+        row = onsets.index(7.45)
+        np.testing.assert_array_equal(labelled.sel(path="run1.mkv", clip_end=7.45).values, loaded.features[row])
+
+
 def test_targets_match_onsets_within_half_a_frame_and_a_miss_names_its_onsets(videos, tmp_path):
     output = tmp_path / "out.h5"
     assert run_featdump("extract", "-m", "resnet18", "-w", "none", "-l", "avgpool", "--fps", "2", "--clip-anchor",

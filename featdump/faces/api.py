@@ -131,6 +131,9 @@ class Features:
     file: h5py.File | None = None  # open while `features` is lazy: close it when done
     clip_start: np.ndarray | None = None  # a video job's: each row's clip start in its video, seconds (None: images)
     clip_end: np.ndarray | None = None  # a video job's: each row's clip offset (its start + frames / rate), seconds
+    video_rate: np.ndarray | None = None  # a video job's: each row's video's stated frame rate, frames a second
+    video_duration: np.ndarray | None = None  # ... its video's duration, seconds (its first frame to its last's end)
+    video_frames: np.ndarray | None = None  # ... its video's frame count (NaN where not counted: tars, stores)
 
 
 def _row_coordinate(output: Output, name: str) -> np.ndarray | None:
@@ -169,6 +172,9 @@ def load(path: str | Path, layer: str, lazy: bool | None = None, xarray: bool = 
             file=output.file if lazy else None,
             clip_start=_row_coordinate(output, "clip_start"),
             clip_end=_row_coordinate(output, "clip_end"),
+            video_rate=_row_coordinate(output, "video_rate"),
+            video_duration=_row_coordinate(output, "video_duration"),
+            video_frames=_row_coordinate(output, "video_frames"),
         )
     except OSError as error:  # a file that breaks while read: one featdump error, never a traceback
         output.close()

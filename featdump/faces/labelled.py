@@ -37,11 +37,13 @@ def data_array(path: str | Path, layer: str, lazy: bool | None = None):
         if "time" in dims and "time_offset_frames" in dataset.attrs:  # where each step starts within its clip
             coords["time"] = ("time", np.asarray(dataset.attrs["time_offset_frames"]),
                               {"units": "frames of the clip", "long_name": "the step's first frame within its clip"})
+        anchor = str(output.attrs.get("clip_anchor", "start"))
         attrs = {**netcdf.without_netcdf(dataset.attrs), "reduction": output.reduction(layer),
                  "classes": output.classes, "model": str(output.attrs.get("model", ""))}
         size = dataset.size * dataset.dtype.itemsize
         if not (size > LAZY_ABOVE if lazy is None else lazy):  # read once, into the array xarray wraps
-            return _keyed(xr.DataArray(read_rows(dataset, rows), dims=dims, coords=coords, attrs=attrs, name=layer))
+            return _keyed(xr.DataArray(read_rows(dataset, rows), dims=dims, coords=coords, attrs=attrs, name=layer),
+                          anchor)
     opened = xr.open_dataset(path, engine="h5netcdf", group="features", phony_dims="sort", decode_cf=False,
                              cache=False)
     try:
@@ -49,7 +51,7 @@ def data_array(path: str | Path, layer: str, lazy: bool | None = None):
         array = array.drop_vars(list(array.coords)).rename(dict(zip(array.dims, dims)))
         array = array.isel({netcdf.IMAGE: slice(0, rows)}).assign_coords(coords)
         array.attrs = attrs
-        array = _keyed(array)
+        array = _keyed(array, anchor)
         array.set_close(opened.close)
     except BaseException:
         opened.close()
@@ -57,9 +59,11 @@ def data_array(path: str | Path, layer: str, lazy: bool | None = None):
     return array
 
 
-def _keyed(array):
-    """ARRAY with a (path, clip_start) index on `image` when its rows are clips: `sel(path=..., clip_start=...)`."""
-    return array.set_xindex(["path", "clip_start"]) if "clip_start" in array.coords else array
+def _keyed(array, anchor: str = "start"):
+    """ARRAY with a (path, onset) index on `image` when its rows are clips: the grid's times, `sel(path=...,
+    clip_start=...)`, or for windows ending on the grid (ANCHOR end: a TR's onset) `sel(path=..., clip_end=...)`."""
+    onset = "clip_end" if anchor == "end" else "clip_start"
+    return array.set_xindex(["path", onset]) if onset in array.coords else array
 
 
 def _xarray():

@@ -16,6 +16,7 @@ from typing import Protocol
 import numpy as np
 
 from featdump.inputs.decode import check_regular_file
+from featdump.inputs.video import GRID_DECIMALS
 
 
 @dataclass(frozen=True)
@@ -205,7 +206,10 @@ class ClipTable:
         lasts = np.array([math.nan if info is None else info.last for info in infos], dtype=np.float64)
         counts = np.array([math.nan if info is None or info.frames < 0 else info.frames for info in infos],
                           dtype=np.float64)
-        return {"clip_start": starts, "clip_end": starts + self.frames / sampled, "video_rate": rates,
+        ends = starts + self.frames / sampled
+        if self.anchor == "end":  # the grid's onsets exactly (as the starts are for clips anchored at their start)
+            ends = np.round(ends, GRID_DECIMALS)
+        return {"clip_start": starts, "clip_end": ends, "video_rate": rates,
                 "video_duration": lasts + 1 / np.where(rates > 0, rates, math.nan), "video_frames": counts}
 
 

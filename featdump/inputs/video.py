@@ -22,6 +22,7 @@ import numpy as np
 from featdump.errors import UsageProblem
 
 VIDEO_SUFFIXES = (".mp4", ".mkv", ".webm", ".avi", ".mov")
+GRID_DECIMALS = 9  # a grid time is a multiple of its step rounded to this many decimals: 5 x 1.49 s is 7.45 itself
 ANCHORS = ("start", "end")  # --clip-anchor: the grid gives clips' starts, or their ends (causal windows)
 PADS = ("skip", "repeat")  # --clip-pad: an end-anchored window reaching before the first frame
 _TOLERANCE = 1e-6  # seconds: a frame time and a sampling time this close are the same instant
@@ -115,13 +116,13 @@ class ClipPlan:
         if last + _TOLERANCE < self.span:
             return []
         count = math.floor((last - self.span) / self.every + _TOLERANCE) + 1
-        return [round(index * self.every, 9) for index in range(count)]
+        return [round(index * self.every, GRID_DECIMALS) for index in range(count)]
 
     def _window_starts(self, last: float) -> list[float]:
         """The starts of the windows ending on the grid (onsets t = 0, S, 2S, ... up to the last frame's time plus
         a frame): t - N/F, those before the first frame left out unless padded."""
         onsets = range(math.floor((last + 1 / self.fps) / self.every + _TOLERANCE) + 1)
-        starts = [round(index * self.every - self.duration, 9) for index in onsets]
+        starts = [round(index * self.every - self.duration, GRID_DECIMALS) for index in onsets]
         return starts if self.pad == "repeat" else [start for start in starts if start >= -_TOLERANCE]
 
     def times(self, start: float) -> np.ndarray:
