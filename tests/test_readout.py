@@ -473,3 +473,14 @@ def test_a_float16_layer_reads_as_its_values_in_float32(tmp_path):
         widened = featdump.probe(tmp_path / "widened.h5", name, folds=3, alphas=ALPHAS, device="cpu")[name]
         np.testing.assert_array_equal(ours.alpha, widened.alpha)
         np.testing.assert_allclose(ours.predicted, widened.predicted, rtol=1e-9, atol=1e-12)
+
+
+def test_stretches_of_a_film_are_cut_by_onset_whatever_order_its_rows_are_in():
+    """One film's 12 TRs in time order, and the same TRs as an update leaves them (four read again, appended): each
+    onset gets the same fold, three contiguous stretches of time."""
+    onsets = np.arange(12) * 1.5
+    fresh = assign_folds(12, 3, 0, videos=np.zeros(12), onsets=onsets)
+    order = np.r_[0:3, 7:12, 3:7]  # rows 3-6 were skipped, then read again by --update
+    updated = assign_folds(12, 3, 0, videos=np.zeros(12), onsets=onsets[order])
+    assert dict(zip(onsets[order], updated)) == dict(zip(onsets, fresh))
+    np.testing.assert_array_equal(fresh, np.repeat([0, 1, 2], 4))

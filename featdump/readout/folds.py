@@ -7,8 +7,8 @@ The same rows, classes, K and seed give the same folds on any machine (numpy's P
 Clips of videos are never dealt one by one: neighbouring clips of a film are alike (a movie's fMRI, its TRs), so a
 fold holds whole videos where there are as many videos as folds (a probe's dealt as rows are, a video's class its
 first clip's; an encoding model's balanced by rows, the longest videos first, with a warning when a fold holds
-less than half the rows of the largest); with fewer, each video's clips are cut into K contiguous stretches of
-time, one per fold. Then a fold trains on the other folds' rows less those of the same video within the gap
+less than half the rows of the largest); with fewer, each video's clips, ordered by onset, are cut into K contiguous
+stretches of time, one per fold. Then a fold trains on the other folds' rows less those of the same video within the gap
 (seconds) of one of its held-out rows, on both sides (`training_rows`): no neighbouring TRs straddle training and
 test.
 """
@@ -25,11 +25,12 @@ log = logging.getLogger("featdump")
 
 
 def assign_folds(count: int, folds: int, seed: int, classes: np.ndarray | None = None,
-                 videos: np.ndarray | None = None) -> np.ndarray:
-    """(COUNT,) int: each row's fold in 0..FOLDS-1; rows of clips (VIDEOS: each row's video, its rows in time
-    order) kept together by video, or in stretches of time. UsageProblem when there are fewer rows than folds."""
+                 videos: np.ndarray | None = None, onsets: np.ndarray | None = None) -> np.ndarray:
+    """(COUNT,) int: each row's fold in 0..FOLDS-1; rows of clips (VIDEOS: each row's video; ONSETS: its time in
+    it) kept together by video, or in stretches of time cut by onset, whatever order the rows are in (an update
+    appends a video's clips read again). UsageProblem when there are fewer rows than folds."""
     if videos is not None:
-        return _video_folds(np.asarray(videos), folds, seed, classes)
+        return _video_folds(np.asarray(videos), folds, seed, classes, onsets)
     if folds < 2:
         raise UsageProblem(f"--folds {folds}: cross-validation needs 2 folds at least.")
     if count < folds:
@@ -47,9 +48,11 @@ def assign_folds(count: int, folds: int, seed: int, classes: np.ndarray | None =
     return assigned
 
 
-def _video_folds(videos: np.ndarray, folds: int, seed: int, classes: np.ndarray | None) -> np.ndarray:
+def _video_folds(videos: np.ndarray, folds: int, seed: int, classes: np.ndarray | None,
+                 onsets: np.ndarray | None = None) -> np.ndarray:
     """Whole videos dealt to FOLDS (stratified by their first clip's class, or balanced by rows) where there are
-    enough of them; else each video's clips cut into FOLDS contiguous stretches."""
+    enough of them; else each video's clips, in the order of their ONSETS (of the rows without them), cut into FOLDS
+    contiguous stretches."""
     order, firsts, sizes = np.unique(videos, return_index=True, return_counts=True)
     if len(order) >= folds and classes is not None:
         dealt = assign_folds(len(order), folds, seed, classes[firsts])
@@ -60,6 +63,8 @@ def _video_folds(videos: np.ndarray, folds: int, seed: int, classes: np.ndarray 
     assigned = np.empty(len(videos), dtype=np.int64)
     for video in order:
         members = np.flatnonzero(videos == video)
+        if onsets is not None:
+            members = members[np.argsort(np.asarray(onsets)[members], kind="stable")]
         for fold, stretch in enumerate(np.array_split(members, folds)):
             assigned[stretch] = fold
     return assigned

@@ -181,7 +181,8 @@ def _read_out(kind: str, stored: Stored, table: Targets, layers, folds: int, alp
     steps, step, shifts = _delay_shifts(stored, table, delays)
     grid, budget, place = parse_alphas(alphas), parse_bytes(memory), resolve_device(device)
     videos = _videos(stored, table, folds)
-    fold = assign_folds(table.count, folds, seed, table.classes, videos)
+    fold = assign_folds(table.count, folds, seed, table.classes, videos,
+                        None if videos is None else np.asarray(stored.clip_starts)[table.rows])
     gap, training = _gapped(stored, table, fold, videos, steps, step, gap)
     sparse = sparse_classes(table.classes, table.columns, folds) if table.classes is not None else []
     if sparse:
