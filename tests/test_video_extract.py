@@ -617,3 +617,34 @@ def test_a_damaged_film_replaced_by_a_good_one_is_read_again_by_update(videos, t
     assert loaded.paths == ["good.mkv"] * 4 + ["film.mkv"] * 4
     np.testing.assert_array_equal(loaded.features[4:], loaded.features[:4])  # the same bytes, the same rows
     assert json.loads(run_featdump("info", "--json", output).stdout)["skipped"] == 0
+
+
+@pytest.mark.parametrize("kind", ["film", "image"])
+def test_a_listed_input_missing_at_extraction_and_present_later_is_read_by_update(videos, tmp_path, kind):
+    """A list names a film (or an image) that is not there yet: recorded as a skip; once it exists, it counts as
+    changed: `info` says so and --update reads it."""
+    folder, output = tmp_path / "inputs", tmp_path / "out.h5"
+    folder.mkdir()
+    name = "late.mkv" if kind == "film" else "late.jpg"
+    if kind == "film":
+        shutil.copyfile(videos / "a" / "one.mkv", folder / "first.mkv")
+        options = ["--fps", "2"]
+    else:
+        Image.fromarray(np.full((32, 40, 3), 90, dtype=np.uint8)).save(folder / "first.jpg")
+        options = []
+    listing = tmp_path / "list.txt"
+    listing.write_text(f"inputs/{'first.mkv' if kind == 'film' else 'first.jpg'}\ninputs/{name}\n")
+    command = ["extract", "-m", "resnet18", "-w", "none", "-l", "avgpool", *options, "--on-error", "skip",
+               "--update", listing, output]
+    made = run_featdump(*command)
+    assert made.returncode == 0, made.stderr
+    assert json.loads(run_featdump("info", "--json", output).stdout)["skipped"] == 1
+    if kind == "film":
+        shutil.copyfile(videos / "a" / "one.mkv", folder / name)
+    else:
+        Image.fromarray(np.full((32, 40, 3), 160, dtype=np.uint8)).save(folder / name)
+    assert f"changed since (--update reads them again): inputs/{name}" in run_featdump("info", output).stdout
+    again = run_featdump(*command)
+    assert again.returncode == 0 and "Reading again 1 skipped input(s)" in again.stderr, again.stderr
+    assert json.loads(run_featdump("info", "--json", output).stdout)["skipped"] == 0
+    assert f"inputs/{name}" in featdump.load(output, "avgpool").paths

@@ -22,7 +22,7 @@ from PIL import Image
 
 from featdump.errors import FeatdumpError, MixedSizes, UsageProblem
 from featdump.inputs.decode import describe_failure
-from featdump.inputs.imagelist import ClipTable, ImageList
+from featdump.inputs.imagelist import ClipTable, ImageList, stat_as_read
 from featdump.inputs.loader import ImageDataset, Item
 from featdump.inputs.preprocess import Preprocess
 from featdump.inputs.video import VIDEO_SUFFIXES, ClipPlan, VideoInfo, decode_clip, is_video_file, video_info
@@ -177,11 +177,10 @@ class ClipDataset(ImageDataset):
         self.asked = ClipPlan(clips.frames, clips.fps, clips.every, clips.anchor, clips.pad)
 
     def _decoded(self, position: int, encoded) -> Item:
-        item = Item(position)
+        item = Item(position, file_stat=stat_as_read(encoded))
         try:
             if isinstance(encoded, Exception):
                 raise encoded
-            item.file_stat = encoded.file_stat
             clips = self.images.clips
             if clips.reasons[position]:
                 item.failure = clips.reasons[position]

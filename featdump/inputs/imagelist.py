@@ -18,6 +18,16 @@ import numpy as np
 from featdump.inputs.decode import check_regular_file
 from featdump.inputs.video import GRID_DECIMALS
 
+UNKNOWN_STAT = (-1, -1)  # an input's (size, mtime_ns) not known: never seen to change
+ABSENT_STAT = (-2, -2)  # an input that was not there when it was read: changed once it is
+
+
+def stat_as_read(encoded) -> tuple[int, int]:
+    """The (size, mtime_ns) to record of an input as a worker got it (ENCODED, or the error opening it raised)."""
+    if isinstance(encoded, Encoded):
+        return encoded.file_stat
+    return ABSENT_STAT if isinstance(encoded, FileNotFoundError) else UNKNOWN_STAT
+
 
 @dataclass(frozen=True)
 class Encoded:

@@ -21,6 +21,7 @@ from torch.utils.data import DataLoader, Dataset
 from featdump.errors import FeatdumpError
 from featdump.inputs import Encoded, ImageList
 from featdump.inputs.decode import JPEG_EXTENSIONS, describe_failure, open_rgb, plain_jpeg
+from featdump.inputs.imagelist import UNKNOWN_STAT, stat_as_read
 from featdump.inputs.preprocess import Preprocess
 
 
@@ -61,7 +62,7 @@ class Item:
     could not be used; numpy arrays, never many small tensors."""
 
     position: int  # in the job's image list
-    file_stat: tuple[int, int] = (-1, -1)  # the file's (size, mtime_ns) when it was read
+    file_stat: tuple[int, int] = UNKNOWN_STAT  # the file's (size, mtime_ns) when it was read (`stat_as_read`)
     pixels: np.ndarray | None = None
     jpeg: np.ndarray | None = None
     failure: str | None = None
@@ -99,11 +100,10 @@ class ImageDataset(Dataset):
         return items
 
     def _decoded(self, position: int, encoded: Encoded | Exception) -> Item:
-        item = Item(position)
+        item = Item(position, file_stat=stat_as_read(encoded))
         try:
             if isinstance(encoded, Exception):
                 raise encoded
-            item.file_stat = encoded.file_stat
             if self.gpu_jpegs and encoded.suffix in JPEG_EXTENSIONS and plain_jpeg(encoded.source,
                                                                                     self.preprocess.draft):
                 item.jpeg = encoded.array()

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import h5py
 import numpy as np
 
+from featdump.inputs.imagelist import UNKNOWN_STAT
 from featdump.output import netcdf
 from featdump.output.layout import (
     Committed,
@@ -35,7 +36,6 @@ from featdump.output.layout import (
 
 _NEXT = "skipped_next"  # the rebuilt list, until it replaces /skipped
 _COMMITS = "commits"  # what the rebuilt list was made for: [rows, images, skipped] and the update's token
-UNKNOWN_STAT = (-1, -1)
 
 
 @dataclass(frozen=True)
