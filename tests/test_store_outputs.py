@@ -117,6 +117,28 @@ def test_a_missing_output_bucket_is_refused_before_the_first_image(images, store
     assert made.returncode == 0, made.stderr  # the same user writes into a bucket that exists
 
 
+def test_a_listing_that_changed_between_shards_is_named_with_its_counts_and_the_remedy(store_env, tmp_path):
+    """Shard 0 lists 6 images, then the folder gains 2 and shard 1 lists 8: the merge is refused before any
+    download, naming the listing's change and the frozen listing; info says the same instead of "run merge"; shard
+    0 run again is refused for the same reason, not "Nothing new"."""
+    folder = tmp_path / "images"
+    write_images(folder, {"cats": 3, "dogs": 3}, size=(40, 32))
+    url = f"{bucket(store_env, 'results')}/listing/features.h5"
+    shard = [*EXTRACT, "--scratch", tmp_path / "scratch", folder, url]
+    assert run_featdump(*shard[:-2], "--shard", "0/2", *shard[-2:]).returncode == 0
+    write_images(folder / "late", {"": 2}, size=(40, 32))
+    assert run_featdump(*shard[:-2], "--shard", "1/2", *shard[-2:]).returncode == 0
+    merged = run_featdump("merge", url, "--scratch", tmp_path / "merge")
+    assert merged.returncode != 0 and "listing of its images changed: 6 images in one listing, 8 in the other" in \
+        merged.stderr, merged.stderr
+    assert "freeze the listing: write it once to a list file" in merged.stderr
+    assert not (tmp_path / "merge").exists() or not any((tmp_path / "merge").rglob("*.h5"))  # nothing downloaded
+    info = run_featdump("info", url).stdout
+    assert "cannot be merged" in info and "listing of its images changed" in info and "run `featdump merge" not in info
+    again = run_featdump(*shard[:-2], "--shard", "0/2", *shard[-2:])
+    assert again.returncode == 2 and "listing of its images changed: 6 images" in again.stderr, again.stderr
+
+
 @pytest.mark.slow  # a store or many processes beyond a few seconds: make test-all (CI)
 def test_shards_land_in_the_bucket_and_merge_from_there_as_from_disk(images, store_env, tmp_path):
     folder, expected = images

@@ -16,7 +16,7 @@ from featdump.output.lock import lock_holder
 from featdump.output.merge import merge_problem
 from featdump.output.progress import describe_running, read_record, running_lines, stopped_line
 from featdump.output.shard_files import shard_count, shard_counts, shard_path
-from featdump.output.store_merge import store_shards
+from featdump.output.store_merge import store_merge_problem, store_shards
 from featdump.output.update import grow_path, staging_path
 from featdump.readout.scores import MEASURES
 
@@ -189,18 +189,27 @@ def _store_info(url: str) -> dict:
     patience = Patience()
     if remote.finished_in_store(url, patience):
         counters, size = remote.committed(url, patience)
-        return {"state": "in store", "file": url, "rows": counters.rows, "skipped": counters.skipped, "bytes": size}
+        fingerprint, _ = remote.held_in_store(url, patience)
+        return {"state": "in store", "file": url, "rows": counters.rows, "skipped": counters.skipped, "bytes": size,
+                "model": fingerprint.get("model"), "weights": fingerprint.get("weights"),
+                "layers": fingerprint.get("layers", [])}
     count, urls, missing = store_shards(url, None, patience)
     shards = [{"index": index, "file": shard, "state": "not uploaded" if index in missing else "complete"}
               for index, shard in enumerate(urls)]
-    return {"state": "sharded in store", "file": url, "shards": shards, "finished": count - len(missing)}
+    return {"state": "sharded in store", "file": url, "shards": shards, "finished": count - len(missing),
+            "merge_problem": None if missing else store_merge_problem(url, None, patience)}
 
 
 def _store_lines(info: dict) -> list[str]:
     if info["state"] == "in store":
         return [f"{info['file']}: finished, in the store: {info['rows']} rows ({info['skipped']} skipped), "
-                f"{info['bytes']} bytes (h5py reads it through fsspec; or download it)"]
+                f"{info['bytes']} bytes (h5py reads it through fsspec; or download it)",
+                f"model:      {info['model']} (weights {info['weights']})",
+                f"layers:     {', '.join(info['layers'])}"]
     shards, finished = info["shards"], info["finished"]
+    if finished == len(shards) and info.get("merge_problem"):
+        return [f"{info['file']}: not merged yet; all {len(shards)} shards are finished in the store but cannot be "
+                f"merged: {info['merge_problem']}"]
     if finished == len(shards):
         return [f"{info['file']}: not merged yet; all {len(shards)} shards are finished in the store: run "
                 f"`featdump merge {info['file']}`"]

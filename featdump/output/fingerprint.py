@@ -42,6 +42,15 @@ def build(settings, layers, reductions: dict[str, str], preprocessing: str, deco
     }
 
 
+LISTING_REMEDY = ("freeze the listing: write it once to a list file, and run every shard on that file with --overwrite "
+                  "(docs/cluster.md)")
+
+
+def listing_changed(before: dict, now: dict) -> bool:
+    """Whether two shards' fingerprints differ in the job's listing of its images (not in what they computed)."""
+    return before.get("all_images") != now.get("all_images")
+
+
 def of_merged(shard_fingerprint: dict) -> dict:
     """What the merge of a job's shards records, from one shard's fingerprint (the job's, without the shard's
     place in it)."""
@@ -91,7 +100,13 @@ def describe_differences(before_all: dict, now_all: dict) -> list[str]:
                 f"the image set changed: {before_all.get('image_count')} images when started, "
                 f"{now_all.get('image_count')} now, or files were replaced"
             )
-        elif key != "image_count":
+        elif key == "all_images":
+            differences.append(
+                f"the job's listing of its images changed: {before_all.get('all_image_count')} images in one "
+                f"listing, {now_all.get('all_image_count')} in the other (the folder or prefix gained or lost files "
+                "while the job ran)"
+            )
+        elif key not in ("image_count", "all_image_count"):
             differences.append(f"{key}: {_short(before)} when started, {_short(now)} now")
     return differences
 

@@ -174,16 +174,24 @@ def _summary(index: int, path: Path) -> dict:
 
 
 def _common_fingerprint(paths: list[Path], summaries: list[dict]) -> dict:
+    return common_fingerprint([str(path) for path in paths], [summary["fingerprint"] for summary in summaries])
+
+
+def common_fingerprint(names: list[str], held: list[dict]) -> dict:
+    """The fingerprint the shards NAMES (held: theirs) have in common; ShardProblem naming the first that differs,
+    and why: another listing of the images (the remedy: a frozen listing), or another command."""
     first = None
-    for index, (path, summary) in enumerate(zip(paths, summaries)):
-        mine = {key: value for key, value in summary["fingerprint"].items() if key not in fingerprints.SHARD_KEYS}
+    for index, (name, fingerprint) in enumerate(zip(names, held)):
+        mine = {key: value for key, value in fingerprint.items() if key not in fingerprints.SHARD_KEYS}
         if first is None:
             first = mine
             continue
         differences = fingerprints.describe_differences(first, mine)
         if differences:
-            raise ShardProblem(f"Shard {index} ({path}) was made differently from shard 0 ({'; '.join(differences)}); "
-                               "run every task with the same command.")
+            remedy = fingerprints.LISTING_REMEDY if fingerprints.listing_changed(first, mine) else \
+                "run every task with the same command"
+            raise ShardProblem(f"Shard {index} ({name}) was made differently from shard 0 ({'; '.join(differences)}); "
+                               f"{remedy}.")
     return first
 
 

@@ -13,7 +13,7 @@ from featdump.errors import ShardProblem
 from featdump.inputs.stores import Patience, parent_of
 from featdump.output import fingerprint as fingerprints
 from featdump.output import remote
-from featdump.output.merge import merge
+from featdump.output.merge import common_fingerprint, merge
 from featdump.output.shard_files import counts_among, shard_path, shard_pattern, the_count
 
 log = logging.getLogger("featdump")
@@ -42,6 +42,24 @@ def _merged_already(url: str, shards: list[str], count: int, patience: Patience)
         not fingerprints.describe_differences(fingerprints.merged_held(held), fingerprints.of_merged(first))
 
 
+def _check_made_alike(shards: list[str], patience: Patience) -> None:
+    """ShardProblem when the SHARDS (URLs, each finished) were not made alike, from their attributes alone."""
+    common_fingerprint(shards, [remote.held_in_store(shard, patience)[0] for shard in shards])
+
+
+def store_merge_problem(url: str, pattern: str | None = None, patience: Patience | None = None) -> str | None:
+    """Why merging the shards of URL would be refused (some not in the store, or not made alike), or None."""
+    patience = patience or Patience()
+    count, shards, missing = store_shards(url, pattern, patience)
+    if missing:
+        return f"{len(missing)} of {count} shards are not in the store"
+    try:
+        _check_made_alike(shards, patience)
+    except ShardProblem as error:
+        return str(error)
+    return None
+
+
 def merge_from_store(url: str, pattern: str | None = None, scratch: Path | None = None,
                      patience: Patience | None = None) -> str:
     """Merge the shards of the output at URL into URL (a self-contained copy); returns URL."""
@@ -51,6 +69,7 @@ def merge_from_store(url: str, pattern: str | None = None, scratch: Path | None 
         named = ", ".join(str(index) for index in missing[:20]) + (" ..." if len(missing) > 20 else "")
         raise ShardProblem(f"Cannot merge {url!r}: {len(missing)} of {count} shards are not in the store (shard "
                            f"{named}; a shard is uploaded when it is finished): run their tasks again.")
+    _check_made_alike(shards, patience)  # before a byte is downloaded
     if _merged_already(url, shards, count, patience):
         log.info("%s is merged already from these %d shards: nothing to do.", url, count)
         return url
