@@ -54,8 +54,16 @@ def test_more_shards_than_workers_on_a_local_cluster_merge_into_the_single_run(i
         with pytest.raises(OutputExists, match="made by another command"):
             featdump.extract_on_ray(folder, tmp_path / "out.h5", model="resnet18", weights="none",
                                     layers="layer4,avgpool", shards=3)
+        (tmp_path / "left").mkdir()
+        left = featdump.extract_on_ray(folder, tmp_path / "left" / "out.h5", model="resnet18", weights="none",
+                                       layers="layer3,avgpool", shards=3, merge=False)
+        assert not left.merged and "the shards left where they lie" in left.line()
+        assert sorted(path.name for path in (tmp_path / "left").glob("*.h5")) == [
+            f"out.shard-{index}-of-3.h5" for index in range(3)]
     finally:
         ray.shutdown()
+    assert run_featdump("merge", "--view", tmp_path / "left" / "out.h5").returncode == 0  # later, without a copy
+    assert_same_rows(read_output(tmp_path / "left" / "out.h5"), expected)
     assert summary.shards == 3 and summary.rows == 23 and summary.new_rows == 23
     assert "Ray: 3 shards (23 rows, 23 new)" in summary.line()
     assert_same_rows(read_output(tmp_path / "out.h5"), expected)

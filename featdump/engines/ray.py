@@ -45,17 +45,22 @@ class RaySummary:
     seconds: float
     retried: int
 
+    merged: bool = True  # False: the shards were left where they lie (--no-merge)
+
     def line(self) -> str:
         rate = self.new_rows / self.seconds if self.seconds > 0 else 0.0
         retried = f", {self.retried} retried" if self.retried else ""
+        where = f"merged into {self.output}" if self.merged else (
+            f"the shards left where they lie, beside {self.output}: `featdump merge {self.output}` joins them (on a "
+            "file system `featdump merge --view` without copying a row)")
         return (f"Ray: {self.shards} shards ({self.rows} rows, {self.new_rows} new) in {self.seconds:.1f} s "
-                f"({rate:.1f} rows/s{retried}); merged into {self.output}.")
+                f"({rate:.1f} rows/s{retried}); {where}.")
 
 
 def extract_on_ray(settings: Settings, shards: int | None = None, address: str | None = None,
-                   progress: Progress | None = None) -> RaySummary:
+                   progress: Progress | None = None, merge_shards: bool = True) -> RaySummary:
     """Run SETTINGS as SHARDS Ray tasks on the cluster at ADDRESS (None: RAY_ADDRESS, else a local cluster made
-    for the job), then merge the shards into SETTINGS' output."""
+    for the job), then merge the shards into SETTINGS' output (MERGE_SHARDS: else they stay where they lie)."""
     if settings.shard not in (None, "none"):
         raise UsageProblem("--ray splits the job into --shards N itself: drop --shard.")
     ray = _ray()
@@ -64,17 +69,20 @@ def extract_on_ray(settings: Settings, shards: int | None = None, address: str |
     ray.init(address=address or os.environ.get("RAY_ADDRESS") or None, ignore_reinit_error=True,
              log_to_driver=False)
     try:
-        return _run(ray, settings, shards, progress or NoProgress(), started)
+        return _run(ray, settings, shards, progress or NoProgress(), started, merge_shards)
     finally:
         if ours:
             ray.shutdown()
 
 
-def _run(ray, settings: Settings, shards: int | None, progress: Progress, started: float) -> RaySummary:
+def _run(ray, settings: Settings, shards: int | None, progress: Progress, started: float,
+         merge_shards: bool = True) -> RaySummary:
     resources = _task_resources(ray, settings)
     count = shards or SHARDS_PER_SLOT * _slots(ray, resources)
     if is_url(settings.output):  # a missing output bucket found before any task runs
         remote.check_writable(settings.output, Patience(settings.store_patience))
+    elif not Path(settings.output).parent.is_dir():
+        raise UsageProblem(f"Output folder {str(Path(settings.output).parent)!r} does not exist; create it first.")
     if not (settings.overwrite or settings.update):
         finished = _merged_already(settings, count)
         if finished is not None:
@@ -92,6 +100,8 @@ def _run(ray, settings: Settings, shards: int | None, progress: Progress, starte
     rows = _wait_for(ray, pending, board, progress, count)
     progress.close()
     retried = ray.get(board.retried.remote())
+    if not merge_shards:
+        return RaySummary(settings.output, count, rows[0], rows[1], time.perf_counter() - started, retried, False)
     merged = _merge(settings)
     return RaySummary(merged, count, rows[0], rows[1], time.perf_counter() - started, retried)
 

@@ -52,9 +52,10 @@ def extract(images: str | Path, output: str | Path, *, model: str, layers: str |
 
 
 def extract_on_ray(images: str | Path, output: str | Path, *, model: str, layers: str | Sequence[str],
-                   shards: int | None = None, address: str | None = None, **options):
+                   shards: int | None = None, address: str | None = None, merge: bool = True, **options):
     """extract() split into SHARDS Ray tasks on the cluster at ADDRESS (None: RAY_ADDRESS, or the cluster this
-    process joined with ray.init, else a local one), merged into OUTPUT at the end; returns the job's summary.
+    process joined with ray.init, else a local one), merged into OUTPUT at the end (unless not MERGE: the shards
+    stay where they lie, for `featdump merge` later); returns the job's summary.
 
     >>> featdump.extract_on_ray("s3://bucket/images/", "s3://bucket/run/out.h5", model="resnet50",
     ...                         layers="avgpool", shards=64, device="cuda")
@@ -65,7 +66,8 @@ def extract_on_ray(images: str | Path, output: str | Path, *, model: str, layers
     if unknown:
         raise TypeError(f"extract_on_ray() got unknown option(s) {', '.join(unknown)}; "
                         f"allowed: {', '.join(sorted(_KEYWORDS))}")
-    return run(Settings(model=model, layers=layers, images=images, output=output, **options), shards, address)
+    return run(Settings(model=model, layers=layers, images=images, output=output, **options), shards, address,
+               merge_shards=merge)
 
 
 @contextmanager

@@ -280,8 +280,12 @@ def _read_config(ctx: click.Context, param, path: Path | None):
 @click.option("--shards", type=click.IntRange(min=1), metavar="N",
               help="With --ray: how many shards (tasks) the job is split into.  [default: 4 per task the cluster "
                    "runs at once]")
+@click.option("--merge/--no-merge", "merge_shards", default=True, show_default=True,
+              help="With --ray: merge the shards into OUTPUT at the end (through --scratch for a store's: twice "
+                   "their size on the driver's disk), or leave them where they lie for `featdump merge` later.")
 @_extract_options
-def extract(images: str, output: str, ray_address: str | None, shards: int | None, **options) -> None:
+def extract(images: str, output: str, ray_address: str | None, shards: int | None, merge_shards: bool,
+            **options) -> None:
     """Extract the activations of --layers for every image in IMAGES into the HDF5 file OUTPUT.
 
     IMAGES is a folder, walked recursively in sorted order (images in first-level class folders get
@@ -303,11 +307,14 @@ def extract(images: str, output: str, ray_address: str | None, shards: int | Non
     settings = Settings(images=images, output=output, command=shlex.join(["featdump", *sys.argv[1:]]), **options)
     if ray_address is None and shards is not None:
         raise click.UsageError("--shards N splits a --ray job; a process of a SLURM array or a pod takes --shard K/N.")
+    if ray_address is None and not merge_shards:
+        raise click.UsageError("--no-merge leaves a --ray job's shards unmerged; without --ray there is one output "
+                               "(or, under --shard K/N, one shard) and nothing to merge.")
     if ray_address is not None:
         from featdump.engines.ray import extract_on_ray
 
         address = None if ray_address == "auto" else ray_address
-        summary = extract_on_ray(settings, shards, address, _progress())
+        summary = extract_on_ray(settings, shards, address, _progress(), merge_shards)
     else:
         from featdump.job.staging import extract as run_extraction  # torch: not before a Ray job's tasks start
 
