@@ -484,3 +484,20 @@ def test_stretches_of_a_film_are_cut_by_onset_whatever_order_its_rows_are_in():
     updated = assign_folds(12, 3, 0, videos=np.zeros(12), onsets=onsets[order])
     assert dict(zip(onsets[order], updated)) == dict(zip(onsets, fresh))
     np.testing.assert_array_equal(fresh, np.repeat([0, 1, 2], 4))
+
+
+def test_targets_name_paths_in_either_unicode_form(tmp_path):
+    """An image listed as "café" composed (NFC) matches a targets table that spells it decomposed (NFD)."""
+    import unicodedata
+
+    folder = tmp_path / "images"
+    write_images(folder, {"": 6}, size=(40, 32))
+    for index, path in enumerate(sorted(folder.iterdir())):
+        path.rename(folder / unicodedata.normalize("NFC", f"café_{index}{path.suffix}"))
+    assert run_featdump("extract", "-m", "resnet18", "-w", "none", "-l", "avgpool", folder,
+                        tmp_path / "out.h5").returncode == 0
+    paths = featdump.load(tmp_path / "out.h5", "avgpool").paths
+    (tmp_path / "y.csv").write_text("path,y\n" + "".join(
+        f"{unicodedata.normalize('NFD', path)},{index}\n" for index, path in enumerate(paths)))
+    fitted = run_featdump("encode", tmp_path / "out.h5", tmp_path / "y.csv", "--folds", "2", "-o", tmp_path / "e.h5")
+    assert fitted.returncode == 0, fitted.stderr

@@ -648,3 +648,15 @@ def test_a_listed_input_missing_at_extraction_and_present_later_is_read_by_updat
     assert again.returncode == 0 and "Reading again 1 skipped input(s)" in again.stderr, again.stderr
     assert json.loads(run_featdump("info", "--json", output).stdout)["skipped"] == 0
     assert f"inputs/{name}" in featdump.load(output, "avgpool").paths
+
+
+def test_a_bids_onset_column_is_told_to_name_clip_start_or_clip_end(videos, tmp_path):
+    output = tmp_path / "out.h5"
+    assert run_featdump("extract", "-m", "resnet18", "-w", "none", "-l", "avgpool", "--fps", "2",
+                        videos / "a" / "one.mkv", output).returncode == 0
+    (tmp_path / "events.csv").write_text("path,onset,y\n" + "".join(
+        f"one.mkv,{t},{t}\n" for t in (0.0, 0.5, 1.0, 1.5)))
+    refused = run_featdump("encode", output, tmp_path / "events.csv", "--folds", "2", "-o", tmp_path / "e.h5")
+    assert refused.returncode == 2 and "names 'one.mkv' twice" in refused.stderr
+    assert "a column clip_start or clip_end (a BIDS events file's `onset` is one of them: rename it)" in \
+        refused.stderr

@@ -12,7 +12,9 @@ Paths the two sides do not share are refused with both counts, unless `common` (
 from __future__ import annotations
 
 import csv
+import dataclasses
 import math
+import unicodedata
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -119,15 +121,19 @@ def match_rows(stored: Stored, paths: list[str], common: bool, where: str,
     (absolute, or its URL) are matched without it. A video job's rows are named by (path, onset) when the table
     gives ONSETS (its column, clip_start or clip_end, and its seconds), matched within half a frame; else by path
     alone: every clip of a video takes its video's value."""
-    paths = [_within_root(path, stored.root) for path in paths]
+    paths = [_normal(_within_root(path, stored.root)) for path in paths]
+    stored = dataclasses.replace(stored, paths=[_normal(path) for path in stored.paths])
     if onsets is not None and stored.clip_starts is not None:
         return _match_onsets(stored, paths, onsets, common, where)
     keys, stored_keys = list(paths), stored.paths
     place: dict = {}
     for index, key in enumerate(keys):
         if key in place:
+            hint = (f" Its rows are clips of videos: name each by its onset too, in a column clip_start or clip_end "
+                    f"(a BIDS events file's `onset` is one of them: rename it)") if stored.clip_starts is not None \
+                else ""
             raise UsageProblem(f"{where!r} names {key!r} twice (rows {place[key] + 1} and {index + 1}): one value "
-                               "per image.")
+                               f"per image.{hint}")
         place[key] = index
     rows = [row for row, key in enumerate(stored_keys) if key in place]
     matched = {stored_keys[row] for row in rows}
@@ -142,6 +148,11 @@ def match_rows(stored: Stored, paths: list[str], common: bool, where: str,
                            f"{extra} of its {len(paths)} rows name no image of the output; pass --common "
                            f"(common=True) to use the {len(rows)} images both have.")
     return np.array(rows, dtype=np.int64), np.array([place[stored_keys[row]] for row in rows], dtype=np.int64)
+
+
+def _normal(path: str) -> str:
+    """PATH in Unicode's composed form (NFC): "café" typed on one system and listed on another is one name."""
+    return unicodedata.normalize("NFC", path)
 
 
 ONSET_COLUMNS = ("clip_start", "clip_end")  # a targets table's column naming a video job's rows with `path`
