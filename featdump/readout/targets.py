@@ -129,8 +129,8 @@ def match_rows(stored: Stored, paths: list[str], common: bool, where: str,
     place: dict = {}
     for index, key in enumerate(keys):
         if key in place:
-            hint = (f" Its rows are clips of videos: name each by its onset too, in a column clip_start or clip_end "
-                    f"(a BIDS events file's `onset` is one of them: rename it)") if stored.clip_starts is not None \
+            hint = (" Its rows are clips of videos: name each by its onset too, in a column clip_start or clip_end "
+                    "(a BIDS events file's `onset` is one of them: rename it)") if stored.clip_starts is not None \
                 else ""
             raise UsageProblem(f"{where!r} names {key!r} twice (rows {place[key] + 1} and {index + 1}): one value "
                                f"per image.{hint}")
