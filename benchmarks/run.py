@@ -1,6 +1,7 @@
 """featdump benchmarks: prints one table of measurements taken side by side in one run.
 
     python benchmarks/run.py [--images 256] [--workers 2] [--gpu-images 20480] [--write-results]   (make bench)
+    python benchmarks/run.py --gpu [--gpu-images N] [--dry-run]      (the GPU rows alone; --dry-run: on the CPU)
 
 CPU (always): featdump vs the bare limit (the model truncated at the layer, same DataLoader and
 preprocessing, no hooks, no writes), vs the seeds' hook recipe and vs create_feature_extractor kept in
@@ -180,11 +181,14 @@ def gpu_rows(images: Path, count: int, workers: int) -> list[str]:
     runs["avgpool --compile bf16 (the package built, then loaded)"] = ("avgpool", "cpu", "bf16", "float32",
                                                                         {"compile": True})
     runs["layer3 --reduce srp:4096 bf16"] = ("layer3", "cpu", "bf16", "float32", {"reduce": "srp:4096"})
+    if GPU == "cpu":  # a dry run (gpu_check.py --dry-run): the rows that need CUDA, or hours of a CPU, left out
+        runs = {label: run for label, run in runs.items() if run[1] != "gpu" and not run[4].get("compile")}
+        rows[2] = rows[2].replace("on CUDA", "on the CPU (a dry run: --decode gpu and --compile left out)")
     for label, (layer, decode, precision, dtype, more) in runs.items():
         if more.get("compile"):  # the first run builds the package; the row is the run that loads it
-            measure("featdump", "resnet50", layer, images, workers, batch_size=256, device="cuda", decode=decode,
+            measure("featdump", "resnet50", layer, images, workers, batch_size=256, device=GPU, decode=decode,
                     precision=precision, dtype=dtype, **more)
-        result = measure("featdump", "resnet50", layer, images, workers, batch_size=256, device="cuda",
+        result = measure("featdump", "resnet50", layer, images, workers, batch_size=256, device=GPU,
                          decode=decode, precision=precision, dtype=dtype, **more)
         steady = result["steady_img_s"] or 0.0
         written = f" ({steady * 1024 * 14 * 14 * 2 / 1e6:.0f} MB/s written)" if layer == "layer3" else ""
@@ -219,7 +223,7 @@ def readout_row(images: Path, count: int, workers: int) -> str:
                                 "-o", results, "--overwrite", what="probe on the GPU")
     layer_file.unlink()
     results.unlink()
-    return ("| read-out on CUDA | time (s) |\n| --- | ---: |\n"
+    return (f"| read-out on {GPU} | time (s) |\n| --- | ---: |\n"
             f"| probe of layer2 ({count} rows x 401,408 float16), 5 folds, --memory 8GB | {seconds:.1f} |")
 
 
@@ -234,48 +238,57 @@ def gpu_limits(images: Path, count: int, workers: int) -> list[str]:
     from featdump.inputs.preprocess import Preprocess
     from featdump.sources.models import default_preprocessing
 
-    forward = {layout: forward_rate(resnet50().eval().cuda(), layout)
+    batch = 256 if GPU == "cuda" else 8
+    forward = {layout: forward_rate(resnet50().eval().to(GPU), layout, batch)
                for layout in (torch.contiguous_format, torch.channels_last)}
     found, preprocess = find_images(images), Preprocess(default_preprocessing("resnet50"))
     rates = {}
-    for gpu in (False, True):
-        loader = make_loader(ImageDataset(found, preprocess, gpu_jpegs=gpu), 0, 256, workers, pin_memory=True)
+    for gpu in (False, True) if GPU == "cuda" else (False,):
+        loader = make_loader(ImageDataset(found, preprocess, gpu_jpegs=gpu), 0, 256, workers, pin_memory=GPU == "cuda")
         started = time.perf_counter()
-        for batch in loader:
-            to_device_inputs(batch, preprocess, found, torch.device("cuda"))
-        torch.cuda.synchronize()
+        for batch_read in loader:
+            to_device_inputs(batch_read, preprocess, found, torch.device(GPU))
+        _synchronize()
         rates[gpu] = count / (time.perf_counter() - started)
     path = HERE / "data" / "write-test.bin"
     block = np.random.default_rng(0).integers(0, 255, size=64 * 1024 * 1024, dtype=np.uint8).tobytes()
+    blocks = 32 if GPU == "cuda" else 2  # 2 GiB; 128 MiB in a dry run
     started = time.perf_counter()
     with open(path, "wb") as handle:
-        for _ in range(32):
+        for _ in range(blocks):
             handle.write(block)
         handle.flush()
         os.fsync(handle.fileno())
-    write_rate = 32 * len(block) / (time.perf_counter() - started) / 1e6
+    write_rate = blocks * len(block) / (time.perf_counter() - started) / 1e6
     path.unlink()
-    return [f"| resnet50 bf16 forward alone, batch 256, contiguous | {forward[torch.contiguous_format]:.0f} img/s |",
-            f"| resnet50 bf16 forward alone, batch 256, channels_last (featdump's choice) | "
+    nvjpeg = f"{rates[True]:.0f} img/s" if True in rates else "not run: needs CUDA"
+    contiguous = forward[torch.contiguous_format]
+    return [f"| resnet50 bf16 forward alone, batch {batch}, contiguous | {contiguous:.0f} img/s |",
+            f"| resnet50 bf16 forward alone, batch {batch}, channels_last (featdump's choice) | "
             f"{forward[torch.channels_last]:.0f} img/s |",
             f"| decode + resize alone, PIL in {workers} workers | {rates[False]:.0f} img/s |",
-            f"| decode + resize alone, nvjpeg (--decode gpu) | {rates[True]:.0f} img/s |",
-            f"| disk write bandwidth (2 GiB, fsync) | {write_rate:.0f} MB/s |"]
+            f"| decode + resize alone, nvjpeg (--decode gpu) | {nvjpeg} |",
+            f"| disk write bandwidth ({blocks * 64} MiB, fsync) | {write_rate:.0f} MB/s |"]
 
 
 def forward_rate(model: torch.nn.Module, layout: torch.memory_format, batch: int = 256) -> float:
     """Images a second through MODEL in bf16 on random inputs in LAYOUT, after three warm-up batches."""
     model = model.to(memory_format=layout)
-    x = torch.randn(batch, 3, 224, 224, device="cuda").contiguous(memory_format=layout)
-    with torch.inference_mode(), torch.autocast("cuda", dtype=torch.bfloat16):
+    x = torch.randn(batch, 3, 224, 224, device=GPU).contiguous(memory_format=layout)
+    with torch.inference_mode(), torch.autocast(GPU, dtype=torch.bfloat16):
         for _ in range(3):
             model(x)
-        torch.cuda.synchronize()
+        _synchronize()
         started = time.perf_counter()
         for _ in range(10):
             model(x)
-        torch.cuda.synchronize()
+        _synchronize()
     return 10 * batch / (time.perf_counter() - started)
+
+
+def _synchronize() -> None:
+    if GPU == "cuda":
+        torch.cuda.synchronize()
 
 
 def machine() -> str:
@@ -297,10 +310,15 @@ def main():
     parser.add_argument("--write-results", action="store_true", help="also write benchmarks/RESULTS.md")
     parser.add_argument("--gpu", action="store_true", help="the GPU rows alone (eager, bf16, channels_last, "
                         "--compile, GPU decode, SRP, tar shards, a read-out), in one command; fails without CUDA")
+    parser.add_argument("--dry-run", action="store_true", help="with --gpu: its rows on the CPU at a tiny size, those "
+                        "that need CUDA left out (gpu_check.py's dry run: the script runs before a GPU sees it)")
     args = parser.parse_args()
+    global GPU
     if args.gpu:
-        if not torch.cuda.is_available():
-            raise SystemExit("--gpu: CUDA is not available on this machine.")
+        if args.dry_run:
+            GPU = "cpu"
+        elif not torch.cuda.is_available():
+            raise SystemExit("--gpu: CUDA is not available on this machine (--dry-run runs its rows on the CPU).")
         args.skip_cpu, args.photos = True, 0
     images = make_images(HERE / "data" / f"images-{args.images}", args.images)
     lines = [f"Machine: {machine()}", f"Images: {args.images} JPEGs of 500x375, {args.workers} DataLoader workers", ""]
@@ -308,9 +326,10 @@ def main():
         lines += ["## CPU", ""] + cpu_rows(images, args.images, args.workers, args.repeats) + [""]
     if args.photos:
         lines += ["## Camera photos", ""] + photo_rows(args.photos, args.photo_workers, args.repeats) + [""]
-    if torch.cuda.is_available():
+    if torch.cuda.is_available() or GPU == "cpu":
         gpu_images = make_images(HERE / "data" / f"images-{args.gpu_images}", args.gpu_images)
-        lines += ["## GPU", "", f"{args.gpu_images} JPEGs of 500x375.", ""]
+        lines += ["## GPU" if GPU == "cuda" else "## GPU rows, a dry run on the CPU", "",
+                  f"{args.gpu_images} JPEGs of 500x375.", ""]
         lines += gpu_rows(gpu_images, args.gpu_images, args.workers) + [""]
     else:
         lines += ["GPU rows: skipped, CUDA is not available on this machine.", ""]
