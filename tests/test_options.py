@@ -48,6 +48,7 @@ BAD = {
     "clip_pad": ("black", "black"),
     "space_check": ("off", None),
     "pca_fit": ("1", "1"),
+    "array": ("", ""),
 }
 FREE_TEXT = {"weights"}  # any text is a weights name or a checkpoint path, checked when the model loads
 
@@ -110,7 +111,7 @@ def test_settings_check_themselves_and_normalise():
 
 def test_the_cli_options_are_the_declared_ones():
     command = main.commands["extract"]
-    engine = {"ray_address", "shards"}  # how the job is spread over a cluster (engines/ray.py), not a run's setting
+    engine = {"ray_address", "shards", "merge_shards"}  # how a job is spread over a cluster (engines/ray.py)
     declared = {param.name for param in command.params} - {"images", "output", "config"} - engine
     assert declared == set(OPTIONS)
     for param in command.params:

@@ -2,7 +2,8 @@
 (`folder`), a list file (`listfile`) or tar shards (`tars`), or from where they live at a URL (`stores`: the
 fsspec file systems, their faults and retries; `objects`: a store prefix or listed URLs; `remote_tars`), as one
 `ImageList` (`imagelist`: paths, labels,
-where each image's bytes lie); `decode` opens an image, `preprocess` splits the model's preprocessing into the
+where each image's bytes lie), or from a file of image arrays (`arrays`: HDF5, NetCDF-4, .npy,
+.npz); `decode` opens an image, `preprocess` splits the model's preprocessing into the
 pixels made in the loader's workers and the normalisation on the device; `loader` batches them in source order
 in forked workers (`workers` chooses how many) and ends them whatever happens; `gpu_decode` finishes a batch
 whose JPEGs are left to nvjpeg. Videos: `video` knows them by content, reads their frame times and decodes a
@@ -12,7 +13,8 @@ from __future__ import annotations
 
 from pathlib import Path, PurePosixPath
 
-from featdump.errors import NoImages
+from featdump.errors import NoImages, UsageProblem
+from featdump.inputs.arrays import is_array_file, read_array
 from featdump.inputs.folder import IMAGE_EXTENSIONS, read_folder
 from featdump.inputs.imagelist import Encoded, ImageList
 from featdump.inputs.listfile import LIST_SUFFIXES, one_object, read_image_list
@@ -25,16 +27,18 @@ from featdump.inputs.video import is_video_file
 __all__ = ["IMAGE_EXTENSIONS", "Encoded", "ImageList", "Patience", "find_images", "is_url"]
 
 
-def find_images(source: Path | str, named: str = "IMAGES", patience: Patience | None = None) -> ImageList:
+def find_images(source: Path | str, named: str = "IMAGES", patience: Patience | None = None,
+                array: str | None = None) -> ImageList:
     """The images of SOURCE: a folder walked recursively (following symlinks once), a .txt/.csv list file of
     images or of tars, a .tar file, or a brace pattern or glob of tars; or the same at a URL (a store prefix read
-    as a folder, a list, tar URLs and their brace patterns joined with ::), read within PATIENCE. NoImages if
+    as a folder, a list, tar URLs and their brace patterns joined with ::), read within PATIENCE; or a file of
+    image arrays (HDF5, NetCDF-4, .npy, .npz: `arrays`), its ARRAY (None: its only one). NoImages if
     there are none, its message naming the argument or option SOURCE came from (NAMED: IMAGES, --pca-fit)."""
     patience = patience or Patience()  # each call its own: a Patience records what its store did
     try:
         if is_url(source):
             return _find_remote_images(str(source), named, patience)
-        return _find_images(Path(source), named, patience)
+        return _find_images(Path(source), named, patience, array)
     except NoImages as error:
         if named == "IMAGES" or str(error).startswith(named):
             raise
@@ -52,10 +56,15 @@ def _find_remote_images(url: str, named: str, patience: Patience) -> ImageList:
     return read_prefix(url, patience)
 
 
-def _find_images(source: Path, named: str, patience: Patience) -> ImageList:
+def _find_images(source: Path, named: str, patience: Patience, array: str | None = None) -> ImageList:
     tars = named_tars(source)
     if tars is not None:
         return read_tars(tars)
+    if is_array_file(source):
+        return read_array(source, array)
+    if array is not None:
+        raise UsageProblem(f"--array {array} names an array of a file of arrays (HDF5, NetCDF-4, .npy, .npz); "
+                           f"{named} {str(source)!r} is none.")
     if source.is_file() and is_video_file(source):
         return ImageList(source.parent, (source.name,), (-1,), ())  # one video: its clips are the rows
     if source.is_file():
@@ -63,7 +72,7 @@ def _find_images(source: Path, named: str, patience: Patience) -> ImageList:
         return _listed_images(read_image_list(source, named, patience), str(source), patience)
     if not source.is_dir():
         raise NoImages(f"{named} {str(source)!r} does not exist (give a folder, a list file, a .tar, or a quoted "
-                       "pattern of .tar files; or their URL).")
+                       "pattern of .tar files; or their URL; or an HDF5, .npy or .npz file of image arrays).")
     return read_folder(source)
 
 

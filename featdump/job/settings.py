@@ -92,6 +92,10 @@ class Settings:
         help="DataLoader worker processes decoding images.  [default: the job's CPUs less one: "
              "SLURM_CPUS_PER_TASK, else the CPU affinity mask]")
     device: str = option("auto", "auto, cpu, cuda or cuda:N.", syntax=_device_syntax)
+    array: str | None = option(
+        kind=str, optional=True, metavar="NAME", syntax=_not_empty,
+        help="IMAGES is a file of image arrays (HDF5, NetCDF-4, .npz) holding several: the one to read (its path "
+             "in the file, e.g. imgBrick).  [default: the file's only image array]")
     clip: int | None = option(
         kind=int, optional=True, minimum=1, metavar="N",
         help="Videos: frames per clip, a row each.  [default: the model's own (a torchvision video model's weights "

@@ -1,0 +1,149 @@
+"""Images kept as arrays (`featdump.inputs.arrays`): an HDF5 file's array (NSD's imgBrick), a .npy, a .npz, channels
+last or first or greyscale: a row per index, named FILE/ARRAY/INDEX, equal to the rows of the same images saved as
+PNG files; a file of several arrays is read by the one --array names; what holds no images is refused in one line;
+resume, --update of a grown array, shards and show work as for a folder; memory is bounded by the batch."""
+
+from __future__ import annotations
+
+import h5py
+import numpy as np
+import pytest
+from PIL import Image
+
+import featdump
+from featdump.job.runner import extract
+
+from .conftest import CrashAfterFirstBatch, peak_rss_mib, run_featdump, settings_for
+
+EXTRACT = ["extract", "-m", "resnet18", "-w", "none", "-l", "layer1,avgpool"]
+
+
+def images(count: int, seed: int = 0, size=(48, 64), channels: int = 3) -> np.ndarray:
+    """COUNT smooth random uint8 images, (N, H, W, C)."""
+    rng = np.random.default_rng(seed)
+    small = rng.integers(0, 256, (count, 6, 8, channels), dtype=np.uint8)
+    return np.stack([np.asarray(Image.fromarray(image.squeeze(-1) if channels == 1 else image).resize(size[::-1]))
+                     .reshape(*size, channels) for image in small])
+
+
+def as_pngs(pixels: np.ndarray, folder) -> None:
+    """Each image of PIXELS ((N, H, W, C)) saved as folder/NNNN.png, in index order."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for index, image in enumerate(pixels):
+        Image.fromarray(image.squeeze(-1) if image.shape[-1] == 1 else image).save(folder / f"{index:04d}.png")
+
+
+def rows_of(source, output, *options) -> featdump.api.Features:
+    result = run_featdump(*EXTRACT, *options, source, output)
+    assert result.returncode == 0, result.stderr
+    return featdump.load(output, "layer1")
+
+
+@pytest.mark.parametrize("form", ["hdf5 channels last", "hdf5 channels first", "hdf5 greyscale", "npy", "npz"])
+def test_an_array_s_rows_equal_the_same_images_saved_as_png_files(tmp_path, form):
+    pixels = images(6, channels=1 if "greyscale" in form else 3)
+    as_pngs(pixels, tmp_path / "pngs")
+    if form.startswith("hdf5"):
+        source = tmp_path / "stimuli.hdf5"
+        stored = {"hdf5 channels last": pixels, "hdf5 channels first": np.moveaxis(pixels, -1, 1),
+                  "hdf5 greyscale": pixels[..., 0]}[form]
+        with h5py.File(source, "w") as h5file:
+            h5file["stimuli/imgBrick"] = stored
+            h5file["onsets"] = np.arange(6, dtype=np.float64)  # not images: the reader passes it by
+        names = [f"stimuli.hdf5/stimuli/imgBrick/{index}" for index in range(6)]
+    elif form == "npy":
+        source = tmp_path / "stimuli.npy"
+        np.save(source, pixels)
+        names = [f"stimuli.npy/{index}" for index in range(6)]
+    else:
+        source = tmp_path / "stimuli.npz"
+        np.savez(source, shown=pixels, onsets=np.arange(6.0))
+        names = [f"stimuli.npz/shown/{index}" for index in range(6)]
+    from_array = rows_of(source, tmp_path / "array.h5")
+    from_files = rows_of(tmp_path / "pngs", tmp_path / "files.h5")
+    assert from_array.paths == names
+    np.testing.assert_array_equal(from_array.features, from_files.features)
+
+
+def test_a_file_of_several_arrays_is_read_by_the_one_named_and_what_holds_no_images_is_refused(tmp_path):
+    source = tmp_path / "study.h5"
+    pixels = images(4)
+    with h5py.File(source, "w") as h5file:
+        h5file["train"] = pixels
+        h5file["test"] = pixels[:2]
+        h5file["betas"] = np.zeros((4, 5, 5, 3), dtype=np.float32)
+        h5file["deep"] = np.zeros((4, 5, 5, 3, 2), dtype=np.uint16)
+    several = run_featdump(*EXTRACT, source, tmp_path / "out.h5")
+    assert several.returncode == 2 and "study.h5 holds several image arrays (test, train): choose one with " \
+        "--array NAME." in several.stderr, several.stderr
+    chosen = run_featdump(*EXTRACT, "--array", "test", source, tmp_path / "out.h5")
+    assert chosen.returncode == 0 and featdump.load(tmp_path / "out.h5", "avgpool").paths == [
+        "study.h5/test/0", "study.h5/test/1"]
+    for name, said in (("betas", "betas: float32 of shape (4, 5, 5, 3), not images: an image array is uint8"),
+                       ("deep", "deep: uint16 of shape (4, 5, 5, 3, 2), uint16 without a stated range"),
+                       ("missing", "--array missing: study.h5 holds no array of that name; it holds")):
+        refused = run_featdump(*EXTRACT, "--array", name, source, tmp_path / f"{name}.h5")
+        lines = [line for line in refused.stderr.strip().splitlines() if " INFO: " not in line]
+        assert refused.returncode == 2 and len(lines) == 1 and said in lines[0], refused.stderr
+    config = tmp_path / "run.toml"  # the option from a config file too, as from the command line
+    config.write_text('model = "resnet18"\nweights = "none"\nlayers = ["avgpool"]\narray = "train"\n')
+    assert run_featdump("extract", "--config", config, source, tmp_path / "conf.h5").returncode == 0
+    assert len(featdump.load(tmp_path / "conf.h5", "avgpool").paths) == 4
+    featdump.extract(source, tmp_path / "api.h5", model="resnet18", weights="none", layers="avgpool", array="train")
+    assert len(featdump.load(tmp_path / "api.h5", "avgpool").paths) == 4
+
+
+def test_a_uint16_array_with_a_stated_range_is_scaled_to_8_bits(tmp_path):
+    pixels = images(3)
+    with h5py.File(tmp_path / "deep.h5", "w") as h5file:
+        h5file["frames"] = pixels.astype(np.uint16) * 257  # 0..65535
+        h5file["frames"].attrs["valid_range"] = [0, 65535]
+    as_pngs(pixels, tmp_path / "pngs")
+    np.testing.assert_array_equal(rows_of(tmp_path / "deep.h5", tmp_path / "a.h5").features,
+                                  rows_of(tmp_path / "pngs", tmp_path / "f.h5").features)
+
+
+def test_a_killed_run_resumes_a_grown_array_updates_and_shards_merge_into_the_single_run(tmp_path):
+    source = tmp_path / "nsd.hdf5"
+    pixels = images(12)
+    with h5py.File(source, "w") as h5file:
+        h5file.create_dataset("imgBrick", data=pixels[:8], maxshape=(None, *pixels.shape[1:]))
+    single = rows_of(source, tmp_path / "single.h5", "-b", "4")
+    crashed = tmp_path / "crashed.h5"
+    with pytest.raises(RuntimeError):
+        extract(settings_for(source, crashed, layers=("layer1", "avgpool")), CrashAfterFirstBatch())
+    assert rows_of(source, crashed, "-b", "4").paths == single.paths  # resumed
+    np.testing.assert_array_equal(featdump.load(crashed, "layer1").features, single.features)
+    for index in range(2):
+        assert run_featdump(*EXTRACT, "--shard", f"{index}/2", source, tmp_path / "sharded.h5").returncode == 0
+    assert run_featdump("merge", tmp_path / "sharded.h5").returncode == 0
+    np.testing.assert_array_equal(featdump.load(tmp_path / "sharded.h5", "layer1").features, single.features)
+    with h5py.File(source, "a") as h5file:  # the study adds four images
+        h5file["imgBrick"].resize(12, axis=0)
+        h5file["imgBrick"][8:] = pixels[8:]
+    grown = run_featdump(*EXTRACT, "--update", source, tmp_path / "single.h5")
+    assert grown.returncode == 0 and "4 new images" in grown.stderr, grown.stderr
+    updated = featdump.load(tmp_path / "single.h5", "layer1")
+    assert updated.paths == [f"nsd.hdf5/imgBrick/{index}" for index in range(12)]
+    np.testing.assert_array_equal(updated.features[:8], single.features)
+    as_pngs(pixels, tmp_path / "pngs")
+    np.testing.assert_array_equal(updated.features, rows_of(tmp_path / "pngs", tmp_path / "files.h5").features)
+    drawn = run_featdump("show", tmp_path / "single.h5", "--layer", "layer1", "--index", "9", "-o", tmp_path / "s.png")
+    assert drawn.returncode == 0 and (tmp_path / "s.png").exists(), drawn.stderr
+
+
+@pytest.mark.slow  # a 2.2 GB array written, and read through conv1
+def test_memory_stays_bounded_by_the_batch_not_the_array(tmp_path):
+    """4,000 images of 425 x 425 x 3 (NSD's size): 2.2 GB, more than any process of the job holds at its peak."""
+    source = tmp_path / "big.hdf5"
+    block = np.random.default_rng(0).integers(0, 256, (250, 425, 425, 3), dtype=np.uint8)
+    with h5py.File(source, "w") as h5file:
+        brick = h5file.create_dataset("imgBrick", shape=(4000, 425, 425, 3), dtype=np.uint8,
+                                      chunks=(1, 425, 425, 3))
+        for start in range(0, 4000, 250):
+            brick[start:start + 250] = block
+    size_mib = source.stat().st_size / 2**20
+    peak = peak_rss_mib("extract", "-m", "resnet18", "-w", "none", "-l", "conv1", "--reduce", "avgpool", source,
+                        tmp_path / "out.h5")
+    assert len(featdump.load(tmp_path / "out.h5", "conv1").paths) == 4000
+    assert peak < size_mib / 2, (peak, size_mib)
