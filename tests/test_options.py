@@ -49,6 +49,8 @@ BAD = {
     "space_check": ("off", None),
     "pca_fit": ("1", "1"),
     "array": ("", ""),
+    "image_column": ("", ""),
+    "label_column": ("", ""),
 }
 FREE_TEXT = {"weights"}  # any text is a weights name or a checkpoint path, checked when the model loads
 

@@ -15,6 +15,7 @@ from featdump.errors import UnknownLayer, UsageProblem
 from featdump.inputs.arrays import read_array_row
 from featdump.inputs.objects import read_object
 from featdump.inputs.stores import is_url
+from featdump.inputs.tables import read_table_row
 from featdump.inputs.tars import read_stored
 from featdump.output.layout import Output
 
@@ -79,7 +80,7 @@ def _stored_image(path: Path, root: str, relative: str):
         return io.BytesIO(data) if data is not None else path
     if path.exists():
         return path
-    data = read_stored(Path(root), relative) or read_array_row(root, relative)
+    data = read_stored(Path(root), relative) or read_array_row(root, relative) or read_table_row(root, relative)
     return io.BytesIO(data) if data is not None else path
 
 

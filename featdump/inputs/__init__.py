@@ -1,13 +1,13 @@
 """Inputs: images in, batches of model inputs out. `find_images` lists a job's images in order from a folder
-(`folder`), a list file (`listfile`) or tar shards (`tars`), or from where they live at a URL (`stores`: the
-fsspec file systems, their faults and retries; `objects`: a store prefix or listed URLs; `remote_tars`), as one
-`ImageList` (`imagelist`: paths, labels,
-where each image's bytes lie), or from a file of image arrays (`arrays`: HDF5, NetCDF-4, .npy,
-.npz); `decode` opens an image, `preprocess` splits the model's preprocessing into the
-pixels made in the loader's workers and the normalisation on the device; `loader` batches them in source order
-in forked workers (`workers` chooses how many) and ends them whatever happens; `gpu_decode` finishes a batch
-whose JPEGs are left to nvjpeg. Videos: `video` knows them by content, reads their frame times and decodes a
-clip's frames by seeking; `clips` lists a job's videos as rows, one per clip, and decodes a row for the loader."""
+(`folder`), a list file (`listfile`) or tar shards (`tars`), or from where they live at a URL (`stores`: the fsspec
+file systems, their faults and retries; `objects`: a store prefix or listed URLs; `remote_tars`), as one `ImageList`
+(`imagelist`: paths, labels, where each image's bytes lie), or from a file of image arrays (`arrays`: HDF5,
+NetCDF-4, .npy, .npz) or Parquet tables of encoded images (`tables`); `decode` opens an image, `preprocess` splits
+the model's preprocessing into the pixels made in the loader's workers and the normalisation on the device; `loader`
+batches them in source order in forked workers (`workers` chooses how many) and ends them whatever happens;
+`gpu_decode` finishes a batch whose JPEGs are left to nvjpeg. Videos: `video` knows them by content, reads their
+frame times and decodes a clip's frames by seeking; `clips` lists a job's videos as rows, one per clip, and decodes
+a row for the loader."""
 
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ from featdump.inputs.listfile import LIST_SUFFIXES, one_object, read_image_list
 from featdump.inputs.objects import read_prefix
 from featdump.inputs.remote_tars import named_remote_tars, read_remote_tars
 from featdump.inputs.stores import Patience, is_url, join
+from featdump.inputs.tables import names_tables, read_tables
 from featdump.inputs.tars import TAR_SUFFIX, check_not_compressed, check_tar_names, named_tars, read_tars
 from featdump.inputs.video import is_video_file
 
@@ -28,14 +29,21 @@ __all__ = ["IMAGE_EXTENSIONS", "Encoded", "ImageList", "Patience", "find_images"
 
 
 def find_images(source: Path | str, named: str = "IMAGES", patience: Patience | None = None,
-                array: str | None = None) -> ImageList:
+                array: str | None = None, image_column: str | None = None,
+                label_column: str | None = None) -> ImageList:
     """The images of SOURCE: a folder walked recursively (following symlinks once), a .txt/.csv list file of
     images or of tars, a .tar file, or a brace pattern or glob of tars; or the same at a URL (a store prefix read
     as a folder, a list, tar URLs and their brace patterns joined with ::), read within PATIENCE; or a file of
-    image arrays (HDF5, NetCDF-4, .npy, .npz: `arrays`), its ARRAY (None: its only one). NoImages if
+    image arrays (HDF5, NetCDF-4, .npy, .npz: `arrays`), its ARRAY (None: its only one); or Parquet tables of
+    encoded images (`tables`: a file, a folder or prefix, a pattern; IMAGE_COLUMN and LABEL_COLUMN). NoImages if
     there are none, its message naming the argument or option SOURCE came from (NAMED: IMAGES, --pca-fit)."""
     patience = patience or Patience()  # each call its own: a Patience records what its store did
     try:
+        if names_tables(str(source)):
+            return read_tables(str(source), image_column, label_column)
+        if image_column is not None or label_column is not None:
+            raise UsageProblem(f"--image-column and --label-column name columns of Parquet tables; {named} "
+                               f"{str(source)!r} is none.")
         if is_url(source):
             return _find_remote_images(str(source), named, patience)
         return _find_images(Path(source), named, patience, array)

@@ -96,6 +96,13 @@ class Settings:
         kind=str, optional=True, metavar="NAME", syntax=_not_empty,
         help="IMAGES is a file of image arrays (HDF5, NetCDF-4, .npz) holding several: the one to read (its path "
              "in the file, e.g. imgBrick).  [default: the file's only image array]")
+    image_column: str | None = option(
+        kind=str, optional=True, metavar="NAME", syntax=_not_empty,
+        help="IMAGES are Parquet tables: the column of encoded images.  [default: the one struct of bytes and path "
+             "(Hugging Face's Image), else the one binary column]")
+    label_column: str | None = option(
+        kind=str, optional=True, metavar="NAME", syntax=_not_empty,
+        help="IMAGES are Parquet tables: the column of integer labels.  [default: label, where there is one]")
     clip: int | None = option(
         kind=int, optional=True, minimum=1, metavar="N",
         help="Videos: frames per clip, a row each.  [default: the model's own (a torchvision video model's weights "

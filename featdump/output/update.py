@@ -206,7 +206,7 @@ def new_images(images: ImageList, known: set[str], classes: tuple[str, ...],
                          - set(classes))
     classes = (*classes, *new_classes)
     index = {name: i for i, name in enumerate(classes)}
-    labels = [index[as_text(images.paths[p].split("/", 1)[0])] for p in kept]
+    labels = [index[as_text(images.classes[images.labels[p]])] if images.labels[p] >= 0 else -1 for p in kept]
     return images.select(kept, labels, classes)
 
 

@@ -1,0 +1,317 @@
+"""Tables: images kept as encoded bytes in the rows of Parquet files, as Hugging Face datasets keep them (ImageNet-1k,
+COCO, CIFAR: `train-00000-of-00040.parquet`, an image column holding a struct of `bytes` and `path`, a `label`
+column), locally or at a URL (s3://, gs://, hf://datasets/... through fsspec; extra `featdump[parquet]`: pyarrow).
+
+IMAGES is a .parquet file, a folder (or a store prefix, or a dataset at hf://) of them, or a glob or brace pattern of
+them; rows come in file order, then row order. The image column is found by itself (the one struct of `bytes` and
+`path`, else the one binary column) or named by --image-column; the label column is `label` (or --label-column), its
+Hugging Face ClassLabel names recorded as the classes where the file's metadata holds them. A row's path names its
+file and its row, then the image's own path where the table has one: `train-00000-of-00040.parquet/17/n0144.JPEG`.
+The loader's workers read the row groups a batch falls in (each process opening the files itself) and hand each
+image's bytes to the decoder that reads files: a row whose bytes do not decode is a recorded skip, as a bad file is.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path, PurePosixPath
+
+import numpy as np
+
+from featdump.errors import NoImages, UsageProblem
+from featdump.inputs.imagelist import Encoded, ImageList
+from featdump.inputs.stores import is_url
+from featdump.inputs.tars import expand_braces
+
+TABLE_SUFFIX = ".parquet"
+
+
+def _pyarrow():
+    try:
+        import pyarrow.parquet as parquet
+    except ImportError as error:
+        raise UsageProblem("Parquet tables need the package pyarrow, which is not installed: pip install "
+                           "'featdump[parquet]'.") from error
+    return parquet
+
+
+def names_tables(source: str) -> bool:
+    """Whether SOURCE (a path, a pattern or a URL) names Parquet files: it ends in .parquet, is a folder holding
+    them and no image, or is a dataset at hf://."""
+    text = str(source)
+    if text.lower().endswith(TABLE_SUFFIX) or text.startswith("hf://"):
+        return True
+    if is_url(text):
+        return text.endswith("/") and _holds_tables(text)
+    path = Path(text)
+    return path.is_dir() and any(path.glob(f"*{TABLE_SUFFIX}")) and not any(child.is_dir() for child in path.iterdir())
+
+
+def _holds_tables(prefix: str) -> bool:
+    """Whether the store prefix PREFIX holds Parquet files directly (one listing; a fault: no, its listing says)."""
+    import fsspec
+
+    try:
+        fs, path = fsspec.core.url_to_fs(prefix)
+        return any(str(name).lower().endswith(TABLE_SUFFIX) for name in fs.ls(path, detail=False))
+    except Exception:  # the prefix's own listing judges and reports the store's faults
+        return False
+
+
+@dataclass(frozen=True)
+class TableFile:
+    """One Parquet file of a job: where it lies (relative to the list's root, or its URL), its size and its
+    modification time (or ETag) as listed, and its row groups' lengths."""
+
+    name: str
+    size: int
+    version: str
+    groups: tuple[int, ...]
+
+
+def read_tables(source: str, image_column: str | None = None, label_column: str | None = None) -> ImageList:
+    """The rows of the Parquet files SOURCE names, a row an image (see the module's docstring)."""
+    fs, root, paths = _files_of(str(source))
+    if not paths:
+        raise NoImages(f"IMAGES {source!r}: no Parquet file there.")
+    parquet = _pyarrow()
+    files, names, labels, own_paths, classes = [], [], [], [], None
+    chosen = None
+    for path in paths:
+        with fs.open(path, "rb") as handle:
+            table = parquet.ParquetFile(handle)
+            schema = table.schema_arrow
+            chosen = chosen or _image_column(schema, image_column, path)
+            label = label_column or ("label" if "label" in schema.names else None)
+            if label_column is not None and label_column not in schema.names:
+                raise UsageProblem(f"--label-column {label_column}: {path} has no such column; it has "
+                                   f"{', '.join(schema.names)}.")
+            classes = classes or _class_names(schema, label)
+            columns = [column for column in (label, _path_field(schema, chosen)) if column]
+            read = table.read(columns=columns) if columns else None  # the images' own paths, not their bytes
+        info = fs.info(path)
+        relative = _relative(root, path)
+        files.append(TableFile(relative, int(info.get("size") or 0), str(_version(info)),
+                               tuple(table.metadata.row_group(g).num_rows for g in range(table.num_row_groups))))
+        count = table.metadata.num_rows
+        labels += _labels(read, label, count)
+        own_paths += _own_paths(read, chosen, count)
+        names += [f"{relative}/{row}" for row in range(count)]
+    names = [f"{name}/{own}" if own else name for name, own in zip(names, own_paths)]
+    if not names:
+        raise NoImages(f"IMAGES {source!r}: its Parquet files hold no row.")
+    storage = TableRows(tuple(files), chosen, *_row_places(files))
+    return ImageList(root, tuple(names), tuple(labels), tuple(classes or ()), storage)
+
+
+def _files_of(source: str):
+    """(file system, the list's root, the Parquet files SOURCE names, sorted within each pattern)."""
+    import fsspec
+
+    patterns = expand_braces(source)
+    fs, _ = fsspec.core.url_to_fs(patterns[0])
+    found: list[str] = []
+    for pattern in patterns:
+        _, path = fsspec.core.url_to_fs(pattern)
+        if any(mark in path for mark in "*?["):
+            found += sorted(fs.glob(path))
+        elif fs.isdir(path):
+            found += sorted(item for item in fs.find(path) if item.lower().endswith(TABLE_SUFFIX))
+        elif fs.exists(path):
+            found.append(path)
+        else:
+            raise NoImages(f"IMAGES {pattern!r} does not exist.")
+    protocol = fs.protocol[0] if isinstance(fs.protocol, (tuple, list)) else fs.protocol
+    root = os.path.commonpath([PurePosixPath(path).parent.as_posix() for path in found]) if found else ""
+    return fs, (f"{protocol}://{root}" if is_url(source) else Path(root)), found
+
+
+def _relative(root, path: str) -> str:
+    base = str(root).split("://", 1)[-1].rstrip("/")
+    return path[len(base):].lstrip("/") if base and path.startswith(base) else PurePosixPath(path).name
+
+
+def _version(info: dict) -> object:
+    return info.get("mtime") or info.get("LastModified") or info.get("ETag") or info.get("etag") or ""
+
+
+def _image_column(schema, named: str | None, path: str) -> str:
+    """The column holding the images' bytes: NAMED, else the one struct of bytes and path, else the one binary."""
+    import pyarrow as pa
+
+    def kind(field) -> str | None:
+        if pa.types.is_struct(field.type) and "bytes" in [child.name for child in field.type]:
+            return "struct"
+        return "binary" if pa.types.is_binary(field.type) or pa.types.is_large_binary(field.type) else None
+
+    if named is not None:
+        if named not in schema.names or kind(schema.field(named)) is None:
+            raise UsageProblem(f"--image-column {named}: {path} has no column of encoded images by that name; its "
+                               f"columns: {', '.join(f'{f.name} ({f.type})' for f in schema)}.")
+        return named
+    for wanted in ("struct", "binary"):
+        found = [field.name for field in schema if kind(field) == wanted]
+        if len(found) == 1:
+            return found[0]
+        if len(found) > 1:
+            raise UsageProblem(f"{path} has several columns of images ({', '.join(found)}): choose one with "
+                               "--image-column NAME.")
+    raise NoImages(f"{path} has no column of encoded images (a struct of bytes and path, as Hugging Face writes "
+                   f"them, or a binary column); its columns: {', '.join(f'{f.name} ({f.type})' for f in schema)}.")
+
+
+def _path_field(schema, column: str) -> str | None:
+    field = schema.field(column)
+    return f"{column}.path" if hasattr(field.type, "names") and "path" in [child.name for child in field.type] \
+        else None
+
+
+def _class_names(schema, label: str | None) -> list[str] | None:
+    """The label column's ClassLabel names, from the Hugging Face metadata the file holds (None without)."""
+    if not label or not schema.metadata or b"huggingface" not in schema.metadata:
+        return None
+    try:
+        features = json.loads(schema.metadata[b"huggingface"])["info"]["features"]
+        names = features[label].get("names")
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return None
+    return [str(name) for name in names] if names else None
+
+
+def _labels(read, label: str | None, count: int) -> list[int]:
+    if read is None or label is None:
+        return [-1] * count
+    values = read.column(label).to_pylist()
+    try:
+        return [-1 if value is None else int(value) for value in values]
+    except (TypeError, ValueError) as error:
+        raise UsageProblem(f"The label column {label!r} holds {type(values[0]).__name__} values: labels are "
+                           "integers (a ClassLabel); name another with --label-column.") from error
+
+
+def _own_paths(read, column: str, count: int) -> list[str]:
+    if read is None or column not in read.column_names:
+        return [""] * count
+    values = read.column(column).to_pylist()
+    return [(value or {}).get("path") or "" if isinstance(value, dict) else "" for value in values]
+
+
+def _row_places(files: list[TableFile]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per row: its file's index, its row group, its place in the group."""
+    file_of, group_of, place = [], [], []
+    for index, table in enumerate(files):
+        for group, rows in enumerate(table.groups):
+            file_of += [index] * rows
+            group_of += [group] * rows
+            place += range(rows)
+    return (np.asarray(file_of, dtype=np.int32), np.asarray(group_of, dtype=np.int32),
+            np.asarray(place, dtype=np.int64))
+
+
+@dataclass(frozen=True)
+class TableRows:
+    """Where each row's image lies: its file, row group and place in it, and the image column."""
+
+    files: tuple[TableFile, ...]
+    column: str
+    file_of: np.ndarray
+    group_of: np.ndarray
+    place: np.ndarray
+
+    def open(self, root, relative: str, position: int) -> Encoded:
+        return next(self.open_as_ready(root, [relative], [position]))[1]
+
+    def open_as_ready(self, root, relatives: Sequence[str],
+                      positions: Sequence[int]) -> Iterator[tuple[int, Encoded | Exception]]:
+        """The batch's images, a row group read once for all the rows of the batch that lie in it."""
+        groups: dict[tuple[int, int], list[int]] = {}
+        for index, position in enumerate(positions):
+            groups.setdefault((int(self.file_of[position]), int(self.group_of[position])), []).append(index)
+        for (file, group), indices in groups.items():
+            try:
+                values = _read_group(root, self.files[file].name, group, self.column)
+            except (OSError, ValueError) as error:
+                for index in indices:
+                    yield index, error
+                continue
+            table = self.files[file]
+            for index in indices:
+                data = values[int(self.place[positions[index]])]
+                data = data.get("bytes") if isinstance(data, dict) else data
+                if not data:
+                    yield index, ValueError("its row holds no image bytes")
+                    continue
+                yield index, Encoded(relatives[index], (table.size, _stamp(table.version)), data=bytes(data))
+
+    def stat(self, root, relative: str, position: int) -> tuple[int, int] | None:
+        table = self.files[int(self.file_of[position])]
+        return table.size, _stamp(table.version)  # as listed for this job
+
+    def select(self, positions: Sequence[int]) -> TableRows:
+        chosen = np.asarray(positions, dtype=np.int64)
+        return replace(self, file_of=self.file_of[chosen], group_of=self.group_of[chosen], place=self.place[chosen])
+
+    def digest(self, root, paths: Sequence[str], labels: Sequence[int], sizes: bool) -> str:
+        """A hash of the rows' names and labels (and each file's size and version)."""
+        digest = hashlib.sha256(f"table\0{self.column}\n".encode())
+        for relative, label in zip(paths, labels):
+            digest.update(f"{relative}\0{label}\n".encode("utf-8", "surrogateescape"))
+        if sizes:
+            for index in sorted(set(self.file_of.tolist())):
+                table = self.files[index]
+                digest.update(f"file\0{table.name}\0{table.size}\0{table.version}\n".encode())
+        return digest.hexdigest()
+
+    def groups(self) -> list[int] | None:
+        """Where each file's rows start: shards split by files where there are as many files as shards."""
+        if not len(self.file_of):
+            return []
+        return [0, *(np.flatnonzero(np.diff(self.file_of)) + 1).tolist()]
+
+    def left_out(self) -> dict[str, int]:
+        return {}
+
+
+def _stamp(version: str) -> int:
+    """A file's version as the integer a row's stat records (its mtime in ns, or a hash of its ETag)."""
+    try:
+        return int(float(version) * 1e9) if float(version) < 1e11 else int(float(version))
+    except ValueError:
+        return int(hashlib.sha256(version.encode()).hexdigest()[:15], 16)
+
+
+_GROUPS: dict[tuple, list] = {}  # (process, file, group): the last row group read, kept for the next batch
+
+
+def _read_group(root, name: str, group: int, column: str) -> list:
+    """Row group GROUP of the image COLUMN of file NAME under ROOT, as Python values (this process's own read)."""
+    key = (os.getpid(), str(root), name, group)
+    if key not in _GROUPS:
+        import fsspec
+
+        location = f"{str(root).rstrip('/')}/{name}" if is_url(str(root)) else str(Path(root) / name)
+        fs, path = fsspec.core.url_to_fs(location)
+        with fs.open(path, "rb") as handle:
+            values = _pyarrow().ParquetFile(handle).read_row_group(group, columns=[column]).column(0).to_pylist()
+        _GROUPS.clear()  # one group held at a time: memory bounded by a row group
+        _GROUPS[key] = values
+    return _GROUPS[key]
+
+
+def read_table_row(root, relative: str) -> bytes | None:
+    """The image bytes of row path RELATIVE (FILE.parquet/ROW[/ITS OWN PATH]) from its file under ROOT, or None."""
+    parts = relative.split("/")
+    for place, part in enumerate(parts[:-1]):
+        if part.lower().endswith(TABLE_SUFFIX) and parts[place + 1].isdigit():
+            try:
+                listed = read_tables(f"{str(root).rstrip('/')}/{'/'.join(parts[:place + 1])}" if is_url(str(root))
+                                     else str(Path(root).joinpath(*parts[:place + 1])))
+            except (UsageProblem, NoImages, OSError):
+                return None
+            found = next(listed.storage.open_as_ready(listed.root, [relative], [int(parts[place + 1])]))[1]
+            return found.data if isinstance(found, Encoded) else None
+    return None

@@ -1,0 +1,142 @@
+"""Images kept in Parquet tables (`featdump.inputs.tables`), as Hugging Face datasets keep them: rows in file order
+then row order, equal to the rows of the same encoded images read as files; the image and label columns found by
+themselves or named; a ClassLabel's names as the classes; an undecodable row a recorded skip; resume, shards by
+files, --update with a new file, show; and the same tables read from a store prefix."""
+
+from __future__ import annotations
+
+import io
+import json
+
+import numpy as np
+import pytest
+from PIL import Image
+
+import featdump
+from featdump.job.runner import extract
+
+from .conftest import CrashAfterFirstBatch, run_featdump, settings_for
+
+pa = pytest.importorskip("pyarrow")
+pq = pytest.importorskip("pyarrow.parquet")
+
+EXTRACT = ["extract", "-m", "resnet18", "-w", "none", "-l", "layer1,avgpool"]
+PNG_MAGIC = b"\x89PNG"
+HF_META = {"info": {"features": {"image": {"_type": "Image"},
+                                 "label": {"names": ["cat", "dog", "fish"], "_type": "ClassLabel"}}}}
+
+
+def encoded_images(count: int, seed: int = 0) -> list[bytes]:
+    """COUNT small JPEGs and PNGs, as a dataset's image column holds them."""
+    rng = np.random.default_rng(seed)
+    found = []
+    for index in range(count):
+        image = Image.fromarray(rng.integers(0, 256, (6, 8, 3), dtype=np.uint8)).resize((64, 48))
+        buffer = io.BytesIO()
+        image.save(buffer, format="JPEG" if index % 3 else "PNG")
+        found.append(buffer.getvalue())
+    return found
+
+
+def write_dataset(folder, data: list[bytes], shards: int = 2, layout: str = "hf", start: int = 0) -> list:
+    """DATA in SHARDS Parquet files (row groups of 2) under FOLDER, in Hugging Face's layout (a struct of bytes and
+    path, a ClassLabel label) or as a plain binary column; returns the files."""
+    folder.mkdir(parents=True, exist_ok=True)
+    files, per = [], -(-len(data) // shards)
+    for shard in range(shards):
+        rows = range(shard * per, min(len(data), (shard + 1) * per))
+        if layout == "hf":
+            table = pa.table({"image": [{"bytes": data[row], "path": f"img_{start + row}.jpg"} for row in rows],
+                              "label": [(start + row) % 3 for row in rows]})
+            table = table.replace_schema_metadata({b"huggingface": json.dumps(HF_META).encode()})
+        else:
+            table = pa.table({"png": pa.array([data[row] for row in rows], pa.binary()),
+                              "id": list(rows)})
+        path = folder / f"train-{start // per + shard:05d}-of-{shards:05d}.parquet"
+        pq.write_table(table, path, row_group_size=2)
+        files.append(path)
+    return files
+
+
+def as_files(data: list[bytes], folder) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    for index, blob in enumerate(data):
+        suffix = "png" if blob.startswith(PNG_MAGIC) else "jpg"
+        (folder / f"{index:04d}.{suffix}").write_bytes(blob)
+
+
+def rows_of(source, output, *options):
+    result = run_featdump(*EXTRACT, *options, str(source), output)
+    assert result.returncode == 0, result.stderr
+    return featdump.load(output, "layer1")
+
+
+def test_a_hugging_face_dataset_s_rows_equal_its_images_read_as_files_with_its_labels_and_classes(tmp_path):
+    data = encoded_images(7)
+    write_dataset(tmp_path / "data", data)
+    as_files(data, tmp_path / "files")
+    table = rows_of(tmp_path / "data", tmp_path / "table.h5")
+    files = rows_of(tmp_path / "files", tmp_path / "files.h5")
+    np.testing.assert_array_equal(table.features, files.features)
+    assert table.paths[:2] == ["train-00000-of-00002.parquet/0/img_0.jpg", "train-00000-of-00002.parquet/1/img_1.jpg"]
+    assert table.paths[4] == "train-00001-of-00002.parquet/0/img_4.jpg"  # file order, then row order
+    assert table.labels.tolist() == [row % 3 for row in range(7)] and table.classes == ["cat", "dog", "fish"]
+    pattern = rows_of(tmp_path / "data" / "train-*.parquet", tmp_path / "glob.h5")
+    braces = rows_of(f"{tmp_path / 'data'}/train-{{00000,00001}}-of-00002.parquet", tmp_path / "braces.h5")
+    assert pattern.paths == braces.paths == table.paths
+    drawn = run_featdump("show", tmp_path / "table.h5", "--layer", "layer1", "--index", "5", "-o", tmp_path / "s.png")
+    assert drawn.returncode == 0 and (tmp_path / "s.png").exists(), drawn.stderr
+
+
+def test_columns_are_found_or_named_and_a_bad_row_is_a_recorded_skip(tmp_path):
+    data = encoded_images(5)
+    data[3] = b"not an image"
+    (single,) = write_dataset(tmp_path / "plain", data, shards=1, layout="binary")
+    refused = run_featdump(*EXTRACT, "--on-error", "fail", single, tmp_path / "failed.h5")
+    assert refused.returncode == 1 and "Fix or remove it, or pass --on-error skip" in refused.stderr, refused.stderr
+    made = run_featdump(*EXTRACT, single, tmp_path / "out.h5")  # by default: recorded, and the job goes on
+    assert made.returncode == 0 and "(1 skipped)" in made.stderr, made.stderr
+    loaded = featdump.load(tmp_path / "out.h5", "avgpool")
+    assert loaded.paths == [f"train-00000-of-00001.parquet/{row}" for row in (0, 1, 2, 4)]
+    assert (loaded.labels == -1).all()
+    both = tmp_path / "both.parquet"
+    pq.write_table(pa.table({"a": pa.array(data[:2], pa.binary()), "b": pa.array(data[:2], pa.binary())}), both)
+    several = run_featdump(*EXTRACT, both, tmp_path / "several.h5")
+    assert several.returncode == 2 and "several columns of images (a, b): choose one with --image-column" in \
+        several.stderr
+    assert run_featdump(*EXTRACT, "--image-column", "b", both, tmp_path / "b.h5").returncode == 0
+    none = tmp_path / "none.parquet"
+    pq.write_table(pa.table({"x": [1.0, 2.0]}), none)
+    refused = run_featdump(*EXTRACT, none, tmp_path / "none.h5")
+    assert refused.returncode == 2 and "has no column of encoded images" in refused.stderr, refused.stderr
+
+
+def test_a_killed_run_resumes_shards_split_by_files_and_update_reads_a_new_file(tmp_path):
+    data = encoded_images(12, seed=1)
+    write_dataset(tmp_path / "data", data[:8], shards=2)
+    single = rows_of(tmp_path / "data", tmp_path / "single.h5", "-b", "4")
+    crashed = tmp_path / "crashed.h5"
+    with pytest.raises(RuntimeError):
+        extract(settings_for(str(tmp_path / "data"), crashed, layers=("layer1", "avgpool")), CrashAfterFirstBatch())
+    np.testing.assert_array_equal(rows_of(tmp_path / "data", crashed, "-b", "4").features, single.features)
+    for index in range(2):
+        assert run_featdump(*EXTRACT, "--shard", f"{index}/2", tmp_path / "data",
+                            tmp_path / "sharded.h5").returncode == 0
+    assert run_featdump("merge", tmp_path / "sharded.h5").returncode == 0
+    np.testing.assert_array_equal(featdump.load(tmp_path / "sharded.h5", "layer1").features, single.features)
+    write_dataset(tmp_path / "data", data[8:], shards=1, start=8)  # the dataset gains a file
+    grown = run_featdump(*EXTRACT, "--update", tmp_path / "data", tmp_path / "single.h5")
+    assert grown.returncode == 0 and "4 new images" in grown.stderr, grown.stderr
+    as_files(data, tmp_path / "files")
+    np.testing.assert_array_equal(featdump.load(tmp_path / "single.h5", "layer1").features,
+                                  rows_of(tmp_path / "files", tmp_path / "files.h5").features)
+
+
+def test_tables_in_a_store_prefix_are_read_as_local_ones(store_env, tmp_path):
+    data = encoded_images(5, seed=2)
+    write_dataset(tmp_path / "data", data)
+    store_env.upload(tmp_path / "data", "s3://datasets/photos/data")
+    remote = rows_of("s3://datasets/photos/data/", tmp_path / "remote.h5")
+    local = rows_of(tmp_path / "data", tmp_path / "local.h5")
+    assert remote.paths == local.paths
+    np.testing.assert_array_equal(remote.features, local.features)
