@@ -350,7 +350,7 @@ def test_result_is_drawn_described_and_done_when_run_again(study, tmp_path):
     assert f"the best, {best.layer}: median r {best.score:.3f}" in result.stderr  # one median r everywhere
     for name, readout in fitted.items():
         assert as_json["measure"] == "median r" and as_json["layers"][name]["score"] == pytest.approx(readout.score)
-        assert f"  {name}: {readout.score:.3f} (folds " in described.stdout
+        assert f"  {name}: pooled {readout.score:.3f} (folds " in described.stdout
     drawn = run_featdump("show", tmp_path / "enc.h5", "-o", tmp_path / "again.png")
     assert drawn.returncode == 0 and (tmp_path / "again.png").exists()
     again = run_featdump(*command)

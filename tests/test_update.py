@@ -129,6 +129,10 @@ def test_an_update_with_no_new_image_records_the_stale_rows_it_reports(tmp_path)
         with h5py.File(output, "r", locking=False) as h5file:
             assert [name.decode() for name in h5file["stale/paths"][:]] == [written[2]]
         assert f"{written[2]}: changed" in run_featdump("info", output).stdout
+    np.save(tmp_path / "y.npy", np.arange(4.0)[:, None])
+    encoded = run_featdump("encode", output, tmp_path / "y.npy", "--folds", "2", "-o", tmp_path / "enc.h5")
+    assert encoded.returncode == 0 and "1 rows of" in encoded.stderr and "are stale" in encoded.stderr, \
+        encoded.stderr  # a read-out says it uses rows info marks stale
 
 
 def test_a_tar_member_named_twice_is_no_stale_row(tmp_path):

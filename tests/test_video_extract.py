@@ -506,6 +506,7 @@ def test_folds_cut_in_stretches_leave_a_gap_and_equal_ridge_cv_without_those_row
     assert made.returncode == 0 and "A gap of 0.2 s on both sides of each held-out stretch" in made.stderr
     info = run_featdump("info", tmp_path / "enc.h5").stdout
     assert "delays:     1 steps of 0.1 s" in info and "gap:        0.2 s left out of training" in info, info
+    assert "folds:      stretches of time of each video, one a fold" in info  # the scheme used, not both
 
 
 def test_show_draws_a_clip_row_beside_the_frame_at_its_onset(videos, tmp_path):

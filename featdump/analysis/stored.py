@@ -30,6 +30,7 @@ class Stored:
     clip_starts: np.ndarray | None = None  # a video job's: each row's clip start (seconds)
     clip_ends: np.ndarray | None = None  # ... its offset (seconds; None in files made before it was recorded)
     video_rates: np.ndarray | None = None  # ... its video's frame rate (None in files made before)
+    stale: int = 0  # rows whose image was gone or changed at the last --update (`featdump info` names them)
 
     @classmethod
     def read(cls, path: str | Path) -> Stored:
@@ -42,7 +43,7 @@ class Stored:
                           for name in ("clip_start", "clip_end", "video_rate")}
             return cls(path, rows, output.paths(), output.labels(), output.classes, layers, fingerprint,
                        text_of(output.attrs.get("image_root")) or "", coordinate["clip_start"],
-                       coordinate["clip_end"], coordinate["video_rate"])
+                       coordinate["clip_end"], coordinate["video_rate"], output.stale_count())
 
     def row_keys(self) -> list[tuple]:
         """What names each row across outputs: (path, clip start) for clips of videos; else (path, k) for the

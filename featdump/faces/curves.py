@@ -75,23 +75,28 @@ def readout_lines(path, h5file: h5py.File) -> list[str]:
              f"images:     {len(h5file['fold'])}, {scores.shape[1] if len(names) else '?'} folds",
              f"{what + ':':<11} {len(columns)} ({', '.join(columns[:8])}{', ...' if len(columns) > 8 else ''})",
              f"alphas:     {', '.join(f'{value:g}' for value in h5file['alphas'][:])}",
-             *_time_lines(_made_from(h5file)),
+             *_time_lines(_made_from(h5file), h5file),
              "layers (accuracy, mean over folds ± sd):" if kind == "probe" else
-             "layers (median r over targets; the folds' own median r from lowest to highest):"]
+             "layers (median r over targets of the held-out predictions pooled over the folds; then each fold's "
+             "own median r, lowest to highest):"]
     summaries = layer_summaries(h5file, kind, names)
     lines += [f"  {name}: {summary:.3f} ± {np.nanstd(row):.3f}" if kind == "probe" else
-              f"  {name}: {summary:.3f} (folds {np.nanmin(row):.3f} to {np.nanmax(row):.3f})"
+              f"  {name}: pooled {summary:.3f} (folds {np.nanmin(row):.3f} to {np.nanmax(row):.3f})"
               for name, summary, row in zip(names, summaries, scores)]
     lines.append("draw:       featdump show " + str(path))
     return lines
 
 
-def _time_lines(made_from: dict) -> list[str]:
-    """How a read-out of clip rows handled time: its folds, delays and gap."""
+def _time_lines(made_from: dict, h5file: h5py.File) -> list[str]:
+    """How a read-out of clip rows handled time: its folds (the scheme used), delays and gap."""
     lines = []
     if made_from.get("folds_by") == "video":
-        lines.append("folds:      by video (whole videos, or stretches of time when there are fewer videos than "
-                     "folds)")
+        paths = [text_of(item) for item in h5file["paths"][:]] if "paths" in h5file else []
+        fold = h5file["fold"][:]
+        whole = all(len(set(fold[[row for row, path in enumerate(paths) if path == video]])) == 1
+                    for video in set(paths))
+        lines.append("folds:      whole videos, each in one fold" if whole else
+                     "folds:      stretches of time of each video, one a fold (fewer videos than folds)")
     if made_from.get("delays"):
         lines.append(f"delays:     {', '.join(map(str, made_from['delays']))} steps of {made_from['delay_step']:g} s")
     if made_from.get("gap"):

@@ -178,6 +178,9 @@ def _read_out(kind: str, stored: Stored, table: Targets, layers, folds: int, alp
               memory, device: str, to, overwrite: bool, progress: Progress | None,
               delays=None, gap: float | None = None) -> dict[str, Readout]:
     names = stored.select(listed(layers))
+    if stored.stale:
+        log.warning("%d rows of %s are stale (their image was gone or changed at its last --update; `featdump info` "
+                    "names them): they are used as stored.", stored.stale, stored.path)
     steps, step, shifts = _delay_shifts(stored, table, delays)
     grid, budget, place = parse_alphas(alphas), parse_bytes(memory), resolve_device(device)
     videos = _videos(stored, table, folds)
