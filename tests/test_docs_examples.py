@@ -41,6 +41,7 @@ def sandbox(tmp_path_factory):
                 info.size = len(data)
                 archive.addfile(info, io.BytesIO(data))
     (root / "tars.txt").write_text("shards/00000.tar\nshards/00001.tar\n")
+    _arrays_and_tables(root)
     write_video(root / "film.mp4", 50, size=(96, 128))  # 2 s: a clip of r3d_18's 16 frames at 15 fps
     write_video(root / "movies" / "one.mkv", 50, size=(96, 128), seed=1)
     for shard in ("0/2", "1/2"):  # what `featdump merge out.h5` joins, as the sharded job before it writes
@@ -48,6 +49,27 @@ def sandbox(tmp_path_factory):
                             "out.h5", cwd=root)
         assert made.returncode == 0, made.stderr
     return root
+
+
+def _arrays_and_tables(root) -> None:
+    """inputs.md's files: an NSD-like brick (nsd_stimuli.hdf5:imgBrick) and a Hugging Face dataset of two shards."""
+    import json
+
+    import numpy as np
+
+    pixels = np.random.default_rng(0).integers(0, 256, (3, 48, 64, 3), dtype=np.uint8)
+    with h5py.File(root / "nsd_stimuli.hdf5", "w") as h5file:
+        h5file["imgBrick"] = pixels
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    (root / "data").mkdir()
+    images = sorted((root / "images" / "cats").iterdir())
+    meta = {"info": {"features": {"label": {"names": ["cat", "dog"], "_type": "ClassLabel"}}}}
+    for shard in range(2):
+        table = pa.table({"image": [{"bytes": path.read_bytes(), "path": path.name} for path in images],
+                          "label": [shard] * len(images)})
+        pq.write_table(table.replace_schema_metadata({b"huggingface": json.dumps(meta).encode()}),
+                       root / "data" / f"train-{shard:05d}-of-00002.parquet")
 
 
 def runnable(line: str) -> list[str]:
