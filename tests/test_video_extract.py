@@ -325,6 +325,11 @@ def test_spacepool_keeps_a_video_layer_s_time_axis(videos, tmp_path):
     timed = featdump.load(tmp_path / "pooled.h5", "layer2", xarray=True)  # each step's first frame in its clip
     np.testing.assert_array_equal(timed["time"].values, [0, 2, 4, 6])
     assert timed["time"].attrs["units"] == "frames of the clip"
+    from featdump.faces import show
+
+    assert show._keeps_time(tmp_path / "pooled.h5", "layer2")  # drawn as channels over time, not as a map
+    drawn = run_featdump("show", tmp_path / "pooled.h5", "--index", "1", "-o", tmp_path / "pooled.png")
+    assert drawn.returncode == 0 and (tmp_path / "pooled.png").exists(), drawn.stderr
     refused = run_featdump("extract", "-m", "resnet18", "-w", "none", "-l", "layer2", "--reduce", "spacepool",
                            "--fps", "2", videos / "a" / "one.mkv", tmp_path / "image.h5")
     assert refused.returncode == 2 and "not a video model's (channel, time, y, x) map" in refused.stderr

@@ -18,6 +18,7 @@ from featdump.inputs.stores import is_url
 from featdump.inputs.tables import read_table_row
 from featdump.inputs.tars import read_stored
 from featdump.output.layout import Output
+from featdump.output.netcdf import axis_kinds
 
 log = logging.getLogger("featdump")
 
@@ -27,8 +28,10 @@ def draw(output: Path, layer: str | None, index: int, picture: Path | None, chan
     plt = pyplot()
     values, name, image, title = _read(Path(output), layer, index)
     picture = Path(picture) if picture else Path(output).with_name(f"{Path(output).stem}-{name}-{index}.png")
-    grid = _as_maps(values)
-    if grid is None:
+    grid = None if _keeps_time(Path(output), name) else _as_maps(values)
+    if _keeps_time(Path(output), name):
+        figure = _draw_over_time(plt, values, image, name, title, channels)
+    elif grid is None:
         figure = _draw_units(plt, values.reshape(-1), image, name, title, channels)
     else:
         figure = _draw_maps(plt, grid, image, name, title, channels)
@@ -162,6 +165,32 @@ def _draw_maps(plt, maps: np.ndarray, image, name: str, title: str, channels: in
     for axis in axes:
         axis.axis("off")
     panels[2].suptitle(f"strongest {len(strongest)} channels (by mean)", fontsize=10)
+    return figure
+
+
+def _keeps_time(output: Path, name: str) -> bool:
+    """Whether LAYER's rows are (channel, time): a video layer pooled over space, each step of its clip kept."""
+    with Output.open(output) as opened:
+        dataset = opened.features(name)
+        return axis_kinds(dataset.shape[1:], dataset.attrs) == ["channel", "time"]
+
+
+def _draw_over_time(plt, values: np.ndarray, image, name: str, title: str, channels: int):
+    """A (channel, time) row: its strongest CHANNELS over the clip's steps, and every channel's mean over time."""
+    strongest = np.argsort(values.mean(axis=1))[::-1][:channels]
+    figure = plt.figure(figsize=(12, 4))
+    panels = figure.subfigures(1, 3, width_ratios=[1, 1, 1])
+    _image_panel(panels[0], image, title)
+    axis = panels[1].subplots()
+    shown = axis.imshow(values[strongest], aspect="auto", cmap="viridis", interpolation="nearest")
+    panels[1].colorbar(shown, ax=axis, shrink=0.8)
+    axis.set_yticks(range(len(strongest)), [str(channel) for channel in strongest], fontsize=6)
+    axis.set_xlabel("time step of the clip")
+    axis.set_title(f"{name}: strongest {len(strongest)} channels over time", fontsize=10)
+    axis = panels[2].subplots()
+    axis.plot(values.mean(axis=0), marker="o")
+    axis.set_xlabel("time step of the clip")
+    axis.set_title(f"mean of {values.shape[0]} channels", fontsize=10)
     return figure
 
 
