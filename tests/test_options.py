@@ -46,6 +46,7 @@ BAD = {
     "clip_every": ("often", "often"),
     "clip_anchor": ("middle", "middle"),
     "clip_pad": ("black", "black"),
+    "clip_origin": ("soon", "soon"),
     "space_check": ("off", None),
     "pca_fit": ("1", "1"),
     "array": ("", ""),

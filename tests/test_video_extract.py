@@ -591,6 +591,27 @@ def test_tr_onsets_are_stored_exactly_and_select_rows_through_load_xarray_and_me
         np.testing.assert_array_equal(labelled.sel(path="run1.mkv", clip_end=7.45).values, loaded.features[row])
 
 
+def test_a_grid_s_origin_puts_the_onsets_where_the_scanner_s_pulses_fall(videos, tmp_path):
+    """A film that starts 0.3 s before a pulse: --clip-origin 0.3 on a 0.5 s grid gives onsets 0.3, 0.8, 1.3, 1.8
+    (windows ending there, the one that would reach before the film left out), recorded with the file; a start
+    anchor on the same grid starts clips at those times."""
+    film = videos / "a" / "one.mkv"  # 50 frames at 25 fps: the last at 1.96 s
+    common = ["extract", "-m", "resnet18", "-w", "none", "-l", "avgpool", "--fps", "5", "--clip-every", "0.5",
+              "--clip-origin", "0.3", film]
+    assert run_featdump(*common, "--clip-anchor", "end", tmp_path / "ends.h5").returncode == 0
+    assert run_featdump(*common, tmp_path / "starts.h5").returncode == 0
+    ends, starts = featdump.load(tmp_path / "ends.h5", "avgpool"), featdump.load(tmp_path / "starts.h5", "avgpool")
+    assert ends.clip_end.tolist() == [0.3, 0.8, 1.3, 1.8]
+    assert starts.clip_start.tolist() == [0.3, 0.8, 1.3, 1.8]
+    with h5py.File(tmp_path / "ends.h5", "r") as h5file:
+        assert h5file.attrs["clip_origin"] == 0.3
+    (tmp_path / "photos").mkdir()
+    Image.fromarray(np.zeros((32, 40, 3), dtype=np.uint8)).save(tmp_path / "photos" / "a.png")
+    refused = run_featdump("extract", "-m", "resnet18", "-w", "none", "-l", "avgpool", "--clip-origin", "0.3",
+                           tmp_path / "photos", tmp_path / "x.h5")
+    assert refused.returncode == 2 and "--clip-origin apply to videos" in refused.stderr, refused.stderr
+
+
 def test_targets_match_onsets_within_half_a_frame_and_a_miss_names_its_onsets(videos, tmp_path):
     output = tmp_path / "out.h5"
     assert run_featdump("extract", "-m", "resnet18", "-w", "none", "-l", "avgpool", "--fps", "2", "--clip-anchor",

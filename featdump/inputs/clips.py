@@ -32,15 +32,15 @@ log = logging.getLogger("featdump")
 
 
 def as_rows(images: ImageList, frames: int | None, fps: float | None, every: float | None,
-            model: ModelClip, anchor: str = "start", pad: str = "skip") -> ImageList:
+            model: ModelClip, anchor: str = "start", pad: str = "skip", origin: float | None = None) -> ImageList:
     """IMAGES as a job's rows: a list of videos (every path a video's) as clips of FRAMES at FPS, one every EVERY
     seconds (defaults: what the MODEL takes: a video model's clip, an image model's one frame at each video's own
     rate; clips back to back); images as they are. The job's clip (`ImageList.clips`) is its one record from here
     on. UsageProblem for clip options on images, a video model on images, or clips of frames for an image model."""
     if not is_video_list(images):
         asked = [name for name, value in (("--clip", frames), ("--fps", fps), ("--clip-every", every),
-                                          ("--clip-anchor", anchor != "start"), ("--clip-pad", pad != "skip"))
-                 if value]
+                                          ("--clip-anchor", anchor != "start"), ("--clip-pad", pad != "skip"),
+                                          ("--clip-origin", origin is not None)) if value]
         if asked or model.takes_clips:
             what = f"{', '.join(asked)} apply to videos" if asked else \
                 f"the model takes clips of {model.frames} frames of a video"
@@ -50,7 +50,8 @@ def as_rows(images: ImageList, frames: int | None, fps: float | None, every: flo
     if frames and frames > 1 and not model.takes_clips:
         raise UsageProblem(f"--clip {frames}: the model takes images, one frame a row (--clip 1); name a video model "
                            "for clips of frames, or a factory that declares featdump_clip.")
-    return clip_rows(images, ClipPlan.asked(frames or model.frames, fps or model.fps, every, anchor, pad))
+    plan = ClipPlan.asked(frames or model.frames, fps or model.fps, every, anchor, pad, origin or 0.0)
+    return clip_rows(images, plan)
 
 
 def is_video_list(images: ImageList) -> bool:
@@ -113,7 +114,8 @@ def clip_rows(videos: ImageList, asked: ClipPlan) -> ImageList:
              time.perf_counter() - started)
     rows = videos.select(positions)
     return dataclasses.replace(rows, clips=ClipTable(asked.frames, asked.fps, asked.every, tuple(starts),
-                                                     tuple(reasons), tuple(infos), asked.anchor, asked.pad))
+                                                     tuple(reasons), tuple(infos), asked.anchor, asked.pad,
+                                                     asked.origin))
 
 
 def _readable(source):
@@ -174,7 +176,7 @@ class ClipDataset(ImageDataset):
     def __init__(self, images: ImageList, preprocess: Preprocess):
         super().__init__(images, preprocess)
         clips = images.clips
-        self.asked = ClipPlan(clips.frames, clips.fps, clips.every, clips.anchor, clips.pad)
+        self.asked = ClipPlan(clips.frames, clips.fps, clips.every, clips.anchor, clips.pad, clips.origin)
 
     def _decoded(self, position: int, encoded) -> Item:
         item = Item(position, file_stat=stat_as_read(encoded))

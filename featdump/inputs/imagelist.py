@@ -193,6 +193,7 @@ class ClipTable:
     infos: tuple = ()  # each row's video's frame times (inputs.video.VideoInfo; None without a clip), as listed
     anchor: str = "start"  # the grid gives the clips' starts, or their ends (inputs.video.ANCHORS)
     pad: str = "skip"  # an end-anchored window before the first frame: left out, or padded
+    origin: float = 0.0  # seconds: one time of the grid (--clip-origin)
 
     def select(self, positions: Sequence[int]) -> ClipTable:
         return dataclasses.replace(self, starts=tuple(self.starts[p] for p in positions),
@@ -202,7 +203,8 @@ class ClipTable:
     def attributes(self) -> dict:
         """What an output records of its clips (and its fingerprint holds; the anchor and padding where asked)."""
         anchored = {"clip_anchor": self.anchor, "clip_pad": self.pad} if self.anchor != "start" else {}
-        return {"clip_frames": self.frames, "clip_fps": self.fps, "clip_every": self.every, **anchored}
+        shifted = {"clip_origin": self.origin} if self.origin else {}
+        return {"clip_frames": self.frames, "clip_fps": self.fps, "clip_every": self.every, **anchored, **shifted}
 
     def coordinates(self, positions: Sequence[int]) -> dict[str, np.ndarray]:
         """Each row's onset and offset (`clip_start`, `clip_end`: seconds in its video; a padded window starts

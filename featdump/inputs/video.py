@@ -67,16 +67,17 @@ class ClipPlan:
     every: float
     anchor: str = "start"  # the grid times are the clips' starts, or their ends (ANCHORS)
     pad: str = "skip"  # an end-anchored window reaching before the first frame: left out, or padded (PADS)
+    origin: float = 0.0  # seconds: one time of the grid (a film that starts between a scanner's pulses)
 
     @classmethod
     def of(cls, frames: int, fps: float, every: float | None = None, anchor: str = "start",
-           pad: str = "skip") -> ClipPlan:
+           pad: str = "skip", origin: float = 0.0) -> ClipPlan:
         """The plan for FRAMES at FPS, a clip every EVERY seconds (default N/F: back to back)."""
-        return cls.asked(frames, fps, every, anchor, pad).for_video(0.0)
+        return cls.asked(frames, fps, every, anchor, pad, origin).for_video(0.0)
 
     @classmethod
     def asked(cls, frames: int, fps: float | None = None, every: float | None = None, anchor: str = "start",
-              pad: str = "skip") -> ClipPlan:
+              pad: str = "skip", origin: float = 0.0) -> ClipPlan:
         """The plan as asked, before a video is seen: FPS None (0) for each video's own rate, EVERY None (0) for
         back to back."""
         if frames < 1 or (fps is not None and not fps > 0) or (every is not None and not every > 0):
@@ -88,7 +89,7 @@ class ClipPlan:
         if pad != "skip" and anchor != "end":
             raise UsageProblem(f"--clip-pad {pad} pads windows that end on the grid: add --clip-anchor end (a clip "
                                "that starts on the grid never reaches before the first frame).")
-        return cls(int(frames), float(fps or 0.0), float(every or 0.0), anchor, pad)
+        return cls(int(frames), float(fps or 0.0), float(every or 0.0), anchor, pad, float(origin or 0.0))
 
     def for_video(self, rate: float) -> ClipPlan:
         """This plan for a video of RATE frames a second: its own rate where none was asked, clips back to back
@@ -96,7 +97,7 @@ class ClipPlan:
         fps = self.fps or rate
         if not fps > 0:
             raise ValueError("it states no frame rate: give --fps")
-        return ClipPlan(self.frames, fps, self.every or self.frames / fps, self.anchor, self.pad)
+        return ClipPlan(self.frames, fps, self.every or self.frames / fps, self.anchor, self.pad, self.origin)
 
     @property
     def span(self) -> float:
@@ -108,21 +109,26 @@ class ClipPlan:
         """Seconds a clip covers: from its start to its offset (N/F)."""
         return self.frames / self.fps
 
+    def grid(self, until: float) -> list[float]:
+        """The grid's times from the video's first frame (0) up to UNTIL: O + kS for every whole k, O the origin."""
+        first = math.ceil(-self.origin / self.every - _TOLERANCE)
+        last = math.floor((until - self.origin) / self.every + _TOLERANCE)
+        return [round(self.origin + index * self.every, GRID_DECIMALS) for index in range(first, last + 1)]
+
     def starts(self, last: float) -> list[float]:
-        """The clip starts of a video whose last frame is at LAST seconds from its first: on the grid 0, S, 2S, ...
-        (or ending on it) while the clip's last frame time is <= LAST. None when the video is shorter than one."""
+        """The clip starts of a video whose last frame is at LAST seconds from its first: on the grid O, O + S, ...
+        (O the origin, 0 unless given; or ending on it) while the clip's last frame time is <= LAST. None when the
+        video is shorter than one."""
         if self.anchor == "end":
             return self._window_starts(last)
         if last + _TOLERANCE < self.span:
             return []
-        count = math.floor((last - self.span) / self.every + _TOLERANCE) + 1
-        return [round(index * self.every, GRID_DECIMALS) for index in range(count)]
+        return self.grid(last - self.span)
 
     def _window_starts(self, last: float) -> list[float]:
-        """The starts of the windows ending on the grid (onsets t = 0, S, 2S, ... up to the last frame's time plus
-        a frame): t - N/F, those before the first frame left out unless padded."""
-        onsets = range(math.floor((last + 1 / self.fps) / self.every + _TOLERANCE) + 1)
-        starts = [round(index * self.every - self.duration, GRID_DECIMALS) for index in onsets]
+        """The starts of the windows ending on the grid (onsets t on it from 0 up to the last frame's time plus a
+        frame): t - N/F, those before the first frame left out unless padded."""
+        starts = [round(onset - self.duration, GRID_DECIMALS) for onset in self.grid(last + 1 / self.fps)]
         return starts if self.pad == "repeat" else [start for start in starts if start >= -_TOLERANCE]
 
     def times(self, start: float) -> np.ndarray:

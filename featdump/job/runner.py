@@ -163,12 +163,13 @@ def extract(settings: Settings, progress: Progress | None = None) -> Summary:
 def job_rows(settings: Settings) -> ImageList:
     """The rows of the whole job SETTINGS describes (every shard's): its images, or its videos' clips."""
     key = (str(settings.images), settings.array, settings.image_column, settings.label_column, settings.clip,
-           settings.fps, settings.clip_every, settings.clip_anchor, settings.clip_pad, settings.model)
+           settings.fps, settings.clip_every, settings.clip_anchor, settings.clip_pad, settings.clip_origin,
+           settings.model)
     return warm.shared("rows", key, lambda: as_rows(
         find_images(settings.images, patience=Patience(settings.store_patience), array=settings.array,
                     image_column=settings.image_column, label_column=settings.label_column),
         settings.clip, settings.fps,
-        settings.clip_every, clip_of(settings.model), settings.clip_anchor, settings.clip_pad))
+        settings.clip_every, clip_of(settings.model), settings.clip_anchor, settings.clip_pad, settings.clip_origin))
 
 
 def _plan(settings: Settings) -> Plan:

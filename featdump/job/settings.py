@@ -115,6 +115,10 @@ class Settings:
         kind=float, optional=True, minimum=0, metavar="SECONDS",
         help="Videos: a clip starts every SECONDS (1.49: on an fMRI's TR grid).  [default: --clip / --fps, clips "
              "back to back]")
+    clip_origin: float | None = option(
+        kind=float, optional=True, metavar="SECONDS",
+        help="Videos: one time of the --clip-every grid, in seconds from a film's first frame (a film that starts "
+             "between a scanner's pulses: the first pulse's time).  [default: 0, the first frame]")
     clip_anchor: str = option("start", "Videos: the grid of --clip-every gives each clip's start, or its end (each "
                                        "row the window of frames before an onset: causal, as for fMRI).",
                               choices=ANCHORS)
