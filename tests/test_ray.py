@@ -40,7 +40,7 @@ def assert_same_rows(got: dict, expected: dict) -> None:
 
 
 @pytest.mark.slow  # a real Ray cluster: its start and its workers' imports take 20 s and more
-def test_more_shards_than_workers_on_a_local_cluster_merge_into_the_single_run(images, tmp_path):
+def test_more_shards_than_workers_on_a_local_cluster_merge_into_the_single_run(images, tmp_path, caplog):
     folder, expected = images
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)  # a cluster of 2 CPUs, started here
     try:
@@ -58,6 +58,12 @@ def test_more_shards_than_workers_on_a_local_cluster_merge_into_the_single_run(i
         left = featdump.extract_on_ray(folder, tmp_path / "left" / "out.h5", model="resnet18", weights="none",
                                        layers="layer3,avgpool", shards=3, merge=False)
         assert not left.merged and "the shards left where they lie" in left.line()
+        with caplog.at_level("WARNING", logger="featdump"):  # a task's warning reaches the driver's log
+            featdump.extract_on_ray(folder, tmp_path / "warned.h5", model="resnet18", weights="none",
+                                    layers="avgpool", shards=2, fast_decode=True,
+                                    transform="torchvision.transforms:ToTensor")
+        assert any(record.getMessage().startswith("Shard ") and "--fast-decode needs a resize" in record.getMessage()
+                   for record in caplog.records), [record.getMessage() for record in caplog.records]
         assert sorted(path.name for path in (tmp_path / "left").glob("*.h5")) == [
             f"out.shard-{index}-of-3.h5" for index in range(3)]
     finally:

@@ -178,7 +178,9 @@ def _wait_for(ray, pending: dict, board, progress: Progress, count: int) -> tupl
             board.finish.remote(index, summary["images"])  # a shard found finished counts too
             log.info("Shard %d of %d finished (%d rows); %d of %d shards done.", index, count, summary["rows"],
                      count - len(pending), count)
-        now = ray.get(board.rows.remote())
+        now, notes = ray.get([board.rows.remote(), board.said.remote()])
+        for index, message in notes:
+            log.warning("Shard %d: %s", index, message)
         progress.advance(now - shown)
         shown = now
     return rows, new
@@ -232,10 +234,26 @@ def _run_shard(settings: Settings, board, index: int) -> dict:
     if granted:  # loader workers sized by what the task was given, not by the node
         os.environ[CPUS_VARIABLE] = str(max(1, int(granted)))
 
-    with warm.kept_warm():  # the worker's next shard of this job reuses its rows, model and probe
-        summary = staging.extract(settings, _BoardProgress(board, index))
+    told = _ToldToBoard(board, index)
+    logging.getLogger("featdump").addHandler(told)  # a store's wait, said where the job is watched
+    try:
+        with warm.kept_warm():  # the worker's next shard of this job reuses its rows, model and probe
+            summary = staging.extract(settings, _BoardProgress(board, index))
+    finally:
+        logging.getLogger("featdump").removeHandler(told)
     return {"rows": summary.rows, "new": summary.new_rows if summary.processed else 0,
             "images": summary.rows + summary.skipped}
+
+
+class _ToldToBoard(logging.Handler):
+    """A task's warnings (a store's waits, a lowered worker count) passed to the board, for the driver's log."""
+
+    def __init__(self, board, index: int):
+        super().__init__(logging.WARNING)
+        self.board, self.index = board, index
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.board.note.remote(self.index, record.getMessage())
 
 
 class _Board:
@@ -244,6 +262,15 @@ class _Board:
     def __init__(self):
         self.done: dict[int, int] = {}
         self.tries: dict[int, int] = {}
+        self.notes: list[tuple[int, str]] = []  # warnings the tasks said, not yet read by the driver
+
+    def note(self, index: int, message: str) -> None:
+        self.notes.append((index, message))
+
+    def said(self) -> list[tuple[int, str]]:
+        """The tasks' warnings since the last call."""
+        notes, self.notes = self.notes, []
+        return notes
 
     def start(self, index: int, done: int) -> None:
         self.done[index] = done

@@ -24,7 +24,7 @@ import numpy as np
 
 from featdump.errors import NoImages, UsageProblem
 from featdump.inputs.imagelist import Encoded, ImageList
-from featdump.inputs.stores import is_url
+from featdump.inputs.stores import filesystem, is_url, store_path
 from featdump.inputs.tars import expand_braces
 
 TABLE_SUFFIX = ".parquet"
@@ -53,13 +53,23 @@ def names_tables(source: str) -> bool:
 
 def _holds_tables(prefix: str) -> bool:
     """Whether the store prefix PREFIX holds Parquet files directly (one listing; a fault: no, its listing says)."""
-    import fsspec
-
+    fs, path = _fs_and_path(prefix)
     try:
-        fs, path = fsspec.core.url_to_fs(prefix)
         return any(str(name).lower().endswith(TABLE_SUFFIX) for name in fs.ls(path, detail=False))
     except Exception:  # the prefix's own listing judges and reports the store's faults
         return False
+
+
+def _fs_and_path(location: str):
+    """The file system LOCATION lies on and its path there: a store's, made as every store read makes it
+    (`stores.filesystem`: the user's configuration, bounded requests; its listings read afresh), or the local one."""
+    if is_url(location):
+        fs = filesystem(location)
+        fs.invalidate_cache()
+        return fs, store_path(location)
+    import fsspec
+
+    return fsspec.filesystem("file"), str(Path(location).expanduser().absolute())
 
 
 @dataclass(frozen=True)
@@ -110,13 +120,11 @@ def read_tables(source: str, image_column: str | None = None, label_column: str 
 
 def _files_of(source: str):
     """(file system, the list's root, the Parquet files SOURCE names, sorted within each pattern)."""
-    import fsspec
-
     patterns = expand_braces(source)
-    fs, _ = fsspec.core.url_to_fs(patterns[0])
+    fs, _ = _fs_and_path(patterns[0])
     found: list[str] = []
     for pattern in patterns:
-        _, path = fsspec.core.url_to_fs(pattern)
+        _, path = _fs_and_path(pattern)
         if any(mark in path for mark in "*?["):
             found += sorted(fs.glob(path))
         elif fs.isdir(path):
@@ -291,10 +299,8 @@ def _read_group(root, name: str, group: int, column: str) -> list:
     """Row group GROUP of the image COLUMN of file NAME under ROOT, as Python values (this process's own read)."""
     key = (os.getpid(), str(root), name, group)
     if key not in _GROUPS:
-        import fsspec
-
         location = f"{str(root).rstrip('/')}/{name}" if is_url(str(root)) else str(Path(root) / name)
-        fs, path = fsspec.core.url_to_fs(location)
+        fs, path = _fs_and_path(location)
         with fs.open(path, "rb") as handle:
             values = _pyarrow().ParquetFile(handle).read_row_group(group, columns=[column]).column(0).to_pylist()
         _GROUPS.clear()  # one group held at a time: memory bounded by a row group
