@@ -15,6 +15,7 @@ from featdump.errors import OutputExists
 from featdump.output.layout import Committed, Output
 
 from .conftest import featdump_env, read_output, run_featdump, start_featdump, write_images
+from .videos import write_video
 
 ray = pytest.importorskip("ray")
 
@@ -58,11 +59,13 @@ def test_more_shards_than_workers_on_a_local_cluster_merge_into_the_single_run(i
         left = featdump.extract_on_ray(folder, tmp_path / "left" / "out.h5", model="resnet18", weights="none",
                                        layers="layer3,avgpool", shards=3, merge=False)
         assert not left.merged and "the shards left where they lie" in left.line()
+        mixed = tmp_path / "mixed"  # images and a video: a task's listing warns that the video is left out
+        write_images(mixed, {"": 4}, size=(40, 32))
+        write_video(mixed / "film.mkv", 5)
         with caplog.at_level("WARNING", logger="featdump"):  # a task's warning reaches the driver's log
-            featdump.extract_on_ray(folder, tmp_path / "warned.h5", model="resnet18", weights="none",
-                                    layers="avgpool", shards=2, fast_decode=True,
-                                    transform="torchvision.transforms:ToTensor")
-        assert any(record.getMessage().startswith("Shard ") and "--fast-decode needs a resize" in record.getMessage()
+            featdump.extract_on_ray(mixed, tmp_path / "warned.h5", model="resnet18", weights="none",
+                                    layers="avgpool", shards=2)
+        assert any(record.getMessage().startswith("Shard ") and "the videos are left out" in record.getMessage()
                    for record in caplog.records), [record.getMessage() for record in caplog.records]
         assert sorted(path.name for path in (tmp_path / "left").glob("*.h5")) == [
             f"out.shard-{index}-of-3.h5" for index in range(3)]
