@@ -230,7 +230,7 @@ def test_a_sigkill_then_the_same_command_equals_a_fresh_run(videos, tmp_path):
     process.wait()
     assert 0 < committed_rows(tmp_path / "out.h5.partial") < 93
     resumed = run_featdump(*arguments, tmp_path / "out.h5")
-    assert resumed.returncode == 0 and "Resuming at image" in resumed.stderr, resumed.stderr
+    assert resumed.returncode == 0 and "Resuming at clip" in resumed.stderr, resumed.stderr
     assert run_featdump(*arguments, tmp_path / "fresh.h5").returncode == 0
     content, expected = read_output(tmp_path / "out.h5"), read_output(tmp_path / "fresh.h5")
     assert content["paths"] == expected["paths"] and len(content["paths"]) == 50 + 40 + 3  # every frame a row

@@ -222,7 +222,8 @@ def _run_locked(plan: Plan, lock: OutputLock, progress: Progress, started: float
                                 settings.batch_size, settings.compression, settings.overwrite, lock.hdf5_locking)
     before = writer.committed
     if before.images:
-        log.info("Resuming at image %d of %d (%d rows committed).", before.images, len(plan.images), before.rows)
+        log.info("Resuming at %s %d of %d (%d rows committed).", plan.images.noun, before.images, len(plan.images),
+                 before.rows)
     output = _fill(writer, plan.images, settings, model, lock, progress, keep_empty=plan.shard is not None)
     with Output.open(output) as finished:
         after, proofs = finished.committed, finished.proofs

@@ -241,8 +241,9 @@ def _fit_layers(plan: _Plan, results: Results | None, progress: Progress, sizes)
         log.info("Resuming: %d of %d layers' read-outs are in %s already.", len(names) - len(todo), len(names),
                  results.output)
     folds = int(plan.fold.max()) + 1
-    log.info("%s: %d layer%s over %d images, %d %s, %d folds, %d alphas (%g to %g), on %s.",
+    log.info("%s: %d layer%s over %d %s, %d %s, %d folds, %d alphas (%g to %g), on %s.",
              "Probes" if kind == "probe" else "Encoding models", len(todo), "s" * (len(todo) != 1), table.count,
+             "clips" if plan.stored.clip_starts is not None else "images",
              len(table.columns), "classes" if kind == "probe" else "targets", folds, len(grid), grid.min(),
              grid.max(), place)
     progress.start(sum(sizes[name][1] for name in todo) / 1e6, 0)
@@ -272,7 +273,8 @@ def _fit_layer(plan: _Plan, name: str, targets: torch.Tensor, alphas: torch.Tens
     with stored.dataset(name) as dataset:
         features = int(np.prod(dataset.shape[1:]))
         wide = passes.is_wide(table.count, features) or plan.shifts is not None  # delays: through the Gram
-        log.info("%s: %d images x %d features, %s.", name, table.count, features,
+        log.info("%s: %d %s x %d features, %s.", name, table.count,
+                 "clips" if stored.clip_starts is not None else "images", features,
                  f"wide: its {table.count} x {table.count} Gram in one pass" if wide
                  else f"narrow: its {features} x {features} covariance per fold in two passes")
         folds = int(fold.max()) + 1
