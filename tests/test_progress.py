@@ -125,3 +125,29 @@ def test_sizes_under_a_megabyte_are_not_zero_megabytes():
     record = {"pid": 1, "host": "h", "started": 0.0, "images_done": 1, "image_count": 2, "skipped": 0, "rate": 1.0,
               "layers": {}, "size_bytes": 350_000, "file": "out.h5"}
     assert "size:       350.0 KB so far" in running_lines(describe_running(record, running=True))
+
+
+def test_rows_found_done_count_on_the_bar_but_not_in_its_rate(capsys, caplog):
+    """A Ray job's driver finds shards finished before (or resumed): their rows move the bar, not the rate."""
+    import time
+
+    from featdump.faces.cli import _BarProgress, _LogProgress
+
+    lines = _LogProgress(every_seconds=0.0, least_seconds=0.0)
+    with caplog.at_level("INFO", logger="featdump"):
+        lines.start(1000, 0)
+        lines.found(900)
+        time.sleep(0.2)
+        lines.advance(10)
+    (said,) = [record.getMessage() for record in caplog.records if "images" in record.getMessage()]
+    assert said.startswith("910/1000 images (91%)") and float(said.split(", ")[1].split()[0]) < 100, said
+    bar = _BarProgress()
+    bar.start(1000, 0)
+    bar.found(900)
+    time.sleep(0.2)
+    bar.advance(10)
+    bar.close()
+    shown = capsys.readouterr().err
+    assert "910/1000" in shown and "it/s" not in shown
+    rate = float(shown.rsplit("img/s", 1)[0].rsplit(", ", 1)[1])
+    assert rate < 100, shown  # 10 images in 0.2 s, not 910

@@ -159,7 +159,7 @@ def _slots(ray, resources: dict) -> int:
 def _wait_for(ray, pending: dict, board, progress: Progress, count: int) -> tuple[int, int]:
     """Wait for every shard task, passing the rows done on to PROGRESS and logging each shard done; the first
     shard that fails for good stops the others and raises its error. Returns (rows in all shards, new rows)."""
-    shown, rows, new = 0, 0, 0
+    shown, shown_found, rows, new = 0, 0, 0, 0
     while pending:
         done, _ = ray.wait(list(pending), num_returns=len(pending), timeout=_POLL_SECONDS)
         for ref in done:
@@ -178,11 +178,12 @@ def _wait_for(ray, pending: dict, board, progress: Progress, count: int) -> tupl
             board.finish.remote(index, summary["images"])  # a shard found finished counts too
             log.info("Shard %d of %d finished (%d rows); %d of %d shards done.", index, count, summary["rows"],
                      count - len(pending), count)
-        now, notes = ray.get([board.rows.remote(), board.said.remote()])
+        (now, found), notes = ray.get([board.rows.remote(), board.said.remote()])
         for index, message in notes:
             log.warning("Shard %d: %s", index, message)
+        progress.found(found - shown_found)
         progress.advance(now - shown)
-        shown = now
+        shown, shown_found = now, found
     return rows, new
 
 
@@ -257,10 +258,12 @@ class _ToldToBoard(logging.Handler):
 
 
 class _Board:
-    """A Ray actor: the rows each shard has done (a retried shard starts from the rows it resumes at)."""
+    """A Ray actor: the rows each shard has done in this job, apart from those it found done (its file finished
+    before, or the rows a retried shard resumes at), which the driver's rate leaves out."""
 
     def __init__(self):
         self.done: dict[int, int] = {}
+        self.found: dict[int, int] = {}
         self.tries: dict[int, int] = {}
         self.notes: list[tuple[int, str]] = []  # warnings the tasks said, not yet read by the driver
 
@@ -273,17 +276,19 @@ class _Board:
         return notes
 
     def start(self, index: int, done: int) -> None:
-        self.done[index] = done
+        self.found[index], self.done[index] = done, 0
         self.tries[index] = self.tries.get(index, 0) + 1
 
     def advance(self, index: int, rows: int) -> None:
         self.done[index] = self.done.get(index, 0) + rows
 
     def finish(self, index: int, images: int) -> None:
-        self.done[index] = images
+        """Shard INDEX is finished with IMAGES rows (a shard found finished never started: all of them found)."""
+        self.found[index] = images - self.done.get(index, 0)
 
-    def rows(self) -> int:
-        return sum(self.done.values())
+    def rows(self) -> tuple[int, int]:
+        """(rows done by this job's tasks, rows found done)."""
+        return sum(self.done.values()), sum(self.found.values())
 
     def retried(self) -> int:
         return sum(1 for tries in self.tries.values() if tries > 1)
@@ -300,6 +305,9 @@ class _BoardProgress:
 
     def advance(self, images: int) -> None:
         self.board.advance.remote(self.index, images)
+
+    def found(self, rows: int) -> None:
+        pass  # a task's rows found done are told by its start
 
     def close(self) -> None:
         pass

@@ -627,6 +627,14 @@ class _BarProgress:
         if self._bar is not None:
             self._bar.update(images * self._scale)
 
+    def found(self, rows: int) -> None:
+        """ROWS done before: on the bar, out of its rate."""
+        if self._bar is not None and rows:
+            self._bar.n += rows * self._scale
+            self._bar.last_print_n += rows * self._scale
+            self._bar.initial += rows * self._scale
+            self._bar.refresh()
+
     def close(self) -> None:
         if self._bar is not None:
             self._bar.close()
@@ -660,6 +668,11 @@ class _LogProgress:
             self._last = self._said = now
             while self._next_step <= self._done:
                 self._next_step += max(1, self._total // 10)
+
+    def found(self, rows: int) -> None:
+        """ROWS done before: counted, out of the rate."""
+        self._done += rows
+        self._first += rows
 
     def close(self) -> None:
         pass

@@ -23,6 +23,8 @@ class Progress(Protocol):
 
     def advance(self, images: int) -> None: ...
 
+    def found(self, rows: int) -> None: ...  # rows found done (a shard finished before, a resumed part): not a rate
+
     def close(self) -> None: ...
 
 
@@ -31,6 +33,9 @@ class NoProgress:
         pass
 
     def advance(self, images: int) -> None:
+        pass
+
+    def found(self, rows: int) -> None:
         pass
 
     def close(self) -> None:
