@@ -151,3 +151,13 @@ def test_rows_found_done_count_on_the_bar_but_not_in_its_rate(capsys, caplog):
     assert "910/1000" in shown and "it/s" not in shown
     rate = float(shown.rsplit("img/s", 1)[0].rsplit(", ", 1)[1])
     assert rate < 100, shown  # 10 images in 0.2 s, not 910
+
+
+def test_a_running_clip_job_is_described_in_clips():
+    from featdump.output.progress import describe_running, running_lines
+
+    record = {"pid": 1, "host": "h", "started": 0.0, "images_done": 3, "image_count": 9, "skipped": 0, "rate": 2.0,
+              "layers": {}, "size_bytes": None, "file": "out.h5", "noun": "clip"}
+    assert "progress:   3 of 9 clips (33.3%), 0 skipped, 2.0 clip/s" in running_lines(describe_running(record, True))
+    del record["noun"]  # a record written before it said what a row is
+    assert "3 of 9 images (33.3%), 0 skipped, 2.0 img/s" in running_lines(describe_running(record, True))[2]

@@ -313,7 +313,7 @@ def _fill(writer: FeatureWriter, images: ImageList, settings: Settings, model: M
     fails (NothingRead): a job that read nothing never looks finished."""
     start = writer.committed_images
     record = ProgressRecord(settings.output, writer.path, offset + len(images), offset + start,
-                            {name: list(spec.shape) for name, spec in model.specs.items()}, task)
+                            {name: list(spec.shape) for name, spec in model.specs.items()}, task, images.noun)
     try:
         example = torch.randn((2, *model.preprocess.input_shape), generator=torch.Generator().manual_seed(0))
         graph_key = (_model_key(settings), tuple(model.chosen.items()), str(model.device), settings.precision,

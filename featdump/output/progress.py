@@ -26,7 +26,7 @@ class ProgressRecord:
     """What a running job tells `info`: who runs it, since when, how far, how fast."""
 
     def __init__(self, output: Path, partial: Path, total: int, start: int, layers: dict[str, list[int]],
-                 task: str | None = None):
+                 task: str | None = None, noun: str = "image"):
         self.path = record_path(output)
         self._partial = partial
         self._start = start
@@ -34,7 +34,7 @@ class ProgressRecord:
         self._written = 0.0
         self._static = {"state": "running", "pid": os.getpid(), "host": socket.gethostname(),
                         "started": self._started, "output": str(output), "file": str(partial), "image_count": total,
-                        "resumed_from": start, "layers": layers, **({"task": task} if task else {})}
+                        "resumed_from": start, "layers": layers, "noun": noun, **({"task": task} if task else {})}
         self.update(start, 0, 0)  # at once: `info` has numbers before the first commit
 
     @staticmethod
@@ -95,7 +95,7 @@ def describe_running(record: dict, running: bool) -> dict:
             "since": record.get("started"), "updated": record.get("updated"), "images_done": done,
             "image_count": total, "rows": record.get("rows"), "skipped": record.get("skipped"), "rate": rate,
             "seconds_left": left, "layers": record.get("layers"), "size_bytes": record.get("size_bytes"),
-            "file": record.get("file"), "task": record.get("task")}
+            "file": record.get("file"), "task": record.get("task"), "noun": record.get("noun", "image")}
 
 
 def running_lines(state: dict) -> list[str]:
@@ -111,8 +111,8 @@ def running_lines(state: dict) -> list[str]:
     lines = [f"file:       {state['file']}",
              f"running:    pid {state['pid']} on {state['host']} since {since}",
              *([f"task:       {state['task']}"] if state.get("task") else []),
-             f"progress:   {done} of {total} images{percent}, {state['skipped']} skipped, "
-             f"{state['rate']:.1f} img/s{left}"]
+             f"progress:   {done} of {total} {state.get('noun', 'image')}s{percent}, {state['skipped']} skipped, "
+             f"{state['rate']:.1f} {'img' if state.get('noun', 'image') == 'image' else state['noun']}/s{left}"]
     lines.append("layers:")
     lines += [f"  {name}: {tuple(shape)}" for name, shape in (state["layers"] or {}).items()]
     if state["size_bytes"] is not None:
