@@ -158,6 +158,6 @@ def test_a_running_clip_job_is_described_in_clips():
 
     record = {"pid": 1, "host": "h", "started": 0.0, "images_done": 3, "image_count": 9, "skipped": 0, "rate": 2.0,
               "layers": {}, "size_bytes": None, "file": "out.h5", "noun": "clip"}
-    assert "progress:   3 of 9 clips (33.3%), 0 skipped, 2.0 clip/s" in running_lines(describe_running(record, True))
+    assert "progress:   3 of 9 clips (33.3%), 0 skipped, 2.0 clip/s" in running_lines(describe_running(record, True))[2]
     del record["noun"]  # a record written before it said what a row is
     assert "3 of 9 images (33.3%), 0 skipped, 2.0 img/s" in running_lines(describe_running(record, True))[2]
