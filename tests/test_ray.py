@@ -59,6 +59,7 @@ def test_more_shards_than_workers_on_a_local_cluster_merge_into_the_single_run(i
         left = featdump.extract_on_ray(folder, tmp_path / "left" / "out.h5", model="resnet18", weights="none",
                                        layers="layer3,avgpool", shards=3, merge=False)
         assert not left.merged and "the shards left where they lie" in left.line()
+        assert os.environ.get("RAY_COLOR_PREFIX") == "0"  # stderr is no terminal here: raylet lines uncoloured
         mixed = tmp_path / "mixed"  # images and a video: a task's listing warns that the video is left out
         write_images(mixed, {"": 4}, size=(40, 32))
         write_video(mixed / "film.mkv", 5)

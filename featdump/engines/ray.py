@@ -14,6 +14,7 @@ import dataclasses
 import json
 import logging
 import os
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -64,6 +65,8 @@ def extract_on_ray(settings: Settings, shards: int | None = None, address: str |
     if settings.shard not in (None, "none"):
         raise UsageProblem("--ray splits the job into --shards N itself: drop --shard.")
     ray = _ray()
+    if not sys.stderr.isatty():  # a log file under cron or a scheduler: Ray's raylet lines without colour codes
+        os.environ.setdefault("RAY_COLOR_PREFIX", "0")
     started = time.perf_counter()
     ours = not ray.is_initialized()  # a local cluster this job starts, and stops at its end
     ray.init(address=address or os.environ.get("RAY_ADDRESS") or None, ignore_reinit_error=True,
