@@ -39,7 +39,7 @@ def find_images(source: Path | str, named: str = "IMAGES", patience: Patience | 
     there are none, its message naming the argument or option SOURCE came from (NAMED: IMAGES, --pca-fit)."""
     patience = patience or Patience()  # each call its own: a Patience records what its store did
     try:
-        if names_tables(str(source)):
+        if names_tables(str(source), patience):
             return read_tables(str(source), image_column, label_column)
         if image_column is not None or label_column is not None:
             raise UsageProblem(f"--image-column and --label-column name columns of Parquet tables; {named} "

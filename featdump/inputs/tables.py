@@ -24,7 +24,7 @@ import numpy as np
 
 from featdump.errors import NoImages, UsageProblem
 from featdump.inputs.imagelist import Encoded, ImageList
-from featdump.inputs.stores import filesystem, is_url, store_path
+from featdump.inputs.stores import Patience, filesystem, is_url, store_path
 from featdump.inputs.tars import expand_braces
 
 TABLE_SUFFIX = ".parquet"
@@ -39,25 +39,31 @@ def _pyarrow():
     return parquet
 
 
-def names_tables(source: str) -> bool:
+def names_tables(source: str, patience: Patience | None = None) -> bool:
     """Whether SOURCE (a path, a pattern or a URL) names Parquet files: it ends in .parquet, is a folder holding
     them and no image, or is a dataset at hf://."""
     text = str(source)
     if text.lower().endswith(TABLE_SUFFIX) or text.startswith("hf://"):
         return True
     if is_url(text):
-        return text.endswith("/") and _holds_tables(text)
+        return text.endswith("/") and _holds_tables(text, patience or Patience())
     path = Path(text)
     return path.is_dir() and any(path.glob(f"*{TABLE_SUFFIX}")) and not any(child.is_dir() for child in path.iterdir())
 
 
-def _holds_tables(prefix: str) -> bool:
-    """Whether the store prefix PREFIX holds Parquet files directly (one listing; a fault: no, its listing says)."""
-    fs, path = _fs_and_path(prefix)
-    try:
-        return any(str(name).lower().endswith(TABLE_SUFFIX) for name in fs.ls(path, detail=False))
-    except Exception:  # the prefix's own listing judges and reports the store's faults
-        return False
+def _holds_tables(prefix: str, patience: Patience) -> bool:
+    """Whether the store prefix PREFIX holds Parquet files directly: one listing, within PATIENCE (a store that stays
+    away stops the job as its listing of images would)."""
+    fs = filesystem(prefix, patience)
+    fs.invalidate_cache()
+
+    def listed() -> list[str]:
+        try:
+            return fs.ls(store_path(prefix), detail=False)
+        except FileNotFoundError:
+            return []
+
+    return any(str(name).lower().endswith(TABLE_SUFFIX) for name in patience.call(listed, f"Listing {prefix}"))
 
 
 def _fs_and_path(location: str):

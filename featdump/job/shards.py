@@ -109,8 +109,8 @@ def plan_shard(shard: Shard, output: Path, pattern: str | None, images) -> Shard
         log.info("Shard %d of %d (from %s): %ss %d to %d of %d, into %s.", shard.index, shard.count,
                  shard.source, images.noun, start, stop - 1, len(images), path)
     else:
-        log.info("Shard %d of %d (from %s): no %ss (%d for %d shards), into %s.", shard.index, shard.count,
-                 shard.source, images.noun, len(images), shard.count, path)
+        log.info("Shard %d of %d (from %s): no %ss (%d %ss for %d shards), into %s.", shard.index, shard.count,
+                 shard.source, images.noun, len(images), images.noun, shard.count, path)
     extra = {"shard": [shard.index, shard.count], "all_images": images.digest(sizes=False),
              "all_image_count": len(images)}
     return ShardPlan(path, images.part(start, stop), extra)
