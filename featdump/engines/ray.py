@@ -21,7 +21,7 @@ from pathlib import Path
 
 from featdump.errors import FeatdumpError, StoreUnavailable, UsageProblem
 from featdump.inputs.stores import Patience, is_url
-from featdump.job.report import NoProgress, Progress, Summary
+from featdump.job.report import NoProgress, Progress
 from featdump.job.settings import Settings
 from featdump.output import fingerprint as fingerprints
 from featdump.output import remote
@@ -205,17 +205,17 @@ def _merged_already(settings: Settings, count: int) -> int | None:
     if is_url(output):
         if not remote.finished_in_store(output, patience):
             return None
-        held, complete = remote.held_in_store(output, patience)
+        found = remote.held_in_store(output, patience)
+        held, complete, rows = found.fingerprint, found.complete, found.committed.rows
     elif Path(output).exists():
         with Output.open(output) as finished:
-            held, complete = finished.fingerprint, finished.complete
+            held, complete, rows = finished.fingerprint, finished.complete, finished.committed.rows
     else:
         return None
     expected = runner.fingerprint_of(dataclasses.replace(settings, shard=f"0/{count}"))
     if expected is None:
         return None
     updating.judge_finished(str(output), fingerprints.merged_held(held), complete, fingerprints.of_merged(expected))
-    rows = remote.committed(output, patience)[0].rows if is_url(output) else Summary.of_finished(output, 0).rows
     log.info("Ray: %s is merged already, made by this same command: nothing to do (--update adds, --overwrite "
              "makes it again).", output)
     return rows

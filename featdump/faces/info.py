@@ -188,11 +188,10 @@ def _store_info(url: str) -> dict:
     or not."""
     patience = Patience()
     if remote.finished_in_store(url, patience):
-        counters, size = remote.committed(url, patience)
-        fingerprint, _ = remote.held_in_store(url, patience)
-        return {"state": "in store", "file": url, "rows": counters.rows, "skipped": counters.skipped, "bytes": size,
-                "model": fingerprint.get("model"), "weights": fingerprint.get("weights"),
-                "layers": fingerprint.get("layers", [])}
+        held = remote.held_in_store(url, patience)
+        return {"state": "in store", "file": url, "rows": held.committed.rows, "skipped": held.committed.skipped,
+                "bytes": held.size, "model": held.fingerprint.get("model"), "weights": held.fingerprint.get("weights"),
+                "layers": held.fingerprint.get("layers", [])}
     count, urls, missing = store_shards(url, None, patience)
     shards = [{"index": index, "file": shard, "state": "not uploaded" if index in missing else "complete"}
               for index, shard in enumerate(urls)]

@@ -46,7 +46,8 @@ def _extract_to_store(settings: Settings, progress: Progress) -> Summary:
     if not settings.overwrite and remote.finished_in_store(target, patience):
         expected = None if settings.update else runner.fingerprint_of(on_scratch)
         if expected is not None:  # judged as a local output is, from the object's attributes alone
-            updating.judge_finished(target, *remote.held_in_store(target, patience), expected)
+            held = remote.held_in_store(target, patience)
+            updating.judge_finished(target, held.fingerprint, held.complete, expected)
             return _in_store(target, patience, time.perf_counter() - started)
         if not local.exists():  # --update (its rows stay; it adds to them), or pca:K layers: judged on scratch
             remote.download(target, local, patience)
@@ -68,5 +69,5 @@ def _say_where(local: Path, target: str) -> None:
 
 def _in_store(url: str, patience: Patience, seconds: float) -> Summary:
     """The summary of the finished output at URL, from its counters."""
-    counters, size = remote.committed(url, patience)
-    return Summary(url, counters.rows, counters.skipped, 0, 0, seconds, size)
+    held = remote.held_in_store(url, patience)
+    return Summary(url, held.committed.rows, held.committed.skipped, 0, 0, seconds, held.size)

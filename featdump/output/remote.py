@@ -11,6 +11,7 @@ import os
 import re
 import tempfile
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 
 import h5py
@@ -65,23 +66,25 @@ def names_in_store(folder: str, patience: Patience) -> list[str]:
     return patience.call(listing, f"Listing {folder}")
 
 
-def committed(url: str, patience: Patience) -> tuple[Committed, int]:
-    """The commit counters of the finished output at URL and its size, read through the store (a few KiB)."""
-    def read() -> tuple[Committed, int]:
-        fs = filesystem(url, patience)
-        with fs.open(store_path(url), "rb") as handle, h5py.File(handle, "r") as h5file:
-            return Committed.of(h5file), fs.size(store_path(url))
+@dataclass(frozen=True)
+class Held:
+    """What a finished output in a store holds, read from its attributes alone: its fingerprint, whether it is
+    complete, its commit counters, and its size."""
 
-    return patience.call(read, f"Reading {url}")
+    fingerprint: dict
+    complete: bool
+    committed: Committed
+    size: int
 
 
-def held_in_store(url: str, patience: Patience) -> tuple[dict, bool]:
-    """(the fingerprint, whether complete) of the finished output at URL, read through the store (its attributes:
-    a few KiB), for the judgement a local output gets (`job.updating.judge_finished`)."""
-    def read() -> tuple[dict, bool]:
+def held_in_store(url: str, patience: Patience) -> Held:
+    """The finished output at URL as `Held` says it, read through the store (a few KiB, nothing downloaded): for
+    the judgement a local output gets (`job.updating.judge_finished`) and for `info`."""
+    def read() -> Held:
         fs = _fresh(url, patience)
         with fs.open(store_path(url), "rb") as handle, h5py.File(handle, "r") as h5file:
-            return fingerprints.stored(h5file.attrs), bool(h5file.attrs.get("complete", False))
+            return Held(fingerprints.stored(h5file.attrs), bool(h5file.attrs.get("complete", False)),
+                        Committed.of(h5file), fs.size(store_path(url)))
 
     return patience.call(read, f"Reading {url}")
 

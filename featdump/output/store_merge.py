@@ -36,15 +36,15 @@ def _merged_already(url: str, shards: list[str], count: int, patience: Patience)
     from attributes alone; a merge of other shards (made again, grown) is replaced by merging these."""
     if not remote.finished_in_store(url, patience):
         return False
-    held, complete = remote.held_in_store(url, patience)
-    first, _ = remote.held_in_store(shards[0], patience)
+    merged, first = remote.held_in_store(url, patience), remote.held_in_store(shards[0], patience).fingerprint
+    held, complete = merged.fingerprint, merged.complete
     return complete and held.get("shards") == count and \
         not fingerprints.describe_differences(fingerprints.merged_held(held), fingerprints.of_merged(first))
 
 
 def _check_made_alike(shards: list[str], patience: Patience) -> None:
     """ShardProblem when the SHARDS (URLs, each finished) were not made alike, from their attributes alone."""
-    common_fingerprint(shards, [remote.held_in_store(shard, patience)[0] for shard in shards])
+    common_fingerprint(shards, [remote.held_in_store(shard, patience).fingerprint for shard in shards])
 
 
 def store_merge_problem(url: str, pattern: str | None = None, patience: Patience | None = None) -> str | None:
