@@ -28,8 +28,9 @@ def draw(output: Path, layer: str | None, index: int, picture: Path | None, chan
     plt = pyplot()
     values, name, image, title = _read(Path(output), layer, index)
     picture = Path(picture) if picture else Path(output).with_name(f"{Path(output).stem}-{name}-{index}.png")
-    grid = None if _keeps_time(Path(output), name) else _as_maps(values)
-    if _keeps_time(Path(output), name):
+    over_time = _keeps_time(Path(output), name)
+    grid = None if over_time else _as_maps(values)
+    if over_time:
         figure = _draw_over_time(plt, values, image, name, title, channels)
     elif grid is None:
         figure = _draw_units(plt, values.reshape(-1), image, name, title, channels)
