@@ -117,7 +117,8 @@ def test_a_kill_at_several_moments_of_a_growth_resumes_and_readers_read_the_old_
         process = start_featdump(*command)
         while committed_rows(staged) <= 0 and process.poll() is None:
             time.sleep(0.01)
-        if staged.name.endswith(".grow.partial"):  # info on a growing file: what is added, how far
+        if staged.name.endswith(".grow.partial"):  # info on a growing file (held still): what is added, how far
+            process.send_signal(signal.SIGSTOP)
             info = run_featdump("info", output, process=True)
             assert "task:       adding layers layer3 to the 64 rows stored" in info.stdout, info.stdout
         process.send_signal(signal.SIGKILL)

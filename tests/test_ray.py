@@ -82,16 +82,17 @@ def test_more_shards_than_workers_on_a_local_cluster_merge_into_the_single_run(i
 
 
 def ray_workers_running(name: str) -> list[int]:
-    """The pids of Ray worker processes running a task of function NAME (Ray titles them `ray::NAME`)."""
-    found = []
+    """The pids of Ray worker processes running a task of function NAME (Ray titles them `ray::NAME`), not their
+    image loader's workers, which inherit the title."""
+    titled = {}
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             try:
                 if (entry / "cmdline").read_bytes().startswith(f"ray::{name}".encode()):
-                    found.append(int(entry.name))
+                    titled[int(entry.name)] = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
             except OSError:
                 continue
-    return found
+    return [pid for pid, parent in titled.items() if parent not in titled]
 
 
 def committed_in(folder: Path) -> int:
