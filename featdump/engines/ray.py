@@ -20,14 +20,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from featdump.errors import FeatdumpError, StoreUnavailable, UsageProblem
-from featdump.inputs.stores import Patience, is_url
+from featdump.inputs.stores import Patience
 from featdump.job.report import NoProgress, Progress
 from featdump.job.settings import Settings
+from featdump.locations import Location
 from featdump.output import fingerprint as fingerprints
 from featdump.output import remote
 from featdump.output.layout import Output
-from featdump.output.merge import merge
-from featdump.output.store_merge import merge_from_store
+from featdump.output.store_merge import merge_at
 
 log = logging.getLogger("featdump")
 RETRIES = 3  # tries of a shard after the first, whether its worker died or its store stayed away
@@ -82,7 +82,7 @@ def _run(ray, settings: Settings, shards: int | None, progress: Progress, starte
          merge_shards: bool = True) -> RaySummary:
     resources = _task_resources(ray, settings)
     count = shards or SHARDS_PER_SLOT * _slots(ray, resources)
-    if is_url(settings.output):  # a missing output bucket found before any task runs
+    if Location.of(settings.output).remote:  # a missing output bucket found before any task runs
         remote.check_writable(settings.output, Patience(settings.store_patience))
     elif not Path(settings.output).parent.is_dir():
         raise UsageProblem(f"Output folder {str(Path(settings.output).parent)!r} does not exist; create it first.")
@@ -202,7 +202,7 @@ def _merged_already(settings: Settings, count: int) -> int | None:
     from featdump.job import runner, updating  # torch, as in _run
 
     output, patience = settings.output, Patience(settings.store_patience)
-    if is_url(output):
+    if Location.of(output).remote:
         if not remote.finished_in_store(output, patience):
             return None
         found = remote.held_in_store(output, patience)
@@ -222,10 +222,8 @@ def _merged_already(settings: Settings, count: int) -> int | None:
 
 
 def _merge(settings: Settings):
-    if is_url(settings.output):
-        return merge_from_store(settings.output, settings.shard_pattern, settings.scratch,
-                                Patience(settings.store_patience))
-    return merge(settings.output, settings.shard_pattern, overwrite=settings.overwrite)
+    return merge_at(settings.output, settings.shard_pattern, overwrite=settings.overwrite, scratch=settings.scratch,
+                    patience=Patience(settings.store_patience))[0]
 
 
 def _run_shard(settings: Settings, board, index: int) -> dict:

@@ -353,17 +353,12 @@ def merge(output: str, shard_pattern: str | None, copy: bool | None, overwrite: 
       featdump merge --view feats.h5     # virtual datasets, however small the shards
       featdump merge s3://bucket/run/feats.h5
     """
-    from featdump.inputs.stores import Patience, is_url
-    from featdump.output.merge import merge as merge_shards
-    from featdump.output.merge import merged_view
-    from featdump.output.store_merge import merge_from_store
+    from featdump.inputs.stores import Patience
+    from featdump.output.store_merge import merge_at
 
     started = time.perf_counter()
-    if is_url(output):
-        merged, view = merge_from_store(output, shard_pattern, scratch, Patience(store_patience)), False
-    else:
-        merged = merge_shards(Path(output), shard_pattern, copy=copy, overwrite=overwrite)
-        view = merged_view(merged)
+    merged, view = merge_at(output, shard_pattern, copy=copy, overwrite=overwrite, scratch=scratch,
+                            patience=Patience(store_patience))
     click.echo(f"Merged into {merged} in {time.perf_counter() - started:.1f} s"
                f"{' (virtual datasets over the shards)' if view else ' (self-contained copy)'}.", err=True)
 

@@ -8,7 +8,8 @@ import numpy as np
 
 from featdump.errors import NotAnOutput
 from featdump.faces.curves import is_readouts, layer_scores, layer_summaries, readout_lines
-from featdump.inputs.stores import Patience, is_url
+from featdump.inputs.stores import Patience
+from featdump.locations import Location
 from featdump.output import remote
 from featdump.output import skipped as skips
 from featdump.output.layout import Output, open_to_read, partial_path, text_of
@@ -28,7 +29,7 @@ _PROVENANCE = ("image_root", "image_listing", "clip_frames", "clip_fps", "clip_e
 def read_info(output: Path | str) -> dict:
     """Everything `featdump info` reports on OUTPUT (or OUTPUT.partial, or OUTPUT's shards; at a URL, the output
     or its shards in the store) as plain values."""
-    if is_url(output):
+    if Location.of(output).remote:
         return _store_info(str(output))
     path = Path(output)
     results = _results(path)
@@ -254,7 +255,7 @@ def _matrix_lines(results: dict) -> list[str]:
 
 def describe(output: Path) -> list[str]:
     """Lines saying what OUTPUT (or OUTPUT.partial) holds and how far its run got."""
-    if is_url(output):
+    if Location.of(output).remote:
         return _store_lines(read_info(output))
     path = Path(output) if Path(output).exists() else partial_path(Path(output))
     results = _results(path)

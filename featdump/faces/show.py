@@ -12,11 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from featdump.errors import UnknownLayer, UsageProblem
-from featdump.inputs.arrays import read_array_row
-from featdump.inputs.objects import read_object
-from featdump.inputs.stores import is_url
-from featdump.inputs.tables import read_table_row
-from featdump.inputs.tars import read_stored
+from featdump.inputs import stored_image
 from featdump.output.layout import Output
 from featdump.output.netcdf import axis_kinds
 
@@ -77,14 +73,10 @@ def _read(output: Path, layer: str | None, index: int):
 
 
 def _stored_image(path: Path, root: str, relative: str):
-    """What Pillow opens for a row: its file, its object's bytes read back from the store, its member's bytes when
-    the row came from a tar, or its image when it came from an array."""
-    if is_url(root) or is_url(relative):
-        data = read_object(root, relative) or read_stored(root, relative)
-        return io.BytesIO(data) if data is not None else path
+    """What Pillow opens for a row: its file, else its image's bytes read back from where the job read it."""
     if path.exists():
         return path
-    data = read_stored(Path(root), relative) or read_array_row(root, relative) or read_table_row(root, relative)
+    data = stored_image(root, relative)
     return io.BytesIO(data) if data is not None else path
 
 

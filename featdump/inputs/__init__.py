@@ -14,16 +14,17 @@ from __future__ import annotations
 from pathlib import Path, PurePosixPath
 
 from featdump.errors import NoImages, UsageProblem
-from featdump.inputs.arrays import is_array_file, read_array
+from featdump.inputs.arrays import is_array_file, read_array, read_array_row
 from featdump.inputs.folder import IMAGE_EXTENSIONS, read_folder
 from featdump.inputs.imagelist import Encoded, ImageList
 from featdump.inputs.listfile import LIST_SUFFIXES, one_object, read_image_list
-from featdump.inputs.objects import read_prefix
+from featdump.inputs.objects import read_object, read_prefix
 from featdump.inputs.remote_tars import named_remote_tars, read_remote_tars
-from featdump.inputs.stores import Patience, is_url, join
-from featdump.inputs.tables import names_tables, read_tables
-from featdump.inputs.tars import TAR_SUFFIX, check_not_compressed, check_tar_names, named_tars, read_tars
+from featdump.inputs.stores import Patience
+from featdump.inputs.tables import names_tables, read_table_row, read_tables
+from featdump.inputs.tars import TAR_SUFFIX, check_not_compressed, check_tar_names, named_tars, read_stored, read_tars
 from featdump.inputs.video import is_video_file
+from featdump.locations import Location
 
 __all__ = ["IMAGE_EXTENSIONS", "Encoded", "ImageList", "Patience", "find_images", "is_url"]
 
@@ -44,13 +45,22 @@ def find_images(source: Path | str, named: str = "IMAGES", patience: Patience | 
         if image_column is not None or label_column is not None:
             raise UsageProblem(f"--image-column and --label-column name columns of Parquet tables; {named} "
                                f"{str(source)!r} is none.")
-        if is_url(source):
+        if Location.of(source).remote:
             return _find_remote_images(str(source), named, patience)
         return _find_images(Path(source), named, patience, array)
     except NoImages as error:
         if named == "IMAGES" or str(error).startswith(named):
             raise
         raise NoImages(f"{named} {str(source)!r}: {error}") from error
+
+
+def stored_image(root: str, relative: str) -> bytes | None:
+    """The encoded image of row path RELATIVE of a job that read ROOT: its object's bytes read back from the store,
+    its member's bytes when the row came from a tar, its image when it came from an array or a table; None when it
+    is none of these (or gone)."""
+    if Location.of(root).join(relative).remote:
+        return read_object(root, relative) or read_stored(root, relative)
+    return read_stored(Path(root), relative) or read_array_row(root, relative) or read_table_row(root, relative)
 
 
 def _find_remote_images(url: str, named: str, patience: Patience) -> ImageList:
@@ -88,7 +98,7 @@ def _listed_images(listed: ImageList, source: str, patience: Patience) -> ImageL
     """LISTED, or the tars it lists."""
     if not any(path.lower().endswith(TAR_SUFFIX) for path in listed.paths):
         return listed
-    if any(is_url(path) for path in listed.paths) or is_url(str(listed.root)):
-        return read_remote_tars([join(str(listed.root), path) for path in listed.paths], patience)
+    if any(Location.of(path).remote for path in listed.paths) or Location.of(str(listed.root)).remote:
+        return read_remote_tars([str(Location.of(str(listed.root)).join(path)) for path in listed.paths], patience)
     tars = [listed.root / path for path in listed.paths]
     return read_tars(check_tar_names(tars, f"the list {source!r}"))

@@ -10,7 +10,8 @@ from pathlib import Path, PurePosixPath
 from featdump.errors import NoImages
 from featdump.inputs.imagelist import ImageList
 from featdump.inputs.objects import ListedURLs, check_access
-from featdump.inputs.stores import Patience, fetch_all, is_url, join, parent_of
+from featdump.inputs.stores import Patience, fetch_all
+from featdump.locations import Location
 
 LIST_SUFFIXES = (".txt", ".csv")
 
@@ -21,7 +22,7 @@ def read_image_list(path: Path | str, named: str = "IMAGES", patience: Patience 
     are relative to the list's folder; a listed file that is missing becomes a skipped image later. Entries may
     be URLs, and PATH itself may be one: their stores' access is checked before any work."""
     patience = patience or Patience()
-    remote = is_url(path)
+    remote = Location.of(path).remote
     suffix = PurePosixPath(str(path)).suffix.lower()
     if suffix not in LIST_SUFFIXES:
         raise NoImages(f"{str(path)!r} is a file: {named} must be a folder, a .txt list or a .csv list.")
@@ -35,16 +36,16 @@ def read_image_list(path: Path | str, named: str = "IMAGES", patience: Patience 
         raise NoImages(f"The list {str(path)!r} names no image.")
     paths = tuple(name for name, _ in entries)
     labels = tuple(label for _, label in entries)
-    urls = [name for name in paths if is_url(name)]
+    urls = [name for name in paths if Location.of(name).remote]
     if not remote and not urls:
         return ImageList(path.parent, paths, labels, ())
-    root = parent_of(str(path)) if remote else path.parent
-    check_access(urls or [join(str(root), paths[0])], patience)
+    root = str(Location.of(str(path)).parent) if remote else path.parent
+    check_access(urls or [str(Location.of(str(root)).join(paths[0]))], patience)
     return ImageList(root, paths, labels, (), ListedURLs(patience))
 
 
 def _list_text(path: Path | str, patience: Patience):
-    if not is_url(path):
+    if not Location.of(path).remote:
         return open(path, newline="", encoding="utf-8", errors="surrogateescape")
     found = fetch_all([str(path)], patience)[0]
     if isinstance(found, BaseException):
@@ -70,4 +71,4 @@ def _csv_entries(path: Path, handle) -> list[tuple[str, int]]:
 def one_object(url: str, patience: Patience) -> ImageList:
     """The single image at URL, read as a list naming it alone (relative to its folder, as a prefix's keys are)."""
     check_access([url], patience)
-    return ImageList(parent_of(url), (url.rsplit("/", 1)[1],), (-1,), (), ListedURLs(patience))
+    return ImageList(str(Location.of(url).parent), (url.rsplit("/", 1)[1],), (-1,), (), ListedURLs(patience))

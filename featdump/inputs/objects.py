@@ -29,13 +29,10 @@ from featdump.inputs.stores import (
     fetch_as_ready,
     filesystem,
     is_refused,
-    is_url,
-    is_web,
-    join,
-    protocol_of,
     store_path,
 )
 from featdump.inputs.video import VIDEO_SUFFIXES, is_video_name
+from featdump.locations import Location
 
 log = logging.getLogger("featdump")
 
@@ -122,9 +119,10 @@ class StoreObjects:
             if is_video_name(relative):
                 position = positions[index]
                 identity = (int(self.size[position]), int(self.mtime[position]))
-                yield index, video_where_it_lies(join(root, relative), relative, identity, self.patience,
-                                                 size=identity[0])
-        for at, found in fetch_as_ready([join(root, relatives[index]) for index in fetched], self.patience):
+                yield index, video_where_it_lies(str(Location.of(root).join(relative)), relative, identity,
+                                                 self.patience, size=identity[0])
+        urls = [str(Location.of(root).join(relatives[index])) for index in fetched]
+        for at, found in fetch_as_ready(urls, self.patience):
             index = fetched[at]
             position = positions[index]
             yield index, found if isinstance(found, BaseException) else Encoded(
@@ -168,33 +166,32 @@ class ListedURLs(Files):
 
     def open_as_ready(self, root, relatives: Sequence[str],
                       positions: Sequence[int]) -> Iterator[tuple[int, Encoded | Exception]]:
-        located = [relative if is_url(relative) or not is_url(str(root)) else join(str(root), relative)
-                   for relative in relatives]
+        located = [Location.of(root).join(relative) for relative in relatives]
         by_protocol: dict[str, list[int]] = {}
         for index, where in enumerate(located):
-            if is_url(where):
-                by_protocol.setdefault(protocol_of(where), []).append(index)
+            if where.remote:
+                by_protocol.setdefault(where.protocol, []).append(index)
             else:
                 try:
                     yield index, Files.open(self, root, relatives[index], positions[index])
                 except OSError as error:  # a missing or unreadable file: a recorded skip
                     yield index, error
         for indices in by_protocol.values():
-            for index in [i for i in indices if is_video_name(located[i])]:
-                yield index, video_where_it_lies(located[index], relatives[index], (-1, -1), self.patience)
-            indices = [i for i in indices if not is_video_name(located[i])]
-            for at, found in fetch_as_ready([located[i] for i in indices], self.patience):
+            for index in [i for i in indices if is_video_name(str(located[i]))]:
+                yield index, video_where_it_lies(str(located[index]), relatives[index], (-1, -1), self.patience)
+            indices = [i for i in indices if not is_video_name(str(located[i]))]
+            for at, found in fetch_as_ready([str(located[i]) for i in indices], self.patience):
                 index = indices[at]
                 yield index, found if isinstance(found, BaseException) else Encoded(relatives[index], (-1, -1),
                                                                                     data=found)
 
     def stat(self, root, relative: str, position: int) -> tuple[int, int] | None:
-        if is_url(relative) or is_url(str(root)):
+        if Location.of(relative).remote or Location.of(str(root)).remote:
             return -1, -1  # named by its URL: present while the list names it
         return Files.stat(self, root, relative, position)
 
     def digest(self, root, paths: Sequence[str], labels: Sequence[int], sizes: bool) -> str:
-        local = Path(root) if not is_url(str(root)) else None
+        local = Path(root) if not Location.of(str(root)).remote else None
         return Files.digest(self, local, paths, labels, sizes and local is not None)
 
     def select(self, positions: Sequence[int]) -> ListedURLs:
@@ -226,7 +223,7 @@ def check_access(urls: Sequence[str], patience: Patience) -> None:
     credentials for them)."""
     firsts: dict[str, str] = {}
     for url in urls:
-        if not is_web(url):
+        if not Location.of(url).web:
             firsts.setdefault(_bucket_of(url), url)
     for bucket, url in firsts.items():
         try:
@@ -247,5 +244,5 @@ def _bucket_of(url: str) -> str:
 def read_object(root: str, relative: str, patience: Patience | None = None) -> bytes | None:
     """The bytes of row RELATIVE of an output whose images were read under the URL ROOT (or named by their own
     URL), read back from the store; None when they are not there (or not an object: a tar member)."""
-    found = fetch_all([join(root, relative)], patience or Patience(seconds=10))[0]
+    found = fetch_all([str(Location.of(root).join(relative))], patience or Patience(seconds=10))[0]
     return None if isinstance(found, BaseException) else found

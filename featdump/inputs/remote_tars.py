@@ -31,7 +31,7 @@ from pathlib import Path, PurePosixPath
 from featdump.errors import NoImages, UsageProblem
 from featdump.inputs.imagelist import Encoded, ImageList
 from featdump.inputs.objects import object_identity, only_image, video_where_it_lies
-from featdump.inputs.stores import Patience, describe, fetch_all, fetch_as_ready, filesystem, is_url, store_path
+from featdump.inputs.stores import Patience, describe, fetch_all, fetch_as_ready, filesystem, store_path
 from featdump.inputs.tars import (
     TAR_SUFFIX,
     DamagedTar,
@@ -43,6 +43,7 @@ from featdump.inputs.tars import (
     tar_image_list,
 )
 from featdump.inputs.video import is_video_name
+from featdump.locations import Location
 
 PATTERN_SEPARATOR = "::"
 _INDEX_BLOCK = 32 << 20  # bytes per request while a tar's headers are read
@@ -58,7 +59,7 @@ def named_remote_tars(text: str) -> list[str] | None:
     tars = [url for url in urls if url.lower().endswith(TAR_SUFFIX)]
     if not tars:
         return None
-    others = [url for url in urls if url not in tars or not is_url(url)]
+    others = [url for url in urls if url not in tars or not Location.of(url).remote]
     if others:
         raise NoImages(f"The pattern {text!r} names {others[0]!r}, which is not a .tar URL: join only tar URLs "
                        f"with {PATTERN_SEPARATOR}.")

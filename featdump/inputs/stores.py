@@ -13,7 +13,6 @@ import heapq
 import logging
 import math
 import os
-import posixpath
 import random
 import re
 import time
@@ -22,8 +21,8 @@ from dataclasses import dataclass, field
 from typing import TypeVar
 
 from featdump.errors import FeatdumpError, StoreNeverAnswered, StoreRefused, StoreUnavailable, UsageProblem
+from featdump.locations import Location
 
-_URL = re.compile(r"^([a-zA-Z][a-zA-Z0-9+.-]*)://")
 _EXTRAS = {  # protocol: (the package that reads it, featdump's extra that installs it)
     "s3": ("s3fs", "s3"), "s3a": ("s3fs", "s3"), "gs": ("gcsfs", "gcs"), "gcs": ("gcsfs", "gcs"),
     "http": ("aiohttp", "http"), "https": ("aiohttp", "http"), "hf": ("huggingface_hub", "hf"),
@@ -33,39 +32,6 @@ _THREADS = 32  # requests in flight per worker for file systems without an async
 _CONNECTIONS = 64  # connections an S3 client keeps open: a batch's requests in flight at once
 T = TypeVar("T")
 log = logging.getLogger("featdump")
-
-
-def is_url(text) -> bool:
-    """Whether TEXT (a str or Path) is a URL an object store or web server answers (file:// is a path)."""
-    found = _URL.match(str(text)) if isinstance(text, str) else None
-    return found is not None and found[1].lower() != "file"
-
-
-def is_web(url: str) -> bool:
-    """An http(s) URL: a web server, whose refusal of one URL (401, 403) says nothing of the others."""
-    return protocol_of(url) in ("http", "https")
-
-
-def protocol_of(url: str) -> str:
-    return _URL.match(url)[1].lower()
-
-
-def join(root: str, relative: str) -> str:
-    """RELATIVE under the URL ROOT, its `.` and `..` resolved as a path's are (`s3://b/lists` + `../images/x.png`
-    is `s3://b/images/x.png`); a relative that is itself a URL stays as it is."""
-    if is_url(relative):
-        return relative
-    joined = root.rstrip("/") + "/" + relative
-    if not {".", ".."} & set(relative.split("/")):
-        return joined
-    scheme, rest = joined.split("://", 1)
-    host, _, key = rest.partition("/")
-    return f"{scheme}://{host}/{posixpath.normpath(key).lstrip('/')}"
-
-
-def parent_of(url: str) -> str:
-    """The URL of the folder (prefix) holding URL."""
-    return url.rstrip("/").rsplit("/", 1)[0]
 
 
 _filesystems: dict[tuple, object] = {}
@@ -81,7 +47,7 @@ def filesystem(url: str, patience: Patience | None = None):
     """The fsspec file system reading URL's protocol, made once per process (loader workers make their own: an
     async file system's event loop does not survive a fork), its requests bounded by PATIENCE (`_bounded`).
     UsageProblem naming the extra when it is missing."""
-    protocol = protocol_of(url)
+    protocol = Location.of(url).protocol
     timeout = (patience or Patience()).request_timeout
     key = (protocol, os.getpid(), _configuration(), timeout)
     if key not in _filesystems:
@@ -218,7 +184,7 @@ _SAY_EVERY = 5.0  # seconds: a job logs one of its waits at most this often
 def endpoint(url: str) -> str:
     """Where URL's requests go, and what said so: S3's endpoint from AWS_ENDPOINT_URL(_S3), fsspec's configuration
     or AWS's default; a web server's host."""
-    protocol = protocol_of(url)
+    protocol = Location.of(url).protocol
     if protocol in ("s3", "s3a"):
         for variable in ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL"):
             if os.environ.get(variable):
@@ -284,8 +250,8 @@ class Patience:
                                                  "again to resume once the store is back.")
             raise StoreNeverAnswered(problem + "Nothing was ever read from it by this process: check its address" + (
                 " (AWS_ENDPOINT_URL) and the credentials (AWS_ACCESS_KEY_ID, AWS_PROFILE)"
-                if url and protocol_of(url[0]) in ("s3", "s3a") else "") + " where it runs (on a cluster: the node's "
-                "environment), then run the same command again.")
+                if url and Location.of(url[0]).protocol in ("s3", "s3a") else "")
+                + " where it runs (on a cluster: the node's environment), then run the same command again.")
         if time.monotonic() - self.state.get("said_at", -math.inf) >= _SAY_EVERY:
             self.state["said_at"] = time.monotonic()
             log.warning("%s: %s; trying again in %.1f s (%.0f of %g s of --store-patience; %s)", what,
@@ -337,7 +303,7 @@ def _as_ready(request, urls: Sequence[str], patience: Patience) -> Iterator[tupl
                 if error is None:
                     patience.answered()
                     yield index, future.result()
-                elif is_refused(error) and not is_web(urls[index]):
+                elif is_refused(error) and not Location.of(urls[index]).web:
                     raise StoreRefused(f"Reading {urls[index]}: {refusal(error)}.") from error
                 elif is_transient(error):
                     tries[index] += 1

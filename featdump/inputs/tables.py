@@ -24,8 +24,9 @@ import numpy as np
 
 from featdump.errors import NoImages, UsageProblem
 from featdump.inputs.imagelist import Encoded, ImageList
-from featdump.inputs.stores import Patience, filesystem, is_url, store_path
+from featdump.inputs.stores import Patience, filesystem, store_path
 from featdump.inputs.tars import expand_braces
+from featdump.locations import Location
 
 TABLE_SUFFIX = ".parquet"
 
@@ -45,7 +46,7 @@ def names_tables(source: str, patience: Patience | None = None) -> bool:
     text = str(source)
     if text.lower().endswith(TABLE_SUFFIX) or text.startswith("hf://"):
         return True
-    if is_url(text):
+    if Location.of(text).remote:
         return text.endswith("/") and _holds_tables(text, patience or Patience())
     path = Path(text)
     return path.is_dir() and any(path.glob(f"*{TABLE_SUFFIX}")) and not any(child.is_dir() for child in path.iterdir())
@@ -69,7 +70,7 @@ def _holds_tables(prefix: str, patience: Patience) -> bool:
 def _fs_and_path(location: str):
     """The file system LOCATION lies on and its path there: a store's, made as every store read makes it
     (`stores.filesystem`: the user's configuration, bounded requests; its listings read afresh), or the local one."""
-    if is_url(location):
+    if Location.of(location).remote:
         fs = filesystem(location)
         fs.invalidate_cache()
         return fs, store_path(location)
@@ -141,7 +142,7 @@ def _files_of(source: str):
             raise NoImages(f"IMAGES {pattern!r} does not exist.")
     protocol = fs.protocol[0] if isinstance(fs.protocol, (tuple, list)) else fs.protocol
     root = os.path.commonpath([PurePosixPath(path).parent.as_posix() for path in found]) if found else ""
-    return fs, (f"{protocol}://{root}" if is_url(source) else Path(root)), found
+    return fs, (f"{protocol}://{root}" if Location.of(source).remote else Path(root)), found
 
 
 def _relative(root, path: str) -> str:
@@ -305,7 +306,7 @@ def _read_group(root, name: str, group: int, column: str) -> list:
     """Row group GROUP of the image COLUMN of file NAME under ROOT, as Python values (this process's own read)."""
     key = (os.getpid(), str(root), name, group)
     if key not in _GROUPS:
-        location = f"{str(root).rstrip('/')}/{name}" if is_url(str(root)) else str(Path(root) / name)
+        location = str(Location.of(root).join(name))
         fs, path = _fs_and_path(location)
         with fs.open(path, "rb") as handle:
             values = _pyarrow().ParquetFile(handle).read_row_group(group, columns=[column]).column(0).to_pylist()
@@ -320,8 +321,7 @@ def read_table_row(root, relative: str) -> bytes | None:
     for place, part in enumerate(parts[:-1]):
         if part.lower().endswith(TABLE_SUFFIX) and parts[place + 1].isdigit():
             try:
-                listed = read_tables(f"{str(root).rstrip('/')}/{'/'.join(parts[:place + 1])}" if is_url(str(root))
-                                     else str(Path(root).joinpath(*parts[:place + 1])))
+                listed = read_tables(str(Location.of(root).join("/".join(parts[:place + 1]))))
             except (UsageProblem, NoImages, OSError):
                 return None
             found = next(listed.storage.open_as_ready(listed.root, [relative], [int(parts[place + 1])]))[1]

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from featdump.errors import BadOption
-from featdump.inputs.stores import is_url
+from featdump.locations import Location
 
 _KINDS = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}
 
@@ -93,10 +93,11 @@ class Option:
         return BadOption(f"'{self.name}' {problem}, not {value!r}. On the command line: {self.flag}.")
 
 
-def option(default=None, help: str = "", **declaration):  # noqa: A002 - the name Click and argparse use
-    """A Settings field that is an extract option: DEFAULT, HELP and Option's other fields by keyword."""
+def option(default=None, help: str = "", changes=None, **declaration):  # noqa: A002 - the name Click and argparse use
+    """A Settings field that is an extract option: DEFAULT, HELP, what a change of it CHANGES (`job.dependencies`'
+    marks; () for nothing) and Option's other fields by keyword."""
     kind = declaration.pop("kind", None) or type(default)
-    metadata = {"option": (kind, help, declaration)}
+    metadata = {"option": (kind, help, declaration), **marked_as(changes)}
     if declaration.get("required"):
         return dataclasses.field(metadata=metadata)
     return dataclasses.field(default=default, metadata=metadata)
@@ -123,4 +124,10 @@ def as_path(value, name: str) -> Path:
 
 def as_location(value, name: str) -> Path | str:
     """IMAGES or OUTPUT: a path, or a URL (s3://, gs://, http(s)://, hf://) kept as text."""
-    return str(value) if isinstance(value, str) and is_url(value) else as_path(value, name)
+    as_path(value, name)  # a str or Path, not empty
+    return Location.of(value).native
+
+
+def marked_as(changes) -> dict:
+    """A field's metadata saying what a change of it CHANGES (a mark, or a tuple of them); none when not said."""
+    return {} if changes is None else {"changes": frozenset((changes,) if isinstance(changes, str) else changes)}

@@ -33,13 +33,13 @@ from featdump.forward.hooks import Capture
 from featdump.forward.layers import Layer, Snapshot, in_model_order, resolve
 from featdump.forward.memory_format import choose_memory_format, format_name
 from featdump.forward.probe import UNKNOWN_AXES, probe
-from featdump.inputs import ImageList, Patience, find_images, is_url
+from featdump.inputs import ImageList, Patience, find_images
 from featdump.inputs.clips import as_rows, dataset_for, preprocess_for
 from featdump.inputs.gpu_decode import to_device_inputs
 from featdump.inputs.loader import Batch, batches_of, make_loader
 from featdump.inputs.preprocess import Preprocess
 from featdump.inputs.workers import choose_workers
-from featdump.job import fitting, updating, warm
+from featdump.job import dependencies, fitting, updating, warm
 from featdump.job.proof import (
     Emulation,
     Proof,
@@ -54,6 +54,7 @@ from featdump.job.report import NoProgress, Progress, Summary, nothing_read, sum
 from featdump.job.settings import Settings
 from featdump.job.shards import Shard, choose_shard, plan_shard, wait_for_all_ranks
 from featdump.job.signals import StopSignals
+from featdump.locations import Location
 from featdump.output import fingerprint as fingerprints
 from featdump.output.layout import DatasetSpec, Output, partial_path
 from featdump.output.lock import OutputLock, waiting_lock
@@ -162,10 +163,7 @@ def extract(settings: Settings, progress: Progress | None = None) -> Summary:
 
 def job_rows(settings: Settings) -> ImageList:
     """The rows of the whole job SETTINGS describes (every shard's): its images, or its videos' clips."""
-    key = (str(settings.images), settings.array, settings.image_column, settings.label_column, settings.clip,
-           settings.fps, settings.clip_every, settings.clip_anchor, settings.clip_pad, settings.clip_origin,
-           settings.model)
-    return warm.shared("rows", key, lambda: as_rows(
+    return warm.shared("rows", dependencies.run_key(settings), lambda: as_rows(
         find_images(settings.images, patience=Patience(settings.store_patience), array=settings.array,
                     image_column=settings.image_column, label_column=settings.label_column),
         settings.clip, settings.fps,
@@ -234,9 +232,12 @@ def _run_locked(plan: Plan, lock: OutputLock, progress: Progress, started: float
 def _fingerprint(plan: Plan, model: Model) -> dict:
     """What the run of PLAN with MODEL records of itself (`output.fingerprint`), before any PCA fit's identity."""
     settings = plan.settings
-    return fingerprints.build(settings, model.layers, model.chosen, repr(model.preprocess.transforms),
-                              resolve_decode(settings.decode, model.device, model.preprocess), plan.images,
-                              model.loaded.source, plan.shard_fingerprint)
+    resolved = dependencies.fingerprinted(
+        settings, layers=[layer.name for layer in model.layers], reduce=model.chosen,
+        decode=resolve_decode(settings.decode, model.device, model.preprocess))
+    layouts = {layer.name: layer.layout for layer in model.layers if layer.layout}
+    return fingerprints.build(resolved, layouts, repr(model.preprocess.transforms), model.loaded.source, plan.images,
+                              plan.shard_fingerprint)
 
 
 def fingerprint_of(settings: Settings) -> dict | None:
@@ -300,9 +301,9 @@ def _compiled_from(settings: Settings, model: Model) -> dict:
     """What a compiled forward depends on beyond its weights and input batch (`forward.ahead`'s key)."""
     fits = {name: getattr(reduction.fit, "digest", None) for name, reduction in model.reductions.items()
             if reduction.fit is not None}
-    return {"model": settings.model, "weights": settings.weights, "seed": settings.seed, "layers":
-            [layer.name for layer in model.layers], "reduce": model.chosen, "fits": fits, "dtype": settings.dtype,
-            "precision": settings.precision}
+    resolved = dependencies.compiled_key(settings, layers=[layer.name for layer in model.layers],
+                                         reduce=model.chosen, device=str(model.device))
+    return {**resolved, "fits": fits}
 
 
 def _fill(writer: FeatureWriter, images: ImageList, settings: Settings, model: Model, lock: OutputLock,
@@ -316,7 +317,7 @@ def _fill(writer: FeatureWriter, images: ImageList, settings: Settings, model: M
                             {name: list(spec.shape) for name, spec in model.specs.items()}, task, images.noun)
     try:
         example = torch.randn((2, *model.preprocess.input_shape), generator=torch.Generator().manual_seed(0))
-        graph_key = (_model_key(settings), tuple(model.chosen.items()), str(model.device), settings.precision,
+        graph_key = (dependencies.run_key(settings), tuple(model.chosen.items()), str(model.device),
                      model.memory_format, model.preprocess.input_shape)
         capture = Capture(model.loaded.module, model.layers, model.snapshots(), prune=True,
                           example=example.to(model.device).contiguous(memory_format=model.memory_format),
@@ -387,16 +388,11 @@ def _dataset_spec(layer: Layer, reduction: Reduction | None, dtype: str, layout:
                        reduction.attributes, reduction.fit, axes)
 
 
-def _model_key(settings: Settings) -> tuple:
-    """What the loaded model is made of (a warm worker's key for it, its probe and its checked graph)."""
-    return settings.model, settings.weights, settings.seed, settings.transform, settings.trust_pickle
-
-
 def _prepare_model(settings: Settings, device: torch.device, images: ImageList) -> Model:
     """The loaded model on DEVICE, its split preprocessing (of IMAGES' clips, for a video job), the validated
     layers and their datasets."""
-    key = _model_key(settings)
-    loaded = warm.loaded_model(key, lambda: load_model(*key))
+    key = dependencies.run_key(settings)
+    loaded = warm.loaded_model(key, lambda: load_model(**dict(dependencies.model_key(settings))))
     proved = (settings.proof and _departures(settings, device)) or settings.precision != "fp32"  # bf16/fp16: watched
     reference = reference_copy(loaded.module) if proved else None
     preprocess = preprocess_for(loaded, images, settings.fast_decode)
@@ -406,7 +402,7 @@ def _prepare_model(settings: Settings, device: torch.device, images: ImageList) 
     if settings.fast_decode and preprocess.draft is None:
         log.warning("--fast-decode needs a resize in the preprocessing; decoding every image whole.")
     try:
-        infos = warm.shared("probe", (key, str(device), settings.precision, memory_format, preprocess.input_shape),
+        infos = warm.shared("probe", (key, str(device), memory_format, preprocess.input_shape),
                             lambda: probe(loaded.module, preprocess.input_shape, loaded.rows_within,
                                           loaded.stated_axes))
     except ModelFailed:
@@ -550,7 +546,7 @@ def _provenance(settings: Settings, model: Model, images: ImageList) -> dict:
         "layers": [layer.name for layer in model.layers],
         "preprocessing": repr(model.loaded.preprocessing),
         "image_geometry": json.dumps(model.preprocess.geometry()),  # how `show` lays the image under the maps
-        "image_root": str(root) if is_url(str(root)) else str(Path(root).resolve()),
+        "image_root": Location.of(root).absolute,
         "dtype": settings.dtype,
         "reduce": json.dumps(model.chosen),
         "precision": settings.precision,

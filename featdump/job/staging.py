@@ -12,11 +12,12 @@ import time
 from pathlib import Path
 
 from featdump.errors import UsageProblem
-from featdump.inputs.stores import Patience, is_url
+from featdump.inputs.stores import Patience
 from featdump.job import runner, updating
 from featdump.job.report import NoProgress, Progress, Summary
 from featdump.job.settings import Settings
 from featdump.job.shards import choose_shard
+from featdump.locations import Location
 from featdump.output import remote
 from featdump.output.layout import partial_path
 
@@ -25,7 +26,7 @@ log = logging.getLogger("featdump")
 
 def extract(settings: Settings, progress: Progress | None = None) -> Summary:
     """Run SETTINGS (`runner.extract`), through local scratch when its OUTPUT is a URL."""
-    if not is_url(settings.output):
+    if not Location.of(settings.output).remote:
         return runner.extract(settings, progress)
     return _extract_to_store(settings, progress or NoProgress())
 

@@ -17,29 +17,13 @@ UPDATE_IGNORES = (*IMAGE_KEYS, "shards", "all_images", "all_image_count")  # a m
 UNORDERED = ("layers", "stored_layers")  # compared as sets: each layer's reduction, layout and fit are keyed by name
 
 
-def build(settings, layers, reductions: dict[str, str], preprocessing: str, decode: str, images, model_source: dict,
+def build(settings: dict, layouts: dict[str, str], preprocessing: str, model_source: dict, images,
           extra: dict) -> dict:
-    """The fingerprint of a run of SETTINGS over IMAGES (an ImageList) with the resolved LAYERS and their
-    REDUCTIONS, the model's PREPROCESSING (its repr), the DECODE path in use, and EXTRA (a shard's place in the
-    whole job, a PCA fit's identity)."""
-    return {
-        "model": settings.model,
-        "weights": settings.weights,
-        "seed": settings.seed,
-        "transform": settings.transform,
-        "layers": [layer.name for layer in layers],  # patterns expanded
-        "layouts": {layer.name: layer.layout for layer in layers if layer.layout},
-        "dtype": settings.dtype,
-        "reduce": reductions,
-        "precision": settings.precision,
-        "fast_decode": settings.fast_decode,
-        "preprocessing": preprocessing,
-        "decode": decode,
-        "model_source": model_source,
-        "images": images.digest(),
-        "image_count": len(images),
-        **extra,
-    }
+    """The fingerprint of a run over IMAGES (an ImageList): the SETTINGS that change its values, as the run resolved
+    them (`job.dependencies.fingerprinted`), its layers' batch LAYOUTS, the model's PREPROCESSING (its repr) and
+    SOURCE, the listing's digest, and EXTRA (a shard's place in the whole job, a PCA fit's identity)."""
+    return {**settings, "layouts": layouts, "preprocessing": preprocessing, "model_source": model_source,
+            "images": images.digest(), "image_count": len(images), **extra}
 
 
 LISTING_REMEDY = ("freeze the listing: write it once to a list file, and run every shard on that file with --overwrite "

@@ -17,7 +17,8 @@ from pathlib import Path
 import h5py
 
 from featdump.errors import StoreRefused
-from featdump.inputs.stores import Patience, filesystem, join, parent_of, store_path
+from featdump.inputs.stores import Patience, filesystem, store_path
+from featdump.locations import Location
 from featdump.output import fingerprint as fingerprints
 from featdump.output.layout import Committed
 
@@ -32,7 +33,7 @@ def default_scratch() -> Path:
 def scratch_twin(url: str, scratch: Path | None = None) -> Path:
     """The local file an output at URL is written as: in a folder of SCRATCH named after URL's folder, so that a
     retry of the same job finds its partial file again and two jobs never share one."""
-    folder = parent_of(url)
+    folder = str(Location.of(url).parent)
     readable = re.sub(r"[^A-Za-z0-9._-]+", "_", folder.split("://", 1)[-1])[-60:].strip("_")
     digest = hashlib.sha256(folder.encode()).hexdigest()[:12]
     return Path(scratch or default_scratch()).expanduser() / f"{readable}-{digest}" / url.rstrip("/").rsplit("/", 1)[1]
@@ -40,7 +41,7 @@ def scratch_twin(url: str, scratch: Path | None = None) -> Path:
 
 def store_twin(local: Path, url: str) -> str:
     """The URL of LOCAL (a file beside URL's scratch twin: the output or one of its shards) in URL's folder."""
-    return join(parent_of(url), Path(local).name)
+    return str(Location.of(str(Location.of(url).parent)).join(Path(local).name))
 
 
 def _fresh(url: str, patience: Patience):
@@ -92,7 +93,7 @@ def held_in_store(url: str, patience: Patience) -> Held:
 def check_writable(url: str, patience: Patience) -> None:
     """StoreRefused, before any work, when the store will not take the output at URL (its bucket missing, writing
     refused): an empty object is written beside it and removed again."""
-    probe = join(parent_of(url), f".featdump-write-check-{uuid.uuid4().hex}")
+    probe = str(Location.of(str(Location.of(url).parent)).join(f".featdump-write-check-{uuid.uuid4().hex}"))
 
     def attempt() -> None:
         fs = _fresh(url, patience)

@@ -99,7 +99,7 @@ def changed(skip: Skip, now: tuple[int, int] | None) -> bool:
 def changed_under(h5file: h5py.File, root: str | None, count: int) -> list[Skip]:
     """Of the first COUNT entries, those whose file under ROOT (the job's image folder, when it is a local one) is
     there and changed since it was skipped: what an --update would read again."""
-    if not root or "://" in root or not os.path.isdir(root):
+    if not root or not os.path.isdir(root):  # a URL is no folder here
         return []
 
     def stat_now(path: str) -> tuple[int, int] | None:

@@ -10,21 +10,33 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from featdump.errors import ShardProblem
-from featdump.inputs.stores import Patience, parent_of
+from featdump.inputs.stores import Patience
+from featdump.locations import Location
 from featdump.output import fingerprint as fingerprints
 from featdump.output import remote
-from featdump.output.merge import common_fingerprint, merge
+from featdump.output.merge import common_fingerprint, merge, merged_view
 from featdump.output.shard_files import counts_among, shard_path, shard_pattern, the_count
 
 log = logging.getLogger("featdump")
 _DOWNLOADS = 8  # shards copied at once
 
 
+def merge_at(output: str | Path, pattern: str | None = None, *, copy: bool | None = None, overwrite: bool = False,
+             scratch: Path | None = None, patience: Patience | None = None) -> tuple[str | Path, bool]:
+    """(where, whether a view) the shards of OUTPUT were merged into: on this machine by `merge` (a view or a COPY),
+    in a store by `merge_from_store` (always a copy, made in SCRATCH)."""
+    if Location.of(output).remote:
+        return merge_from_store(str(output), pattern, scratch, patience), False
+    merged = merge(Path(output), pattern, copy=copy, overwrite=overwrite)
+    return merged, merged_view(merged)
+
+
 def store_shards(url: str, pattern: str | None, patience: Patience) -> tuple[int, list[str], list[int]]:
     """(N, the shards' URLs, the indices missing in the store) of the output at URL, from one listing."""
     name = Path(url.rstrip("/").rsplit("/", 1)[1])
-    names = remote.names_in_store(parent_of(url), patience)
-    count = the_count(counts_among(names, name, pattern), url, shard_pattern(name, pattern), parent_of(url))
+    folder = str(Location.of(url).parent)
+    names = remote.names_in_store(folder, patience)
+    count = the_count(counts_among(names, name, pattern), url, shard_pattern(name, pattern), folder)
     shard_names = [shard_path(name, index, count, pattern).name for index in range(count)]
     present = set(names)
     return count, [remote.store_twin(Path(shard), url) for shard in shard_names], \

@@ -117,13 +117,14 @@ def default_preprocessing(name: str) -> nn.Module:
     return torchvision_models.preprocessing(name)
 
 
-def load_model(name: str, weights: str = "DEFAULT", seed: int = 0, transform: str | None = None,
+def load_model(model: str, weights: str = "DEFAULT", seed: int = 0, transform: str | None = None,
                trust_pickle: bool = False) -> LoadedModel:
-    """Build --model NAME with WEIGHTS (DEFAULT, an enum name, 'none' or a checkpoint path), in eval mode.
+    """Build --model MODEL with WEIGHTS (DEFAULT, an enum name, 'none' or a checkpoint path), in eval mode.
 
     With weights 'none' the network is built right after `torch.manual_seed(seed)`, so the same random
     network can be rebuilt anywhere. TRANSFORM ('package.module:callable') replaces the preprocessing.
     """
+    name = model
     kind = model_kind(name)
     checkpoint = Path(weights) if _looks_like_path(weights) else None
     build_weights = "none" if checkpoint else weights
