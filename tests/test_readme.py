@@ -89,3 +89,13 @@ def test_every_command_line_uses_real_commands_and_options(page, line):
         known |= {"--help", "-h"}
         if word.startswith("-") and not re.fullmatch(r"-\d.*", word):
             assert word.split("=")[0] in known, f"{page}: {command.name} has no option {word!r} ({line!r})"
+
+
+def test_every_option_of_every_command_is_in_the_usage_page():
+    usage = (REPO / "docs" / "usage.md").read_text()
+    missing = [f"{name} {parameter.opts[-1]}" for name, command in main.commands.items()
+               for parameter in command.params if isinstance(parameter, click.Option)
+               and not any(re.search(r"(?<![\w-])" + re.escape(flag) + r"(?![\w-])", usage)
+                           for flag in parameter.opts + parameter.secondary_opts if flag.startswith("--"))
+               and any(flag.startswith("--") for flag in parameter.opts + parameter.secondary_opts)]
+    assert not missing, f"options docs/usage.md does not name: {missing}"
