@@ -139,3 +139,13 @@ def test_no_package_shadows_a_name_of_the_api():
             importlib.import_module(module_name(path))
     shadowed = [name for name in featdump.__all__ if isinstance(getattr(featdump, name), types.ModuleType)]
     assert not shadowed, f"sub-packages hide these names of the API: {shadowed}"
+
+
+def test_the_runner_s_rooms_never_import_what_strings_them():
+    """`job.model`, `job.plan`, `job.batches` and `job.provenance` are strung by the runner (and called by updating
+    and fitting): none imports them back."""
+    graph = import_graph()
+    above = {"featdump.job.runner", "featdump.job.updating", "featdump.job.fitting", "featdump.job.staging"}
+    for room in ("model", "plan", "batches", "provenance"):
+        assert not graph[f"featdump.job.{room}"] & above, room
+    assert "featdump.job.batches" in graph["featdump.job.updating"]  # the typed API, not a callback

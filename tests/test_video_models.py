@@ -213,9 +213,10 @@ def test_the_proof_of_clip_rows_names_their_clip_starts(film, tmp_path):
 def test_the_default_batch_of_large_clips_fits_a_laptop_and_says_so(film, tmp_path, monkeypatch):
     """r3d_18's 64 clips took 4.5-5.3 GB on a CPU: with 8 GB free (a laptop), the default batch is what a quarter of
     it holds (2 GB at most), said at INFO; -b is taken as given."""
-    from featdump.job import runner
+    from featdump.job import plan
+    from featdump.job.settings import Settings
 
-    monkeypatch.setattr(runner, "free_memory", lambda device: 8 * 10**9)
+    monkeypatch.setattr(plan, "free_memory", lambda device: 8 * 10**9)
     output = tmp_path / "clips.h5"
     chosen = run_featdump("extract", "-m", "r3d_18", "-w", "none", "-l", "layer1", "--reduce", "avgpool", film, output)
     assert chosen.returncode == 0, chosen.stderr
@@ -224,6 +225,6 @@ def test_the_default_batch_of_large_clips_fits_a_laptop_and_says_so(film, tmp_pa
     assert 16 <= size <= 32 and "(not 64): a clip takes about 79 MB in the forward" in said, said
     with h5py.File(output, "r") as h5file:
         assert __import__("json").loads(h5file.attrs["settings"])["batch_size"] == size
-    given = runner._sized(runner.Settings(model="r3d_18", layers=("layer1",), images=film, output=output,
-                                          batch_size=64), None, "clip")
+    given = plan.sized(Settings(model="r3d_18", layers=("layer1",), images=film, output=output, batch_size=64), None,
+                       "clip")
     assert given.batch_size == 64  # -b as given: no estimate made

@@ -97,9 +97,9 @@ def _run(ray, settings: Settings, shards: int | None, progress: Progress, starte
              ", ".join(f"{value} {key.removeprefix('num_')}" for key, value in resources.items()))
     pending = {task.remote(dataclasses.replace(settings, shard=f"{index}/{count}"), board, index): index
                for index in range(count)}
-    from featdump.job import runner  # torch, imported here while the workers start (not before they are asked)
+    from featdump.job import plan  # torch, imported here while the workers start (not before they are asked)
 
-    progress.start(len(runner.job_rows(settings)), 0, "row")
+    progress.start(len(plan.job_rows(settings)), 0, "row")
     rows = _wait_for(ray, pending, board, progress, count)
     progress.close()
     retried = ray.get(board.retried.remote())

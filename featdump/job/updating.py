@@ -11,17 +11,19 @@ import dataclasses
 import logging
 import time
 import uuid
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from featdump.errors import NotAnOutput, OutputExists, ShardProblem
 from featdump.inputs import ImageList
 from featdump.job import fitting
-from featdump.job.report import Summary, summarize
+from featdump.job.batches import fill
+from featdump.job.model import Model
+from featdump.job.report import Progress, Summary, summarize
 from featdump.job.settings import Settings
 from featdump.output import fingerprint as fingerprints
 from featdump.output.layout import Output
+from featdump.output.lock import OutputLock
 from featdump.output.space import report_size
 from featdump.output.update import (
     UPDATE_TOKEN,
@@ -42,16 +44,20 @@ log = logging.getLogger("featdump")
 @dataclass
 class UpdateJob:
     """What an update works with: the run's settings, images and model (the `runner`'s), its fingerprint over the
-    layers the command names, and FILL, which runs images through a model into a writer's file."""
+    layers the command names, the output's LOCK and the run's PROGRESS (what `batches.fill` reports to)."""
 
     settings: Settings
     images: ImageList
     shard_fingerprint: dict  # a shard's place in the whole job ({} when not sharded)
-    model: object  # runner.Model
+    model: Model
     fingerprint: dict
     attributes: dict  # what a new file records of its making
-    hdf5_locking: bool
-    fill: Callable  # fill(writer, images, settings, model, offset=0, task=None) -> the finished file
+    lock: OutputLock
+    progress: Progress
+
+    @property
+    def hdf5_locking(self) -> bool:
+        return self.lock.hdf5_locking
 
 
 def finished_as_asked(job: UpdateJob) -> Summary:
@@ -115,7 +121,7 @@ def update(job: UpdateJob) -> Summary:
                                     list(plan.images.classes), settings.batch_size, settings.compression,
                                     locking=False)
         start = writer.committed_images
-        job.fill(writer, plan.images, settings, whole, offset=plan.base.images)
+        fill(writer, plan.images, settings, whole, job.lock, job.progress, offset=plan.base.images)
     record = {"added_by": settings.command, "added_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
     seconds = apply_update(output, plan, job.fingerprint["images"], record, job.hdf5_locking)
     with Output.open(output) as updated:
@@ -141,8 +147,8 @@ def _grow(job: UpdateJob, plan: UpdatePlan, grower) -> int:
     if start:
         log.info("Resuming the new layers at row %d of %d.", start, len(plan.rows))
     # Every stored row needs its new values: an image that fails now stops the update (its row cannot be filled).
-    job.fill(writer, plan.rows, dataclasses.replace(settings, on_error="fail"), grower,
-             task=f"adding layers {', '.join(plan.new_layers)} to the {len(plan.rows)} rows stored")
+    fill(writer, plan.rows, dataclasses.replace(settings, on_error="fail"), grower, job.lock, job.progress,
+         task=f"adding layers {', '.join(plan.new_layers)} to the {len(plan.rows)} rows stored")
     return len(plan.rows) - start
 
 
