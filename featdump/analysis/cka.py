@@ -23,7 +23,7 @@ import torch
 
 from featdump.analysis.choices import DEFAULT_MEMORY
 from featdump.analysis.gram import check_room, gram
-from featdump.analysis.rdm import _megabytes
+from featdump.analysis.rdm import megabytes
 from featdump.analysis.results import Results, finished
 from featdump.analysis.stored import Stored, listed
 from featdump.errors import UsageProblem
@@ -118,10 +118,10 @@ def _centred_grams(grams: Results, sources, budget: int, device: torch.device, p
     total = sum(stored.size(name) for stored, _, name, _ in todo)
     log.info("CKA: %d Gram matri%s to compute (%s to read, slabs of at most %s on %s).", len(todo),
              "x" if len(todo) == 1 else "ces", human_bytes(total), human_bytes(budget), device)
-    progress.start(_megabytes(total), 0)
+    progress.start(megabytes(total), 0)
     for stored, key, name, rows in todo:
         with stored.dataset(name) as dataset:
-            stats = gram(dataset, stored.rows, budget, device, lambda read: progress.advance(_megabytes(read)))
+            stats = gram(dataset, stored.rows, budget, device, lambda read: progress.advance(megabytes(read)))
         _refuse_nonfinite(stats.nonfinite if rows is None else stats.nonfinite[torch.as_tensor(rows)], name, stored,
                           rows)
         centred = stats.centred

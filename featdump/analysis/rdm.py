@@ -110,14 +110,14 @@ def _compute(stored: Stored, names: list[str], metric: str, budget: int, device:
     sizes = {name: stored.size(name) for name in todo}
     log.info("RDMs (%s) of %d layer%s over %d rows: %s to read, slabs of at most %s on %s.", metric, len(todo),
              "s" * (len(todo) != 1), stored.rows, human_bytes(sum(sizes.values())), human_bytes(budget), device)
-    progress.start(_megabytes(sum(sizes.values())), 0)
+    progress.start(megabytes(sum(sizes.values())), 0)
     matrices = {}
     for name in names:
         if name not in todo:
             matrices[name] = results.read(GROUP, name)
             continue
         with stored.dataset(name) as dataset:
-            stats = gram(dataset, stored.rows, budget, device, lambda read: progress.advance(_megabytes(read)),
+            stats = gram(dataset, stored.rows, budget, device, lambda read: progress.advance(megabytes(read)),
                          FORMS[metric])
         matrices[name] = dissimilarities(stats, metric)
         _say_undefined(stats, metric, name, stored)
@@ -153,5 +153,5 @@ def to_rsatoolbox(matrices: dict[str, np.ndarray], metric: str, stored: Stored):
                 pattern_descriptors={"path": list(stored.paths), "label": list(stored.labels)})
 
 
-def _megabytes(count: int) -> float:
+def megabytes(count: int) -> float:
     return count / 1e6

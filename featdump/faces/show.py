@@ -97,10 +97,10 @@ def _clip_frame(source, start: float, geometry: dict):
     when the video cannot be read."""
     from PIL import Image
 
-    from featdump.inputs.video import _av, decode_clip, video_info
+    from featdump.inputs.video import decode_clip, pyav, video_info
 
     try:
-        unreadable = (OSError, ValueError, _av().FFmpegError)  # moved, gone or damaged: the features alone
+        unreadable = (OSError, ValueError, pyav().FFmpegError)  # moved, gone or damaged: the features alone
         info = video_info(source)
         if hasattr(source, "seek"):
             source.seek(0)

@@ -49,7 +49,8 @@ def is_video_file(path) -> bool:
         return looks_like_video(handle.read(12))
 
 
-def _av():
+def pyav():
+    """The av module (PyAV); UsageProblem naming the extra that installs it when it is missing."""
     try:
         import av
     except ImportError as error:
@@ -155,7 +156,7 @@ def video_info(source) -> VideoInfo:
     stream's stated end and decoding from there (exact, and cheap: a few seconds are decoded, not the video). A
     local file's frames are counted too, by their packets, read without decoding (as `ffprobe -count_packets`);
     a stream's (a tar member, an object in a store) are not: that would read it whole."""
-    av = _av()
+    av = pyav()
     with av.open(source) as container:
         stream = _video_stream(container)
         first_frame = next(container.decode(stream))
@@ -219,7 +220,7 @@ def decode_clip(source, info: VideoInfo, times: np.ndarray) -> np.ndarray:
     """The frames on screen at each of TIMES (ascending seconds from the first frame) of SOURCE, as (N, H, W, 3)
     uint8 RGB: for each time, the last frame whose time is <= it. Decoding starts at the keyframe before the first
     time (an earlier one when that seek lands past it) and stops after the last time."""
-    av = _av()
+    av = pyav()
     with av.open(source) as container:
         stream = _video_stream(container)
         for back in (0.0, 1.0, 4.0, None):
