@@ -12,6 +12,8 @@ import torch
 from torch import nn
 
 from featdump.errors import UsageProblem
+from featdump.sources import timm_models
+from featdump.sources.registry import Built, ModelClip, Source, register
 
 log = logging.getLogger("featdump")
 
@@ -94,3 +96,27 @@ def _source_file(obj) -> str:
         return inspect.getsourcefile(obj) or "?"
     except TypeError:
         return "?"
+
+
+@register
+class FactorySource(Source):
+    """package.module:callable: your factory returning an nn.Module (its clip as it declares it)."""
+
+    name = "factory"
+    order = 2
+
+    def claims(self, spec: str) -> bool:
+        return ":" in spec
+
+    def check(self, spec: str) -> None:
+        import_object(spec, "--model")
+
+    def clip(self, spec: str) -> ModelClip | None:
+        declared = declared_clip(spec)
+        return ModelClip(*declared, takes_clips=True) if declared else None
+
+    def build(self, spec: str, weights: str, seed: int, transform: str | None, trust_pickle: bool) -> Built:
+        module, source = build(spec, seed)
+        label = "none" if weights.lower() == "none" else "as the factory builds it"
+        preprocessing = default_clip_transform(spec) if not transform else None
+        return Built(module, label, source, preprocessing, timm_models.token_rule(module))  # as timm's, if stated

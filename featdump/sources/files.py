@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import zipfile
 from pathlib import Path
 
@@ -9,6 +10,8 @@ import torch
 from torch import nn
 
 from featdump.errors import InvalidWeights, UsageProblem, first_sentence
+from featdump.sources import timm_models
+from featdump.sources.registry import Built, Source, register
 
 MODEL_FILE_SUFFIXES = (".pt", ".pth", ".pt2", ".pkl", ".ckpt", ".bin")
 
@@ -56,3 +59,28 @@ def _archive_kind(path: Path) -> str | None:
     if any(name.endswith("constants.pkl") or "/code/" in name for name in names):
         return "TorchScript archive"
     return None
+
+
+@register
+class FileSource(Source):
+    """A whole model saved with torch.save (--trust-pickle)."""
+
+    name = "file"
+    order = 1
+
+    def claims(self, spec: str) -> bool:
+        return looks_like_model_file(spec)
+
+    def build(self, spec: str, weights: str, seed: int, transform: str | None, trust_pickle: bool) -> Built:
+        module = build(spec, trust_pickle)
+        source = {"source": "file", "sha256": file_digest(Path(spec))}
+        return Built(module, "the saved model", source, tokens=timm_models.token_rule(module))  # as timm's, if stated
+
+
+def file_digest(path: Path) -> str:
+    """The SHA-256 of the file at PATH, read a MiB at a time."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while chunk := handle.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()

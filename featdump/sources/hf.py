@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from featdump.errors import UnknownModel, UnsupportedModel, UsageProblem, WeightsUnavailable, first_sentence
+from featdump.sources.registry import Built, ModelClip, Source, register
 from featdump.sources.tokens import TokenRule
 
 
@@ -186,3 +187,24 @@ def _config(name: str):
 def _unavailable(name: str, error: BaseException) -> str:
     return (f"Could not load hf:{name} ({first_sentence(error)}). Name a folder written by save_pretrained, or a "
             "hub model already in the Hugging Face cache (HF_HOME; HF_HUB_OFFLINE=1 reads only the cache).")
+
+
+@register
+class HuggingFaceSource(Source):
+    """hf:ORG/NAME or hf:FOLDER: a transformers model's vision tower and its image processor."""
+
+    name = "hf"
+
+    def claims(self, spec: str) -> bool:
+        return spec.startswith("hf:")
+
+    def check(self, spec: str) -> None:
+        check_name(spec.removeprefix("hf:"))
+
+    def clip(self, spec: str) -> ModelClip | None:
+        frames = clip_frames(spec.removeprefix("hf:"))
+        return ModelClip(frames, None, takes_clips=True) if frames else None
+
+    def build(self, spec: str, weights: str, seed: int, transform: str | None, trust_pickle: bool) -> Built:
+        module, preprocessing, label, source, tokens = build(spec.removeprefix("hf:"), weights, seed)
+        return Built(module, label, source, preprocessing, tokens)

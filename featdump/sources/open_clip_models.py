@@ -10,6 +10,7 @@ from torch import nn
 
 from featdump.errors import InvalidWeights, UnknownModel, UsageProblem, WeightsUnavailable, first_sentence
 from featdump.sources import timm_models
+from featdump.sources.registry import Built, Source, register
 from featdump.sources.tokens import TokenRule
 
 
@@ -70,3 +71,20 @@ def token_rule(visual: nn.Module) -> TokenRule | None:
         return TokenRule.stated(1, getattr(visual, "patch_size", None))
     trunk = getattr(visual, "trunk", None)
     return timm_models.token_rule(trunk) if trunk is not None else None
+
+
+@register
+class OpenClipSource(Source):
+    """open_clip:ARCH: its image tower, the weights its tag names, its preprocessing."""
+
+    name = "open_clip"
+
+    def claims(self, spec: str) -> bool:
+        return spec.startswith("open_clip:")
+
+    def check(self, spec: str) -> None:
+        check_name(spec.removeprefix("open_clip:"))
+
+    def build(self, spec: str, weights: str, seed: int, transform: str | None, trust_pickle: bool) -> Built:
+        module, preprocessing, label, source, tokens = build(spec.removeprefix("open_clip:"), weights, seed)
+        return Built(module, label, source, preprocessing, tokens)

@@ -6,6 +6,7 @@ import torch
 from torch import nn
 
 from featdump.errors import UnknownModel, UsageProblem, WeightsUnavailable, first_sentence
+from featdump.sources.registry import Built, Source, register
 from featdump.sources.tokens import TokenRule
 
 
@@ -69,3 +70,20 @@ def stated_axes(module: nn.Module) -> dict[str, str]:
     if str(getattr(module, "output_fmt", "")).upper() != "NHWC":
         return {}
     return {info["module"]: "y,x,channel" for info in getattr(module, "feature_info", []) if "module" in info}
+
+
+@register
+class TimmSource(Source):
+    """timm:NAME, with timm's pretrained weights and its data config's preprocessing."""
+
+    name = "timm"
+
+    def claims(self, spec: str) -> bool:
+        return spec.startswith("timm:")
+
+    def check(self, spec: str) -> None:
+        check_name(spec.removeprefix("timm:"))
+
+    def build(self, spec: str, weights: str, seed: int, transform: str | None, trust_pickle: bool) -> Built:
+        module, preprocessing, label, source = build(spec.removeprefix("timm:"), weights, seed)
+        return Built(module, label, source, preprocessing, token_rule(module), stated_axes=stated_axes(module))

@@ -14,7 +14,8 @@ from torch import nn
 from torchvision.models import get_model, get_model_weights, list_models
 
 from featdump.errors import InvalidWeights, UnknownModel, WeightsUnavailable, first_sentence
-from featdump.sources import detection_models, flow_models, segmentation_models
+from featdump.sources import detection_models, flow_models, quantized_models, segmentation_models, video_models
+from featdump.sources.registry import Built, ModelClip, Source, register
 from featdump.sources.tokens import TokenRule
 
 _PACKAGES = {"classification": "", "video": "video", "optical_flow": "optical_flow", "segmentation": "segmentation",
@@ -115,3 +116,35 @@ def _pretrained(name: str, enum, options: dict) -> nn.Module:
             f"({first_sentence(error)}). Pass --weights none for a randomly initialised network, "
             "or --weights PATH for a local checkpoint."
         ) from error
+
+
+@register
+class TorchvisionSource(Source):
+    """A torchvision model name, of any task: its weights enum, its task's preprocessing and rows."""
+
+    name = "torchvision"
+    order = 3
+
+    def claims(self, spec: str) -> bool:
+        return True
+
+    def check(self, spec: str) -> None:
+        check_name(spec)
+
+    def clip(self, spec: str) -> ModelClip | None:
+        task = task_of(spec)
+        if task == "video":
+            return ModelClip(*video_models.clip_defaults(spec), takes_clips=True)
+        if task == "optical_flow":
+            return ModelClip(flow_models.PAIR, None, takes_clips=True)
+        return None
+
+    def cpu_only(self, spec: str) -> str | None:
+        return quantized_models.CPU_ONLY if task_of(spec) == "quantization" else None
+
+    def build(self, spec: str, weights: str, seed: int, transform: str | None, trust_pickle: bool) -> Built:
+        check_name(spec)
+        module, label = build(spec, weights, seed)
+        task = task_of(spec)  # recorded beside the source, a classifier's as before
+        source = {"source": "torchvision", **({"task": task} if task != "classification" else {})}
+        return Built(module, label, source, preprocessing(spec, module), token_rule(module), rows_within(spec))

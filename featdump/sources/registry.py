@@ -1,0 +1,81 @@
+"""The registry of model sources: each source (torchvision, timm, Hugging Face, open_clip, your factory, a saved
+file) is one module that registers one `Source`, saying which --model names it claims, how it checks one before
+any image is read, what it takes of a video, and how it builds one (a `Built` record). `models.load_model` asks
+the registry; a new source is one more module that registers itself."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from torch import nn
+
+from featdump.sources.tokens import TokenRule
+
+
+@dataclass(frozen=True)
+class ModelClip:
+    """What a model takes of a video: clips of FRAMES frames sampled at FPS a second (None: each video's own rate),
+    each one input (TAKES_CLIPS: a video model, whose preprocessing takes a clip's (T, C, H, W) uint8 frames); an
+    image model takes one frame a row, with its image preprocessing."""
+
+    frames: int = 1
+    fps: float | None = None
+    takes_clips: bool = False
+
+
+@dataclass
+class Built:
+    """What a source builds for a --model: the module, its own PREPROCESSING (None: the ImageNet default), the
+    WEIGHTS loaded (as recorded), where it came from (SOURCE, part of the fingerprint), its token rule, the modules
+    whose outputs are rows of an image (a detector's backbone) and the axes its 3-d maps state."""
+
+    module: nn.Module
+    weights: str
+    source: dict
+    preprocessing: nn.Module | None = None
+    tokens: TokenRule | None = None
+    rows_within: tuple[str, ...] = ()
+    stated_axes: dict = field(default_factory=dict)
+
+
+class Source:
+    """One place models come from. NAME is recorded; the defaults say nothing and refuse nothing."""
+
+    name = "source"
+    order = 0  # asked in this order: prefixed names first, files, factories, then torchvision's plain names
+
+    def claims(self, spec: str) -> bool:
+        """Whether --model SPEC names a model of this source."""
+        raise NotImplementedError
+
+    def check(self, spec: str) -> None:
+        """Fail fast (a one-line error) when SPEC names nothing this source can build."""
+
+    def clip(self, spec: str) -> ModelClip | None:
+        """What SPEC's model takes of a video, known before it is built (None: one frame a row)."""
+        return None
+
+    def cpu_only(self, spec: str) -> str | None:
+        """Why SPEC's model runs on the CPU only, or None."""
+        return None
+
+    def build(self, spec: str, weights: str, seed: int, transform: str | None, trust_pickle: bool) -> Built:
+        raise NotImplementedError
+
+
+_SOURCES: list[Source] = []
+
+
+def register(source: type[Source]) -> type[Source]:
+    """Register SOURCE (a class decorator); sources registered first are asked first."""
+    _SOURCES.append(source())
+    return source
+
+
+def source_for(spec: str) -> Source:
+    """The source that claims --model SPEC (the torchvision source, asked last, claims any plain name)."""
+    return next(source for source in sorted(_SOURCES, key=lambda source: source.order) if source.claims(spec))
+
+
+def sources() -> list[Source]:
+    return list(_SOURCES)
