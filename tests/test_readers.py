@@ -1,0 +1,48 @@
+"""Inputs as readers: each kind of input claims the Locations it reads, local or at a URL, in one order; an option
+that names a part of another kind of input is refused in one line."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from featdump.errors import NoImages, UsageProblem
+from featdump.inputs import readers
+from featdump.inputs.readers import Asked, read_images
+from featdump.locations import Location
+
+from .conftest import write_images
+
+
+def claimant(where, asked=Asked()) -> str:
+    return type(next(reader for reader in readers.READERS if reader.claims(Location.of(where), asked))).__name__
+
+
+def test_each_kind_of_input_is_claimed_by_its_reader(tmp_path):
+    write_images(tmp_path / "folder", {"a": 2})
+    (tmp_path / "list.txt").write_text("folder/a/img_000.png\n")
+    np.save(tmp_path / "brick.npy", np.zeros((2, 8, 8, 3), np.uint8))
+    (tmp_path / "shard-0.tar").write_bytes(b"")
+    assert claimant(tmp_path / "folder") == "Folder"
+    assert claimant(tmp_path / "list.txt") == "ListFile"
+    assert claimant(tmp_path / "brick.npy") == "Arrays"
+    assert claimant(tmp_path / "shard-0.tar") == "Tars"
+    assert claimant("s3://bucket/lists/train.csv") == "ListFile"
+    assert claimant("https://host/cat.jpg") == "OneObject"
+    assert claimant("s3://bucket/shards/{000..003}.tar") == "Tars"
+
+
+def test_a_listed_folder_reads_as_its_reader_lists_it(tmp_path):
+    write_images(tmp_path / "folder", {"a": 2, "b": 1})
+    listed = read_images(Location.of(tmp_path / "folder"), Asked())
+    assert len(listed) == 3 and list(listed.labels) == [0, 0, 1]
+
+
+def test_nothing_there_and_options_of_another_kind_are_one_line_each(tmp_path):
+    with pytest.raises(NoImages, match="does not exist"):
+        read_images(Location.of(tmp_path / "missing"), Asked())
+    write_images(tmp_path / "folder", {"a": 1})
+    with pytest.raises(UsageProblem, match="--image-column and --label-column name columns of Parquet tables"):
+        read_images(Location.of(tmp_path / "folder"), Asked(image_column="image"))
+    with pytest.raises(UsageProblem, match="--array imgBrick names an array of a file of arrays"):
+        read_images(Location.of(tmp_path / "folder"), Asked(array="imgBrick"))
