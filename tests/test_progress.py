@@ -97,19 +97,19 @@ def test_info_answers_from_the_moment_the_job_holds_its_lock(tmp_path):
 
 
 def test_a_bar_of_megabytes_read_shows_sizes_and_log_lines_are_spaced(capsys, caplog):
-    from featdump.faces.cli import _BarProgress, _LogProgress
+    from featdump.faces.terminal import BarProgress, LogProgress
 
-    bar = _BarProgress("MB")
+    bar = BarProgress("MB")
     bar.start(3535.36, 0)
     bar.advance(1422.6913280000015)
     bar.close()
     shown = capsys.readouterr().err
     assert "1.42G/3.54G" in shown and "B/s]" in shown and "1422.69" not in shown, shown
-    nothing = _BarProgress()  # an update that only adds layers: its new images' loop has none
+    nothing = BarProgress()  # an update that only adds layers: its new images' loop has none
     nothing.start(0, 0)
     nothing.close()
     assert capsys.readouterr().err == ""
-    lines = _LogProgress("MB")
+    lines = LogProgress("MB")
     with caplog.at_level("INFO", logger="featdump"):
         lines.start(100, 0)
         for _ in range(100):  # ten 10% steps at once: one line, not ten
@@ -131,9 +131,9 @@ def test_rows_found_done_count_on_the_bar_but_not_in_its_rate(capsys, caplog):
     """A Ray job's driver finds shards finished before (or resumed): their rows move the bar, not the rate."""
     import time
 
-    from featdump.faces.cli import _BarProgress, _LogProgress
+    from featdump.faces.terminal import BarProgress, LogProgress
 
-    lines = _LogProgress(every_seconds=0.0, least_seconds=0.0)
+    lines = LogProgress(every_seconds=0.0, least_seconds=0.0)
     with caplog.at_level("INFO", logger="featdump"):
         lines.start(1000, 0)
         lines.found(900)
@@ -141,7 +141,7 @@ def test_rows_found_done_count_on_the_bar_but_not_in_its_rate(capsys, caplog):
         lines.advance(10)
     (said,) = [record.getMessage() for record in caplog.records if "images" in record.getMessage()]
     assert said.startswith("910/1000 images (91%)") and float(said.split(", ")[1].split()[0]) < 100, said
-    bar = _BarProgress()
+    bar = BarProgress()
     bar.start(1000, 0)
     bar.found(900)
     time.sleep(0.2)

@@ -47,7 +47,7 @@ class Cka:
     unbiased: bool
 
 
-def cka(output: str | Path, other: str | Path | None = None, layers: list[str] | str | None = None,
+def cka(output: str | Path, other: str | Path | None = None, *, layers: list[str] | str | None = None,
         other_layers: list[str] | str | None = None, unbiased: bool = False, common: bool = False,
         memory: str | int = DEFAULT_MEMORY, device: str = "auto", to: str | Path | None = None,
         overwrite: bool = False, progress: Progress | None = None) -> Cka:

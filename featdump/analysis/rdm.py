@@ -69,7 +69,7 @@ def dissimilarities(stats: Gram, metric: str) -> np.ndarray:
     return result.cpu().numpy()
 
 
-def rdm(output: str | Path, layers: list[str] | str | None = None, metric: str = "correlation",
+def rdm(output: str | Path, layers: list[str] | str | None = None, *, metric: str = "correlation",
         memory: str | int = DEFAULT_MEMORY, device: str = "auto", to: str | Path | None = None,
         overwrite: bool = False, as_rsatoolbox: bool = False, progress: Progress | None = None):
     """The RDM of each layer of the featdump output OUTPUT (LAYERS: names or patterns as in extract; all by

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import shlex
 import sys
 import time
@@ -14,8 +13,8 @@ import click
 
 from featdump.analysis.choices import DEFAULT_MEMORY, METRICS
 from featdump.errors import FeatdumpError, NoImages
+from featdump.faces.terminal import progress_for, setup_logging
 from featdump.forward.patterns import LAYER_LIKE
-from featdump.inputs.stores import DEFAULT_PATIENCE
 from featdump.job.options import Option
 from featdump.job.settings import OPTIONS, Settings
 from featdump.readout.choices import DEFAULT_ALPHAS, DEFAULT_FOLDS
@@ -99,7 +98,7 @@ def main(verbose: int, quiet: bool) -> None:
 
     Shell completion (bash): eval "$(_FEATDUMP_COMPLETE=bash_source featdump)"
     """
-    _setup_logging(logging.DEBUG if verbose else logging.WARNING if quiet else logging.INFO)
+    setup_logging(logging.DEBUG if verbose else logging.WARNING if quiet else logging.INFO)
 
 
 class _Checked(click.ParamType):
@@ -160,99 +159,10 @@ def list_layers(model: str, depth: int | None, as_json: bool, transform: str | N
       featdump list-layers timm:convnext_tiny --json
       featdump list-layers vit_b_16 --match 'encoder.layers.*'
     """
-    from featdump.forward.patterns import match_pattern
-    from featdump.forward.probe import probe
-    from featdump.inputs.clips import preprocess_for
-    from featdump.sources.models import load_model
+    from featdump.faces.layers import layer_listing
 
-    loaded = load_model(model, weights="none", transform=transform, trust_pickle=trust_pickle)
-    shape = preprocess_for(loaded).input_shape  # a video model's: one clip of its own frames
-    infos = [info for info in probe(loaded.module, shape, loaded.rows_within, loaded.stated_axes)
-             if depth is None or info.depth <= depth]
-    selected = {}
-    if pattern:
-        for name in match_pattern(pattern, infos, model):
-            selected.setdefault(name.split("@")[0].split(":")[0], []).append(name)
-        infos = [info for info in infos if info.path in selected]
-    if as_json:
-        for info in infos:
-            row = {"path": info.path, "selector": info.selector, "type": info.type_name, "depth": info.depth,
-                   "calls": info.calls, "shapes": [list(s) if s else None for s in info.shapes],
-                   "batch_dims": list(info.batch_dims),
-                   "per_image": all(dim is not None for dim in info.batch_dims) and not info.refusal,
-                   "tuple_output": info.tuple_output}
-            if any(info.parts):  # a tuple, list, dict or ModelOutput: its tensor parts, per call
-                row["kind"] = info.kind
-                row["parts"] = [[{"name": part.name, "shape": list(part.shape), "batch_dim": part.batch_dim,
-                                  "folded_rows": part.fold.rows if part.fold and part.fold.contiguous else None}
-                                 for part in call] for call in info.parts]
-            if pattern:
-                row["selected"] = selected[info.path]
-            click.echo(json.dumps(row))
-        return
-    if pattern:
-        count = sum(len(names) for names in selected.values())
-        click.echo(f"{pattern!r} selects {count} layer{'s' * (count != 1)} of {model}: "
-                   f"{', '.join(name for names in selected.values() for name in names)}")
-    click.echo(f"{model}: {len(infos)} modules; PATH, type, calls per forward, output shape of one "
-               f"({', '.join(map(str, shape))}) {'clip' if loaded.clip.takes_clips else 'image'} (no batch dimension)")
-    width = max(len("  " * (info.depth - 1) + info.selector) for info in infos)
-    width = max([width, *(len("  " * info.depth + f"{info.path}@{part.name}") for info in infos
-                          for call in info.parts for part in call)])
-    for info in infos:
-        for line in _layer_lines(info, width):
-            click.echo(line)
-
-
-def _layer_lines(info, width: int) -> list[str]:
-    """The module's line, then one line per tensor part of a tuple/dict output (PATH@NAME)."""
-    lines = [_layer_line(info, width)]
-    for part in () if info.refusal else dict.fromkeys(part for call in info.parts for part in call):
-        name = ("  " * info.depth + f"{info.path}@{part.name}").ljust(width)
-        fold = part.fold if part.batch_dim is None and part.fold is not None and part.fold.contiguous else None
-        note = "" if part.batch_dim == 0 else \
-            f"  (the batch folded into dimension {fold.axis}: N x {fold.rows} rows)" if fold else \
-            "  (not per image)" if part.batch_dim is None else \
-            f"  (batch in dimension {part.batch_dim}: stored batch-first)"
-        shape = part.shape if fold is None else \
-            (fold.rows, *(size for axis, size in enumerate(part.shape) if axis != fold.axis))
-        lines.append(f"{name}  {'part':<22}     {shape}{note}")
-    return lines
-
-
-def _layer_line(info, width: int) -> str:
-    name = ("  " * (info.depth - 1) + info.selector).ljust(width)
-    shapes = " | ".join(sorted({str(shape) for shape in info.shapes})) or "(never runs)"
-    if info.kind == "dict" and any(info.parts):
-        shapes = "(its parts below)"
-    elif any(fold is not None and fold.contiguous for fold in info.folds):
-        shapes = " | ".join(sorted({str((fold.rows, *(size for axis, size in enumerate(shape) if axis != fold.axis)))
-                                    for fold, shape in zip(info.folds, info.shapes) if fold is not None}))
-    line = f"{name}  {info.type_name:<22} {info.calls}x  {shapes}"
-    if info.refusal:
-        return f"{name}  {info.type_name:<22}     (not a row of an image: selecting it says which layers are)"
-    if not info.path:
-        line += "  (the model's own output)"
-    if info.calls > 1:
-        line += f"  -> select {info.path}:1 ... {info.path}:{info.calls}"
-    if info.kind == "tuple" and any(info.parts):
-        line += "  (tuple output: its first tensor is stored, or select PATH@INDEX)"
-    elif info.kind == "dict" and any(info.parts):
-        line += "  (dict output: select PATH@KEY)" if len(info.parts[0]) > 1 else "  (dict output of one tensor)"
-    folds = [fold for fold in info.folds if fold is not None]
-    if info.kind == "dict":
-        pass  # each part says whether it follows the batch
-    elif folds and folds[0].contiguous:
-        line += f"  (the batch folded into dimension {folds[0].axis}: N x {folds[0].rows} rows, stored as N rows of " \
-                "this shape)"
-    elif folds:
-        line += f"  (the batch folded into dimension {folds[0].axis}, {folds[0].rows} rows per image, interleaved: " \
-                "not stored per image)"
-    elif any(dim is None for dim in info.batch_dims):
-        line += "  (not per image: the output does not follow the batch)"
-    elif any(info.batch_dims):
-        line += f"  (batch in dimension {max(info.batch_dims)}: stored batch-first)"
-    return line
+    for line in layer_listing(model, depth, as_json, transform, trust_pickle, pattern):
+        click.echo(line)
 
 
 def _read_config(ctx: click.Context, param, path: Path | None):
@@ -314,27 +224,24 @@ def extract(images: str, output: str, ray_address: str | None, shards: int | Non
         from featdump.engines.ray import extract_on_ray
 
         address = None if ray_address == "auto" else ray_address
-        summary = extract_on_ray(settings, shards, address, _progress(), merge_shards)
+        summary = extract_on_ray(settings, shards, address, progress_for(), merge_shards)
     else:
         from featdump.job.staging import extract as run_extraction  # torch: not before a Ray job's tasks start
 
-        summary = run_extraction(settings, _progress())
+        summary = run_extraction(settings, progress_for())
     click.echo(summary.line(), err=True)
 
 
 @main.command()
 @click.argument("output")
-@click.option("--shard-pattern", metavar="PATTERN", help="Shard file names with {k} and {n}, as given to extract.")
+@_click_option("shard_pattern")
 @click.option("--copy/--view", default=None,
               help="A self-contained file (--copy; always, for shards in a store), or virtual datasets over the "
                    "shards (--view).  [default: a copy of shards under 64 MiB of rows each, which a view reads "
                    "slowly; else a view]")
-@click.option("--overwrite", is_flag=True, help="Replace an existing OUTPUT.")
-@click.option("--scratch", type=click.Path(file_okay=False, path_type=Path),
-              help="For shards in a store: the local folder they are copied to and merged in.  "
-                   "[default: FEATDUMP_SCRATCH, else the temp folder, + /featdump-scratch]")
-@click.option("--store-patience", type=click.FloatRange(min=0), default=DEFAULT_PATIENCE, show_default=True,
-              metavar="SECONDS", help="Seconds a request to the store retries transient faults.")
+@_click_option("overwrite")
+@_click_option("scratch")
+@_click_option("store_patience")
 def merge(output: str, shard_pattern: str | None, copy: bool | None, overwrite: bool, scratch: Path | None,
           store_patience: float) -> None:
     """Join the finished shards of OUTPUT (OUTPUT.shard-K-of-N.h5) into OUTPUT.
@@ -418,7 +325,7 @@ def _analysis_options(command):
         click.option("--memory", default=DEFAULT_MEMORY, show_default=True,
                      help="Memory for the slabs of a layer read at once (128MB, 4GB), beyond the N x N results: any "
                           "layer's width fits it."),
-        click.option("--device", default="auto", show_default=True, help="auto (CUDA if there is one), cpu, cuda:N."),
+        _click_option("device"),
         click.option("--plot", type=click.Path(dir_okay=False, path_type=Path),
                      help="Also draw the result into this PNG (as `featdump show` does)."),
         click.option("--overwrite", is_flag=True, help="Replace an existing --out."),
@@ -462,7 +369,8 @@ def rdm(output: Path, layers: str | None, metric: str, to: Path, memory: str, de
     from featdump.analysis.rdm import rdm as compute
 
     started, done_before = time.perf_counter(), to.exists() and not overwrite  # then made by this same command
-    matrices = compute(output, layers, metric, memory, device, to, overwrite, progress=_progress("MB"))
+    matrices = compute(output, layers, metric=metric, memory=memory, device=device, to=to, overwrite=overwrite,
+                       progress=progress_for("MB"))
     drawn = _drawn(to, plot)
     rows = next(iter(matrices.values())).shape[0] if matrices else 0
     click.echo(f"{_done_or_wrote(done_before)} the {metric} RDMs of {len(matrices)} layer{'s' * (len(matrices) != 1)} "
@@ -491,8 +399,8 @@ def cka(output: Path, other: Path | None, layers: str | None, other_layers: str 
     from featdump.analysis.cka import cka as compute
 
     started, done_before = time.perf_counter(), to.exists() and not overwrite  # then made by this same command
-    result = compute(output, other, layers, other_layers, unbiased, common, memory, device, to, overwrite,
-                     progress=_progress("MB"))
+    result = compute(output, other, layers=layers, other_layers=other_layers, unbiased=unbiased, common=common,
+                     memory=memory, device=device, to=to, overwrite=overwrite, progress=progress_for("MB"))
     drawn = _drawn(to, plot)
     click.echo(f"{_done_or_wrote(done_before)} {'unbiased ' if unbiased else ''}CKA of {len(result.rows)} x "
                f"{len(result.columns)} layers over {result.images} images to {to} in "
@@ -553,8 +461,8 @@ def probe(output: Path, labels: Path | None, layers: str | None, folds: int, alp
     from featdump.readout.readouts import probe as compute
 
     started, done_before = time.perf_counter(), to.exists() and not overwrite
-    readouts = compute(output, layers, folds, alphas, labels, common, seed, memory, device, to, overwrite,
-                       progress=_progress("MB"))
+    readouts = compute(output, layers, folds=folds, alphas=alphas, labels=labels, common=common, seed=seed,
+                       memory=memory, device=device, to=to, overwrite=overwrite, progress=progress_for("MB"))
     _said_readouts("probe", readouts, to, plot, started, done_before)
 
 
@@ -588,110 +496,7 @@ def encode(output: Path, targets: str, alpha_per_target: bool, delays: str | Non
     from featdump.readout.readouts import encode as compute
 
     started, done_before = time.perf_counter(), to.exists() and not overwrite
-    readouts = compute(output, targets, layers, folds, alphas, alpha_per_target, common, seed, memory, device, to,
-                       overwrite, progress=_progress("MB"), delays=delays, gap=gap)
+    readouts = compute(output, targets, layers, folds=folds, alphas=alphas, per_target=alpha_per_target,
+                       common=common, seed=seed, memory=memory, device=device, to=to, overwrite=overwrite,
+                       progress=progress_for("MB"), delays=delays, gap=gap)
     _said_readouts("encode", readouts, to, plot, started, done_before)
-
-
-# -- progress and logging ------------------------------------------------------------------------
-
-
-def _progress(unit: str = "img"):
-    """A tqdm bar on a terminal, log lines otherwise; counting UNIT (img, MB)."""
-    return _BarProgress(unit) if sys.stderr.isatty() else _LogProgress(unit)
-
-
-class _BarProgress:
-    """A tqdm bar on a terminal."""
-
-    def __init__(self, unit: str = "img"):
-        self._bar, self._unit = None, unit
-        self._scale = 1e6 if unit == "MB" else 1  # megabytes read are shown as bytes: 1.42 GB/3.54 GB, 210 MB/s
-
-    def start(self, total: int, done: int, noun: str = "image") -> None:
-        if total <= done:  # nothing to do (an update that only adds layers has no new image): no empty bar
-            return
-        from tqdm import tqdm
-
-        unit = self._unit if noun == "image" else noun
-        units = dict(unit="B", unit_scale=True, unit_divisor=1000) if self._scale != 1 else dict(unit=unit)
-        self._bar = tqdm(total=total * self._scale, initial=done * self._scale, dynamic_ncols=True, smoothing=0.1,
-                         **units)
-
-    def advance(self, images: int) -> None:
-        if self._bar is not None:
-            self._bar.update(images * self._scale)
-
-    def found(self, rows: int) -> None:
-        """ROWS done before: on the bar, out of its rate."""
-        if self._bar is not None and rows:
-            self._bar.n += rows * self._scale
-            self._bar.last_print_n += rows * self._scale
-            self._bar.initial += rows * self._scale
-            self._bar.refresh()
-
-    def close(self) -> None:
-        if self._bar is not None:
-            self._bar.close()
-            self._bar = None
-
-
-class _LogProgress:
-    """Plain log lines when stderr is not a terminal: every 30 s, and at 10% steps (the first at once, the others
-    at most every 5 s: a quick job says ten lines in ten seconds at most, not ten at once)."""
-
-    def __init__(self, unit: str = "img", every_seconds: float = 30.0, least_seconds: float = 5.0):
-        self._every, self._least, self._unit = every_seconds, least_seconds, unit
-
-    def start(self, total: int, done: int, noun: str = "image") -> None:
-        self._total, self._done, self._first = total, done, done
-        self._noun = noun
-        self._started = self._last = time.monotonic()
-        self._said = -math.inf  # when a step was last said
-        self._next_step = done + max(1, total // 10)
-
-    def advance(self, images: int) -> None:
-        self._done += images
-        now = time.monotonic()
-        step = self._done >= self._next_step and now - self._said >= self._least
-        if now - self._last >= self._every or step:
-            rate = (self._done - self._first) / max(now - self._started, 1e-9)
-            names, unit = ("images", "img") if self._noun == "image" else (f"{self._noun}s", self._noun)
-            names, unit = (names, unit) if self._unit == "img" else (self._unit, self._unit)
-            log.info("%d/%d %s (%.0f%%), %.1f %s/s", self._done, self._total, names,
-                     100.0 * self._done / max(self._total, 1), rate, unit)
-            self._last = self._said = now
-            while self._next_step <= self._done:
-                self._next_step += max(1, self._total // 10)
-
-    def found(self, rows: int) -> None:
-        """ROWS done before: counted, out of the rate."""
-        self._done += rows
-        self._first += rows
-
-    def close(self) -> None:
-        pass
-
-
-class _TqdmHandler(logging.Handler):
-    """Log lines that do not tear a tqdm bar."""
-
-    def emit(self, record: logging.LogRecord) -> None:
-        from tqdm import tqdm
-
-        tqdm.write(self.format(record), file=sys.stderr)
-
-
-def _setup_logging(level: int) -> None:
-    logger = logging.getLogger("featdump")
-    logger.handlers.clear()
-    if sys.stderr.isatty():
-        handler = _TqdmHandler()
-        handler.setFormatter(logging.Formatter("%(message)s"))
-    else:
-        handler = logging.StreamHandler(sys.stderr)
-        handler.setFormatter(logging.Formatter("%(asctime)s featdump %(levelname)s: %(message)s",
-                                               "%Y-%m-%d %H:%M:%S"))
-    logger.addHandler(handler)
-    logger.setLevel(level)
-    logger.propagate = False

@@ -72,7 +72,7 @@ class Readout:
         return layer_score(self.kind, self.accuracy, self.r)
 
 
-def probe(output: str | Path, layers: list[str] | str | None = None, folds: int = DEFAULT_FOLDS,
+def probe(output: str | Path, layers: list[str] | str | None = None, *, folds: int = DEFAULT_FOLDS,
           alphas=DEFAULT_ALPHAS, labels: str | Path | None = None, common: bool = False, seed: int = 0,
           memory: str | int = DEFAULT_MEMORY, device: str = "auto", to: str | Path | None = None,
           overwrite: bool = False, progress: Progress | None = None) -> dict[str, Readout]:
@@ -86,7 +86,8 @@ def probe(output: str | Path, layers: list[str] | str | None = None, folds: int 
                      progress)
 
 
-def encode(output: str | Path, targets: str | Path, layers: list[str] | str | None = None, folds: int = DEFAULT_FOLDS,
+def encode(output: str | Path, targets: str | Path, layers: list[str] | str | None = None, *,
+           folds: int = DEFAULT_FOLDS,
            alphas=DEFAULT_ALPHAS, per_target: bool = False, common: bool = False, seed: int = 0,
            memory: str | int = DEFAULT_MEMORY, device: str = "auto", to: str | Path | None = None,
            overwrite: bool = False, progress: Progress | None = None, delays=None,
