@@ -235,3 +235,10 @@ def test_extract_help_names_every_model_source_and_what_compile_builds():
     assert result.returncode == 0
     assert "hf:ORG/NAME" in text and "open_clip:ARCH" in text and "timm:NAME" in text
     assert "ahead of time into a package (torch.export + AOTInductor)" in text
+
+
+@pytest.mark.parametrize("option, said", [(["--shards", "2"], "--shards N splits a --ray job"),
+                                          (["--no-merge"], "--no-merge leaves a --ray job's shards unmerged")])
+def test_the_options_of_a_ray_job_are_refused_without_ray_in_one_line(tmp_path, option, said):
+    result = run_featdump("extract", "-m", "resnet18", "-w", "none", "-l", "avgpool", *option, tmp_path, "out.h5")
+    assert result.returncode == 2 and said in result.stderr and result.stderr.count("\n") == 1, result.stderr

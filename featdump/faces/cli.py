@@ -13,8 +13,8 @@ import click
 
 from featdump.analysis.choices import DEFAULT_MEMORY, METRICS
 from featdump.errors import FeatdumpError, NoImages
+from featdump.faces import sayings
 from featdump.faces.terminal import progress_for, setup_logging
-from featdump.forward.patterns import LAYER_LIKE
 from featdump.job.options import Option
 from featdump.job.settings import OPTIONS, Settings
 from featdump.readout.choices import DEFAULT_ALPHAS, DEFAULT_FOLDS
@@ -45,9 +45,9 @@ class _Group(click.Group):
         except click.UsageError as error:  # a subcommand's: missing argument, bad path, unknown option
             name = ctx.invoked_subcommand
             _fail(_usage_line(error, f"featdump {name} --help" if name else "featdump --help")
-                  + _spaced_layers(given), 2)
+                  + sayings.spaced_layers(given), 2)
         except FeatdumpError as error:
-            _fail(str(error) + (_spaced_layers(given) if isinstance(error, NoImages) else ""), error.exit_code)
+            _fail(str(error) + (sayings.spaced_layers(given) if isinstance(error, NoImages) else ""), error.exit_code)
         except KeyboardInterrupt:
             _fail("Interrupted before any batch was written.", 130)
         except BrokenPipeError:  # `featdump list-layers resnet50 | head`
@@ -65,16 +65,6 @@ def _usage_line(error: click.UsageError, help_command: str) -> str:
     """Click's message in one line, with where to look: `Error: Missing option '-m'. See `featdump extract --help`.`"""
     message = " ".join(error.format_message().split())
     return f"{message}{'' if message.endswith('.') else '.'} See `{help_command}`."
-
-
-def _spaced_layers(args: list[str]) -> str:
-    """A word more when `-l layer1 layer2 IMAGES OUT` took layer2 for IMAGES: the word after --layers's value
-    reads like a layer name and is no file."""
-    for index, arg in enumerate(args[:-2]):
-        following = args[index + 2]
-        if arg in ("-l", "--layers") and LAYER_LIKE.fullmatch(following) and not Path(following).exists():
-            return f" Layers are comma-separated: -l {args[index + 1]},{following}."
-    return ""
 
 
 def _fail(message: str, exit_code: int):
@@ -215,20 +205,9 @@ def extract(images: str, output: str, ray_address: str | None, shards: int | Non
     """
     options.pop("config")
     settings = Settings(images=images, output=output, command=shlex.join(["featdump", *sys.argv[1:]]), **options)
-    if ray_address is None and shards is not None:
-        raise click.UsageError("--shards N splits a --ray job; a process of a SLURM array or a pod takes --shard K/N.")
-    if ray_address is None and not merge_shards:
-        raise click.UsageError("--no-merge leaves a --ray job's shards unmerged; without --ray there is one output "
-                               "(or, under --shard K/N, one shard) and nothing to merge.")
-    if ray_address is not None:
-        from featdump.engines.ray import extract_on_ray
+    from featdump.engines.choice import run_extract
 
-        address = None if ray_address == "auto" else ray_address
-        summary = extract_on_ray(settings, shards, address, progress_for(), merge_shards)
-    else:
-        from featdump.job.staging import extract as run_extraction  # torch: not before a Ray job's tasks start
-
-        summary = run_extraction(settings, progress_for())
+    summary = run_extract(settings, progress_for(), ray_address, shards, merge_shards)
     click.echo(summary.line(), err=True)
 
 
@@ -334,21 +313,6 @@ def _analysis_options(command):
     return command
 
 
-def _done_or_wrote(done_before: bool) -> str:
-    """How an analysis' summary line starts: it wrote its result, or found it written by the same command."""
-    return "Nothing to do: already wrote" if done_before else "Wrote"
-
-
-def _drawn(to: Path, plot: Path | None) -> str:
-    """Draw the result file TO into PLOT when asked; the summary line's note."""
-    if plot is None:
-        return ""
-    from featdump.faces.matrices import draw_results
-
-    draw_results(to, plot)
-    return f" (drawn in {plot})"
-
-
 @main.command()
 @click.argument("output", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("-l", "--layers", help="Layers (names or patterns, as for extract; comma-separated).  [default: all]")
@@ -371,10 +335,7 @@ def rdm(output: Path, layers: str | None, metric: str, to: Path, memory: str, de
     started, done_before = time.perf_counter(), to.exists() and not overwrite  # then made by this same command
     matrices = compute(output, layers, metric=metric, memory=memory, device=device, to=to, overwrite=overwrite,
                        progress=progress_for("MB"))
-    drawn = _drawn(to, plot)
-    rows = next(iter(matrices.values())).shape[0] if matrices else 0
-    click.echo(f"{_done_or_wrote(done_before)} the {metric} RDMs of {len(matrices)} layer{'s' * (len(matrices) != 1)} "
-               f"over {rows} images to {to} in {time.perf_counter() - started:.1f} s{drawn}.", err=True)
+    click.echo(sayings.rdms_line(metric, matrices, to, plot, started, done_before), err=True)
 
 
 @main.command()
@@ -401,10 +362,7 @@ def cka(output: Path, other: Path | None, layers: str | None, other_layers: str 
     started, done_before = time.perf_counter(), to.exists() and not overwrite  # then made by this same command
     result = compute(output, other, layers=layers, other_layers=other_layers, unbiased=unbiased, common=common,
                      memory=memory, device=device, to=to, overwrite=overwrite, progress=progress_for("MB"))
-    drawn = _drawn(to, plot)
-    click.echo(f"{_done_or_wrote(done_before)} {'unbiased ' if unbiased else ''}CKA of {len(result.rows)} x "
-               f"{len(result.columns)} layers over {result.images} images to {to} in "
-               f"{time.perf_counter() - started:.1f} s{drawn}.", err=True)
+    click.echo(sayings.cka_line(result, unbiased, to, plot, started, done_before), err=True)
 
 
 def _readout_options(command):
@@ -429,18 +387,6 @@ def _readout_options(command):
     return command
 
 
-def _said_readouts(kind: str, readouts: dict, to: Path, plot: Path | None, started: float, done_before: bool) -> None:
-    """The summary line of a probe or an encoding, and the picture when asked."""
-    drawn = _drawn(to, plot)
-    best = max(readouts.values(), key=lambda readout: readout.score, default=None)
-    measure = "accuracy" if kind == "probe" else "median r"
-    peak = f"; the best, {best.layer}: {measure} {best.score:.3f}" if best is not None else ""
-    images = len(best.fold) if best is not None else 0
-    what = "probes" if kind == "probe" else "encoding models"
-    click.echo(f"{_done_or_wrote(done_before)} the {what} of {len(readouts)} layer{'s' * (len(readouts) != 1)} over "
-               f"{images} images to {to} in {time.perf_counter() - started:.1f} s{peak}{drawn}.", err=True)
-
-
 @main.command()
 @click.argument("output", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--labels", type=click.Path(dir_okay=False, path_type=Path),
@@ -463,7 +409,7 @@ def probe(output: Path, labels: Path | None, layers: str | None, folds: int, alp
     started, done_before = time.perf_counter(), to.exists() and not overwrite
     readouts = compute(output, layers, folds=folds, alphas=alphas, labels=labels, common=common, seed=seed,
                        memory=memory, device=device, to=to, overwrite=overwrite, progress=progress_for("MB"))
-    _said_readouts("probe", readouts, to, plot, started, done_before)
+    click.echo(sayings.readouts_line("probe", readouts, to, plot, started, done_before), err=True)
 
 
 @main.command()
@@ -499,4 +445,4 @@ def encode(output: Path, targets: str, alpha_per_target: bool, delays: str | Non
     readouts = compute(output, targets, layers, folds=folds, alphas=alphas, per_target=alpha_per_target,
                        common=common, seed=seed, memory=memory, device=device, to=to, overwrite=overwrite,
                        progress=progress_for("MB"), delays=delays, gap=gap)
-    _said_readouts("encode", readouts, to, plot, started, done_before)
+    click.echo(sayings.readouts_line("encode", readouts, to, plot, started, done_before), err=True)
