@@ -25,7 +25,7 @@ from featdump.inputs import find_images  # noqa: E402
 from featdump.inputs.loader import ImageDataset, make_loader  # noqa: E402
 from featdump.inputs.preprocess import Preprocess  # noqa: E402
 from featdump.job.settings import COMPRESSIONS  # noqa: E402
-from featdump.output.layout import DatasetSpec, chunk_shape, compression_filters  # noqa: E402
+from featdump.output.specs import DatasetSpec, chunk_shape, compression_filters  # noqa: E402
 from featdump.sources.models import default_preprocessing  # noqa: E402
 
 

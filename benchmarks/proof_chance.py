@@ -1,5 +1,5 @@
 """The chance that the proof sees a fault that touches some rows after the first batch, measured by injecting it
-into many real runs, beside the sampler's formula (`featdump.job.proof.chance_of_seeing`, docs/proof.md).
+into many real runs, beside the sampler's formula (`featdump.job.sampling.chance_of_seeing`, docs/proof.md).
 
     python benchmarks/proof_chance.py [--runs 100] [--images 256] [--batch 8] [--proof 8]
 
@@ -24,8 +24,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from featdump.errors import ProofFailed  # noqa: E402
-from featdump.job.proof import chance_of_seeing  # noqa: E402
 from featdump.job.runner import extract  # noqa: E402
+from featdump.job.sampling import chance_of_seeing  # noqa: E402
 from featdump.job.settings import Settings  # noqa: E402
 from tests import faults  # noqa: E402
 

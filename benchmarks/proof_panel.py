@@ -32,7 +32,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from featdump.errors import FeatdumpError, ProofFailed  # noqa: E402
-from featdump.job.proof import channel_axis  # noqa: E402
+from featdump.job.channels import channel_axis  # noqa: E402
 from featdump.job.runner import extract  # noqa: E402
 from featdump.job.settings import Settings  # noqa: E402
 from tests import faults  # noqa: E402

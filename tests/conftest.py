@@ -15,7 +15,7 @@ import pytest
 from PIL import Image
 
 from featdump.job.settings import Settings
-from featdump.output.layout import DatasetSpec
+from featdump.output.specs import DatasetSpec
 from featdump.output.writer import FeatureWriter
 
 from .stores import SeaweedFS

@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 import featdump
-from featdump.job.proof import plan_sample, row_errors
+from featdump.job.proof import row_errors
+from featdump.job.sampling import plan_sample
 from featdump.job.tolerances import bound
 
 from . import faults
@@ -278,7 +279,7 @@ def test_the_sample_takes_a_quarter_from_the_first_batch_and_one_row_in_each_str
 def test_the_chance_formula_is_the_sampler_s_own(name, faulty):
     """256 rows in batches of 8, --proof 8: a fault after the first batch is met as often as docs/proof.md's formula
     says (between 1 - (1 - f)^M spread evenly and M f in one place; M = 6), over 4,000 drawn samples."""
-    from featdump.job.proof import chance_of_seeing
+    from featdump.job.sampling import chance_of_seeing
 
     rng = np.random.default_rng(0)
     trials = 4000

@@ -17,8 +17,9 @@ from torch.utils.data import DataLoader
 
 import featdump
 from featdump.errors import FeatdumpError
-from featdump.output.layout import DatasetSpec, open_to_read
+from featdump.output.layout import open_to_read
 from featdump.output.merge import merge
+from featdump.output.specs import DatasetSpec
 from featdump.output.writer import FeatureWriter
 from featdump.training import dataset as dataset_module
 from featdump.training.dataset import _Files

@@ -12,8 +12,9 @@ import numpy as np
 import pytest
 
 from featdump.errors import OutputExists, ResumeMismatch
-from featdump.output.layout import DatasetSpec, chunk_shape, partial_path
+from featdump.output.layout import partial_path
 from featdump.output.skipped import Skip
+from featdump.output.specs import DatasetSpec, chunk_shape
 from featdump.output.writer import FeatureWriter
 
 from .conftest import featdump_env
@@ -154,7 +155,7 @@ def test_chunks_a_kill_left_past_the_recorded_end_of_the_file_are_taken_in(tmp_p
 
 KILLED_APPENDER = """
 import sys, numpy as np
-from featdump.output.layout import DatasetSpec
+from featdump.output.specs import DatasetSpec
 from featdump.output.skipped import Skip
 from featdump.output.writer import FeatureWriter
 writer = FeatureWriter.open(sys.argv[1], {"f": DatasetSpec((64, 28, 28), "float32")}, {"image_count": 10**6},

@@ -16,7 +16,8 @@ from featdump.inputs.objects import read_prefix
 from featdump.inputs.remote_tars import named_remote_tars, read_remote_tars
 from featdump.inputs.stores import Patience
 from featdump.inputs.tables import names_tables, read_tables
-from featdump.inputs.tars import TAR_SUFFIX, check_not_compressed, check_tar_names, named_tars, read_tars
+from featdump.inputs.tar_names import TAR_SUFFIX, check_not_compressed, check_tar_names, named_tars
+from featdump.inputs.tars import read_tars
 from featdump.inputs.video import is_video_file
 from featdump.locations import Location
 

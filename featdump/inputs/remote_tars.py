@@ -32,16 +32,8 @@ from featdump.errors import NoImages, UsageProblem
 from featdump.inputs.imagelist import Encoded, ImageList
 from featdump.inputs.objects import object_identity, only_image, video_where_it_lies
 from featdump.inputs.stores import Patience, describe, fetch_all, fetch_as_ready, filesystem, store_path
-from featdump.inputs.tars import (
-    TAR_SUFFIX,
-    DamagedTar,
-    TarMembers,
-    TarScan,
-    TarShard,
-    expand_braces,
-    scan_tar_file,
-    tar_image_list,
-)
+from featdump.inputs.tar_names import TAR_SUFFIX, expand_braces
+from featdump.inputs.tars import DamagedTar, TarMembers, TarScan, TarShard, scan_tar_file, tar_image_list
 from featdump.inputs.video import is_video_name
 from featdump.locations import Location
 

@@ -25,7 +25,7 @@ import numpy as np
 from featdump.errors import NoImages, UsageProblem
 from featdump.inputs.imagelist import Encoded, ImageList
 from featdump.inputs.stores import Patience, filesystem, store_path
-from featdump.inputs.tars import expand_braces
+from featdump.inputs.tar_names import expand_braces
 from featdump.locations import Location
 
 TABLE_SUFFIX = ".parquet"

@@ -27,16 +27,16 @@ from featdump.inputs.gpu_decode import to_device_inputs
 from featdump.inputs.loader import Batch, batches_of, make_loader
 from featdump.inputs.workers import choose_workers
 from featdump.job import dependencies, warm
+from featdump.job.channels import channel_axis
 from featdump.job.model import Model, departures_of, preprocessing_name
 from featdump.job.proof import (
     Emulation,
     Proof,
     Reference,
-    channel_axis,
     describe_configuration,
-    plan_sample,
 )
 from featdump.job.report import Progress, nothing_read
+from featdump.job.sampling import plan_sample
 from featdump.job.settings import Settings
 from featdump.job.signals import StopSignals
 from featdump.output.lock import OutputLock, waiting_lock

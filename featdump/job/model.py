@@ -23,7 +23,7 @@ from featdump.job.proof import (
     reference_copy,
 )
 from featdump.job.settings import Settings
-from featdump.output.layout import DatasetSpec
+from featdump.output.specs import DatasetSpec
 from featdump.reductions.methods import bind, snapshot
 from featdump.reductions.record import Reduction
 from featdump.reductions.rules import choose, method_of

@@ -17,8 +17,6 @@ from __future__ import annotations
 
 import copy
 import logging
-import math
-import secrets
 import time
 from dataclasses import dataclass, field
 
@@ -35,11 +33,11 @@ from featdump.inputs.gpu_decode import to_device_inputs
 from featdump.inputs.loader import collate
 from featdump.inputs.preprocess import Preprocess
 from featdump.job import tolerances
-from featdump.output.netcdf import axis_kinds
+from featdump.job.channels import MIN_ROWS, ChannelMeans, ChannelScales
+from featdump.job.sampling import Sample
 
 log = logging.getLogger("featdump")
 REFERENCE = "cpu, fp32, eager, hooks, the original files decoded on the CPU"
-MIN_ROWS = 4  # proved rows before channel means are judged (their noise is estimated from the rows' spread)
 WATCHED = 4  # rows of a batch recomputed when a reduced precision made non-finite values in it
 _AUTOCAST = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -67,18 +65,6 @@ def reference_copy(module: nn.Module) -> nn.Module:
     return copy.deepcopy(module).cpu().float().eval()
 
 
-def channel_axis(shape: tuple[int, ...], attributes: dict) -> int | None:
-    """The axis of a stored row whose entries are channels (or features), as the file names them; None when no
-    axis is (then every entry is its own channel)."""
-    kinds = axis_kinds(shape, attributes)
-    if len(shape) == 1:
-        return 0
-    for kind in ("channel", "feature"):
-        if kind in kinds:
-            return kinds.index(kind)
-    return None
-
-
 @dataclass(frozen=True)
 class Emulation:
     """The run's departures as the CPU emulates them: its autocast precision and its decoding."""
@@ -104,106 +90,6 @@ class Reference:
 
 
 @dataclass
-class _Sample:
-    """Which source positions are proved: COUNT_FIRST of the first batch's, and LATER ones spread over the rest of
-    the job, drawn by SEED (a new one each run, recorded with the proof)."""
-
-    count_first: int
-    later: set[int]
-    seed: int
-
-
-def plan_sample(count: int, start: int, first_end: int, end: int, seed: int | None = None) -> _Sample:
-    """COUNT rows of positions START..END: a quarter (at least one) from the first batch (START..FIRST_END), so that
-    a configuration that does not fit stops within seconds; the rest one in each of as many equal stretches of the
-    positions after it, at a place drawn by SEED (drawn anew when None), so that a rerun, a shard or an update proves
-    other rows and a fault that starts late meets the sample (docs/proof.md: the chance of seeing a fault)."""
-    seed = secrets.randbits(32) if seed is None else seed
-    later_count = min(count - math.ceil(count / 4), end - first_end)
-    count_first = min(count - later_count, first_end - start)
-    rng = np.random.default_rng(seed)
-    stretches = np.linspace(first_end, end, later_count + 1).astype(int)
-    later = {int(rng.integers(low, high)) for low, high in zip(stretches[:-1], stretches[1:]) if high > low}
-    return _Sample(count_first, later, seed)
-
-
-def chance_of_seeing(count: int, first_batch: int, rows: int, faulty_after_first: float) -> tuple[float, float]:
-    """The chance that a sample of COUNT rows (`plan_sample`) of a job of ROWS rows whose first batch holds
-    FIRST_BATCH proves a row of a fault that touches a fraction FAULTY_AFTER_FIRST of the rows after the first batch:
-    (spread evenly over them, all in one place). Each later sample is drawn in its own stretch, so an even fault is met
-    with 1 - (1 - f)^M and a fault in one place, which only the stretch (or two) it falls in can meet, with M x f."""
-    later = min(count - math.ceil(count / 4), rows - first_batch)
-    return 1.0 - (1.0 - faulty_after_first) ** later, min(1.0, later * faulty_after_first)
-
-
-@dataclass
-class ChannelMeans:
-    """Per channel, the mean over each proved row's positions of (rows - other rows) / the row's largest fp32
-    value, and over the rows the mean of those and their spread: a systematic error of one channel, which the row
-    errors are too coarse to see where the precision's own noise is large, shows as a mean far beyond the spread."""
-
-    sums: np.ndarray | None = None  # per channel: the sum over rows of each row's channel mean
-    squares: np.ndarray | None = None  # per channel: the sum over rows of its square
-    rows: int = 0
-
-    def add(self, differences: np.ndarray) -> None:
-        """DIFFERENCES: (channels, entries) of one proved row."""
-        means = differences.mean(axis=1)
-        self.sums = means if self.sums is None else self.sums + means
-        self.squares = means**2 if self.squares is None else self.squares + means**2
-        self.rows += 1
-
-    def means(self) -> np.ndarray:
-        """Per channel, the mean over the rows (zeros before any row)."""
-        return np.zeros(1) if self.sums is None else self.sums / self.rows
-
-    def errors(self) -> np.ndarray | None:
-        """Per channel, the standard error of its mean (its rows' spread over the square root of their count),
-        floored at the median channel's (a channel whose few rows happen to agree is not trusted to be that
-        exact); None under MIN_ROWS rows."""
-        if self.sums is None or self.rows < MIN_ROWS:
-            return None
-        spread = np.maximum(self.squares / self.rows - (self.sums / self.rows) ** 2, 0.0) * self.rows / (self.rows - 1)
-        errors = np.sqrt(spread / self.rows)
-        return np.maximum(errors, np.median(errors))
-
-
-@dataclass
-class ChannelScales:
-    """Per channel, the sums that give the least-squares factor between one set of rows and another (the run's and
-    the emulation's; the emulation's and fp32's) over the proved rows and positions, and how far apart the two are
-    in all: a fault that scales a channel shows a factor farther from 1 than the precision's own error of that
-    channel could make it."""
-
-    products: np.ndarray | None = None  # per channel: the sum of got x base
-    squares: np.ndarray | None = None  # per channel: the sum of base^2
-    got_squares: np.ndarray | None = None  # per channel: the sum of got^2
-    entries: int = 0  # per channel: the values summed (rows x positions)
-
-    def add(self, got: np.ndarray, base: np.ndarray) -> None:
-        """GOT and BASE: (channels, entries) of one proved row, in units of its largest fp32 value."""
-        sums = ((got * base).sum(axis=1), (base * base).sum(axis=1), (got * got).sum(axis=1))
-        if self.products is None:
-            self.products, self.squares, self.got_squares = sums
-        else:
-            self.products, self.squares, self.got_squares = (self.products + sums[0], self.squares + sums[1],
-                                                             self.got_squares + sums[2])
-        self.entries += got.shape[1]
-
-    def deviations(self) -> np.ndarray:
-        """Per channel, |factor - 1| (0 where the base is all zeros, and before any row)."""
-        if self.products is None:
-            return np.zeros(1)
-        held = self.squares > 0
-        factors = np.divide(self.products, self.squares, out=np.ones_like(self.products), where=held)
-        return np.where(held, np.abs(factors - 1.0), 0.0)
-
-    def apart(self) -> np.ndarray:
-        """Per channel, the sum of (got - base)^2: how far the two sets are in all."""
-        return np.maximum(self.got_squares - 2 * self.products + self.squares, 0.0)
-
-
-@dataclass
 class _Evidence:
     """One layer's proof so far: each proved row's errors, the emulation's, and the channel shift."""
 
@@ -226,7 +112,7 @@ class Proof:
     images: ImageList
     parts: list[str]
     configuration: str  # the run's configuration, in words
-    sample: _Sample | None  # None: --proof 0 (the watch alone)
+    sample: Sample | None  # None: --proof 0 (the watch alone)
     watch_non_finite: bool  # bf16/fp16: rows with inf or NaN are recomputed in fp32
     storage: str  # the stored dtype: float16 rows are rounded, the reference's are not
     row_shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)  # each layer's stored row

@@ -21,7 +21,6 @@ from featdump.output.layout import (
     STRING,
     UPGRADED,
     Committed,
-    DatasetSpec,
     Output,
     copy_coordinates,
     create_layout,
@@ -37,6 +36,7 @@ from featdump.output.layout import (
 from featdump.output.lock import OutputLock
 from featdump.output.shard_files import shard_count, shard_path
 from featdump.output.space import check_space, human_bytes
+from featdump.output.specs import DatasetSpec
 from featdump.output.writer import close_quietly, publish, write_error
 
 log = logging.getLogger("featdump")

@@ -8,7 +8,7 @@ import shutil
 from pathlib import Path
 
 from featdump.errors import BadOption, NotEnoughSpace
-from featdump.output.layout import DatasetSpec
+from featdump.output.specs import DatasetSpec
 
 log = logging.getLogger("featdump")
 

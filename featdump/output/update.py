@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import h5py
+import numpy as np
 
 from featdump.errors import ResumeMismatch, UsageProblem
 from featdump.inputs import ImageList
@@ -31,6 +32,7 @@ from featdump.output.layout import (
     append_proof,
     as_text,
     copy_coordinates,
+    create_named_rows,
     name_dimensions,
     occurrences,
     partial_path,
@@ -38,7 +40,6 @@ from featdump.output.layout import (
     text_array,
     write_paths,
     write_rows,
-    write_stale,
 )
 from featdump.output.repair import discard_uncommitted
 from featdump.output.skipped import Skip
@@ -383,3 +384,13 @@ def _append_staged(h5file: h5py.File, staged: Output, plan: UpdatePlan, images_d
         skips.replace(h5file, [*plan.kept_skips, *skips.read(staged.file, added.skipped)], after, token)
     after.store(h5file)
     h5file.flush()
+
+
+def write_stale(h5file: h5py.File, stale: list[tuple[str, str]]) -> None:
+    """Replace /stale with STALE's (path, why)."""
+    if "stale" in h5file:
+        del h5file["stale"]
+    create_named_rows(h5file.create_group("stale"))
+    if stale:
+        write_paths(h5file, "stale/", 0, [path for path, _ in stale])
+        write_rows(h5file["stale/reasons"], 0, len(stale), np.array([reason for _, reason in stale], dtype=object))

@@ -22,7 +22,6 @@ from featdump.output import fingerprint as fingerprints
 from featdump.output import skipped as skips
 from featdump.output.layout import (
     Committed,
-    DatasetSpec,
     append_proof,
     coordinate_rows,
     create_features,
@@ -35,6 +34,7 @@ from featdump.output.layout import (
 from featdump.output.lock import refuse_existing
 from featdump.output.repair import discard_uncommitted
 from featdump.output.skipped import Skip
+from featdump.output.specs import DatasetSpec
 
 log = logging.getLogger("featdump")
 

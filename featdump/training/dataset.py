@@ -21,7 +21,8 @@ import numpy as np
 import torch
 
 from featdump.errors import BadOption
-from featdump.output.layout import open_to_read, register_filters
+from featdump.output.layout import open_to_read
+from featdump.output.specs import register_filters
 from featdump.training.plan import EpochPlan, Window, blocks_of
 from featdump.training.stored import StoredRows, read_stored
 
