@@ -43,8 +43,8 @@ lint: install ## Check style with ruff
 	$(BIN)/ruff check .
 
 bench: install ## Run the benchmarks and print their tables (see benchmarks/README.md)
-	$(BIN)/python benchmarks/run.py
-	$(BIN)/python benchmarks/compression.py
+	$(BIN)/python -m benchmarks.run
+	$(BIN)/python -m benchmarks.compression
 
 clean: ## Remove caches and demo output (keeps .venv)
 	rm -rf .pytest_cache .ruff_cache .coverage .coverage.* demo.h5 demo.h5.partial demo.png tour.h5 fmap.png benchmarks/data

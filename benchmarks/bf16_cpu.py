@@ -1,6 +1,6 @@
 """bf16 on a CPU node: `--precision bf16` (with its proof on, the default 8 images) against fp32, whole commands.
 
-    python benchmarks/bf16_cpu.py [--images 256] [--vit-images 64] [--rounds 2] [--configurations "fp32;bf16 + proof"]
+    python -m benchmarks.bf16_cpu [--images 256] [--vit-images 64] [--rounds 2] [--configurations "fp32;bf16 + proof"]
 
 ImageNet-size JPEGs (500x375, benchmarks/data), random weights, the default workers and batch size, each run a
 whole `featdump extract` command in its own process, interleaved per round: fp32, bf16 (proof 8, the default),
@@ -15,16 +15,15 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 from pathlib import Path
 
 import h5py
 
+from benchmarks.common import make_images, timed_featdump
+
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
-sys.path.insert(0, str(REPO))
 
-from benchmarks.run import make_images, timed_featdump  # noqa: E402
 
 VIT_BLOCKS = ",".join(f"encoder.layers.encoder_layer_{index}" for index in range(12))
 JOBS = {"resnet50 avgpool": ("resnet50", "avgpool"), "vit_b_16 12 blocks": ("vit_b_16", VIT_BLOCKS)}

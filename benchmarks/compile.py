@@ -1,7 +1,7 @@
 """--compile against eager: the batch loop's img/s, the compile time cold and with a warm cache, the whole command.
 
-    python benchmarks/compile.py [--images 512] [--models resnet50:avgpool,resnet18:layer3] [--rounds 3]
-    python benchmarks/compile.py --images 128 --rounds 1 --models vit_b_16:vit-blocks   # ViT-B/16, its 12 blocks
+    python -m benchmarks.compile [--images 512] [--models resnet50:avgpool,resnet18:layer3] [--rounds 3]
+    python -m benchmarks.compile --images 128 --rounds 1 --models vit_b_16:vit-blocks   # ViT-B/16, its 12 blocks
 
 ImageNet-size JPEGs (500x375, benchmarks/data), random weights, the default workers and batch size, each run a
 whole `featdump -v extract` command in its own process, in this order per model and round: eager, compiled
@@ -18,18 +18,17 @@ import argparse
 import re
 import shutil
 import statistics
-import sys
 import tempfile
 from pathlib import Path
 
 import h5py
 import numpy as np
 
+from benchmarks.common import make_images, timed_featdump
+
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
-sys.path.insert(0, str(REPO))
 
-from benchmarks.run import make_images, timed_featdump  # noqa: E402
 
 LAYER_SETS = {"vit-blocks": ",".join(f"encoder.layers.encoder_layer_{index}" for index in range(12))}
 

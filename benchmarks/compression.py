@@ -1,6 +1,6 @@
 """Compression of real activations: bytes and write/read speed for none, lzf, gzip, zstd, blosc.
 
-    python benchmarks/compression.py [--images 64]      (needs hdf5plugin: pip install 'featdump[compression]')
+    python -m benchmarks.compression [--images 64]      (needs hdf5plugin: pip install 'featdump[compression]')
 
 The activations are resnet18's layer3 and layer1 outputs (random weights, seed 0; ReLU outputs, so
 zero-rich like real ones) over the benchmark JPEGs, stored as featdump stores them (its chunking).
@@ -9,7 +9,6 @@ zero-rich like real ones) over the benchmark JPEGs, stored as featdump stores th
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from pathlib import Path
 
@@ -17,16 +16,16 @@ import h5py
 import numpy as np
 import torch
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent))
+from benchmarks.common import make_images
+from featdump.inputs import find_images
+from featdump.inputs.loader import ImageDataset, make_loader
+from featdump.inputs.preprocess import Preprocess
+from featdump.job.settings import COMPRESSIONS
+from featdump.output.specs import DatasetSpec, chunk_shape, compression_filters
+from featdump.sources.models import default_preprocessing
 
-from benchmarks.run import make_images  # noqa: E402
-from featdump.inputs import find_images  # noqa: E402
-from featdump.inputs.loader import ImageDataset, make_loader  # noqa: E402
-from featdump.inputs.preprocess import Preprocess  # noqa: E402
-from featdump.job.settings import COMPRESSIONS  # noqa: E402
-from featdump.output.specs import DatasetSpec, chunk_shape, compression_filters  # noqa: E402
-from featdump.sources.models import default_preprocessing  # noqa: E402
+HERE = Path(__file__).resolve().parent
+
 
 
 def activations(count: int) -> dict[str, np.ndarray]:

@@ -1,6 +1,6 @@
 """The forward alone, eager and compiled with and without inductor's freezing (resnet50, batch 32, channels_last).
 
-    python benchmarks/freezing.py
+    python -m benchmarks.freezing
 
 Each variant in its own process with its own empty cache folder: img/s over 3 forwards after a first one, and
 the compiled output's largest difference over eager's largest value. What --compile's choice of freezing on the

@@ -1,12 +1,12 @@
 """The GPU path in one prepared check, for a GPU machine lent for a few minutes (its own PyTorch, no featdump yet).
 
-    python benchmarks/gpu_check.py OUT_DIR [--budget 480] [--dry-run]
+    python -m benchmarks.gpu_check OUT_DIR [--budget 480] [--dry-run]
 
 From the repository's root on a fresh machine:
   1. install: featdump without touching torch (`pip install --no-deps -e .`), after the few pure packages it needs
      that are missing (each checked first);
   2. cuda tests: `pytest -m cuda` and the device tests (test_device.py, test_gpu_decode.py) on the GPU;
-  3. benchmarks: `benchmarks/run.py --gpu` (resnet50 avgpool fp32/bf16 with CPU and GPU decode, --compile bf16,
+  3. benchmarks: `python -m benchmarks.run --gpu` (resnet50 avgpool fp32/bf16 with CPU and GPU decode, --compile bf16,
      float16 storage, tar shards, a read-out, each beside the forward alone on random tensors and the decode
      alone) over --gpu-images JPEGs;
   4. proof panel: its GPU cells (bf16 and fp16, r3d_18 fp16 among them) and a fault on the GPU path (each batch's
@@ -29,6 +29,8 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+
+from benchmarks.common import benchmark
 
 REPO = Path(__file__).resolve().parents[1]
 PURE = {"click": "click>=8.1", "h5py": "h5py>=3.8", "tqdm": "tqdm>=4.64", "PIL": "pillow>=9.5",
@@ -124,8 +126,8 @@ def cuda_tests(step: Step, limit: float, out: Path, dry_run: bool) -> None:
 
 
 def benchmarks(step: Step, limit: float, out: Path, dry_run: bool, images: int) -> None:
-    """benchmarks/run.py --gpu over IMAGES JPEGs; a dry run, its rows on the CPU over 16."""
-    command = [sys.executable, "benchmarks/run.py", "--gpu", "--gpu-images", str(images)]
+    """`benchmarks.run --gpu` over IMAGES JPEGs; a dry run, its rows on the CPU over 16."""
+    command = [*benchmark("run"), "--gpu", "--gpu-images", str(images)]
     if dry_run:
         command = [*command[:-1], "16", "--dry-run"]
         step.why = "--dry-run: CUDA absent, run.py's --gpu rows on the CPU over 16 images (GPU decode, compile out)"
@@ -143,7 +145,7 @@ def proof_panel(step: Step, limit: float, out: Path, dry_run: bool) -> None:
     else:
         options = ["--models", "resnet50,vit_b_16,convnext_tiny,efficientnet_v2_s,r3d_18", "--seeds", "0",
                    "--configurations", "bf16,fp16", "--faults", "shifted", "--slow-fp16"]
-    text = run(step, [sys.executable, "benchmarks/proof_panel.py", *options, "--out", str(folder)], limit, out)
+    text = run(step, [*benchmark("proof_panel"), *options, "--out", str(folder)], limit, out)
     step.figures["rows"] = [line for line in text.splitlines() if line.startswith("| ") and "---" not in line]
     panel = folder / "panel.json"
     if panel.exists():
@@ -179,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out", type=Path, help="the folder the results file (gpu_check.json) and logs go to")
     parser.add_argument("--budget", type=float, default=480.0, help="seconds for all the steps together")
-    parser.add_argument("--gpu-images", type=int, default=2048, help="JPEGs of benchmarks/run.py's GPU rows")
+    parser.add_argument("--gpu-images", type=int, default=2048, help="JPEGs of benchmarks.run's GPU rows")
     parser.add_argument("--dry-run", action="store_true", help="every step at a tiny size, CUDA absent")
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)

@@ -1,7 +1,7 @@
 """Growing an output by layers: what `--update` costs to add layers to a stored output, against a fresh run of
 those layers alone, and how deep its forward goes.
 
-    python benchmarks/grow.py [--images 1024] [--rounds 1]
+    python -m benchmarks.grow [--images 1024] [--rounds 1]
 
 resnet50 (random weights) over ImageNet-size JPEGs (benchmarks/data), the default workers and batch size, each a
 whole `featdump extract` command in its own process:
@@ -20,11 +20,11 @@ import sys
 import tempfile
 from pathlib import Path
 
+from benchmarks.common import make_images, timed_featdump
+
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
-sys.path.insert(0, str(REPO))
 
-from benchmarks.run import make_images, timed_featdump  # noqa: E402
 
 BASE = ["-q", "extract", "-m", "resnet50", "-w", "none"]
 

@@ -1,6 +1,6 @@
 """Images a second from an HDF5 brick and from Parquet shards against the same images as JPEG files in a folder.
 
-    python benchmarks/inputs_rate.py [--images 512] [--repeats 3]
+    python -m benchmarks.inputs_rate [--images 512] [--repeats 3]
 
 NSD-sized images (425 x 425 x 3): the folder holds them as JPEG files; the brick (nsd_stimuli.hdf5:imgBrick) their
 decoded pixels, so no JPEG is decoded; the Parquet dataset (Hugging Face's layout, 4 shards) the same JPEG bytes.

@@ -1,6 +1,6 @@
 """Many shards: the merge of 100, 1,000 and 10,000 finished shards, and reads through the merged view.
 
-    python benchmarks/many_shards.py [--counts 100,1000,10000] [--per-shard 2] [--store]
+    python -m benchmarks.many_shards [--counts 100,1000,10000] [--per-shard 2] [--store]
 
 The shards are made in-process by featdump's own extract (`--shard K/N`) with a tiny model (a factory: a strided
 convolution, 16 outputs) over a labelled CSV list naming PER-SHARD x N small PNGs (four files over and over), once,
@@ -57,7 +57,7 @@ def make_shards(count: int, per_shard: int) -> Path:
         return output
     pictures = DATA / "pictures"
     pictures.mkdir(parents=True, exist_ok=True)
-    sys.path.insert(0, str(DATA))
+    os.chdir(DATA)  # featdump imports a factory from the current folder
     (DATA / "tinynet.py").write_text(TINY)
     for index in range(4):
         pixels = np.random.default_rng(index).integers(0, 255, (16, 16, 3), dtype=np.uint8)
@@ -66,7 +66,6 @@ def make_shards(count: int, per_shard: int) -> Path:
     listing = folder / "images.csv"  # labels for the probe: the picture's parity
     listing.write_text("path,label\n" + "\n".join(f"../pictures/{index % 4}.png,{index % 2}"
                                                     for index in range(per_shard * count)))
-    sys.path.insert(0, str(REPO))
     from featdump.job.settings import Settings
     from featdump.job.staging import extract
 
@@ -151,8 +150,7 @@ def reads(path: Path) -> dict:
 
 def store_merge(output: Path, count: int) -> dict:
     """The shards uploaded to a SeaweedFS server on loopback, then `featdump merge s3://...` timed."""
-    sys.path.insert(0, str(REPO))
-    from tests.stores import SeaweedFS
+    from benchmarks.seaweed import SeaweedFS
 
     server = SeaweedFS(DATA / f"seaweed-{count}")
     server.start()

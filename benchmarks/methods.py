@@ -1,6 +1,6 @@
 """One benchmark method per process (so its peak RSS is its own); prints one JSON line.
 
-    python benchmarks/methods.py METHOD --model resnet18 --layer avgpool --images DIR --out FILE [...]
+    python -m benchmarks.methods METHOD --model resnet18 --layer avgpool --images DIR --out FILE [...]
 
 Methods, all fed by featdump's own DataLoader and preprocessing so that only what happens after
 decoding differs (with --loader pil, bare and recipe read images as a torchvision ImageFolder-style
@@ -112,7 +112,7 @@ def run_bare(args, device):
     return time.perf_counter() - started
 
 
-class _LoopTimer:
+class LoopTimer:
     """A featdump Progress that times the batch loop (set-up excluded, like the other methods), and the
     steady rate after the first batch (which also waits for the DataLoader workers to start)."""
 
@@ -137,7 +137,7 @@ class _LoopTimer:
 
 
 def run_featdump(args, device):
-    timer = _LoopTimer()
+    timer = LoopTimer()
     settings = Settings(model=args.model, layers=(args.layer,), images=Path(args.images), output=Path(args.out),
                         weights="none", batch_size=args.batch_size, num_workers=args.workers, device=str(device),
                         overwrite=True, dtype=args.dtype, precision=args.precision, decode=args.decode,

@@ -1,7 +1,7 @@
 """What the NetCDF-4 dimension names cost: a 10,000-row append with them (format 3) and without (as format 2 wrote),
 in time and size, and the time to open the file in xarray.
 
-    python benchmarks/netcdf.py [--rows 10000] [--rounds 3]
+    python -m benchmarks.netcdf [--rows 10000] [--rounds 3]
 
 The output's own writer (`FeatureWriter`, batches of 64 rows committed one by one, as a run writes them) appends
 10,000 rows of two resnet50-like layers: layer4 (2048, 7, 7) pooled to avgpool (2048,), and layer3's (1024, 14,
@@ -13,19 +13,18 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent))
+from featdump.output import netcdf
+from featdump.output.layout import DatasetSpec
+from featdump.output.writer import FeatureWriter
 
-from featdump.output import netcdf  # noqa: E402
-from featdump.output.layout import DatasetSpec  # noqa: E402
-from featdump.output.writer import FeatureWriter  # noqa: E402
+HERE = Path(__file__).resolve().parent
+
 
 SPECS = {"avgpool": DatasetSpec((2048,), "float32", reduction="avgpool"),
          "layer3": DatasetSpec((4096,), "float32", reduction="srp:4096"),

@@ -2,7 +2,7 @@
 decoding), and how far --compile's rows are from eager's in the same precision: the figures behind the proof's
 tolerances (`featdump/job/tolerances.py`) and the first-batch check of --compile (`featdump/forward/compiling.py`).
 
-    python benchmarks/precision.py [--images 16] [--out DIR] [--no-compile] [--device cpu|cuda]
+    python -m benchmarks.precision [--images 16] [--out DIR] [--no-compile] [--device cpu|cuda]
 
 Each error is per row: max |got - reference| / max |reference| over the row, then the largest and the median over
 the rows, per layer. Models: a random resnet18 (seed 0; layer2, layer4, avgpool), the small CNN with in-place ops
@@ -13,7 +13,7 @@ for --fast-decode to decode them at half scale).
 from __future__ import annotations
 
 import argparse
-import sys
+import os
 import tempfile
 from pathlib import Path
 
@@ -21,11 +21,11 @@ import h5py
 import numpy as np
 from PIL import Image
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from featdump.job.runner import extract
+from featdump.job.settings import Settings
 
-from featdump.job.runner import extract  # noqa: E402
-from featdump.job.settings import Settings  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]
+
 
 MODELS = {"resnet18": "layer2,layer4,avgpool", "tiny_models:cnn": "bn,conv2,pool", "tiny_models:vit":
           "encoder.layers.encoder_layer_1,encoder.ln"}
@@ -77,10 +77,10 @@ def main() -> None:
     args = parser.parse_args()
     work = args.out or Path(tempfile.mkdtemp(prefix="featdump-precision-"))
     write_images(work / "images", args.images)
-    from tests.test_compile import MODELS as TINY  # the small models of the compile tests
+    from benchmarks.tiny_models import MODELS as TINY  # the small models of the compile tests
 
     (work / "tiny_models.py").write_text(TINY)
-    sys.path.insert(0, str(work))
+    os.chdir(work)  # featdump imports a factory from the current folder
     configurations = {"bf16": dict(precision="bf16"), "fp16": dict(precision="fp16"),
                       "fast-decode": dict(fast_decode=True)}
     if not args.no_compile:

@@ -1,7 +1,7 @@
 """The chance that the proof sees a fault that touches some rows after the first batch, measured by injecting it
 into many real runs, beside the sampler's formula (`featdump.job.sampling.chance_of_seeing`, docs/proof.md).
 
-    python benchmarks/proof_chance.py [--runs 100] [--images 256] [--batch 8] [--proof 8]
+    python -m benchmarks.proof_chance [--runs 100] [--images 256] [--batch 8] [--proof 8]
 
 A small convolutional network (random, seed 0) over IMAGES small photos in batches of BATCH, bf16, --proof PROOF;
 each run draws its own sample, and each fault is injected in the copy of the rows to the host (`tests/faults.py`):
@@ -12,7 +12,7 @@ rows (a stale buffer); two neighbouring rows of one batch swapped. A run that th
 from __future__ import annotations
 
 import argparse
-import sys
+import os
 import tempfile
 from pathlib import Path
 
@@ -20,14 +20,14 @@ import numpy as np
 import torch
 from PIL import Image
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from benchmarks import faults
+from featdump.errors import ProofFailed
+from featdump.job.runner import extract
+from featdump.job.sampling import chance_of_seeing
+from featdump.job.settings import Settings
 
-from featdump.errors import ProofFailed  # noqa: E402
-from featdump.job.runner import extract  # noqa: E402
-from featdump.job.sampling import chance_of_seeing  # noqa: E402
-from featdump.job.settings import Settings  # noqa: E402
-from tests import faults  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]
+
 
 MODEL = '''
 import torch
@@ -104,7 +104,7 @@ def main() -> None:
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="featdump-chance-"))
     (work / "chance_model.py").write_text(MODEL)
-    sys.path.insert(0, str(work))
+    os.chdir(work)  # featdump imports a factory from the current folder
     images = write_images(work / "images", args.images)
     batches = args.images // args.batch
     after = args.images - args.batch  # the rows after the first batch

@@ -1,6 +1,6 @@
 """The proof's panel: no false alarm on sound runs, every injected fault caught (docs/proof.md).
 
-    python benchmarks/proof_panel.py [--models resnet50,...] [--seeds 0,1] [--configurations bf16,fp16,...]
+    python -m benchmarks.proof_panel [--models resnet50,...] [--seeds 0,1] [--configurations bf16,fp16,...]
                                      [--faults shifted,zeroed,channel,scaled,wrong-layer] [--out DIR] [--slow-fp16]
                                      [--no-misfits]
 
@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
+import os
 import tempfile
 import time
 from pathlib import Path
@@ -28,14 +28,14 @@ import h5py
 import numpy as np
 from PIL import Image
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from benchmarks import faults
+from featdump.errors import FeatdumpError, ProofFailed
+from featdump.job.channels import channel_axis
+from featdump.job.runner import extract
+from featdump.job.settings import Settings
 
-from featdump.errors import FeatdumpError, ProofFailed  # noqa: E402
-from featdump.job.channels import channel_axis  # noqa: E402
-from featdump.job.runner import extract  # noqa: E402
-from featdump.job.settings import Settings  # noqa: E402
-from tests import faults  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]
+
 
 PANEL = {  # model: (shallow, middle, deepest, output)
     "resnet50": "layer1,layer3,layer4,fc",
@@ -71,7 +71,7 @@ def write_images(folder: Path) -> Path:
 
 def write_films(folder: Path) -> Path:
     """One film of 8 back-to-back 16-frame clips (r3d_18's own clip)."""
-    from tests.videos import write_video
+    from benchmarks.videos import write_video
 
     write_video(folder / "film.mp4", 16 * IMAGES, fps=15, size=(120, 160), lossless=False)
     return folder
@@ -121,7 +121,7 @@ MISFITS = {  # a precision that does not fit the model at a layer: must stop, sa
 def run_misfits(images: Path, work: Path) -> list[dict]:
     """Each MISFITS case: it must stop with the proof's "does not fit" line (a sound finish is a miss)."""
     (work / "panel_misfits.py").write_text(MISFIT_MODELS)
-    sys.path.insert(0, str(work))
+    os.chdir(work)  # featdump imports a factory from the current folder
     results = []
     for name, (model, layer, precision) in MISFITS.items():
         started = time.perf_counter()

@@ -1,6 +1,6 @@
 """Ray against SLURM-style processes on this machine: rows per second, and the cost of one more shard.
 
-    python benchmarks/ray_throughput.py [--images 512] [--model resnet18] [--layer avgpool] [--shards 2,8,32]
+    python -m benchmarks.ray_throughput [--images 512] [--model resnet18] [--layer avgpool] [--shards 2,8,32]
                                         [--rounds 2]
 
 ImageNet-size JPEGs (500x375, benchmarks/data), random weights, default workers and batch size, whole commands:
@@ -27,11 +27,11 @@ from pathlib import Path
 
 import numpy as np
 
+from benchmarks.common import make_images, timed_featdump
+
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
-sys.path.insert(0, str(REPO))
 
-from benchmarks.run import make_images, timed_featdump  # noqa: E402
 
 
 def two_processes(model: str, layer: str, images: Path, work: Path) -> float:

@@ -1,7 +1,7 @@
 """The RDM of a wide layer from disk: `featdump rdm` against reading the layer once and against one X @ X.T in
 torch of the same data in memory, and rsatoolbox's calc_rdm where it fits in memory.
 
-    python benchmarks/rdm.py [--images 2048] [--rounds 1] [--rsatoolbox-images 512]
+    python -m benchmarks.rdm [--images 2048] [--rounds 1] [--rsatoolbox-images 512]
 
 resnet50 (random weights) layer1 (256 x 56 x 56 = 802,816 features, float32) over ImageNet-size JPEGs
 (benchmarks/data), extracted once with featdump and kept in benchmarks/data. Each timed step runs in its own
@@ -17,11 +17,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+from benchmarks.common import make_images, timed_featdump
+
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
-sys.path.insert(0, str(REPO))
 
-from benchmarks.run import make_images, timed_featdump  # noqa: E402
 
 STEP = r"""
 import resource, sys, time

@@ -2,7 +2,7 @@
 ImageNet-size JPEGs (benchmarks/data), against float64 references (rsatoolbox's correlation and euclidean, numpy's
 cosine) computed from the same stored float32 rows, and against a plain float32 Gram as the baseline.
 
-    python benchmarks/rdm_accuracy.py [--images 256]
+    python -m benchmarks.rdm_accuracy [--images 256]
 
 Prints, per metric: the largest entry, featdump's largest error over it, its worst relative error on the 1% of
 smallest distances, and the same for the plain float32 Gram. Target (issue 40): 1e-5 of the largest entry.
@@ -11,17 +11,16 @@ smallest distances, and the same for the plain float32 Gram. Target (issue 40): 
 from __future__ import annotations
 
 import argparse
-import sys
 import warnings
 from pathlib import Path
 
 import numpy as np
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent))
+import featdump
+from benchmarks.common import make_images, timed_featdump
 
-import featdump  # noqa: E402
-from benchmarks.run import make_images, timed_featdump  # noqa: E402
+HERE = Path(__file__).resolve().parent
+
 
 
 def references(rows: np.ndarray, metric: str) -> np.ndarray:

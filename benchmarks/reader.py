@@ -1,7 +1,7 @@
 """Training from the stored features: a shuffled epoch of featdump.FeatureDataset against a sequential chunk-by-chunk
 h5py read of the same dataset (the limit) and the usual per-row map-style Dataset with a shuffled sampler.
 
-    python benchmarks/reader.py [--wide-rows 2700] [--images 5100] [--naive-batches 10] [--epochs 3] [--cold]
+    python -m benchmarks.reader [--wide-rows 2700] [--images 5100] [--naive-batches 10] [--epochs 3] [--cold]
 
 Two files, written once into benchmarks/data by featdump's own writer (random values): a wide layer of 400 KB rows
 (100 x 32 x 32 float32; 2,700 rows: 1.1 GB) and a ViT-like token layer (197 tokens x 768 float32 per image, 3 KB a
@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import sys
 import time
 from pathlib import Path
 
@@ -29,12 +28,12 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent))
+import featdump
+from featdump.output.layout import DatasetSpec
+from featdump.output.writer import FeatureWriter
 
-import featdump  # noqa: E402
-from featdump.output.layout import DatasetSpec  # noqa: E402
-from featdump.output.writer import FeatureWriter  # noqa: E402
+HERE = Path(__file__).resolve().parent
+
 
 
 def write(path: Path, shape: tuple[int, ...], rows: int, batch: int = 64) -> Path:

@@ -1,7 +1,7 @@
 """Linear read-outs out of core: `featdump probe` and `featdump encode` against reading the layer once, and against
 scikit-learn's RidgeClassifierCV / RidgeCV fitted on the same folds where the layer fits in memory.
 
-    python benchmarks/readout.py [--images 2048] [--sklearn-images 512] [--narrow-rows 200000]
+    python -m benchmarks.readout [--images 2048] [--sklearn-images 512] [--narrow-rows 200000]
                                  [--narrow-features 1024] [--targets 100] [--only wide,small,narrow] [--no-sklearn]
 
     wide     resnet50 (random weights) `layer1` (802,816 features) of 2,048 JPEGs: 6.6 GB, under --memory 1GB
@@ -18,17 +18,16 @@ the default alphas (11, 1e-2 to 1e8). Targets: a wide layer within 1.5x of its r
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
 import numpy as np
 
+from benchmarks.common import make_images, timed_featdump
+from benchmarks.rdm import MEASURE_FEATDUMP, drop_caches, run_step
+
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
-sys.path.insert(0, str(REPO))
 
-from benchmarks.rdm import MEASURE_FEATDUMP, drop_caches, run_step  # noqa: E402
-from benchmarks.run import make_images, timed_featdump  # noqa: E402
 
 READ = r"""
 import resource, sys, time
@@ -78,7 +77,7 @@ def wide_layer(images: int) -> Path:
 
 def narrow_layer(rows: int, features: int) -> Path:
     """ROWS synthetic rows of FEATURES (10 classes, a class signal in a few directions), written by featdump."""
-    from tests.conftest import write_output
+    from benchmarks.outputs import write_output
 
     output = HERE / "data" / f"readout-narrow-{rows}x{features}.h5"
     if not output.exists():

@@ -1,7 +1,7 @@
 """Reductions: bytes per image and img/s of resnet50's 16 bottleneck blocks (`layer*.*`) stored whole, in float16,
 average-pooled, projected with srp:4096, and on a pca:256 fit.
 
-    python benchmarks/reductions.py [--images 256] [--fit-images 320] [--only srp:4096,avgpool] [--rounds 3]
+    python -m benchmarks.reductions [--images 256] [--fit-images 320] [--only srp:4096,avgpool] [--rounds 3]
 
 ImageNet-size JPEGs (benchmarks/data), resnet50 with random weights, the default workers and batch size, each
 configuration a whole `featdump extract` command in its own process. img/s is the command's images over its
@@ -15,16 +15,15 @@ import argparse
 import re
 import shutil
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
+from benchmarks.common import make_images, timed_featdump
+
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
-sys.path.insert(0, str(REPO))
 
-from benchmarks.run import make_images, timed_featdump  # noqa: E402
 
 CONFIGS = {
     "none": [],

@@ -1,7 +1,7 @@
 """featdump benchmarks: prints one table of measurements taken side by side in one run.
 
-    python benchmarks/run.py [--images 256] [--workers 2] [--gpu-images 20480] [--write-results]   (make bench)
-    python benchmarks/run.py --gpu [--gpu-images N] [--dry-run]      (the GPU rows alone; --dry-run: on the CPU)
+    python -m benchmarks.run [--images 256] [--workers 2] [--gpu-images 20480] [--write-results]   (make bench)
+    python -m benchmarks.run --gpu [--gpu-images N] [--dry-run]      (the GPU rows alone; --dry-run: on the CPU)
 
 CPU (always): featdump vs the bare limit (the model truncated at the layer, same DataLoader and
 preprocessing, no hooks, no writes), vs the seeds' hook recipe and vs create_feature_extractor kept in
@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -27,48 +26,17 @@ from pathlib import Path
 import h5py
 import numpy as np
 import torch
-import torchvision
-from PIL import Image
 
-HERE = Path(__file__).resolve().parent
-REPO = HERE.parent
+from benchmarks.common import HERE, REPO, benchmark, machine, make_images, timed_featdump, write_section
+
 GPU = "cuda"  # the GPU rows' device
-
-
-def make_images(folder: Path, count: int, contrast: float = 0.0, seed: int = 0) -> Path:
-    """COUNT ImageNet-sized (500x375) JPEGs in 10 class folders, made once and reused. CONTRAST > 0: each image at
-    its own contrast, a gain of e^N(0, CONTRAST) about mid-grey (as photos differ)."""
-    rng = np.random.default_rng(seed)
-    for index in range(count):
-        path = folder / f"class_{index % 10}" / f"{index:06d}.jpg"
-        if path.exists():
-            continue
-        path.parent.mkdir(parents=True, exist_ok=True)
-        small = Image.fromarray(rng.integers(0, 256, size=(12, 16, 3), dtype=np.uint8)).resize((500, 375))
-        gain = np.exp(contrast * rng.standard_normal()) if contrast else 1.0
-        noise = rng.integers(-12, 12, size=(375, 500, 3))
-        pixels = 128 + gain * (np.asarray(small, dtype=np.float64) - 128 + noise)
-        Image.fromarray(np.clip(pixels, 0, 255).astype(np.uint8)).save(path, quality=90)
-    return folder
-
-
-def timed_featdump(*arguments: str, what: str) -> tuple[float, str]:
-    """`python -m featdump ARGUMENTS` in its own process: (wall seconds, its stderr); exits naming WHAT if it fails."""
-    command = [sys.executable, "-m", "featdump", *map(str, arguments)]
-    env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1"}
-    started = time.perf_counter()
-    result = subprocess.run(command, capture_output=True, text=True, env=env)
-    seconds = time.perf_counter() - started
-    if result.returncode:
-        raise SystemExit(f"{what} failed:\n{result.stderr[-3000:]}")
-    return seconds, result.stderr
 
 
 def measure(method: str, model: str, layer: str, images: Path, workers: int, keep: Path | None = None,
             **options) -> dict:
     """One method in its own process; its output is deleted, or moved to KEEP."""
     out = HERE / "data" / f"{method}-{model}-{layer}.out"
-    command = [sys.executable, str(HERE / "methods.py"), method, "--model", model, "--layer", layer,
+    command = [*benchmark("methods"), method, "--model", model, "--layer", layer,
                "--images", str(images), "--out", str(out), "--workers", str(workers)]
     for key, value in options.items():
         if value is True:
@@ -135,8 +103,7 @@ def cpu_rows(images: Path, count: int, workers: int, repeats: int) -> list[str]:
 
 def photo_rows(count: int, workers: int, repeats: int) -> list[str]:
     """Camera photos (12 MP JPEGs): decoding, not the forward, is the limit; --fast-decode vs the exact path."""
-    sys.path.insert(0, str(REPO))
-    from tests.photos import write_camera_photos
+    from benchmarks.photos import write_camera_photos
 
     folder = HERE / "data" / f"photos-{count}"
     write_camera_photos(folder, count)
@@ -201,7 +168,6 @@ def gpu_rows(images: Path, count: int, workers: int) -> list[str]:
 
 def tar_row(images: Path, count: int) -> str:
     """The same JPEGs packed into 16 webdataset tars, read by a whole `featdump extract --device cuda`."""
-    sys.path.insert(0, str(REPO))
     from benchmarks.tars import pack
 
     shards = pack(images, HERE / "data" / f"{images.name}-tars", 16)
@@ -229,7 +195,6 @@ def readout_row(images: Path, count: int, workers: int) -> str:
 
 def gpu_limits(images: Path, count: int, workers: int) -> list[str]:
     """Forward alone on random tensors, decode alone (CPU workers, nvjpeg), disk write bandwidth."""
-    sys.path.insert(0, str(REPO))
     from torchvision.models import resnet50
 
     from featdump.inputs import find_images
@@ -291,12 +256,6 @@ def _synchronize() -> None:
         torch.cuda.synchronize()
 
 
-def machine() -> str:
-    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU"
-    return (f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, {gpu}; Python "
-            f"{platform.python_version()}, torch {torch.__version__}, torchvision {torchvision.__version__}")
-
-
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--images", type=int, default=256, help="number of JPEGs to generate and extract")
@@ -307,7 +266,7 @@ def main():
     parser.add_argument("--photo-workers", type=int, default=2)
     parser.add_argument("--gpu-images", type=int, default=20480,
                         help="JPEGs for the GPU rows (>= 20,000: a steady rate over many batches of 256)")
-    parser.add_argument("--write-results", action="store_true", help="also write benchmarks/RESULTS.md")
+    parser.add_argument("--write-results", action="store_true", help="also write its section of benchmarks/RESULTS.md")
     parser.add_argument("--gpu", action="store_true", help="the GPU rows alone (eager, bf16, channels_last, "
                         "--compile, GPU decode, SRP, tar shards, a read-out), in one command; fails without CUDA")
     parser.add_argument("--dry-run", action="store_true", help="with --gpu: its rows on the CPU at a tiny size, those "
@@ -336,8 +295,7 @@ def main():
     table = "\n".join(lines)
     print(table)
     if args.write_results:
-        command = "python benchmarks/run.py " + " ".join(sys.argv[1:])
-        (HERE / "RESULTS.md").write_text(f"# Benchmark results\n\nCommand: `{command}`\n\n{table}")
+        write_section("run", f"Command: `python -m benchmarks.run {' '.join(sys.argv[1:])}`\n\n{table}")
 
 
 if __name__ == "__main__":

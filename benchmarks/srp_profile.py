@@ -1,7 +1,7 @@
 """Where srp:K's time goes on a CPU, and what was tried to cut it: one block of each resnet50 stage, a batch of
 64 random activations, each way of applying the same projection timed alone (best of 3).
 
-    python benchmarks/srp_profile.py [--k 4096] [--batch 64]
+    python -m benchmarks.srp_profile [--k 4096] [--batch 64]
 
 Ways: avgpool (the reference), featdump's `index_add_` along the features (what srp:K runs), the same on one
 thread, the batch transposed so that each index moves a contiguous vector of images, a sparse CSR matrix
@@ -13,17 +13,13 @@ from __future__ import annotations
 
 import argparse
 import math
-import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from featdump.reductions.srp import sparse_projection, srp_columns  # noqa: E402
+from featdump.reductions.srp import sparse_projection, srp_columns
 
 BLOCKS = {"layer1.0": (256, 56, 56), "layer2.0": (512, 28, 28), "layer3.0": (1024, 14, 14), "layer4.0": (2048, 7, 7)}
 

@@ -1,7 +1,7 @@
 """Images where they live: extraction from an S3 store (SeaweedFS on loopback) against the same images in a folder,
 with and without ~20 ms added to every request, the fetches alone, and the listing of a 100,000-object prefix.
 
-    python benchmarks/stores.py [--images 512] [--model resnet50] [--objects 100000] [--delay-ms 20]
+    python -m benchmarks.stores [--images 512] [--model resnet50] [--objects 100000] [--delay-ms 20]
 
     extract  `featdump extract -m MODEL -w none -l avgpool` (CPU, the default workers and batch size) over IMAGES
              500x375 JPEGs: from their folder, from s3://bench/images/, and from the same through a proxy that
@@ -25,12 +25,12 @@ import threading
 import time
 from pathlib import Path
 
+from benchmarks.common import make_images, timed_featdump
+from benchmarks.seaweed import SeaweedFS, free_port_base  # the tests' launcher of the same server
+
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
-sys.path.insert(0, str(REPO))
 
-from benchmarks.run import make_images, timed_featdump  # noqa: E402
-from tests.stores import SeaweedFS, free_port_base  # noqa: E402  (the tests' launcher of the same server)
 
 LIST = r"""
 import sys, time

@@ -1,6 +1,6 @@
 """Tar shards against a folder: img/s of the same JPEGs read loose and from tars, and the start-up cost of listing.
 
-    python benchmarks/tars.py [--images 4096] [--tars 16] [--members 100000] [--repeats 2]
+    python -m benchmarks.tars [--images 4096] [--tars 16] [--members 100000] [--repeats 2]
 
 1. --images ImageNet-size JPEGs (500x375, benchmarks/data) as a folder and packed in sorted order into --tars
    webdataset-style tars (KEY.jpg + KEY.cls); resnet18 `avgpool`, random weights, the default workers and batch
@@ -18,7 +18,6 @@ import io
 import os
 import re
 import statistics
-import sys
 import tarfile
 import tempfile
 import time
@@ -27,12 +26,12 @@ from pathlib import Path
 import h5py
 import numpy as np
 
+from benchmarks.common import make_images, timed_featdump
+from featdump.inputs import find_images
+
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
-sys.path.insert(0, str(REPO))
 
-from benchmarks.run import make_images, timed_featdump  # noqa: E402
-from featdump.inputs import find_images  # noqa: E402
 
 
 def add_member(archive: tarfile.TarFile, name: str, data: bytes) -> None:

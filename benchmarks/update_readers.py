@@ -1,7 +1,7 @@
 """Readers during --update: how many reads of the output are refused while new images are added, and how long
 the final commit (the only time the output is open for writing) lasts.
 
-    python benchmarks/update_readers.py [--base 128] [--new 128] [--layers avgpool]
+    python -m benchmarks.update_readers [--base 128] [--new 128] [--layers avgpool]
 
 A finished output of BASE ImageNet-size JPEGs (resnet18, random weights, the default workers and batch size);
 then NEW more are added with --update while another process reads the output in a loop with plain h5py and
@@ -20,11 +20,11 @@ import sys
 import time
 from pathlib import Path
 
+from benchmarks.common import make_images
+
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
-sys.path.insert(0, str(REPO))
 
-from benchmarks.run import make_images  # noqa: E402
 
 READER = """
 import json, os, sys, time

@@ -1,7 +1,7 @@
 """Video decoding's memory: the peak RSS of reading a long film's clips against a short video's, each in its own
 process (`featdump.inputs.video`: the frame times, then clips decoded by seeking; never the whole video).
 
-    python benchmarks/video.py [--short-seconds 60] [--long-seconds 7200] [--fps 25] [--size 240x320]
+    python -m benchmarks.video [--short-seconds 60] [--long-seconds 7200] [--fps 25] [--size 240x320]
 
 Two videos made once in benchmarks/data by PyAV's encoder (mpeg4, a keyframe every 2 s, noise frames), then for
 each: `video_info` and 16-frame clips at 15 fps decoded at the start, the middle and the end, and every clip of

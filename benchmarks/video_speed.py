@@ -2,7 +2,7 @@
 workers while the model runs) against decoding alone (the same loader, workers and batches, no model) and the
 forward alone (the same clips, decoded beforehand, through the model), on the same clips.
 
-    python benchmarks/video_speed.py [--model r3d_18] [--seconds 120] [--layer avgpool] [--batch-size 64]
+    python -m benchmarks.video_speed [--model r3d_18] [--seconds 120] [--layer avgpool] [--batch-size 64]
 
 The video is made once in benchmarks/data by PyAV's encoder (mpeg4, 240x320 at 25 fps, a keyframe every 2 s, noise
 frames). Default workers and batch size, weights none (seeded), the model's own clip (r3d_18: 16 frames at 15 fps,
@@ -14,30 +14,29 @@ the pipeline's rate over the slower of the two parts (1.0: the parts fully overl
 from __future__ import annotations
 
 import argparse
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import torch
 
+from benchmarks.methods import LoopTimer
+from benchmarks.video import make_video
+from featdump.inputs import find_images
+from featdump.inputs.clips import as_rows, dataset_for, preprocess_for
+from featdump.inputs.loader import batches_of, make_loader
+from featdump.inputs.workers import choose_workers
+from featdump.job.runner import extract
+from featdump.job.settings import Settings
+from featdump.sources.models import clip_of, load_model
+
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
 
-from methods import _LoopTimer  # noqa: E402
-from video import make_video  # noqa: E402
 
-from featdump.inputs import find_images  # noqa: E402
-from featdump.inputs.clips import as_rows, dataset_for, preprocess_for  # noqa: E402
-from featdump.inputs.loader import batches_of, make_loader  # noqa: E402
-from featdump.inputs.workers import choose_workers  # noqa: E402
-from featdump.job.runner import extract  # noqa: E402
-from featdump.job.settings import Settings  # noqa: E402
-from featdump.sources.models import clip_of, load_model  # noqa: E402
 
 
 def pipeline(settings: Settings) -> tuple[int, float]:
-    timer = _LoopTimer()
+    timer = LoopTimer()
     extract(settings, timer)
     return timer.images, timer.stopped - timer.started
 

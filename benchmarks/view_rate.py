@@ -1,6 +1,6 @@
 """A merged view's read rate against one file of the same rows, by the size of a shard.
 
-    python benchmarks/view_rate.py [--images 256] [--layer layer1] [--counts 256,64,16,12,4]
+    python -m benchmarks.view_rate [--images 256] [--layer layer1] [--counts 256,64,16,12,4]
 
 The same job (resnet18 with random weights over ImageNet-size JPEGs, one layer: `layer1` stores 784 KiB a row) is
 cut into N shards for each N (made in-process, in a warm worker as a Ray worker makes them), merged twice: `merge
@@ -13,15 +13,14 @@ from __future__ import annotations
 
 import argparse
 import shutil
-import sys
 import time
 from pathlib import Path
 
+from benchmarks.common import make_images
+
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
-sys.path.insert(0, str(REPO))
 
-from benchmarks.run import make_images  # noqa: E402
 
 
 def make_shards(images: Path, folder: Path, layer: str, count: int) -> Path:

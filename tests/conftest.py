@@ -14,11 +14,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from benchmarks.outputs import write_output as write_output  # the tests' name for it
+from benchmarks.seaweed import SeaweedFS, SeaweedUnavailable
 from featdump.job.settings import Settings
-from featdump.output.specs import DatasetSpec
-from featdump.output.writer import FeatureWriter
-
-from .stores import SeaweedFS
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -193,25 +191,6 @@ def small_filesystem(tmp_path):
     subprocess.run(["umount", "-l", str(mount_point)], check=False)
 
 
-def write_output(path, layers: dict[str, np.ndarray], batch: int = 8, labels=None, classes=("a", "b"),
-                 root: str | None = None):
-    """A featdump output written by featdump's own writer, holding LAYERS' rows (one image path per row:
-    CLASS/NNNN.jpg, relative to ROOT when given), labelled LABELS (default: rows alternate between the two
-    CLASSES)."""
-    rows = len(next(iter(layers.values())))
-    labels = np.arange(rows) % 2 if labels is None else np.asarray(labels)
-    specs = {name: DatasetSpec(values.shape[1:], str(values.dtype)) for name, values in layers.items()}
-    attributes = {"model": "synthetic", "layers": list(layers), **({"image_root": root} if root else {})}
-    writer = FeatureWriter.open(path, specs, {"image_count": rows, "layers": list(layers)}, attributes,
-                                list(classes), batch)
-    for start in range(0, rows, batch):
-        stop = min(start + batch, rows)
-        writer.append({name: values[start:stop] for name, values in layers.items()},
-                      [f"{classes[labels[row]]}/{row:04d}.jpg" for row in range(start, stop)],
-                      [int(labels[row]) for row in range(start, stop)], [], stop)
-    return writer.finish()
-
-
 MEASURE = """
 import resource, subprocess, sys
 done = subprocess.run([sys.executable, "-m", "featdump", *sys.argv[1:]], capture_output=True, text=True)
@@ -231,7 +210,10 @@ def peak_rss_mib(*arguments) -> float:
 def seaweed(tmp_path_factory):
     """A SeaweedFS server for this test module (skipped, with the reason, where it cannot start)."""
     server = SeaweedFS(tmp_path_factory.mktemp("seaweed"))
-    server.start()
+    try:
+        server.start()
+    except SeaweedUnavailable as why:
+        pytest.skip(str(why))
     try:
         yield server
     finally:

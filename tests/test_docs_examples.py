@@ -12,9 +12,10 @@ import tarfile
 import h5py
 import pytest
 
+from benchmarks.videos import write_video
+
 from .conftest import REPO, run_featdump, write_images
 from .test_readme import blocks, shell_commands
-from .videos import write_video
 
 NOT_RUN = {  # the example's start: why it cannot run in a test
     "featdump extract --shard 3/8 ... IMAGES out.h5": "a template (... and IMAGES stand for the rest of a command)",

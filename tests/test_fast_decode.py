@@ -12,6 +12,7 @@ import torch
 from PIL import Image, ImageOps
 from torchvision.models import get_model
 
+from benchmarks.photos import camera_photo, write_camera_photos
 from featdump.errors import ResumeMismatch
 from featdump.inputs.preprocess import Preprocess
 from featdump.inputs.workers import (
@@ -25,7 +26,6 @@ from featdump.job.runner import extract
 from featdump.sources.models import default_preprocessing
 
 from .conftest import CrashAfterFirstBatch, featdump_env, run_featdump, settings_for
-from .photos import camera_photo, write_camera_photos
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 @pytest.mark.slow  # about 4 minutes on 2 cores: every step of the check, tiny
 def test_the_gpu_check_runs_every_step_as_a_dry_run_and_writes_its_results(tmp_path):
-    done = subprocess.run([sys.executable, "benchmarks/gpu_check.py", str(tmp_path / "out"), "--dry-run",
+    done = subprocess.run([sys.executable, "-m", "benchmarks.gpu_check", str(tmp_path / "out"), "--dry-run",
                            "--budget", "1500"],  # a 2-core CPU shared with the suite: time to spare
                           cwd=REPO, capture_output=True, text=True, env=featdump_env(), timeout=900)
     assert done.returncode == 0, done.stdout + done.stderr

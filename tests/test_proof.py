@@ -579,16 +579,11 @@ def test_a_cpu_allocation_failure_is_one_line_naming_the_batch_size_and_the_resu
 
 @pytest.mark.slow
 def test_a_small_panel_has_no_false_alarm_and_catches_every_fault(tmp_path):
-    """benchmarks/proof_panel.py on 3 models in bf16, seed 0: each sound run finishes, each fault injected into the
+    """benchmarks.proof_panel on 3 models in bf16, seed 0: each sound run finishes, each fault injected into the
     deepest layer's and the output's rows (a 2% channel scale into the shallow layer's) stops the run with the
     proof's line."""
-    import importlib.util
-    from pathlib import Path
+    from benchmarks import proof_panel as panel
 
-    spec = importlib.util.spec_from_file_location("proof_panel", Path(__file__).parents[1] / "benchmarks" /
-                                                  "proof_panel.py")
-    panel = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(panel)
     images = panel.write_images(tmp_path / "images")
     for model in ("resnet50", "mobilenet_v3_large", "regnet_y_400mf"):
         outcome, _, entry = panel.run(model, images, tmp_path / "run.h5", 0, tmp_path / "cache", precision="bf16")

@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 
 import featdump
+from benchmarks.videos import write_video
 from featdump.errors import OutputExists
 from featdump.output.layout import Committed, Output
 
 from .conftest import featdump_env, read_output, run_featdump, start_featdump, write_images
-from .videos import write_video
 
 ray = pytest.importorskip("ray")
 

@@ -150,3 +150,35 @@ def test_the_runner_s_rooms_never_import_what_strings_them():
     for room in ("model", "plan", "batches", "provenance"):
         assert not graph[f"featdump.job.{room}"] & above, room
     assert "featdump.job.batches" in graph["featdump.job.updating"]  # the typed API, not a callback
+
+
+BENCHMARKS = PACKAGE.parent / "benchmarks"
+
+
+def test_the_benchmarks_are_a_package_that_never_imports_the_tests_nor_edits_the_path():
+    files = {f"benchmarks.{path.stem}": path for path in BENCHMARKS.glob("*.py") if path.stem != "__init__"}
+    graph = {}
+    for name, path in files.items():
+        tree = ast.parse(path.read_text())
+        imported = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module}
+        imported |= {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
+        assert not {module for module in imported if module == "tests" or module.startswith("tests.")}, name
+        assert "sys.path" not in path.read_text(), f"{name} edits sys.path"
+        graph[name] = {module for module in imported if module in files} | {
+            f"benchmarks.{alias.name}" for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
+            and node.module == "benchmarks" for alias in node.names}
+    assert len(graph) > 20 and "benchmarks.common" in graph["benchmarks.tars"]  # the walk sees the package
+    assert find_cycle(graph) is None, " -> ".join(find_cycle(graph))
+
+
+def test_a_benchmark_writes_its_own_section_of_the_results_and_nothing_else(tmp_path):
+    from benchmarks.common import write_section
+
+    results = tmp_path / "RESULTS.md"
+    results.write_text("# Benchmark results\n\n## Notes by hand\n\nkept\n")
+    write_section("run", "| new |", results)
+    write_section("tars", "tars' table", results)
+    write_section("run", "| newer |", results)
+    text = results.read_text()
+    assert text.count("<!-- run: begin") == 1 and "| newer |" in text and "| new |" not in text
+    assert "tars' table" in text and text.endswith("## Notes by hand\n\nkept\n") and text.startswith("# Benchmark")

@@ -12,10 +12,11 @@ import numpy as np
 import pytest
 import torch
 
+from benchmarks.videos import one_thread, write_video
+
 from .conftest import read_output, run_featdump
 from .test_video import all_frames, on_screen
 from .test_video_extract import by_hand
-from .videos import one_thread, write_video
 
 pytest.importorskip("av")
 
