@@ -23,7 +23,7 @@ from featdump.output.specs import DatasetSpec
 from featdump.output.writer import FeatureWriter
 from featdump.training import dataset as dataset_module
 from featdump.training.dataset import _Files
-from featdump.training.plan import EpochPlan, blocks_of
+from featdump.training.plan import EpochPlan, Order, blocks_of
 
 from .conftest import featdump_env, run_featdump, write_images
 
@@ -105,7 +105,7 @@ def test_every_rank_yields_as_many_batches(workers):
     for drop_last in (False, True):
         counts = []
         for rank in range(7):
-            plan = EpochPlan(blocks_of([240], [8]), 1, 17, 17 * 4, True, 0, 0, rank, 7, drop_last)
+            plan = EpochPlan(blocks_of([240], [8]), 1, 17, 17 * 4, Order(True, 0, 0), rank, 7, drop_last)
             yielded = [plan.stream(worker, max(workers, 1)) for worker in range(max(workers, 1))]
             counts.append(sum(len(stream) for stream in yielded))
             assert counts[-1] == len(plan)
@@ -198,7 +198,7 @@ def in_turn(streams: list[list]) -> list:
 def test_a_resumed_epoch_reads_only_the_windows_of_the_batches_it_yields(workers, start):
     """1,000 rows, windows of 4 batches of 16 (the last window shorter): the resumed workers' streams, taken in
     turn, are the uninterrupted ones' from START on, and no window whose batches all come before is read."""
-    plan = EpochPlan(blocks_of([1000], [10]), 1, 16, 64, True, 0, 0, 0, 1, False)
+    plan = EpochPlan(blocks_of([1000], [10]), 1, 16, 64, Order(True, 0, 0), 0, 1, False)
     key = [(window.index, batch) for window, batch in in_turn([plan.stream(worker, workers) for worker in
                                                                range(workers)])]
     resumed = in_turn([plan.stream(worker, workers, start) for worker in range(workers)])

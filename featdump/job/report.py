@@ -125,13 +125,13 @@ def nothing_read(images, output: Path, skipped: list[tuple[str, str]], noun: str
                        f"Nothing was written to {output}: fix or replace them and run the same command again.")
 
 
-def summarize(images: Path, output: Path, after: Committed, before: Committed, processed: int, start: int,
-              started: float, stale: int = 0, left_out: dict | None = None, proof: dict | None = None,
-              noun: str = "image") -> Summary:
-    """The summary of a finished run over IMAGES (its rows NOUNs: images or clips); NothingRead when it tried rows
-    and could read none."""
-    summary = Summary(output, after.rows, after.skipped, processed, start, time.perf_counter() - started,
-                      output.stat().st_size, stale, before.rows, before.skipped, left_out or {}, proof=proof,
+def summarize(images: Path, output: Path, after: Committed, before: Committed, rows, start: int, started: float,
+              stale: int = 0, proof: dict | None = None) -> Summary:
+    """The summary of a finished run over IMAGES that went through ROWS (an ImageList: images or clips) from
+    position START on; NothingRead when it tried rows and could read none."""
+    noun = rows.noun
+    summary = Summary(output, after.rows, after.skipped, len(rows) - start, start, time.perf_counter() - started,
+                      output.stat().st_size, stale, before.rows, before.skipped, rows.left_out() or {}, proof=proof,
                       noun=noun)
     if summary.processed and not summary.new_rows:
         raise NothingRead(

@@ -74,8 +74,8 @@ def _run_locked(plan: Plan, lock: OutputLock, progress: Progress, started: float
     output = fill(writer, plan.images, settings, model, lock, progress, keep_empty=plan.shard is not None)
     with Output.open(output) as finished:
         after, proofs = finished.committed, finished.proofs
-    return summarize(settings.images, output, after, before, len(plan.images) - before.images, before.images, started,
-                     left_out=plan.images.left_out(), proof=proofs[-1] if proofs else None, noun=plan.images.noun)
+    return summarize(settings.images, output, after, before, plan.images, before.images, started,
+                     proof=proofs[-1] if proofs else None)
 
 
 def fingerprint_of(settings: Settings) -> dict | None:

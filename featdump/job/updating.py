@@ -128,9 +128,8 @@ def update(job: UpdateJob) -> Summary:
         after = updated.committed
     log.info("Final commit: %d layers and %d rows added to %s in %.2f s (the only time readers wait).",
              len(new_layers), after.rows - plan.base.rows, output, seconds)
-    summary = summarize(settings.images, output, after, plan.before, len(plan.images) - start, start,
-                        time.perf_counter(), stale=len(plan.stale), left_out=plan.images.left_out(),
-                        noun=plan.images.noun)
+    summary = summarize(settings.images, output, after, plan.before, plan.images, start, time.perf_counter(),
+                        stale=len(plan.stale))
     return dataclasses.replace(summary, processed=summary.processed + grown, layers_added=new_layers)
 
 

@@ -16,6 +16,7 @@ import math
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 
 import h5py
 import numpy as np
@@ -79,19 +80,34 @@ def eigh_seconds(size: int, device: torch.device) -> float:
     return (time.perf_counter() - started) * (size / 384) ** 3
 
 
+@dataclass
+class Fitting:
+    """How a layer's folds are fitted: the ALPHAS each fold chooses from by leave-one-out (one for all targets, or
+    PER_TARGET), the MEMORY a block of rows may take on DEVICE, ADVANCE(bytes read) for the progress, SAY for a
+    note, CLOCK for the folds' times."""
+
+    alphas: torch.Tensor
+    per_target: bool
+    memory: int
+    device: torch.device
+    advance: Callable[[int], None]
+    say: Callable[[str], None] = lambda line: None
+    clock: FitClock | None = None
+
+
 def fit_wide(dataset: h5py.Dataset, file_rows: int, used: np.ndarray, targets: torch.Tensor, fold: np.ndarray,
-             alphas: torch.Tensor, per_target: bool, memory: int, device: torch.device,
-             advance: Callable[[int], None], clock: FitClock | None = None,
-             shifts: np.ndarray | None = None,
+             fitting: Fitting, shifts: np.ndarray | None = None,
              training: np.ndarray | None = None) -> tuple[list[FoldFit], torch.Tensor]:
     """Every fold's fit of a wide layer (rows USED of its first FILE_ROWS) from the Gram of the rows used alone, or of
     their delayed design (`delays`) when SHIFTS (each delay's source file row of each row used) are given; the
     rows' nonfinite mask. TRAINING (N, K): the rows each fold trains on (`folds.training_rows`; by default the
     other folds')."""
+    alphas, per_target, device, clock = fitting.alphas, fitting.per_target, fitting.device, fitting.clock
     read = used
     if shifts is not None:  # the rows used and those their delays take from, with or without a target
         read, shifts, places = gram_rows(used, shifts)
-    stats = gram(dataset, file_rows if len(read) == file_rows else read, memory, device, advance, exact=True)
+    stats = gram(dataset, file_rows if len(read) == file_rows else read, fitting.memory, device, fitting.advance,
+                 exact=True)
     matrix, nonfinite = stats.centred, stats.nonfinite
     if shifts is not None:  # the delays need the rows as stored: a zero row is no row, not the mean
         matrix += stats.shifts[:, None] + stats.shifts[None, :] + stats.mean_square
@@ -111,13 +127,12 @@ def fit_wide(dataset: h5py.Dataset, file_rows: int, used: np.ndarray, targets: t
     return fits, nonfinite
 
 
-def fit_narrow(dataset: h5py.Dataset, used: np.ndarray, targets: torch.Tensor, fold: np.ndarray,
-               alphas: torch.Tensor, per_target: bool, memory: int, device: torch.device,
-               advance: Callable[[int], None], say: Callable[[str], None],
-               clock: FitClock | None = None, training: np.ndarray | None = None) -> tuple[list[FoldFit], torch.Tensor]:
+def fit_narrow(dataset: h5py.Dataset, used: np.ndarray, targets: torch.Tensor, fold: np.ndarray, fitting: Fitting,
+               training: np.ndarray | None = None) -> tuple[list[FoldFit], torch.Tensor]:
     """Every fold's fit of a narrow layer, in two passes over its rows USED (three when the held-out predictions
-    at every alpha would not fit MEMORY); the rows' nonfinite mask (no fit when any is). TRAINING (N, K): the rows
-    each fold trains on (by default the other folds')."""
+    at every alpha would not fit FITTING's memory); the rows' nonfinite mask (no fit when any is). TRAINING (N, K):
+    the rows each fold trains on (by default the other folds')."""
+    alphas, memory, device, advance = fitting.alphas, fitting.memory, fitting.device, fitting.advance
     folds = int(fold.max()) + 1
     training = training if training is not None else _others(fold)
     features = math.prod(dataset.shape[1:])
@@ -134,8 +149,8 @@ def fit_narrow(dataset: h5py.Dataset, used: np.ndarray, targets: torch.Tensor, f
     bases = []
     for number in range(folds):
         bases.append(moments.fold_fit(number))
-        if clock is not None:
-            clock.fitted()
+        if fitting.clock is not None:
+            fitting.clock.fitted()
     del moments
     count, width = len(used), targets.shape[1]
     keep_held = count * len(alphas) * width * 8 <= memory
@@ -157,14 +172,14 @@ def fit_narrow(dataset: h5py.Dataset, used: np.ndarray, targets: torch.Tensor, f
                     held[torch.as_tensor(positions, device=device)[held_out], group] = fitted[held_out]
                 del fitted
     counts = [basis.count for basis in bases]
-    chosen = [choose(errors[number] / counts[number], per_target) for number in range(folds)]
+    chosen = [choose(errors[number] / counts[number], fitting.per_target) for number in range(folds)]
     if held is not None:
         predicted = _from_held(held, fold, chosen)
     else:
         held_bytes = human_bytes(count * len(alphas) * width * 8)
-        say(f"the held-out predictions at every alpha ({held_bytes}) are more than the memory budget: a third pass "
-            "predicts with the alphas chosen")
-        predicted = _third_pass(dataset, used, fold, bases, alphas, chosen, memory, device, advance, width)
+        fitting.say(f"the held-out predictions at every alpha ({held_bytes}) are more than the memory budget: a "
+                    "third pass predicts with the alphas chosen")
+        predicted = _third_pass(dataset, used, fold, bases, chosen, fitting, width)
     return [FoldFit(chosen[number], errors[number] / counts[number], predicted[number]) for number in range(folds)], \
         nonfinite
 
@@ -186,11 +201,12 @@ def _from_held(held: torch.Tensor, fold: np.ndarray, chosen: list[torch.Tensor])
     return predicted
 
 
-def _third_pass(dataset, used, fold, bases: list[PrimalFold], alphas, chosen, memory, device, advance,
+def _third_pass(dataset, used, fold, bases: list[PrimalFold], chosen, fitting: Fitting,
                 width: int) -> list[torch.Tensor]:
-    weights = [basis.weights(alphas, alpha) for basis, alpha in zip(bases, chosen)]
+    device = fitting.device
+    weights = [basis.weights(fitting.alphas, alpha) for basis, alpha in zip(bases, chosen)]
     predicted = torch.empty(len(used), width, dtype=torch.float64, device=device)
-    for positions, rows in row_blocks(dataset, used, memory, device, advance):
+    for positions, rows in row_blocks(dataset, used, fitting.memory, device, fitting.advance):
         of_rows = fold[positions]
         for number, basis in enumerate(bases):
             mine = of_rows == number

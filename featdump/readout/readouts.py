@@ -32,7 +32,7 @@ import torch
 from featdump.analysis.choices import DEFAULT_MEMORY
 from featdump.analysis.results import Results, computed_into, finished
 from featdump.analysis.stored import Stored, listed
-from featdump.errors import BadOption, UsageProblem
+from featdump.errors import UsageProblem
 from featdump.forward.device import free_memory, resolve_device
 from featdump.job.report import NoProgress, Progress
 from featdump.output.layout import open_to_read, text_of
@@ -41,6 +41,7 @@ from featdump.readout import passes
 from featdump.readout.choices import DEFAULT_ALPHAS, DEFAULT_FOLDS
 from featdump.readout.delays import grid_step, parse_delays, sources
 from featdump.readout.folds import assign_folds, sparse_classes, training_rows
+from featdump.readout.ridge import parse_alphas
 from featdump.readout.scores import MEASURES, layer_score
 from featdump.readout.targets import Targets, class_targets, numeric_targets
 
@@ -82,8 +83,8 @@ def probe(output: str | Path, layers: list[str] | str | None = None, *, folds: i
     there (PROBES.h5), resumable layer by layer. MEMORY and DEVICE as for `featdump.rdm`. {layer: Readout}."""
     stored = Stored.read(output)
     table = class_targets(stored, labels, common)
-    return _read_out("probe", stored, table, layers, folds, alphas, False, seed, memory, device, to, overwrite,
-                     progress)
+    return _read_out("probe", stored, table, _Asked(layers, folds, alphas, False, seed, memory, device, to, overwrite,
+                                                    progress))
 
 
 def encode(output: str | Path, targets: str | Path, layers: list[str] | str | None = None, *,
@@ -101,28 +102,8 @@ def encode(output: str | Path, targets: str | Path, layers: list[str] | str | No
     grid). TO: also written there (ENC.h5), resumable layer by layer. {layer: Readout}."""
     stored = Stored.read(output)
     table = numeric_targets(stored, targets, common)
-    return _read_out("encode", stored, table, layers, folds, alphas, per_target, seed, memory, device, to, overwrite,
-                     progress, delays, gap)
-
-
-def parse_alphas(alphas) -> np.ndarray:
-    """The grid from '0.1,1,10', '1e-2:1e6:9' (log-spaced, ends included) or numbers; BadOption otherwise."""
-    if isinstance(alphas, str):
-        text = alphas.strip()
-        try:
-            if ":" in text:
-                low, high, count = text.split(":")
-                grid = np.logspace(np.log10(float(low)), np.log10(float(high)), int(count))
-            else:
-                grid = np.array([float(part) for part in text.split(",") if part.strip()])
-        except ValueError:
-            grid = np.array([])
-    else:
-        grid = np.asarray(list(np.atleast_1d(alphas)), dtype=np.float64)
-    if not len(grid) or not np.all(np.isfinite(grid)) or np.any(grid <= 0):
-        raise BadOption(f"--alphas {alphas!r}: give positive numbers, as 0.1,1,10 or 1e-2:1e6:9 (from, to, how many, "
-                        "log-spaced).")
-    return grid
+    return _read_out("encode", stored, table, _Asked(layers, folds, alphas, per_target, seed, memory, device, to,
+                                                     overwrite, progress, delays, gap))
 
 
 def _videos(stored: Stored, table: Targets, folds: int) -> np.ndarray | None:
@@ -175,19 +156,36 @@ def _gapped(stored: Stored, table: Targets, fold: np.ndarray, videos: np.ndarray
     return float(gap), training
 
 
-def _read_out(kind: str, stored: Stored, table: Targets, layers, folds: int, alphas, per_target: bool, seed: int,
-              memory, device: str, to, overwrite: bool, progress: Progress | None,
-              delays=None, gap: float | None = None) -> dict[str, Readout]:
-    names = stored.select(listed(layers))
+@dataclass(frozen=True)
+class _Asked:
+    """What `probe` or `encode` was asked, beyond the rows and targets (their keywords, as given)."""
+
+    layers: list[str] | str | None
+    folds: int
+    alphas: object
+    per_target: bool
+    seed: int
+    memory: str | int
+    device: str
+    to: str | Path | None
+    overwrite: bool
+    progress: Progress | None
+    delays: object = None
+    gap: float | None = None
+
+
+def _read_out(kind: str, stored: Stored, table: Targets, asked: _Asked) -> dict[str, Readout]:
+    folds, per_target, seed, to, overwrite = asked.folds, asked.per_target, asked.seed, asked.to, asked.overwrite
+    names = stored.select(listed(asked.layers))
     if stored.stale:
         log.warning("%d rows of %s are stale (their image was gone or changed at its last --update; `featdump info` "
                     "names them): they are used as stored.", stored.stale, stored.path)
-    steps, step, shifts = _delay_shifts(stored, table, delays)
-    grid, budget, place = parse_alphas(alphas), parse_bytes(memory), resolve_device(device)
+    steps, step, shifts = _delay_shifts(stored, table, asked.delays)
+    grid, budget, place = parse_alphas(asked.alphas), parse_bytes(asked.memory), resolve_device(asked.device)
     videos = _videos(stored, table, folds)
     fold = assign_folds(table.count, folds, seed, table.classes, videos,
                         None if videos is None else np.asarray(stored.clip_starts)[table.rows])
-    gap, training = _gapped(stored, table, fold, videos, steps, step, gap)
+    gap, training = _gapped(stored, table, fold, videos, steps, step, asked.gap)
     sparse = sparse_classes(table.classes, table.columns, folds) if table.classes is not None else []
     if sparse:
         log.warning("%d class%s have fewer images than the %d folds (%s): some folds hold none of them.",
@@ -211,7 +209,7 @@ def _read_out(kind: str, stored: Stored, table: Targets, layers, folds: int, alp
         for name, values in (("fold", fold), ("alphas", grid), ("columns", columns)):
             if not results.has("", name):
                 results.commit("", name, values)
-    progress = progress or NoProgress()
+    progress = asked.progress or NoProgress()
     plan = _Plan(kind, stored, table, names, fold, grid, per_target, budget, place, paths, shifts, training)
     return computed_into(results, progress, lambda: _fit_layers(plan, results, progress, sizes),
                          {"kind": kind, "layers": names})
@@ -280,15 +278,13 @@ def _fit_layer(plan: _Plan, name: str, targets: torch.Tensor, alphas: torch.Tens
                  else f"narrow: its {features} x {features} covariance per fold in two passes")
         folds = int(fold.max()) + 1
         _say_fit_cost(name, table.count * (folds - 1) // folds if wide else features, folds, place)
-        clock = passes.FitClock(folds, lambda line: log.info("%s: %s.", name, line))
+        say = lambda line: log.info("%s: %s.", name, line)  # noqa: E731 - the layer's notes
+        fitting = passes.Fitting(alphas, plan.per_target, budget, place, advance, say, passes.FitClock(folds, say))
         if wide:
-            fits, nonfinite = passes.fit_wide(dataset, stored.rows, table.rows, targets, fold, alphas,
-                                              plan.per_target, budget, place, advance, clock, plan.shifts,
+            fits, nonfinite = passes.fit_wide(dataset, stored.rows, table.rows, targets, fold, fitting, plan.shifts,
                                               plan.training)
         else:
-            fits, nonfinite = passes.fit_narrow(dataset, table.rows, targets, fold, alphas, plan.per_target, budget,
-                                                place, advance, lambda line: log.info("%s: %s.", name, line), clock,
-                                                plan.training)
+            fits, nonfinite = passes.fit_narrow(dataset, table.rows, targets, fold, fitting, plan.training)
     if bool(nonfinite.any()):
         bad = nonfinite.nonzero().flatten().tolist()
         raise UsageProblem(f"Layer {name} of {str(stored.path)!r} holds NaN or inf in {len(bad)} row"

@@ -18,7 +18,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
+
+from featdump.errors import BadOption
 
 
 @dataclass
@@ -122,3 +125,23 @@ class PrimalFold:
     def weights(self, alphas: torch.Tensor, chosen: torch.Tensor) -> torch.Tensor:
         """(D, T) the ridge weights on x - mean for each target's CHOSEN alpha: V diag(1 / (s + alpha)) c."""
         return self.vectors @ (self.coefficients / (self.values[:, None] + alphas[chosen][None, :]))
+
+
+def parse_alphas(alphas) -> np.ndarray:
+    """The grid from '0.1,1,10', '1e-2:1e6:9' (log-spaced, ends included) or numbers; BadOption otherwise."""
+    if isinstance(alphas, str):
+        text = alphas.strip()
+        try:
+            if ":" in text:
+                low, high, count = text.split(":")
+                grid = np.logspace(np.log10(float(low)), np.log10(float(high)), int(count))
+            else:
+                grid = np.array([float(part) for part in text.split(",") if part.strip()])
+        except ValueError:
+            grid = np.array([])
+    else:
+        grid = np.asarray(list(np.atleast_1d(alphas)), dtype=np.float64)
+    if not len(grid) or not np.all(np.isfinite(grid)) or np.any(grid <= 0):
+        raise BadOption(f"--alphas {alphas!r}: give positive numbers, as 0.1,1,10 or 1e-2:1e6:9 (from, to, how many, "
+                        "log-spaced).")
+    return grid

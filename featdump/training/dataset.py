@@ -23,7 +23,7 @@ import torch
 from featdump.errors import BadOption
 from featdump.output.layout import open_to_read
 from featdump.output.specs import register_filters
-from featdump.training.plan import EpochPlan, Window, blocks_of
+from featdump.training.plan import EpochPlan, Order, Window, blocks_of
 from featdump.training.stored import StoredRows, read_stored
 
 BUFFER_BYTES = 256 * 1024**2  # the default window: this many bytes of samples, in whole batches (one at the least)
@@ -74,8 +74,8 @@ class FeatureDataset(torch.utils.data.IterableDataset):
     def plan(self) -> EpochPlan:
         """This rank's plan of the current epoch."""
         blocks = blocks_of([part.rows for part in self.stored.parts], [part.block_rows for part in self.stored.parts])
-        return EpochPlan(blocks, self.stored.tokens, self.batch_size, self.buffer_rows, self.shuffle, self.seed,
-                         self.epoch, self.rank, self.world, self.drop_last)
+        return EpochPlan(blocks, self.stored.tokens, self.batch_size, self.buffer_rows,
+                         Order(self.shuffle, self.seed, self.epoch), self.rank, self.world, self.drop_last)
 
     def __len__(self) -> int:
         """The batches this rank yields in the current epoch, from START_BATCH on."""

@@ -53,11 +53,21 @@ def blocks_of(part_rows: list[int], block_rows: list[int]) -> list[Block]:
             for part, (rows, size) in enumerate(zip(part_rows, block_rows)) for start in range(0, rows, size)]
 
 
+@dataclass(frozen=True)
+class Order:
+    """An epoch's order: shuffled or not, by SEED and the EPOCH's number (every rank draws the same)."""
+
+    shuffle: bool
+    seed: int = 0
+    epoch: int = 0
+
+
 class EpochPlan:
     """Which samples a rank serves in an epoch, in which windows and batches, and which worker yields them."""
 
-    def __init__(self, blocks: list[Block], tokens: int, batch_size: int, buffer: int, shuffle: bool, seed: int,
-                 epoch: int, rank: int, world: int, drop_last: bool):
+    def __init__(self, blocks: list[Block], tokens: int, batch_size: int, buffer: int, order: Order, rank: int,
+                 world: int, drop_last: bool):
+        shuffle, seed, epoch = order.shuffle, order.seed, order.epoch
         self.batch_size, self.shuffle, self.drop_last = batch_size, shuffle, drop_last
         self.seed, self.epoch, self.rank = seed, epoch, rank
         self.buffer = max(batch_size, buffer // batch_size * batch_size)
