@@ -12,11 +12,11 @@ import numpy as np
 import pytest
 
 import featdump
+from benchmarks import faults
 from featdump.job.proof import row_errors
 from featdump.job.sampling import plan_sample
 from featdump.job.tolerances import bound
 
-from . import faults
 from .conftest import read_output, run_featdump, user_project, write_images
 
 MODELS = '''
