@@ -16,7 +16,7 @@ import torch
 import featdump
 from featdump.job.runner import extract
 
-from .conftest import (
+from .helpers import (
     CrashAfterFirstBatch,
     peak_rss_mib,
     run_featdump,

@@ -17,7 +17,7 @@ from torchvision.models import resnet18
 import featdump
 from featdump.errors import AmbiguousLayer, ResumeMismatch, UnknownLayer
 
-from .conftest import REPO, CrashAfterFirstBatch, featdump_env, run_featdump, write_images
+from .helpers import REPO, CrashAfterFirstBatch, featdump_env, run_featdump, write_images
 
 
 def settings_of(path) -> dict:

@@ -13,7 +13,7 @@ from PIL import Image
 import featdump
 from featdump.job.runner import extract
 
-from .conftest import CrashAfterFirstBatch, peak_rss_mib, run_featdump, settings_for
+from .helpers import CrashAfterFirstBatch, peak_rss_mib, run_featdump, settings_for
 
 EXTRACT = ["extract", "-m", "resnet18", "-w", "none", "-l", "layer1,avgpool"]
 
@@ -139,7 +139,7 @@ def test_a_brick_killed_mid_run_resumes_to_the_uninterrupted_rows(tmp_path):
     import subprocess
     import time
 
-    from .conftest import read_output, start_featdump
+    from .helpers import read_output, start_featdump
 
     source = tmp_path / "brick.hdf5"
     with h5py.File(source, "w") as h5file:

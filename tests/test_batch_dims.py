@@ -12,7 +12,7 @@ import torch
 from PIL import Image
 from torch import nn
 
-from .conftest import featdump_env, run_featdump, user_project, write_images
+from .helpers import featdump_env, run_featdump, user_project, write_images
 
 SEQUENCE_FIRST = textwrap.dedent('''
     import torch

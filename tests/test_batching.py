@@ -7,7 +7,7 @@ import numpy as np
 
 from featdump.job.runner import extract
 
-from .conftest import settings_for, write_images
+from .helpers import settings_for, write_images
 
 
 def test_batch_size_and_workers_do_not_change_rows(tmp_path):

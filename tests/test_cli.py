@@ -10,7 +10,7 @@ from click.testing import CliRunner
 
 from featdump.faces.cli import main
 
-from .conftest import featdump_env, run_featdump, write_images
+from .helpers import featdump_env, run_featdump, write_images
 
 
 def invoke(*args):

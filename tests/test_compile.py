@@ -16,7 +16,7 @@ from torchvision.models import VisionTransformer, resnet18
 from benchmarks.tiny_models import MODELS  # the text each test writes as its factory module
 from featdump.forward.memory_format import choose_memory_format
 
-from .conftest import REPO, featdump_env, run_featdump, start_featdump, user_project
+from .helpers import REPO, featdump_env, run_featdump, start_featdump, user_project
 
 LAYERS = {"tiny_models:cnn": "bn,relu:1,conv2,relu:2,pool",
           "tiny_models:vit": "encoder.layers.encoder_layer_0,encoder.ln"}

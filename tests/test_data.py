@@ -14,7 +14,7 @@ from featdump.errors import NoImages
 from featdump.inputs import find_images
 from featdump.inputs.decode import open_rgb
 
-from .conftest import run_featdump
+from .helpers import run_featdump
 
 
 def rgb(width=40, height=30, seed=0) -> np.ndarray:

@@ -18,7 +18,7 @@ from featdump.job.options import option
 from featdump.job.runner import extract
 from featdump.job.settings import Settings
 
-from .conftest import CrashAfterFirstBatch, read_output, settings_for, write_images
+from .helpers import CrashAfterFirstBatch, images_fixture, read_output, settings_for
 
 # A value each field can take other than the one `settings_for` gives it (or its default).
 OTHER = {
@@ -77,11 +77,7 @@ def test_the_model_key_is_load_model_s_keywords():
                                                           "transform": None, "trust_pickle": False}
 
 
-@pytest.fixture
-def images(tmp_path):
-    folder = tmp_path / "images"
-    write_images(folder, {"a": 3, "b": 3}, size=(40, 32))
-    return folder
+images = images_fixture({"a": 3, "b": 3}, size=(40, 32), scope="function")
 
 
 def make_partial(settings: Settings) -> None:

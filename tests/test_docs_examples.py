@@ -14,7 +14,7 @@ import pytest
 
 from benchmarks.videos import write_video
 
-from .conftest import REPO, run_featdump, write_images
+from .helpers import REPO, run_featdump, write_images
 from .test_readme import blocks, shell_commands
 
 NOT_RUN = {  # the example's start: why it cannot run in a test

@@ -16,7 +16,7 @@ from PIL import Image
 
 from featdump.faces.cli import main
 
-from .conftest import featdump_env
+from .helpers import featdump_env
 
 TRANSFORMS = '''
 from torchvision import transforms

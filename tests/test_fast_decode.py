@@ -25,7 +25,7 @@ from featdump.inputs.workers import (
 from featdump.job.runner import extract
 from featdump.sources.models import default_preprocessing
 
-from .conftest import CrashAfterFirstBatch, featdump_env, run_featdump, settings_for
+from .helpers import CrashAfterFirstBatch, featdump_env, run_featdump, settings_for
 
 
 @pytest.fixture(scope="module")

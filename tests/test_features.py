@@ -11,7 +11,7 @@ from torchvision.models import get_model, get_model_weights
 
 from featdump.job.runner import extract
 
-from .conftest import settings_for, write_images
+from .helpers import images_fixture, settings_for
 
 
 def seeded_model(name: str, seed: int = 0):
@@ -40,11 +40,7 @@ def assert_features_equal(features, expected):
         torch.testing.assert_close(features[name], values, rtol=1e-4, atol=1e-4, msg=f"layer {name}")
 
 
-@pytest.fixture(scope="module")
-def images(tmp_path_factory):
-    root = tmp_path_factory.mktemp("images")
-    write_images(root, {"a": 3, "b": 2})
-    return root
+images = images_fixture({"a": 3, "b": 2})
 
 
 def test_resnet18_layers_match_manual_forward(tmp_path, images):

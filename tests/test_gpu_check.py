@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import featdump_env
+from .helpers import featdump_env
 
 REPO = Path(__file__).resolve().parents[1]
 

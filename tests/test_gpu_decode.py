@@ -18,7 +18,7 @@ from featdump.inputs.loader import ImageDataset, collate
 from featdump.inputs.preprocess import Preprocess
 from featdump.job.proof import row_errors
 
-from .conftest import run_featdump, write_images
+from .helpers import run_featdump, write_images
 
 
 def needs_cuda(test):

@@ -20,7 +20,7 @@ import pytest
 import featdump
 from featdump.output.layout import raw_paths
 
-from .conftest import committed_rows, read_output, run_featdump, start_featdump, user_project, write_images
+from .helpers import committed_rows, read_output, run_featdump, start_featdump, user_project, write_images
 
 BASE = ["extract", "-m", "resnet18", "-w", "none"]
 

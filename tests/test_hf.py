@@ -17,7 +17,7 @@ import featdump
 from featdump.errors import UnknownLayer
 from featdump.faces.cli import main
 
-from .conftest import featdump_env, run_featdump, user_project, write_images
+from .helpers import featdump_env, run_featdump, user_project, write_images
 
 transformers = pytest.importorskip("transformers", reason="transformers is not installed (pip install 'featdump[hf]')")
 

@@ -15,7 +15,7 @@ from featdump.faces.cli import main
 from featdump.faces.info import read_info
 from featdump.job.runner import extract
 
-from .conftest import CrashAfterFirstBatch, settings_for, write_images
+from .helpers import CrashAfterFirstBatch, images_fixture, settings_for, write_images
 
 
 def info(*args) -> tuple[int, str, str]:
@@ -23,12 +23,7 @@ def info(*args) -> tuple[int, str, str]:
     return result.exit_code, result.stdout, result.stderr
 
 
-@pytest.fixture
-def images(tmp_path):
-    root = tmp_path / "images"
-    write_images(root, {"cats": 3, "dogs": 2})
-    (root / "dogs" / "broken.jpg").write_bytes(b"\xff\xd8 not a jpeg")
-    return root
+images = images_fixture({"cats": 3, "dogs": 2}, broken={"dogs/broken.jpg": b"\xff\xd8 not a jpeg"}, scope="function")
 
 
 def test_a_finished_file(images, tmp_path):

@@ -82,7 +82,7 @@ def test_the_models_own_output_is_the_layer_at_and_patterns_never_select_it(tmp_
     from featdump.forward.patterns import match_pattern
     from featdump.sources.models import default_preprocessing
 
-    from .conftest import write_images
+    from .helpers import write_images
 
     infos = probe(TupleAndReuse(), (3, 8, 8))
     assert infos[0].path == "" and infos[0].selector == "@" and infos[0].depth == 0

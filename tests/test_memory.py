@@ -8,7 +8,7 @@ import sys
 import numpy as np
 import pytest
 
-from .conftest import featdump_env, write_images, write_output
+from .helpers import featdump_env, write_images, write_output
 
 MEASURE = """
 import resource, subprocess, sys

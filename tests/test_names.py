@@ -10,7 +10,7 @@ from PIL import Image
 
 from featdump.output.layout import raw_paths
 
-from .conftest import run_featdump
+from .helpers import run_featdump
 
 ODD_NAMES = [
     b"caf\xe9.jpg",  # Latin-1, not UTF-8

@@ -19,7 +19,15 @@ import featdump
 from featdump.errors import UsageProblem
 from featdump.job.runner import extract
 
-from .conftest import CrashAfterFirstBatch, run_featdump, settings_for, start_featdump, user_project, write_images
+from .helpers import (
+    CrashAfterFirstBatch,
+    images_fixture,
+    run_featdump,
+    settings_for,
+    start_featdump,
+    user_project,
+    write_images,
+)
 from .test_grow import TINY_VIT  # a 4-block torchvision ViT on 32-pixel images
 
 xr = pytest.importorskip("xarray")
@@ -67,11 +75,7 @@ def check_netcdf(path: Path, coordinates=("path", "label")) -> dict[str, tuple[s
     return dims
 
 
-@pytest.fixture(scope="module")
-def images(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("netcdf") / "images"
-    write_images(root, {"cats": 5, "dogs": 4})
-    return root
+images = images_fixture({"cats": 5, "dogs": 4})
 
 
 def test_a_run_names_each_layer_s_dimensions_after_what_they_are(images, tmp_path):

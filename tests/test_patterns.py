@@ -14,7 +14,7 @@ from featdump.forward.patterns import expand
 from featdump.forward.probe import probe
 from featdump.job.config import read_config
 
-from .conftest import REPO, run_featdump
+from .helpers import REPO, run_featdump
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,7 @@ import time
 import h5py
 import pytest
 
-from .conftest import run_featdump, start_featdump, write_images
+from .helpers import run_featdump, start_featdump, write_images
 
 
 def start(images, output):

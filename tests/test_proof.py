@@ -17,7 +17,7 @@ from featdump.job.proof import row_errors
 from featdump.job.sampling import plan_sample
 from featdump.job.tolerances import bound
 
-from .conftest import read_output, run_featdump, user_project, write_images
+from .helpers import images_fixture, read_output, run_featdump, user_project, write_images
 
 MODELS = '''
 from pathlib import Path
@@ -155,11 +155,7 @@ def runs_out_of_memory():
 '''
 
 
-@pytest.fixture(scope="module")
-def images(tmp_path_factory):
-    root = tmp_path_factory.mktemp("proof") / "images"
-    write_images(root, {"a": 10, "b": 10}, seed=3)
-    return root
+images = images_fixture({"a": 10, "b": 10}, seed=3)
 
 
 def test_a_bf16_run_proves_its_rows_and_info_and_the_summary_show_it(images, tmp_path):

@@ -11,7 +11,7 @@ from featdump.inputs import readers
 from featdump.inputs.readers import Asked, read_images
 from featdump.locations import Location
 
-from .conftest import write_images
+from .helpers import write_images
 
 
 def claimant(where, asked=Asked()) -> str:

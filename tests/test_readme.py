@@ -13,7 +13,7 @@ import pytest
 import featdump
 from featdump.faces.cli import main
 
-from .conftest import REPO
+from .helpers import REPO
 
 PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 _NAME = re.compile(r"\bfeatdump((?:\.[A-Za-z_][A-Za-z_0-9]*)+)")

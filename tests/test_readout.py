@@ -18,7 +18,7 @@ from featdump.errors import UsageProblem
 from featdump.readout import passes
 from featdump.readout.folds import assign_folds
 
-from .conftest import peak_rss_mib, run_featdump, start_featdump, write_images, write_output
+from .helpers import peak_rss_mib, run_featdump, start_featdump, write_images, write_output
 
 sklearn = pytest.importorskip("sklearn")
 from sklearn.linear_model import RidgeClassifierCV, RidgeCV  # noqa: E402

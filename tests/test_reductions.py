@@ -22,15 +22,9 @@ from featdump.output.merge import merge
 from featdump.reductions.pca import fit
 from featdump.reductions.srp import nonzeros_per_input, srp_matrix
 
-from .conftest import CrashAfterFirstBatch, read_features, run_featdump, settings_for, write_images
+from .helpers import CrashAfterFirstBatch, images_fixture, read_features, run_featdump, settings_for, write_images
 
-
-@pytest.fixture(scope="module")
-def images(tmp_path_factory):
-    """64 images in two class folders."""
-    root = tmp_path_factory.mktemp("reductions") / "images"
-    write_images(root, {"a": 32, "b": 32}, seed=5)
-    return root
+images = images_fixture({"a": 32, "b": 32}, seed=5)  # 64 images in two class folders
 
 
 @pytest.fixture(scope="module")

@@ -14,9 +14,11 @@ import pytest
 from featdump.errors import ResumeMismatch
 from featdump.job.runner import extract
 
-from .conftest import (
+from .helpers import (
     CrashAfterFirstBatch,
+    assert_same_rows,
     committed_rows,
+    images_fixture,
     read_output,
     run_featdump,
     settings_for,
@@ -33,23 +35,7 @@ def extract_args(images, output, *extra):
     return ["extract", "-m", "resnet18", "-w", "none", "-l", LAYERS, "-b", "4", *extra, images, output]
 
 
-def assert_same_rows(actual: dict, expected: dict, rows=None):
-    for key, values in expected.items():
-        if key in ("complete", "skipped", "reasons", "classes", "committed"):
-            continue
-        wanted = values[:rows] if rows is not None else values
-        if isinstance(values, list):
-            assert actual[key] == wanted, key
-        else:
-            np.testing.assert_array_equal(actual[key], wanted, err_msg=key)  # bitwise on CPU
-
-
-@pytest.fixture(scope="module")
-def folder(tmp_path_factory):
-    root = tmp_path_factory.mktemp("resume") / "images"
-    write_images(root, {"a": 20, "b": 19}, size=(48, 40))
-    (root / "a" / "broken.jpg").write_bytes(b"not a jpeg")
-    return root
+folder = images_fixture({"a": 20, "b": 19}, size=(48, 40), broken={"a/broken.jpg": b"not a jpeg"})
 
 
 def wait_for_line(process: subprocess.Popen, text: str) -> bool:

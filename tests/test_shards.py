@@ -23,7 +23,7 @@ from featdump.output import merge as merge_module
 from featdump.output import views
 from featdump.output.shard_files import shard_path
 
-from .conftest import featdump_env, read_output, run_featdump, start_featdump, write_images
+from .helpers import featdump_env, read_output, run_featdump, start_featdump, write_images
 
 LAYERS = "layer1.0.relu:2,avgpool"
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 from PIL import Image
 
-from .conftest import featdump_env, read_features, run_featdump, user_project, write_images
+from .helpers import featdump_env, read_features, run_featdump, user_project, write_images
 
 NETWORK = textwrap.dedent('''
     import torch

@@ -8,14 +8,21 @@ import random
 import signal
 import time
 
-import numpy as np
 import pytest
 
 from featdump.inputs.stores import Patience
 from featdump.output import remote
 from featdump.output.layout import partial_path
 
-from .conftest import committed_rows, featdump_env, read_output, run_featdump, start_featdump, write_images
+from .helpers import (
+    assert_same_rows,
+    committed_rows,
+    featdump_env,
+    read_output,
+    run_featdump,
+    start_featdump,
+    write_images,
+)
 
 EXTRACT = ["extract", "-m", "resnet18", "-w", "none", "-l", "layer3,avgpool"]
 LAYERS = ("layer3", "avgpool")
@@ -36,13 +43,6 @@ def fetched(seaweed, url: str, folder) -> dict:
     local = folder / url.rsplit("/", 1)[1]
     seaweed.client().get(url.removeprefix("s3://"), str(local))
     return read_output(local)
-
-
-def assert_same_rows(got: dict, expected: dict) -> None:
-    assert got["paths"] == expected["paths"]
-    np.testing.assert_array_equal(got["labels"], expected["labels"])
-    for layer in LAYERS:
-        np.testing.assert_array_equal(got[layer], expected[layer])
 
 
 def bucket(seaweed, name: str) -> str:

@@ -22,7 +22,7 @@ from featdump.faces.show import _read
 from featdump.inputs import find_images
 from featdump.inputs.stores import Patience, fetch_all, is_missing, is_refused, is_transient
 
-from .conftest import committed_rows, featdump_env, read_output, run_featdump, start_featdump, write_images
+from .helpers import committed_rows, featdump_env, read_output, run_featdump, start_featdump, write_images
 from .stores import http_server, silent_server
 from .test_tars import member_path, pack
 

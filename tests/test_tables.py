@@ -15,7 +15,7 @@ from PIL import Image
 import featdump
 from featdump.job.runner import extract
 
-from .conftest import CrashAfterFirstBatch, run_featdump, settings_for
+from .helpers import CrashAfterFirstBatch, run_featdump, settings_for
 
 pa = pytest.importorskip("pyarrow")
 pq = pytest.importorskip("pyarrow.parquet")

@@ -25,7 +25,7 @@ from featdump.inputs.tar_names import expand_braces
 from featdump.inputs.tars import scan_tar
 from featdump.output.merge import merge
 
-from .conftest import committed_rows, read_output, run_featdump, start_featdump, write_images
+from .helpers import committed_rows, read_output, run_featdump, start_featdump, write_images
 
 EXTRACT = ["extract", "-m", "resnet18", "-w", "none", "-l", "layer4.1.relu:2,avgpool"]
 

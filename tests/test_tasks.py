@@ -14,7 +14,7 @@ from PIL import Image
 from torchvision.models import get_model, get_model_weights
 from torchvision.transforms import functional as F
 
-from .conftest import featdump_env, read_output, run_featdump, write_images
+from .helpers import featdump_env, read_output, run_featdump, write_images
 
 
 @pytest.fixture(scope="module")

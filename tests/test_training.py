@@ -25,7 +25,7 @@ from featdump.training import dataset as dataset_module
 from featdump.training.dataset import _Files
 from featdump.training.plan import EpochPlan, Order, blocks_of
 
-from .conftest import featdump_env, run_featdump, write_images
+from .helpers import featdump_env, run_featdump, write_images
 
 ROWS = 203  # no multiple of the chunks, the batches or the buffer
 

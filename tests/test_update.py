@@ -19,7 +19,7 @@ import featdump
 from featdump.errors import UsageProblem
 from featdump.output.merge import merge, merged_view
 
-from .conftest import committed_rows, featdump_env, run_featdump, start_featdump, write_images
+from .helpers import committed_rows, featdump_env, run_featdump, start_featdump, write_images
 
 LAYERS = "layer1.0.relu:2,avgpool"
 

@@ -18,7 +18,7 @@ import featdump
 from benchmarks.videos import one_thread, write_video
 from featdump.job.runner import extract
 
-from .conftest import CrashAfterFirstBatch, read_output, run_featdump, settings_for
+from .helpers import CrashAfterFirstBatch, read_output, run_featdump, settings_for
 from .test_video import all_frames, on_screen
 
 pytest.importorskip("av")
@@ -106,7 +106,7 @@ def test_an_image_model_on_frames_and_a_crash_resumed(videos, tmp_path):
 
 
 def test_clip_options_on_images_and_a_video_model_on_images_are_one_line(tmp_path):
-    from .conftest import write_images
+    from .helpers import write_images
 
     write_images(tmp_path / "images", {"a": 2})
     for arguments, message in ((["-m", "resnet18", "--clip", "4"], "--clip apply to videos"),
@@ -220,7 +220,7 @@ def test_a_sigkill_then_the_same_command_equals_a_fresh_run(videos, tmp_path):
     import signal
     import time
 
-    from .conftest import committed_rows, start_featdump
+    from .helpers import committed_rows, start_featdump
 
     arguments = ["extract", "-m", "resnet18", "-w", "none", "-l", "avgpool", "--fps", "25", "-b", "4", videos]
     process = start_featdump(*arguments, tmp_path / "out.h5")
@@ -297,7 +297,7 @@ def test_probe_by_video_and_cka_on_clip_rows(videos, tmp_path):
 
 
 def test_a_folder_of_images_and_videos_takes_the_images_and_says_so(videos, tmp_path):
-    from .conftest import write_images
+    from .helpers import write_images
 
     write_images(tmp_path / "mixed", {"a": 2})
     (tmp_path / "mixed" / "a" / "one.mkv").symlink_to(videos / "a" / "one.mkv")

@@ -14,7 +14,7 @@ import torch
 
 from benchmarks.videos import one_thread, write_video
 
-from .conftest import read_output, run_featdump
+from .helpers import read_output, run_featdump
 from .test_video import all_frames, on_screen
 from .test_video_extract import by_hand
 
@@ -183,7 +183,7 @@ def test_optical_flow_rows_are_raft_s_last_estimate_for_each_pair_of_frames(tmp_
 
 
 def test_optical_flow_on_still_images_or_clips_of_3_is_refused_in_one_line(tmp_path):
-    from .conftest import write_images
+    from .helpers import write_images
 
     write_images(tmp_path / "stills", {"": 2})
     result = run_featdump("extract", "-m", "raft_small", "-w", "none", "-l", "@", tmp_path / "stills",

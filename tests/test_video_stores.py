@@ -14,7 +14,7 @@ from featdump.inputs.clips import as_rows
 from featdump.inputs.imagelist import Window
 from featdump.sources.models import ModelClip
 
-from .conftest import read_output, run_featdump
+from .helpers import read_output, run_featdump
 from .test_tars import member_path, pack
 
 pytest.importorskip("av")
@@ -51,7 +51,7 @@ def rows_of(output) -> dict:
     return {"rows": rows, "skipped": skipped, "order": list(zip(content["paths"], starts.tolist()))}
 
 
-def assert_same_rows(found: dict, expected: dict, name=lambda path: path) -> None:
+def assert_same_clips(found: dict, expected: dict, name=lambda path: path) -> None:
     assert [(name(path), start) for path, start in found["order"]] == expected["order"]
     assert [name(path) for path in found["skipped"]] == expected["skipped"]
     for (path, start), row in found["rows"].items():
@@ -68,7 +68,7 @@ def test_videos_in_tars_on_disk_equal_the_folder_run(stored_videos, tmp_path):
     output = tmp_path / "tars.h5"
     result = run_featdump(*EXTRACT, str(root / "shards" / "*.tar"), output)
     assert result.returncode == 0, result.stderr
-    assert_same_rows(rows_of(output), folder, member_path)
+    assert_same_clips(rows_of(output), folder, member_path)
 
 
 @pytest.mark.slow  # one of the quick suite's heaviest; its capability has quicker tests too
@@ -79,7 +79,7 @@ def test_videos_at_a_store_prefix_and_in_tars_in_a_store_equal_the_folder_run(st
         output = tmp_path / "out.h5"
         result = run_featdump(*EXTRACT, source, output, "--overwrite")
         assert result.returncode == 0, result.stderr
-        assert_same_rows(rows_of(output), folder, name)
+        assert_same_clips(rows_of(output), folder, name)
 
 
 @pytest.mark.slow  # a store or many processes beyond a few seconds: make test-all (CI)
@@ -115,7 +115,7 @@ def test_a_stored_video_is_read_by_ranges_not_whole(stored_videos, store_env):
 
 
 def test_tars_of_images_and_videos_take_the_images_and_say_so(tmp_path, caplog):
-    from .conftest import write_images
+    from .helpers import write_images
 
     write_images(tmp_path / "mixed", {"cats": 2}, size=(32, 32))
     write_video(tmp_path / "mixed" / "cats" / "zz.mkv", 4)

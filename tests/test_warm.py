@@ -12,7 +12,7 @@ from featdump.forward.hooks import Capture
 from featdump.job import staging, warm
 from featdump.output.merge import merge
 
-from .conftest import read_output, settings_for, user_project
+from .helpers import read_output, settings_for, user_project
 
 FACTORY = """
 import torch

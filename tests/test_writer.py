@@ -17,7 +17,7 @@ from featdump.output.skipped import Skip
 from featdump.output.specs import DatasetSpec, chunk_shape
 from featdump.output.writer import FeatureWriter
 
-from .conftest import featdump_env
+from .helpers import featdump_env
 
 SPECS = {"layer": DatasetSpec((2, 3), "float32")}
 
