@@ -501,3 +501,15 @@ def test_targets_name_paths_in_either_unicode_form(tmp_path):
         f"{unicodedata.normalize('NFD', path)},{index}\n" for index, path in enumerate(paths)))
     fitted = run_featdump("encode", tmp_path / "out.h5", tmp_path / "y.csv", "--folds", "2", "-o", tmp_path / "e.h5")
     assert fitted.returncode == 0, fitted.stderr
+
+
+def test_the_alphas_grid_from_a_list_a_range_or_numbers_and_a_bad_one_refused():
+    from featdump.errors import BadOption
+    from featdump.readout.ridge import parse_alphas
+
+    np.testing.assert_allclose(parse_alphas("0.1,1,10"), [0.1, 1, 10])
+    np.testing.assert_allclose(parse_alphas("1e-2:1e2:5"), [1e-2, 1e-1, 1, 10, 100])
+    np.testing.assert_allclose(parse_alphas([3, 4]), [3, 4])
+    for bad in ("", "0,1", "a:b:c", "-1"):
+        with pytest.raises(BadOption, match="give positive numbers"):
+            parse_alphas(bad)
