@@ -15,14 +15,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from featdump.errors import NoImages
-from featdump.inputs.arrays import read_array_row
 from featdump.inputs.folder import IMAGE_EXTENSIONS
 from featdump.inputs.imagelist import Encoded, ImageList
-from featdump.inputs.objects import read_object
-from featdump.inputs.readers import Asked, read_images
+from featdump.inputs.readers import Asked, read_images, stored_image
 from featdump.inputs.stores import Patience
-from featdump.inputs.tables import read_table_row
-from featdump.inputs.tars import read_stored
 from featdump.locations import Location
 
 __all__ = ["IMAGE_EXTENSIONS", "Encoded", "ImageList", "Patience", "find_images", "stored_image"]
@@ -44,12 +40,3 @@ def find_images(source: Path | str, named: str = "IMAGES", patience: Patience | 
         if named == "IMAGES" or str(error).startswith(named):
             raise
         raise NoImages(f"{named} {str(source)!r}: {error}") from error
-
-
-def stored_image(root: str, relative: str) -> bytes | None:
-    """The encoded image of row path RELATIVE of a job that read ROOT: its object's bytes read back from the store,
-    its member's bytes when the row came from a tar, its image when it came from an array or a table; None when it
-    is none of these (or gone)."""
-    if Location.of(root).join(relative).remote:
-        return read_object(root, relative) or read_stored(root, relative)
-    return read_stored(Path(root), relative) or read_array_row(root, relative) or read_table_row(root, relative)

@@ -5,19 +5,19 @@ A local path and a URL are not two dispatches: each reader claims what it reads,
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import PurePosixPath
+from pathlib import Path, PurePosixPath
 
 from featdump.errors import NoImages, UsageProblem
-from featdump.inputs.arrays import is_array_file, read_array
+from featdump.inputs.arrays import is_array_file, read_array, read_array_row
 from featdump.inputs.folder import IMAGE_EXTENSIONS, read_folder
 from featdump.inputs.imagelist import ImageList
 from featdump.inputs.listfile import LIST_SUFFIXES, one_object, read_image_list
-from featdump.inputs.objects import read_prefix
+from featdump.inputs.objects import read_object, read_prefix
 from featdump.inputs.remote_tars import named_remote_tars, read_remote_tars
 from featdump.inputs.stores import Patience
-from featdump.inputs.tables import names_tables, read_tables
+from featdump.inputs.tables import names_tables, read_table_row, read_tables
 from featdump.inputs.tar_names import TAR_SUFFIX, check_not_compressed, check_tar_names, named_tars
-from featdump.inputs.tars import read_tars
+from featdump.inputs.tars import read_stored, read_tars
 from featdump.inputs.video import is_video_file
 from featdump.locations import Location
 
@@ -157,3 +157,12 @@ def _check_options_apply(reader: Reader | None, where: Location, asked: Asked) -
     if asked.array is not None and not where.remote and not isinstance(reader, (Tables, Tars, Arrays)):
         raise UsageProblem(f"--array {asked.array} names an array of a file of arrays (HDF5, NetCDF-4, .npy, .npz); "
                            f"{asked.named} {where.text!r} is none.")
+
+
+def stored_image(root: str, relative: str) -> bytes | None:
+    """The encoded image of row path RELATIVE of a job that read ROOT: its object's bytes read back from the store,
+    its member's bytes when the row came from a tar, its image when it came from an array or a table; None when it
+    is none of these (or gone)."""
+    if Location.of(root).join(relative).remote:
+        return read_object(root, relative) or read_stored(root, relative)
+    return read_stored(Path(root), relative) or read_array_row(root, relative) or read_table_row(root, relative)
