@@ -36,7 +36,8 @@ from dataclasses import dataclass
 
 MULTIPLE = 3.0  # how many times the emulation's farthest row a run's may be: kernels that round in another order
 SHIFT_MULTIPLE = 6.0  # how many standard errors of the emulation's channel means a run's channel mean may be
-SHIFT_FLOOR = 1e-3  # a channel's mean shift, in units of a row's largest value, that is never a fault
+SHIFT_FLOOR = 3e-3  # a channel's mean shift, in units of a row's largest value, that is never a fault (a sound
+# bf16 resnet18 avgpool moves one by up to 2.6e-3 from its emulation: docs/proof.md)
 SCALE_MULTIPLE = 2.0  # how many times the precision's own relative error of a channel its scale may be from 1
 # The farthest the CPU's emulation of a precision may take a row from fp32 (both row errors) before the precision
 # is judged not to fit the model at that layer. The panel's sound cells reach 0.037 (inception_v3 Mixed_7c, bf16)
