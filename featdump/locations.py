@@ -61,6 +61,16 @@ class Location:
         return self.text if self.remote else str(self.path.resolve())
 
     @property
+    def bare(self) -> str:
+        """The URL without its protocol (`s3://b/k` -> `b/k`); a path's text."""
+        return self.text.split("://", 1)[1] if self.remote else self.text
+
+    @property
+    def bucket(self) -> Location:
+        """The URL's bucket (or host): `s3://b/k/x.png` -> `s3://b`; a path is its own."""
+        return Location(f"{self.protocol}://{self.bare.split('/', 1)[0]}", self.protocol) if self.remote else self
+
+    @property
     def name(self) -> str:
         return posixpath.basename(self.text.rstrip("/")) if self.remote else self.path.name
 

@@ -59,3 +59,9 @@ def test_only_http_is_the_web():
 def test_a_location_is_made_once_and_given_back_as_it_is():
     made = Location.of("s3://b/x")
     assert Location.of(made) is made and made == Location.of("s3://b/x")
+
+
+def test_the_bare_path_and_the_bucket_of_a_url():
+    url = Location.of("s3://b/run/out.h5")
+    assert url.bare == "b/run/out.h5" and str(url.bucket) == "s3://b" and url.bucket.protocol == "s3"
+    assert Location.of("/data/x").bare == "/data/x" and Location.of("/data/x").bucket == Location.of("/data/x")

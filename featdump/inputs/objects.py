@@ -237,8 +237,7 @@ def check_access(urls: Sequence[str], patience: Patience) -> None:
 
 
 def _bucket_of(url: str) -> str:
-    protocol, _, rest = url.partition("://")
-    return f"{protocol}://{rest.split('/', 1)[0]}"
+    return Location.of(url).bucket.text
 
 
 def read_object(root: str, relative: str, patience: Patience | None = None) -> bytes | None:

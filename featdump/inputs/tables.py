@@ -44,7 +44,7 @@ def names_tables(source: str, patience: Patience | None = None) -> bool:
     """Whether SOURCE (a path, a pattern or a URL) names Parquet files: it ends in .parquet, is a folder holding
     them and no image, or is a dataset at hf://."""
     text = str(source)
-    if text.lower().endswith(TABLE_SUFFIX) or text.startswith("hf://"):
+    if text.lower().endswith(TABLE_SUFFIX) or Location.of(text).protocol == "hf":
         return True
     if Location.of(text).remote:
         return text.endswith("/") and _holds_tables(text, patience or Patience())
@@ -146,7 +146,7 @@ def _files_of(source: str):
 
 
 def _relative(root, path: str) -> str:
-    base = str(root).split("://", 1)[-1].rstrip("/")
+    base = Location.of(root).bare.rstrip("/")
     return path[len(base):].lstrip("/") if base and path.startswith(base) else PurePosixPath(path).name
 
 

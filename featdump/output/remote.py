@@ -34,7 +34,7 @@ def scratch_twin(url: str, scratch: Path | None = None) -> Path:
     """The local file an output at URL is written as: in a folder of SCRATCH named after URL's folder, so that a
     retry of the same job finds its partial file again and two jobs never share one."""
     folder = str(Location.of(url).parent)
-    readable = re.sub(r"[^A-Za-z0-9._-]+", "_", folder.split("://", 1)[-1])[-60:].strip("_")
+    readable = re.sub(r"[^A-Za-z0-9._-]+", "_", Location.of(folder).bare)[-60:].strip("_")
     digest = hashlib.sha256(folder.encode()).hexdigest()[:12]
     return Path(scratch or default_scratch()).expanduser() / f"{readable}-{digest}" / url.rstrip("/").rsplit("/", 1)[1]
 
