@@ -193,18 +193,15 @@ def _unavailable(name: str, error: BaseException) -> str:
 class HuggingFaceSource(Source):
     """hf:ORG/NAME or hf:FOLDER: a transformers model's vision tower and its image processor."""
 
-    name = "hf"
-
-    def claims(self, spec: str) -> bool:
-        return spec.startswith("hf:")
+    name = prefix = "hf"
 
     def check(self, spec: str) -> None:
-        check_name(spec.removeprefix("hf:"))
+        check_name(self.bare(spec))
 
     def clip(self, spec: str) -> ModelClip | None:
-        frames = clip_frames(spec.removeprefix("hf:"))
+        frames = clip_frames(self.bare(spec))
         return ModelClip(frames, None, takes_clips=True) if frames else None
 
     def build(self, spec: str, weights: str, seed: int, transform: str | None, trust_pickle: bool) -> Built:
-        module, preprocessing, label, source, tokens = build(spec.removeprefix("hf:"), weights, seed)
+        module, preprocessing, label, source, tokens = build(self.bare(spec), weights, seed)
         return Built(module, label, source, preprocessing, tokens)

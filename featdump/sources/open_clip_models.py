@@ -77,14 +77,11 @@ def token_rule(visual: nn.Module) -> TokenRule | None:
 class OpenClipSource(Source):
     """open_clip:ARCH: its image tower, the weights its tag names, its preprocessing."""
 
-    name = "open_clip"
-
-    def claims(self, spec: str) -> bool:
-        return spec.startswith("open_clip:")
+    name = prefix = "open_clip"
 
     def check(self, spec: str) -> None:
-        check_name(spec.removeprefix("open_clip:"))
+        check_name(self.bare(spec))
 
     def build(self, spec: str, weights: str, seed: int, transform: str | None, trust_pickle: bool) -> Built:
-        module, preprocessing, label, source, tokens = build(spec.removeprefix("open_clip:"), weights, seed)
+        module, preprocessing, label, source, tokens = build(self.bare(spec), weights, seed)
         return Built(module, label, source, preprocessing, tokens)

@@ -43,10 +43,15 @@ class Source:
 
     name = "source"
     order = 0  # asked in this order: prefixed names first, files, factories, then torchvision's plain names
+    prefix: str | None = None  # a source whose names are PREFIX:NAME (timm:, hf:, open_clip:)
 
     def claims(self, spec: str) -> bool:
-        """Whether --model SPEC names a model of this source."""
-        raise NotImplementedError
+        """Whether --model SPEC names a model of this source (by default: SPEC starts with PREFIX:)."""
+        return self.prefix is not None and spec.startswith(self.prefix + ":")
+
+    def bare(self, spec: str) -> str:
+        """SPEC without this source's PREFIX: (timm:resnet50 -> resnet50)."""
+        return spec.removeprefix(f"{self.prefix}:") if self.prefix else spec
 
     def check(self, spec: str) -> None:
         """Fail fast (a one-line error) when SPEC names nothing this source can build."""

@@ -76,14 +76,11 @@ def stated_axes(module: nn.Module) -> dict[str, str]:
 class TimmSource(Source):
     """timm:NAME, with timm's pretrained weights and its data config's preprocessing."""
 
-    name = "timm"
-
-    def claims(self, spec: str) -> bool:
-        return spec.startswith("timm:")
+    name = prefix = "timm"
 
     def check(self, spec: str) -> None:
-        check_name(spec.removeprefix("timm:"))
+        check_name(self.bare(spec))
 
     def build(self, spec: str, weights: str, seed: int, transform: str | None, trust_pickle: bool) -> Built:
-        module, preprocessing, label, source = build(spec.removeprefix("timm:"), weights, seed)
+        module, preprocessing, label, source = build(self.bare(spec), weights, seed)
         return Built(module, label, source, preprocessing, token_rule(module), stated_axes=stated_axes(module))
