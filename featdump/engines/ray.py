@@ -17,17 +17,13 @@ import os
 import sys
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 from featdump.errors import FeatdumpError, StoreUnavailable, UsageProblem
 from featdump.inputs.stores import Patience
 from featdump.job.report import NoProgress, Progress
 from featdump.job.settings import Settings
-from featdump.locations import Location
 from featdump.output import fingerprint as fingerprints
-from featdump.output import remote
-from featdump.output.layout import Output
-from featdump.output.store_merge import merge_at
+from featdump.output.places import merge_at, place_of
 
 log = logging.getLogger("featdump")
 RETRIES = 3  # tries of a shard after the first, whether its worker died or its store stayed away
@@ -82,10 +78,7 @@ def _run(ray, settings: Settings, shards: int | None, progress: Progress, starte
          merge_shards: bool = True) -> RaySummary:
     resources = _task_resources(ray, settings)
     count = shards or SHARDS_PER_SLOT * _slots(ray, resources)
-    if Location.of(settings.output).remote:  # a missing output bucket found before any task runs
-        remote.check_writable(settings.output, Patience(settings.store_patience))
-    elif not Path(settings.output).parent.is_dir():
-        raise UsageProblem(f"Output folder {str(Path(settings.output).parent)!r} does not exist; create it first.")
+    place_of(settings.output).check_writable(Patience(settings.store_patience))  # before any task runs
     if not (settings.overwrite or settings.update):
         finished = _merged_already(settings, count)
         if finished is not None:
@@ -201,24 +194,18 @@ def _merged_already(settings: Settings, count: int) -> int | None:
     again. None when there is none yet, or it names pca:K layers (their shards judge them)."""
     from featdump.job import runner, updating  # torch, as in _run
 
-    output, patience = settings.output, Patience(settings.store_patience)
-    if Location.of(output).remote:
-        if not remote.finished_in_store(output, patience):
-            return None
-        found = remote.held_in_store(output, patience)
-        held, complete, rows = found.fingerprint, found.complete, found.committed.rows
-    elif Path(output).exists():
-        with Output.open(output) as finished:
-            held, complete, rows = finished.fingerprint, finished.complete, finished.committed.rows
-    else:
+    output = settings.output
+    found = place_of(output).finished(Patience(settings.store_patience))
+    if found is None:
         return None
     expected = runner.fingerprint_of(dataclasses.replace(settings, shard=f"0/{count}"))
     if expected is None:
         return None
-    updating.judge_finished(str(output), fingerprints.merged_held(held), complete, fingerprints.of_merged(expected))
+    updating.judge_finished(str(output), fingerprints.merged_held(found.fingerprint), found.complete,
+                            fingerprints.of_merged(expected))
     log.info("Ray: %s is merged already, made by this same command: nothing to do (--update adds, --overwrite "
              "makes it again).", output)
-    return rows
+    return found.committed.rows
 
 
 def _merge(settings: Settings):

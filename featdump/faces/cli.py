@@ -240,7 +240,7 @@ def merge(output: str, shard_pattern: str | None, copy: bool | None, overwrite: 
       featdump merge s3://bucket/run/feats.h5
     """
     from featdump.inputs.stores import Patience
-    from featdump.output.store_merge import merge_at
+    from featdump.output.places import merge_at
 
     started = time.perf_counter()
     merged, view = merge_at(output, shard_pattern, copy=copy, overwrite=overwrite, scratch=scratch,

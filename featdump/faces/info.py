@@ -8,16 +8,13 @@ import numpy as np
 
 from featdump.errors import NotAnOutput
 from featdump.faces.curves import is_readouts, layer_scores, layer_summaries, readout_lines
-from featdump.inputs.stores import Patience
-from featdump.locations import Location
-from featdump.output import remote
 from featdump.output import skipped as skips
 from featdump.output.layout import Output, open_to_read, partial_path, text_of
 from featdump.output.lock import lock_holder
 from featdump.output.merge import merge_problem
+from featdump.output.places import place_of
 from featdump.output.progress import describe_running, read_record, running_lines, stopped_line
 from featdump.output.shard_files import shard_count, shard_counts, shard_path
-from featdump.output.store_merge import store_merge_problem, store_shards
 from featdump.output.update import grow_path, staging_path
 from featdump.readout.scores import MEASURES
 
@@ -29,8 +26,9 @@ _PROVENANCE = ("image_root", "image_listing", "clip_frames", "clip_fps", "clip_e
 def read_info(output: Path | str) -> dict:
     """Everything `featdump info` reports on OUTPUT (or OUTPUT.partial, or OUTPUT's shards; at a URL, the output
     or its shards in the store) as plain values."""
-    if Location.of(output).remote:
-        return _store_info(str(output))
+    stored = place_of(output).stored()
+    if stored is not None:
+        return stored
     path = Path(output)
     results = _results(path)
     if results is not None:
@@ -184,22 +182,6 @@ def _shards_info(output: Path) -> dict | None:
             "image_count": sum(shard["image_count"] or 0 for shard in shards)}
 
 
-def _store_info(url: str) -> dict:
-    """An output at a URL: finished in the store (its counters), else its shards there, each finished (uploaded)
-    or not."""
-    patience = Patience()
-    if remote.finished_in_store(url, patience):
-        held = remote.held_in_store(url, patience)
-        return {"state": "in store", "file": url, "rows": held.committed.rows, "skipped": held.committed.skipped,
-                "bytes": held.size, "model": held.fingerprint.get("model"), "weights": held.fingerprint.get("weights"),
-                "layers": held.fingerprint.get("layers", [])}
-    count, urls, missing = store_shards(url, None, patience)
-    shards = [{"index": index, "file": shard, "state": "not uploaded" if index in missing else "complete"}
-              for index, shard in enumerate(urls)]
-    return {"state": "sharded in store", "file": url, "shards": shards, "finished": count - len(missing),
-            "merge_problem": None if missing else store_merge_problem(url, None, patience)}
-
-
 def _store_lines(info: dict) -> list[str]:
     if info["state"] == "in store":
         return [f"{info['file']}: finished, in the store: {info['rows']} rows ({info['skipped']} skipped), "
@@ -255,8 +237,9 @@ def _matrix_lines(results: dict) -> list[str]:
 
 def describe(output: Path) -> list[str]:
     """Lines saying what OUTPUT (or OUTPUT.partial) holds and how far its run got."""
-    if Location.of(output).remote:
-        return _store_lines(read_info(output))
+    stored = place_of(output).stored()
+    if stored is not None:
+        return _store_lines(stored)
     path = Path(output) if Path(output).exists() else partial_path(Path(output))
     results = _results(path)
     if results is not None and results["result"] in ("rdm", "cka"):

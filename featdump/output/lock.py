@@ -17,6 +17,12 @@ from featdump.errors import OutputExists, OutputLocked, OutputWriteError, UsageP
 log = logging.getLogger("featdump")
 
 
+def check_folder(output: Path) -> None:
+    """UsageProblem when the folder OUTPUT is to be written in does not exist."""
+    if not output.parent.is_dir():
+        raise UsageProblem(f"Output folder {str(output.parent)!r} does not exist; create it first.")
+
+
 class OutputLock:
     """An exclusive lock on OUT.lock held for the whole run, so two featdumps never write one output.
 
@@ -36,8 +42,7 @@ class OutputLock:
         """Check OUTPUT can be written and lock it; OutputLocked at once if another run holds it."""
         output = Path(output)
         refuse_existing(output, overwrite)
-        if not output.parent.is_dir():
-            raise UsageProblem(f"Output folder {str(output.parent)!r} does not exist; create it first.")
+        check_folder(output)
         if os.environ.get("HDF5_USE_FILE_LOCKING", "").upper() == "FALSE":
             log.info("HDF5_USE_FILE_LOCKING=FALSE: %s is not locked against a second writer.", output)
             return cls(None, None, False)

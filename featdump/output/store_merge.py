@@ -14,21 +14,11 @@ from featdump.inputs.stores import Patience
 from featdump.locations import Location
 from featdump.output import fingerprint as fingerprints
 from featdump.output import remote
-from featdump.output.merge import common_fingerprint, merge, merged_view
+from featdump.output.merge import common_fingerprint, merge
 from featdump.output.shard_files import counts_among, shard_path, shard_pattern, the_count
 
 log = logging.getLogger("featdump")
 _DOWNLOADS = 8  # shards copied at once
-
-
-def merge_at(output: str | Path, pattern: str | None = None, *, copy: bool | None = None, overwrite: bool = False,
-             scratch: Path | None = None, patience: Patience | None = None) -> tuple[str | Path, bool]:
-    """(where, whether a view) the shards of OUTPUT were merged into: on this machine by `merge` (a view or a COPY),
-    in a store by `merge_from_store` (always a copy, made in SCRATCH)."""
-    if Location.of(output).remote:
-        return merge_from_store(str(output), pattern, scratch, patience), False
-    merged = merge(Path(output), pattern, copy=copy, overwrite=overwrite)
-    return merged, merged_view(merged)
 
 
 def store_shards(url: str, pattern: str | None, patience: Patience) -> tuple[int, list[str], list[int]]:
