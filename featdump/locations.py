@@ -39,6 +39,15 @@ class Location:
         return self.protocol is not None
 
     @property
+    def file_protocol(self) -> str:
+        """The fsspec protocol of the file system that reads it: the URL's, `file` on this machine."""
+        return self.protocol or "file"
+
+    def at(self, path: str) -> Location:
+        """The Location of PATH, as this Location's file system names its files (`b/k` of s3 is `s3://b/k`)."""
+        return Location(f"{self.protocol}://{path}", self.protocol) if self.remote else Location(path)
+
+    @property
     def web(self) -> bool:
         """An http(s) URL: a web server, whose refusal of one URL (401, 403) says nothing of the others."""
         return self.protocol in ("http", "https")
@@ -59,6 +68,11 @@ class Location:
     def absolute(self) -> str:
         """The URL, or the path resolved: what a file records as where its images came from."""
         return self.text if self.remote else str(self.path.resolve())
+
+    @property
+    def plain(self) -> str:
+        """What its file system is given: the URL, or the path made absolute (`~` expanded, not resolved)."""
+        return self.text if self.remote else str(self.path.expanduser().absolute())
 
     @property
     def bare(self) -> str:

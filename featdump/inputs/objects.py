@@ -12,15 +12,15 @@ import hashlib
 import logging
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime
-from pathlib import Path, PurePosixPath
+from pathlib import PurePosixPath
 
 import numpy as np
 
 from featdump.errors import NoImages, StoreRefused
 from featdump.inputs.folder import IMAGE_EXTENSIONS, images_or_videos
-from featdump.inputs.imagelist import Encoded, Files, ImageList, Window
+from featdump.inputs.imagelist import Encoded, ImageList, Window
 from featdump.inputs.stores import (
     Patience,
     RangeReader,
@@ -149,53 +149,6 @@ class StoreObjects:
 
     def left_out(self) -> dict[str, int]:
         return {}
-
-
-# -- a list of URLs and paths ---------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class ListedURLs(Files):
-    """The images of a list file that names URLs (and paths: relative to the list's folder, itself perhaps a
-    URL). A URL is named and identified by itself: there is no stat per URL (-1 for its size and time)."""
-
-    patience: Patience = field(default_factory=Patience)
-
-    def open(self, root, relative: str, position: int) -> Encoded:
-        return only_image(self.open_as_ready(root, [relative], [position]))
-
-    def open_as_ready(self, root, relatives: Sequence[str],
-                      positions: Sequence[int]) -> Iterator[tuple[int, Encoded | Exception]]:
-        located = [Location.of(root).join(relative) for relative in relatives]
-        by_protocol: dict[str, list[int]] = {}
-        for index, where in enumerate(located):
-            if where.remote:
-                by_protocol.setdefault(where.protocol, []).append(index)
-            else:
-                try:
-                    yield index, Files.open(self, root, relatives[index], positions[index])
-                except OSError as error:  # a missing or unreadable file: a recorded skip
-                    yield index, error
-        for indices in by_protocol.values():
-            for index in [i for i in indices if is_video_name(str(located[i]))]:
-                yield index, video_where_it_lies(str(located[index]), relatives[index], (-1, -1), self.patience)
-            indices = [i for i in indices if not is_video_name(str(located[i]))]
-            for at, found in fetch_as_ready([str(located[i]) for i in indices], self.patience):
-                index = indices[at]
-                yield index, found if isinstance(found, BaseException) else Encoded(relatives[index], (-1, -1),
-                                                                                    data=found)
-
-    def stat(self, root, relative: str, position: int) -> tuple[int, int] | None:
-        if Location.of(relative).remote or Location.of(str(root)).remote:
-            return -1, -1  # named by its URL: present while the list names it
-        return Files.stat(self, root, relative, position)
-
-    def digest(self, root, paths: Sequence[str], labels: Sequence[int], sizes: bool) -> str:
-        local = Path(root) if not Location.of(str(root)).remote else None
-        return Files.digest(self, local, paths, labels, sizes and local is not None)
-
-    def select(self, positions: Sequence[int]) -> ListedURLs:
-        return self
 
 
 def video_where_it_lies(url: str, relative: str, identity: tuple[int, int], patience: Patience, offset: int = 0,

@@ -1,24 +1,28 @@
 """Readers: one per kind of input, each saying whether it claims the Location the user named and listing its
 images as an `ImageList`. `find_images` asks them in order (`READERS`); a new kind of input is one more reader.
-A local path and a URL are not two dispatches: each reader claims what it reads, wherever it lies."""
+A local path and a URL are not two dispatches: each reader claims what it reads, wherever it lies. This is the
+inputs' one module that tells a path on this machine from a URL (`ListedURLs`: a list's rows, each read where it
+lies); the modules each reader calls read one kind, or read both through `stores.filesystem`."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import io
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
 from featdump.errors import NoImages, UsageProblem
 from featdump.inputs.arrays import is_array_file, read_array, read_array_row
 from featdump.inputs.folder import IMAGE_EXTENSIONS, read_folder
-from featdump.inputs.imagelist import ImageList
-from featdump.inputs.listfile import LIST_SUFFIXES, one_object, read_image_list
-from featdump.inputs.objects import read_object, read_prefix
-from featdump.inputs.remote_tars import named_remote_tars, read_remote_tars
-from featdump.inputs.stores import Patience
-from featdump.inputs.tables import names_tables, read_table_row, read_tables
-from featdump.inputs.tar_names import TAR_SUFFIX, check_not_compressed, check_tar_names, named_tars
+from featdump.inputs.imagelist import Encoded, Files, ImageList
+from featdump.inputs.listfile import LIST_SUFFIXES, check_list_name, list_entries
+from featdump.inputs.objects import check_access, only_image, read_object, read_prefix, video_where_it_lies
+from featdump.inputs.remote_tars import PATTERN_SEPARATOR, read_remote_tars
+from featdump.inputs.stores import Patience, fetch_all, fetch_as_ready
+from featdump.inputs.tables import folder_of_tables, names_tables, prefix_of_tables, read_table_row, read_tables
+from featdump.inputs.tar_names import TAR_SUFFIX, check_not_compressed, check_tar_names, expand_braces, named_tars
 from featdump.inputs.tars import read_stored, read_tars
-from featdump.inputs.video import is_video_file
+from featdump.inputs.video import is_video_file, is_video_name
 from featdump.locations import Location
 
 
@@ -48,7 +52,11 @@ class Tables(Reader):
     """Parquet tables of encoded images: a file, a folder or prefix of them, a pattern (`tables`)."""
 
     def claims(self, where, asked):
-        return names_tables(where.text, asked.patience)
+        if names_tables(where.text):
+            return True
+        if where.remote:
+            return prefix_of_tables(where.text, asked.patience or Patience())
+        return folder_of_tables(where.path)
 
     def read(self, where, asked):
         return read_tables(where.text, asked.image_column, asked.label_column)
@@ -58,12 +66,26 @@ class Tars(Reader):
     """A .tar, a brace pattern or glob of tars, here or at URLs joined with ::."""
 
     def claims(self, where, asked):
-        return (named_remote_tars(where.text) if where.remote else named_tars(where.path)) is not None
+        return (named_tar_urls(where.text) if where.remote else named_tars(where.path)) is not None
 
     def read(self, where, asked):
         if where.remote:
-            return read_remote_tars(named_remote_tars(where.text), asked.patience)
+            return read_remote_tars(named_tar_urls(where.text), asked.patience)
         return read_tars(named_tars(where.path))
+
+
+def named_tar_urls(text: str) -> list[str] | None:
+    """The tar URLs TEXT names (a URL, brace patterns, several joined with ::), in order; None when it names no
+    .tar (a prefix or a list)."""
+    urls = [url for pattern in text.split(PATTERN_SEPARATOR) for url in expand_braces(pattern.strip())]
+    tars = [url for url in urls if url.lower().endswith(TAR_SUFFIX)]
+    if not tars:
+        return None
+    others = [url for url in urls if url not in tars or not Location.of(url).remote]
+    if others:
+        raise NoImages(f"The pattern {text!r} names {others[0]!r}, which is not a .tar URL: join only tar URLs "
+                       f"with {PATTERN_SEPARATOR}.")
+    return tars
 
 
 class Arrays(Reader):
@@ -95,7 +117,8 @@ class ListFile(Reader):
     def read(self, where, asked):
         if not where.remote:
             check_not_compressed(where.path)
-        listed = read_image_list(where.native, asked.named, asked.patience)
+        check_list_name(str(where.native), asked.named)
+        listed = _listed(where, asked.patience or Patience())
         if not any(path.lower().endswith(TAR_SUFFIX) for path in listed.paths):
             return listed
         root = Location.of(listed.root)
@@ -112,7 +135,11 @@ class OneObject(Reader):
         return where.remote and PurePosixPath(where.text).suffix.lower() in IMAGE_EXTENSIONS
 
     def read(self, where, asked):
-        return one_object(where.text, asked.patience)
+        """The single image at the URL, read as a list naming it alone (relative to its folder, as a prefix's keys
+        are)."""
+        patience = asked.patience or Patience()
+        check_access([where.text], patience)
+        return ImageList(where.parent.text, (where.name,), (-1,), (), ListedURLs(patience))
 
 
 class Prefix(Reader):
@@ -133,6 +160,77 @@ class Folder(Reader):
 
     def read(self, where, asked):
         return read_folder(where.path)
+
+
+def _listed(where: Location, patience: Patience) -> ImageList:
+    """The images the list file at WHERE names, in its order, relative to its folder (a missing file is a skipped
+    image later). Entries may be URLs, and the list itself may be one: their stores' access is checked before any
+    work."""
+    if where.remote:
+        found = fetch_all([where.text], patience)[0]
+        if isinstance(found, BaseException):
+            raise NoImages(f"The list {where.text!r} cannot be read ({found}).")
+        handle = io.StringIO(found.decode("utf-8", "surrogateescape"), newline="")
+    else:
+        handle = open(where.path, newline="", encoding="utf-8", errors="surrogateescape")
+    with handle:
+        paths, labels = list_entries(handle, str(where.native))
+    urls = [path for path in paths if Location.of(path).remote]
+    if not where.remote and not urls:
+        return ImageList(where.path.parent, paths, labels, ())
+    root = where.parent
+    check_access(urls or [root.join(paths[0]).text], patience)
+    return ImageList(root.native, paths, labels, (), ListedURLs(patience))
+
+
+@dataclass(frozen=True)
+class ListedURLs(Files):
+    """The images of a list file that names URLs (and paths: relative to the list's folder, itself perhaps a
+    URL), each read where it lies. A URL is named and identified by itself: there is no stat per URL (-1 for its
+    size and time)."""
+
+    patience: Patience = field(default_factory=Patience)
+
+    def open(self, root, relative: str, position: int) -> Encoded:
+        return only_image(self.open_as_ready(root, [relative], [position]))
+
+    def open_as_ready(self, root, relatives: Sequence[str],
+                      positions: Sequence[int]) -> Iterator[tuple[int, Encoded | Exception]]:
+        located = [Location.of(root).join(relative) for relative in relatives]
+        by_protocol: dict[str, list[int]] = {}
+        for index, where in enumerate(located):
+            if where.remote:
+                by_protocol.setdefault(where.protocol, []).append(index)
+            else:
+                try:
+                    yield index, Files.open(self, root, relatives[index], positions[index])
+                except OSError as error:  # a missing or unreadable file: a recorded skip
+                    yield index, error
+        for indices in by_protocol.values():
+            yield from self._fetched(located, relatives, indices)
+
+    def _fetched(self, located: list[Location], relatives: Sequence[str],
+                 indices: list[int]) -> Iterator[tuple[int, Encoded | Exception]]:
+        """The rows INDICES (URLs of one store): a video read where it lies, an image fetched with the others."""
+        for index in [i for i in indices if is_video_name(located[i].text)]:
+            yield index, video_where_it_lies(located[index].text, relatives[index], (-1, -1), self.patience)
+        indices = [i for i in indices if not is_video_name(located[i].text)]
+        for at, found in fetch_as_ready([located[i].text for i in indices], self.patience):
+            index = indices[at]
+            yield index, found if isinstance(found, BaseException) else Encoded(relatives[index], (-1, -1),
+                                                                                data=found)
+
+    def stat(self, root, relative: str, position: int) -> tuple[int, int] | None:
+        if Location.of(root).join(relative).remote:
+            return -1, -1  # named by its URL: present while the list names it
+        return Files.stat(self, root, relative, position)
+
+    def digest(self, root, paths: Sequence[str], labels: Sequence[int], sizes: bool) -> str:
+        local = None if Location.of(root).remote else Path(root)
+        return Files.digest(self, local, paths, labels, sizes and local is not None)
+
+    def select(self, positions: Sequence[int]) -> ListedURLs:
+        return self
 
 
 READERS: tuple[Reader, ...] = (Tables(), Tars(), Arrays(), OneVideo(), ListFile(), OneObject(), Prefix(), Folder())

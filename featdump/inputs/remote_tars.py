@@ -32,30 +32,14 @@ from featdump.errors import NoImages, UsageProblem
 from featdump.inputs.imagelist import Encoded, ImageList
 from featdump.inputs.objects import object_identity, only_image, video_where_it_lies
 from featdump.inputs.stores import Patience, describe, fetch_all, fetch_as_ready, filesystem, store_path
-from featdump.inputs.tar_names import TAR_SUFFIX, expand_braces
 from featdump.inputs.tars import DamagedTar, TarMembers, TarScan, TarShard, scan_tar_file, tar_image_list
 from featdump.inputs.video import is_video_name
-from featdump.locations import Location
 
 PATTERN_SEPARATOR = "::"
 _INDEX_BLOCK = 32 << 20  # bytes per request while a tar's headers are read
 _INDEXING_AT_ONCE = 8
 _CHECKED = 64 << 10  # bytes at each end of a tar compared before its kept index is trusted
 log = logging.getLogger("featdump")
-
-
-def named_remote_tars(text: str) -> list[str] | None:
-    """The tar URLs TEXT names (a URL, brace patterns, several joined with ::), in order; None when it names no
-    .tar (a prefix or a list)."""
-    urls = [url for pattern in text.split(PATTERN_SEPARATOR) for url in expand_braces(pattern.strip())]
-    tars = [url for url in urls if url.lower().endswith(TAR_SUFFIX)]
-    if not tars:
-        return None
-    others = [url for url in urls if url not in tars or not Location.of(url).remote]
-    if others:
-        raise NoImages(f"The pattern {text!r} names {others[0]!r}, which is not a .tar URL: join only tar URLs "
-                       f"with {PATTERN_SEPARATOR}.")
-    return tars
 
 
 def read_remote_tars(urls: Sequence[str], patience: Patience) -> ImageList:

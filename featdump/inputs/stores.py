@@ -44,10 +44,10 @@ def _configuration() -> tuple:
 
 
 def filesystem(url: str, patience: Patience | None = None):
-    """The fsspec file system reading URL's protocol, made once per process (loader workers make their own: an
-    async file system's event loop does not survive a fork), its requests bounded by PATIENCE (`_bounded`).
-    UsageProblem naming the extra when it is missing."""
-    protocol = Location.of(url).protocol
+    """The fsspec file system reading URL's protocol (a path's: the local one), made once per process (loader
+    workers make their own: an async file system's event loop does not survive a fork), its requests bounded by
+    PATIENCE (`_bounded`). UsageProblem naming the extra when it is missing."""
+    protocol = Location.of(url).file_protocol
     timeout = (patience or Patience()).request_timeout
     key = (protocol, os.getpid(), _configuration(), timeout)
     if key not in _filesystems:
@@ -94,8 +94,8 @@ def _bounded(fs):
 
 
 def store_path(url: str) -> str:
-    """URL as its file system names it (s3://bucket/key -> bucket/key; an http URL stays whole)."""
-    return filesystem(url)._strip_protocol(url)
+    """URL as its file system names it (s3://bucket/key -> bucket/key; an http URL stays whole; a path, absolute)."""
+    return filesystem(url)._strip_protocol(Location.of(url).plain)
 
 
 # -- what a failure means ----------------------------------------------------------------------------

@@ -40,21 +40,22 @@ def _pyarrow():
     return parquet
 
 
-def names_tables(source: str, patience: Patience | None = None) -> bool:
-    """Whether SOURCE (a path, a pattern or a URL) names Parquet files: it ends in .parquet, is a folder holding
-    them and no image, or is a dataset at hf://."""
-    text = str(source)
-    if text.lower().endswith(TABLE_SUFFIX) or Location.of(text).protocol == "hf":
-        return True
-    if Location.of(text).remote:
-        return text.endswith("/") and _holds_tables(text, patience or Patience())
-    path = Path(text)
+def names_tables(source: str) -> bool:
+    """Whether SOURCE (a path, a pattern or a URL) names Parquet files by its name: it ends in .parquet, or is a
+    dataset at hf://."""
+    return str(source).lower().endswith(TABLE_SUFFIX) or Location.of(source).protocol == "hf"
+
+
+def folder_of_tables(path: Path) -> bool:
+    """Whether PATH is a folder holding Parquet files and no folder (of images)."""
     return path.is_dir() and any(path.glob(f"*{TABLE_SUFFIX}")) and not any(child.is_dir() for child in path.iterdir())
 
 
-def _holds_tables(prefix: str, patience: Patience) -> bool:
-    """Whether the store prefix PREFIX holds Parquet files directly: one listing, within PATIENCE (a store that stays
-    away stops the job as its listing of images would)."""
+def prefix_of_tables(prefix: str, patience: Patience) -> bool:
+    """Whether the store PREFIX (ending in /) holds Parquet files directly: one listing, within PATIENCE (a store
+    that stays away stops the job as its listing of images would)."""
+    if not prefix.endswith("/"):
+        return False
     fs = filesystem(prefix, patience)
     fs.invalidate_cache()
 
@@ -68,15 +69,11 @@ def _holds_tables(prefix: str, patience: Patience) -> bool:
 
 
 def _fs_and_path(location: str):
-    """The file system LOCATION lies on and its path there: a store's, made as every store read makes it
-    (`stores.filesystem`: the user's configuration, bounded requests; its listings read afresh), or the local one."""
-    if Location.of(location).remote:
-        fs = filesystem(location)
-        fs.invalidate_cache()
-        return fs, store_path(location)
-    import fsspec
-
-    return fsspec.filesystem("file"), str(Path(location).expanduser().absolute())
+    """The file system LOCATION lies on and its path there, made as every read makes it (`stores.filesystem`: a
+    store's with the user's configuration and bounded requests, or the local one), its listings read afresh."""
+    fs = filesystem(location)
+    fs.invalidate_cache()
+    return fs, store_path(location)
 
 
 @dataclass(frozen=True)
@@ -140,9 +137,8 @@ def _files_of(source: str):
             found.append(path)
         else:
             raise NoImages(f"IMAGES {pattern!r} does not exist.")
-    protocol = fs.protocol[0] if isinstance(fs.protocol, (tuple, list)) else fs.protocol
     root = os.path.commonpath([PurePosixPath(path).parent.as_posix() for path in found]) if found else ""
-    return fs, (f"{protocol}://{root}" if Location.of(source).remote else Path(root)), found
+    return fs, Location.of(source).at(root).native, found
 
 
 def _relative(root, path: str) -> str:

@@ -23,6 +23,7 @@ import numpy as np
 
 from featdump.analysis.stored import Stored
 from featdump.errors import UsageProblem
+from featdump.locations import Location
 from featdump.output.layout import open_to_read
 
 
@@ -216,10 +217,12 @@ def _shown(keys: list[str]) -> str:
 
 
 def _within_root(path: str, root: str) -> str:
-    """PATH relative to ROOT when it starts with it (ROOT a folder or a URL; `file://ROOT` too); else as it is."""
-    for prefix in (root, f"file://{root}") if root else ():
-        if path.startswith(prefix.rstrip("/") + "/"):
-            return path[len(prefix.rstrip("/")) + 1:]
+    """PATH relative to ROOT when it lies under it (ROOT a folder or a URL; PATH as typed, or as its Location
+    reads it: `file:///r/x.png` is `/r/x.png`); else as it is."""
+    base = root.rstrip("/") + "/"
+    for text in (path, str(Location.of(path).native)) if root else ():
+        if text.startswith(base):
+            return text[len(base):]
     return path
 
 
