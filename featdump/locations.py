@@ -48,9 +48,10 @@ class Location:
         return Location(f"{self.protocol}://{path}", self.protocol) if self.remote else Location(path)
 
     @property
-    def web(self) -> bool:
-        """An http(s) URL: a web server, whose refusal of one URL (401, 403) says nothing of the others."""
-        return self.protocol in ("http", "https")
+    def refused_with_its_bucket(self) -> bool:
+        """Whether a refusal of it (401, 403) is its bucket's, whose credentials answer for every object there: not
+        at an http(s) URL, a web server's refusal of one URL says nothing of the others."""
+        return self.protocol not in ("http", "https")
 
     @property
     def path(self) -> Path:
@@ -73,6 +74,11 @@ class Location:
     def plain(self) -> str:
         """What its file system is given: the URL, or the path made absolute (`~` expanded, not resolved)."""
         return self.text if self.remote else str(self.path.expanduser().absolute())
+
+    @property
+    def file_here(self) -> Path | None:
+        """The file on this machine it names; None when there is none (nothing there, a folder, or a URL)."""
+        return self.path if not self.remote and self.path.is_file() else None
 
     @property
     def bare(self) -> str:

@@ -51,9 +51,9 @@ def test_parent_name_suffix_native_and_absolute(tmp_path, monkeypatch):
     assert local.absolute == str(tmp_path / "run" / "out.h5")
 
 
-def test_only_http_is_the_web():
-    assert Location.of("https://h/x").web and Location.of("http://h/x").web
-    assert not Location.of("s3://b/x").web and not Location.of("x").web
+def test_a_refusal_is_its_bucket_s_except_on_the_web():
+    assert not Location.of("https://h/x").refused_with_its_bucket and not Location.of("http://h/x").refused_with_its_bucket
+    assert Location.of("s3://b/x").refused_with_its_bucket and Location.of("gs://b/x").refused_with_its_bucket
 
 
 def test_a_location_is_made_once_and_given_back_as_it_is():

@@ -235,6 +235,14 @@ def _matrix_lines(results: dict) -> list[str]:
     return lines + [f"draw:       featdump show {results['file']}"]
 
 
+def _result_lines(path: Path, results: dict) -> list[str]:
+    """Lines saying what the file of `featdump rdm`, `cka`, `probe` or `encode` at PATH holds."""
+    if results["result"] in ("rdm", "cka"):
+        return _matrix_lines(results)
+    with open_to_read(path) as h5file:
+        return readout_lines(path, h5file)
+
+
 def describe(output: Path) -> list[str]:
     """Lines saying what OUTPUT (or OUTPUT.partial) holds and how far its run got."""
     stored = place_of(output).stored()
@@ -242,11 +250,8 @@ def describe(output: Path) -> list[str]:
         return _store_lines(stored)
     path = Path(output) if Path(output).exists() else partial_path(Path(output))
     results = _results(path)
-    if results is not None and results["result"] in ("rdm", "cka"):
-        return _matrix_lines(results)
     if results is not None:
-        with open_to_read(path) as h5file:
-            return readout_lines(path, h5file)
+        return _result_lines(path, results)
     info = read_info(output)
     if info.get("state") in ("running", "starting"):
         return running_lines(info)

@@ -26,6 +26,7 @@ from featdump.inputs.imagelist import ClipTable, ImageList, stat_as_read
 from featdump.inputs.loader import ImageDataset, Item
 from featdump.inputs.preprocess import Preprocess
 from featdump.inputs.video import VIDEO_SUFFIXES, ClipPlan, VideoInfo, decode_clip, is_video_file, video_info
+from featdump.locations import Location
 from featdump.sources.models import LoadedModel, ModelClip
 
 log = logging.getLogger("featdump")
@@ -60,8 +61,8 @@ def is_video_list(images: ImageList) -> bool:
     def video(path: str) -> bool:
         if PurePosixPath(path).suffix.lower() in VIDEO_SUFFIXES:
             return True
-        local = Path(images.root) / path if isinstance(images.root, Path) else None
-        return local is not None and local.is_file() and is_video_file(local)
+        local = Location.of(images.root).join(path).file_here
+        return local is not None and is_video_file(local)
 
     return len(images) > 0 and all(video(path) for path in images.paths)
 

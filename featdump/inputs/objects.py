@@ -176,7 +176,7 @@ def check_access(urls: Sequence[str], patience: Patience) -> None:
     credentials for them)."""
     firsts: dict[str, str] = {}
     for url in urls:
-        if not Location.of(url).web:
+        if Location.of(url).refused_with_its_bucket:
             firsts.setdefault(_bucket_of(url), url)
     for bucket, url in firsts.items():
         try:

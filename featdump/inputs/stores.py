@@ -303,7 +303,7 @@ def _as_ready(request, urls: Sequence[str], patience: Patience) -> Iterator[tupl
                 if error is None:
                     patience.answered()
                     yield index, future.result()
-                elif is_refused(error) and not Location.of(urls[index]).web:
+                elif is_refused(error) and Location.of(urls[index]).refused_with_its_bucket:
                     raise StoreRefused(f"Reading {urls[index]}: {refusal(error)}.") from error
                 elif is_transient(error):
                     tries[index] += 1

@@ -31,6 +31,7 @@ from featdump.inputs.folder import IMAGE_EXTENSIONS, images_or_videos
 from featdump.inputs.imagelist import Encoded, ImageList, Window, open_each
 from featdump.inputs.tar_names import TAR_SUFFIX
 from featdump.inputs.video import VIDEO_SUFFIXES, is_video_name
+from featdump.locations import Location
 
 LABEL_SUFFIX = ".cls"
 _BLOCK = 512
@@ -232,7 +233,7 @@ def tar_image_list(root: Path | str, shards: list[TarShard], scans: list[TarScan
     names, labels, tar_of, offsets, sizes, damage = [], [], [], [], [], {}
     ignored, without_image, left_out = collections.Counter(), 0, []
     for index, (shard, scan) in enumerate(zip(shards, scans)):
-        path = join_location(root, shard.name)
+        path = Location.of(root).join(shard.name)
         for member, offset, size, label in scan.images:
             names.append(f"{shard.name}/{member}")
             labels.append(label)
@@ -264,11 +265,6 @@ def tar_image_list(root: Path | str, shards: list[TarShard], scans: list[TarScan
     located = storage(tuple(shards), np.asarray(tar_of, np.int32), np.asarray(offsets, np.int64),
                       np.asarray(sizes, np.int64), damage, tuple(left_out))
     return ImageList(root, tuple(names), tuple(labels), (), located)
-
-
-def join_location(root: Path | str, relative: str) -> Path | str:
-    """RELATIVE under ROOT, a folder or a URL."""
-    return f"{root}/{relative}" if isinstance(root, str) else root / relative
 
 
 def _log_left_out(ignored: collections.Counter, without_image: int) -> None:
@@ -365,7 +361,7 @@ def read_stored(root: Path | str, relative: str) -> bytes | None:
     """The bytes of row path RELATIVE (TAR/MEMBER, the member's name as the tar spells it, `./` and all) from
     its tar under ROOT (a folder or a URL), or None if it is not there."""
     for found in re.finditer(re.escape(TAR_SUFFIX) + "/", relative, re.IGNORECASE):
-        tar, member_name = join_location(root, relative[:found.start() + len(TAR_SUFFIX)]), relative[found.end():]
+        tar, member_name = Location.of(root).join(relative[:found.start() + len(TAR_SUFFIX)]), relative[found.end():]
         try:
             with _open_tar(tar) as handle, tarfile.open(fileobj=handle, mode="r:") as archive:
                 member = archive.extractfile(member_name)
@@ -375,10 +371,8 @@ def read_stored(root: Path | str, relative: str) -> bytes | None:
     return None
 
 
-def _open_tar(tar: Path | str):
-    """A binary file of the tar at TAR: a path, or a URL read ahead in blocks."""
-    if isinstance(tar, Path):
-        return open(tar, "rb")
+def _open_tar(tar: Location):
+    """A binary file of the tar at TAR (here, or at a URL: read ahead in blocks)."""
     from featdump.inputs.stores import filesystem, store_path
 
-    return filesystem(tar).open(store_path(tar), "rb", block_size=1 << 22, cache_type="readahead")
+    return filesystem(tar.text).open(store_path(tar.text), "rb", block_size=1 << 22, cache_type="readahead")
