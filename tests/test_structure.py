@@ -152,6 +152,25 @@ def test_the_runner_s_rooms_never_import_what_strings_them():
     assert "featdump.job.batches" in graph["featdump.job.updating"]  # the typed API, not a callback
 
 
+def modules_telling_a_path_from_a_url() -> set[str]:
+    """The featdump modules that tell a path here from a URL: they read a Location's `remote` (a Ray handle's
+    `.remote()` calls aside) or split a text at `://`."""
+    found = set()
+    for path in PACKAGE.rglob("*.py"):
+        tree = ast.parse(path.read_text())
+        called = {id(node.func) for node in ast.walk(tree) if isinstance(node, ast.Call)}
+        if any(isinstance(node, ast.Attribute) and node.attr == "remote" and id(node) not in called
+               or isinstance(node, ast.Constant) and node.value == "://" for node in ast.walk(tree)):
+            found.add(module_name(path))
+    return found
+
+
+def test_three_modules_tell_a_path_here_from_a_url():
+    """The Location itself, the inputs' readers and the outputs' places; every other module asks them."""
+    assert modules_telling_a_path_from_a_url() == {"featdump.locations", "featdump.inputs.readers",
+                                                   "featdump.output.places"}
+
+
 BENCHMARKS = PACKAGE.parent / "benchmarks"
 
 
