@@ -150,6 +150,7 @@ def test_the_runner_s_rooms_never_import_what_strings_them():
     for room in ("model", "plan", "batches", "provenance"):
         assert not graph[f"featdump.job.{room}"] & above, room
     assert "featdump.job.batches" in graph["featdump.job.updating"]  # the typed API, not a callback
+    assert "featdump.job.batches" in graph["featdump.job.fitting"]  # a PCA fit stages through it too
 
 
 def modules_telling_a_path_from_a_url() -> set[str]:

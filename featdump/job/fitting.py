@@ -10,13 +10,14 @@ removed once the fits are written.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
 import math
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,10 +25,16 @@ import h5py
 
 from featdump.errors import UsageProblem
 from featdump.inputs import ImageList, find_images
+from featdump.job.batches import fill
+from featdump.job.model import Model
+from featdump.job.report import Progress
+from featdump.job.settings import Settings
 from featdump.output import fingerprint as fingerprints
 from featdump.output.layout import Output, open_to_read, partial_path
-from featdump.output.lock import waiting_lock
+from featdump.output.lock import OutputLock, waiting_lock
 from featdump.output.space import check_space, human_bytes
+from featdump.output.writer import FeatureWriter
+from featdump.reductions.methods import bind
 from featdump.reductions.pca import MEMORY_LIMIT, PcaFit, check_fit_fits, fit
 
 log = logging.getLogger("featdump")
@@ -99,13 +106,34 @@ def check_fits(fits: FitSet, dims: dict[str, tuple[int, int]]) -> None:
         check_fit_fits(name, len(fits.images), dim, k)
 
 
+@dataclass(frozen=True)
+class Stager:
+    """What stages the fit images' activations: the run's SETTINGS, MODEL, LOCK and PROGRESS, through the run's
+    loop (`batches.fill`)."""
+
+    settings: Settings
+    model: Model
+    lock: OutputLock
+    progress: Progress
+
+    def stage(self, path: Path, images: ImageList, layers: Iterable[str], fingerprint: dict) -> Path:
+        """The flattened float32 activations of LAYERS for IMAGES, written to a finished file at PATH (with
+        FINGERPRINT, unlocked: the fit's lock guards it)."""
+        chosen = [layer for layer in self.model.layers if layer.name in set(layers)]
+        staged = dataclasses.replace(self.model, layers=chosen, dtype="float32",
+                                     reductions={layer.name: bind("flatten", layer.name, layer.shape)
+                                                 for layer in chosen})
+        writer = FeatureWriter.open(path, staged.specs, fingerprint, {}, list(images.classes),
+                                    self.settings.batch_size, locking=False)
+        settings = dataclasses.replace(self.settings, output=path, proof=0)
+        return fill(writer, images, settings, staged, self.lock, self.progress)
+
+
 def obtain_fits(job_output: Path, digests: dict[str, str], dims: dict[str, tuple[int, int]], fits: FitSet,
-                stage: Callable[[Path, ImageList, dict], Path], already: list[Path],
-                overwrite: bool = False) -> dict[str, PcaFit]:
+                stager: Stager, already: list[Path], overwrite: bool = False) -> dict[str, PcaFit]:
     """The fits of DIMS' layers (DIGESTS: what each is made from): each read where it is already (ALREADY: the
-    output being resumed or updated, then OUT.pca.h5), the others made: STAGE(path, images, fingerprint) writes
-    the fit images' flattened activations of those layers to a finished file at PATH and returns it; the fits
-    are added to OUT.pca.h5.
+    output being resumed or updated, then OUT.pca.h5), the others made from the fit images' flattened
+    activations, staged by STAGER; the fits are added to OUT.pca.h5.
 
     The staged activations are resumed where a kill left them (staging or fitting), discarded when made for
     another fit or when OVERWRITE, and removed when the fit is made or refused: none blocks a later run."""
@@ -115,7 +143,7 @@ def obtain_fits(job_output: Path, digests: dict[str, str], dims: dict[str, tuple
     lock = job_output.with_name(job_output.name + ".pca.lock")
     with waiting_lock(lock, f"the PCA fit of {job_output.name}"):
         try:
-            return {**found, **_fit_under_lock(job_output, digests, _without(dims, found), fits, stage, overwrite)}
+            return {**found, **_fit_under_lock(job_output, digests, _without(dims, found), fits, stager, overwrite)}
         finally:
             lock.unlink(missing_ok=True)  # whoever waits on it then finds the fits; whoever comes later needs none
 
@@ -125,7 +153,7 @@ def _without(dims: dict[str, tuple[int, int]], found: dict) -> dict[str, tuple[i
 
 
 def _fit_under_lock(job_output: Path, digests: dict[str, str], dims: dict[str, tuple[int, int]], fits: FitSet,
-                    stage: Callable[[Path, ImageList, dict], Path], overwrite: bool) -> dict[str, PcaFit]:
+                    stager: Stager, overwrite: bool) -> dict[str, PcaFit]:
     found = _read_fits([fit_path(job_output)], digests, dims)  # a shard before us made them while we waited
     if len(found) == len(dims):
         return found
@@ -141,7 +169,7 @@ def _fit_under_lock(job_output: Path, digests: dict[str, str], dims: dict[str, t
     staged = stage_path(job_output)
     if not staged.exists():  # else staged by a run killed while fitting: fitted from it now
         check_space(job_output, staged_bytes, "The PCA fit's staged activations", "use a smaller --pca-fit")
-        staged = stage(staged, fits.images, {"pca_stage": digest, "image_count": len(fits.images)})
+        staged = stager.stage(staged, fits.images, dims, {"pca_stage": digest, "image_count": len(fits.images)})
     try:
         made = _fit_staged(staged, dims, fits.description, digests)
     finally:

@@ -7,10 +7,8 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from pathlib import Path
 
 from featdump.forward.device import resolve_device
-from featdump.inputs import ImageList
 from featdump.job import fitting, updating
 from featdump.job.batches import fill
 from featdump.job.model import Model, prepare_model
@@ -105,18 +103,8 @@ def _fit_projections(plan: Plan, model: Model, fingerprint: dict, lock: OutputLo
                               **fitting.fingerprint_entries(fits, digests)}
     if not dims:
         return
-
-    def stage(path: Path, images: ImageList, stage_fingerprint: dict) -> Path:
-        layers = [layer for layer in model.layers if layer.name in dims]
-        staged = dataclasses.replace(model, layers=layers, dtype="float32",
-                                     reductions={layer.name: bind("flatten", layer.name, layer.shape)
-                                                 for layer in layers})
-        writer = FeatureWriter.open(path, staged.specs, stage_fingerprint, {}, list(images.classes),
-                                    settings.batch_size, locking=False)
-        return fill(writer, images, dataclasses.replace(settings, output=path, proof=0), staged, lock, progress)
-
     finished = [settings.output] if settings.output.exists() and not settings.overwrite else []  # rerun, update
-    made = fitting.obtain_fits(plan.whole_output, digests, dims, fits, stage,
+    made = fitting.obtain_fits(plan.whole_output, digests, dims, fits, fitting.Stager(settings, model, lock, progress),
                                [partial_path(settings.output), *finished], settings.overwrite)
     for name, text in model.chosen.items():
         if name in made:
