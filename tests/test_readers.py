@@ -46,3 +46,11 @@ def test_nothing_there_and_options_of_another_kind_are_one_line_each(tmp_path):
         read_images(Location.of(tmp_path / "folder"), Asked(image_column="image"))
     with pytest.raises(UsageProblem, match="--array imgBrick names an array of a file of arrays"):
         read_images(Location.of(tmp_path / "folder"), Asked(array="imgBrick"))
+
+
+def test_classes_are_the_first_level_folders_when_every_image_lies_in_one():
+    """One rule for a folder and a store prefix (ImageFolder's): sorted first-level folders, else no class."""
+    from featdump.inputs.folder import class_labels
+
+    assert class_labels(["b/x.png", "a/y.png", "b/deep/z.png"]) == ((1, 0, 1), ("a", "b"))
+    assert class_labels(["x.png", "a/y.png"]) == ((-1, -1), ())

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Sequence
 from pathlib import Path
 
 from featdump.errors import NoImages
@@ -27,11 +28,17 @@ def read_folder(root: Path) -> ImageList:
         hint = f" It holds {len(tars)} .tar files: for tar shards, pass '{root / '*.tar'}' (quoted)." if tars else ""
         raise NoImages(f"No images in {str(root)!r} (looked for {extensions}, in any case, in all subfolders; and "
                        f"for videos: {videos}).{hint}")
+    labels, classes = class_labels(paths)
+    return ImageList(root, tuple(paths), labels, classes)
+
+
+def class_labels(paths: Sequence[str]) -> tuple[tuple[int, ...], tuple[str, ...]]:
+    """(each path's label, the classes) as ImageFolder gives them: the classes are the first-level folders, sorted,
+    when every path lies in one; else no class, every label -1."""
     in_class_folders = all("/" in path for path in paths)
     classes = sorted({path.split("/", 1)[0] for path in paths}) if in_class_folders else []
     index = {name: i for i, name in enumerate(classes)}
-    labels = [index[path.split("/", 1)[0]] if in_class_folders else -1 for path in paths]
-    return ImageList(root, tuple(paths), tuple(labels), tuple(classes))
+    return tuple(index[path.split("/", 1)[0]] if in_class_folders else -1 for path in paths), tuple(classes)
 
 
 def images_or_videos(names: list[str], where: str) -> list[int]:

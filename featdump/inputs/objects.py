@@ -19,7 +19,7 @@ from pathlib import PurePosixPath
 import numpy as np
 
 from featdump.errors import NoImages, StoreRefused
-from featdump.inputs.folder import IMAGE_EXTENSIONS, images_or_videos
+from featdump.inputs.folder import IMAGE_EXTENSIONS, class_labels, images_or_videos
 from featdump.inputs.imagelist import Encoded, ImageList, Window
 from featdump.inputs.stores import (
     Patience,
@@ -65,15 +65,12 @@ def read_prefix(url: str, patience: Patience) -> ImageList:
     if not keys:
         raise NoImages(f"No images under {root}/ ({len(listed)} objects, none named with an image or video "
                        f"extension: {', '.join(sorted(ext.lstrip('.') for ext in _ROW_SUFFIXES))}).")
-    in_class_folders = all("/" in key for key in keys)
-    classes = sorted({key.split("/", 1)[0] for key in keys}) if in_class_folders else []
-    index = {name: i for i, name in enumerate(classes)}
-    labels = [index[key.split("/", 1)[0]] if in_class_folders else -1 for key in keys]
+    labels, classes = class_labels(keys)
     size, mtime, etag = zip(*(identities[key] for key in keys))
     storage = StoreObjects(patience, np.asarray(size, np.int64), np.asarray(mtime, np.int64), tuple(etag))
     listing = {"url": f"{root}/", "objects": len(listed), "images": len(keys), "seconds": round(seconds, 3),
                "listed_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
-    return ImageList(root, tuple(keys), tuple(labels), tuple(classes), storage, listing)
+    return ImageList(root, tuple(keys), labels, classes, storage, listing)
 
 
 def object_identity(details: dict) -> tuple[int, int, str]:
