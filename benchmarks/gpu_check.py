@@ -99,7 +99,8 @@ def install(step: Step, limit: float, out: Path, dry_run: bool) -> None:
         run(step, [*pip, *missing], limit / 2, out)
         if step.status != "ok":
             return
-    run(step, [*pip, "--no-deps", "-e", str(REPO)], limit / 2, out)
+    # no build isolation: a lent machine may reach no package index, and its setuptools builds featdump
+    run(step, [*pip, "--no-deps", "--no-build-isolation", "-e", str(REPO)], limit / 2, out)
 
 
 def _featdump_here() -> bool:

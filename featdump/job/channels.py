@@ -74,6 +74,17 @@ class ChannelScales:
         factors = np.divide(self.products, self.squares, out=np.ones_like(self.products), where=held)
         return np.where(held, np.abs(factors - 1.0), 0.0)
 
+    def effects(self) -> np.ndarray:
+        """Per channel, how far its factor moves its values: |factor - 1| x the base's root mean square (in the
+        rows' units: a row's largest value). Small where the channel is, however far its factor is from 1."""
+        if self.products is None:
+            return np.zeros(1)
+        return self.deviations() * self.spread(self.squares)
+
+    def spread(self, sums: np.ndarray) -> np.ndarray:
+        """SUMS of squares per channel as a root mean square over the entries summed."""
+        return np.sqrt(sums / max(self.entries, 1))
+
     def apart(self) -> np.ndarray:
         """Per channel, the sum of (got - base)^2: how far the two sets are in all."""
         return np.maximum(self.got_squares - 2 * self.products + self.squares, 0.0)

@@ -11,6 +11,7 @@ import torch
 
 from featdump.errors import ModelFailed, UsageProblem
 from featdump.forward.device import place_model
+from featdump.forward.hardware import precision_misfit
 from featdump.forward.layers import Layer, Snapshot, in_model_order, resolve
 from featdump.forward.memory_format import choose_memory_format, format_name
 from featdump.forward.probe import UNKNOWN_AXES, probe
@@ -112,6 +113,9 @@ def prepare_model(settings: Settings, device: torch.device, images: ImageList) -
     memory_format, why = choose_memory_format(loaded.module, preprocess.input_shape)
     log.debug("Memory layout: %s (%s).", format_name(memory_format), why)
     loaded.module = place_model(loaded.module, device, settings.precision, memory_format)
+    misfit = precision_misfit(settings.precision, device)
+    if misfit:  # before any batch: a job 10x slower than fp32 is not found out from its ETA
+        log.warning(misfit)
     if settings.fast_decode and preprocess.draft is None:
         log.warning("--fast-decode needs a resize in the preprocessing; decoding every image whole.")
     try:

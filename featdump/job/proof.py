@@ -219,9 +219,8 @@ class Proof:
         largest = _nearest_row(evidence.largest, evidence.emulated_largest, self.parts, self.storage)
         whole = _nearest_row(evidence.whole, evidence.emulated_whole, self.parts, self.storage)
         shift, shift_bound, channel = _nearest_channel(evidence)
-        scale, scale_bound, scaled = _nearest_scale(evidence, self.parts)
         emulated = max(_finite_max(evidence.emulated_largest), _finite_max(evidence.emulated_whole))
-        return _Judged(largest, whole, (shift, shift_bound, channel), (scale, scale_bound, scaled), emulated)
+        return _Judged(largest, whole, (shift, shift_bound, channel), _nearest_scale(evidence, self.parts), emulated)
 
     def _judge(self) -> None:
         precision, ceiling = tolerances.precision_of(self.parts), tolerances.ceiling(self.parts)
@@ -247,11 +246,11 @@ class Proof:
                 self._fail(name, f"shifted by {shift:.1e} of a row's largest value on average in channel {channel}, "
                                  f"beyond the {shift_bound:.1e} allowed for {self.configuration} at this layer (a "
                                  "systematic error)")
-            scale, scale_bound, scaled = judged.scale
+            scale, scale_bound, scaled, factor = judged.scale
             if scale > scale_bound:
-                self._fail(name, f"scaled by {1 + scale:.4f} (or {1 - scale:.4f}) in channel {scaled} against the "
-                                 f"emulation's, beyond the {scale_bound:.1e} allowed for {self.configuration} at this "
-                                 "layer (a systematic error)")
+                self._fail(name, f"scaled by {factor:.4f} in channel {scaled} against the emulation's, which moves "
+                                 f"its values by {scale:.1e} of a row's largest value, beyond the {scale_bound:.1e} "
+                                 f"allowed for {self.configuration} at this layer (a systematic error)")
 
     def _fail(self, name: str, what: str) -> None:
         raise ProofFailed(f"Layer {name}: the rows of {self.configuration} are {what} ({REFERENCE}; "
@@ -274,6 +273,7 @@ class Proof:
                             "emulated_whole": _plain(_finite_max(evidence.emulated_whole)),
                             "channel_shift": judged.shift[0], "shift_bound": _plain(judged.shift[1]),
                             "channel_scale": judged.scale[0], "scale_bound": _plain(judged.scale[1]),
+                            "scale_factor": judged.scale[3],
                             "used": _plain(judged.used)}
         return {"configuration": self.configuration, "reference": REFERENCE, "proved": bool(self.proved),
                 "emulated": tolerances.emulated(self.parts), "tolerance": max(
@@ -286,13 +286,14 @@ class Proof:
 @dataclass(frozen=True)
 class _Judged:
     """One layer's tests: (error, bound) of the row nearest its bound for the largest element's and the whole row's
-    errors; (value, bound, channel) of the channel nearest its bound for the mean shift and the scale; and the
+    errors; (value, bound, channel) of the channel nearest its bound for the mean shift and the scale (with its factor);
+    and the
     emulation's farthest row (either error), which the precision's ceiling caps."""
 
     largest: tuple[float, float]
     whole: tuple[float, float]
     shift: tuple[float, float, int]
-    scale: tuple[float, float, int]
+    scale: tuple[float, float, int, float]
     emulated: float
 
     @property
@@ -317,23 +318,25 @@ def _nearest_row(errors: list[float], emulated: list[float], parts: list[str], s
     return errors[row], bounds[row]
 
 
-def _nearest_scale(evidence: _Evidence, parts: list[str]) -> tuple[float, float, int]:
-    """The channel whose scale (run against emulation) is nearest its bound: |factor - 1|, its bound and its index.
-    The bound is SCALE_MULTIPLE times the precision's own relative error of that channel (the emulation's distance
-    from fp32 over the channel's size; at least the median channel's distance), plus the parts' floor: a channel
-    the precision barely moves is held to a small factor, one it moves much (or one nearly all zeros) is not; inf
-    before MIN_ROWS rows."""
-    deviations, own = evidence.scale.deviations(), evidence.emulated_scale
-    if evidence.scale.entries == 0 or own.products is None or own.squares.shape != deviations.shape or \
+def _nearest_scale(evidence: _Evidence, parts: list[str]) -> tuple[float, float, int, float]:
+    """The channel whose scale (run against emulation) is nearest its bound: how far the scale moves its values
+    (|factor - 1| x the channel's root mean square, in units of a row's largest value), its bound, its index and its
+    factor. The bound is SCALE_MULTIPLE times the emulation's own error of that channel (root mean square distance
+    from fp32; at least the median channel's) plus the floors (`tolerances.scale_bound`): a channel the precision
+    barely moves is held to a small factor, one of near zeros (whose factor means nothing) is not; inf before
+    MIN_ROWS rows."""
+    scale, own = evidence.scale, evidence.emulated_scale
+    effects, deviations = scale.effects(), scale.deviations()
+    if scale.entries == 0 or own.products is None or own.squares.shape != effects.shape or \
             len(evidence.emulated_largest) < MIN_ROWS:
-        channel = int(np.argmax(deviations))
-        return float(deviations[channel]), np.inf, channel
+        channel = int(np.argmax(effects))
+        return float(effects[channel]), np.inf, channel, 1.0 + float(deviations[channel])
     apart = own.apart()
-    relative = np.sqrt(np.divide(np.maximum(apart, np.median(apart)), own.squares,
-                                 out=np.full_like(apart, np.inf), where=own.squares > 0))
-    bounds = tolerances.scale_bound(parts, relative)
-    channel = int(np.argmax(deviations / bounds))
-    return float(deviations[channel]), float(bounds[channel]), channel
+    noise = own.spread(np.maximum(apart, np.median(apart)))
+    bounds = tolerances.scale_bound(parts, noise)
+    channel = int(np.argmax(effects / bounds))
+    factor = float(scale.products[channel] / scale.squares[channel]) if scale.squares[channel] > 0 else 1.0
+    return float(effects[channel]), float(bounds[channel]), channel, factor
 
 
 def _by_channel(difference: np.ndarray, shape: tuple[int, ...], axis: int | None) -> np.ndarray:

@@ -21,10 +21,13 @@ floor), so proving more rows never loosens the test of a row. The emulation tell
 not widen a bound past what the precision can honestly cost: CEILINGS caps the emulated part of a bound, and a layer
 whose emulation itself takes a row beyond its precision's ceiling is not proved at all: that precision does not fit
 the model at that layer (the way out: --precision fp32). A fourth test scales each channel: the least-squares factor
-between the run's channel and the emulation's, over the proved rows and positions, may differ from 1 by
-SCALE_MULTIPLE times the precision's own relative error of that channel (how far the emulation's channel is from
-fp32's, over its size), plus the floor: a channel scaled by 2% is seen where the precision moves it far less,
-while a channel the precision moves a lot (or one of near zeros, whose factor means nothing) is not held to it.
+between the run's channel and the emulation's, over the proved rows and positions, is judged by what it does to the
+values, in units of each row's largest value as the shift is: |factor - 1| times the channel's size (its root mean
+square) may be SCALE_MULTIPLE times the emulation's own error of that channel (its root mean square distance from
+fp32; at least the median channel's) plus SCALE_FLOOR and the fixed bounds of the parts that are not emulated. A
+channel scaled by 2% is seen where the precision moves it far less; a channel of near zeros, whose factor means
+nothing (a kernel's summation order alone moves it by 1% of itself), moves no value by anything that matters and is
+not held to a factor.
 
 The figures behind the multiples, floors and ceilings are the panel's (`python benchmarks/proof_panel.py`, table in
 benchmarks/RESULTS.md and docs/proof.md): 12 architectures at four depths, two seeds, no false alarm.
@@ -38,7 +41,9 @@ MULTIPLE = 3.0  # how many times the emulation's farthest row a run's may be: ke
 SHIFT_MULTIPLE = 6.0  # how many standard errors of the emulation's channel means a run's channel mean may be
 SHIFT_FLOOR = 3e-3  # a channel's mean shift, in units of a row's largest value, that is never a fault (a sound
 # bf16 resnet18 avgpool moves one by up to 2.6e-3 from its emulation: docs/proof.md)
-SCALE_MULTIPLE = 2.0  # how many times the precision's own relative error of a channel its scale may be from 1
+SCALE_MULTIPLE = 2.0  # how many times the emulation's own error of a channel a scale's effect on it may be
+SCALE_FLOOR = 1e-3  # a scale's effect on a channel (its values' root mean square, in units of a row's largest value)
+# that is never a fault: a 2% scale of a channel of typical size (a tenth of the row's largest value) is twice it
 # The farthest the CPU's emulation of a precision may take a row from fp32 (both row errors) before the precision
 # is judged not to fit the model at that layer. The panel's sound cells reach 0.037 (inception_v3 Mixed_7c, bf16)
 # and 0.027 (efficientnet_v2_s's classifier, fp16); random mobilenet_v3_large in fp16 reaches 1.0 (its deep values
@@ -102,10 +107,12 @@ def floor(parts: list[str]) -> float:
     return sum(PARTS[part].allowance for part in parts)
 
 
-def scale_bound(parts: list[str], relative_error):
-    """How far from 1 a channel's scale (run against emulation) may be, where the precision's own relative error
-    of that channel (the emulation's against fp32) is RELATIVE_ERROR (a float, or an array: one per channel)."""
-    return SCALE_MULTIPLE * relative_error + floor(parts)
+def scale_bound(parts: list[str], noise):
+    """How far a channel's scale may move its values (|factor - 1| x its root mean square, in units of a row's
+    largest value), where the emulation's own error of that channel is NOISE (a float, or an array: one per
+    channel): the fixed bounds of the parts not emulated (a kernel's order, inductor's code) and SCALE_FLOOR added."""
+    fixed = sum(PARTS[part].allowance for part in parts if not PARTS[part].emulated)
+    return SCALE_MULTIPLE * noise + SCALE_FLOOR + fixed
 
 
 def shift_bound(noise):
