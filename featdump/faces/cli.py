@@ -446,3 +446,54 @@ def encode(output: Path, targets: str, alpha_per_target: bool, delays: str | Non
                        common=common, seed=seed, memory=memory, device=device, to=to, overwrite=overwrite,
                        progress=progress_for("MB"), delays=delays, gap=gap)
     click.echo(sayings.readouts_line("encode", readouts, to, plot, started, done_before), err=True)
+
+
+@main.command()
+@click.option("-m", "--model", default="resnet50", show_default=True, help="The model a job would run.")
+@click.option("-l", "--layers", default="avgpool", show_default=True, help="Its layers, as extract takes them.")
+@click.option("-w", "--weights", default="none", show_default=True,
+              help="Weights to load (none: random ones, the same speed, nothing downloaded).")
+@click.option("-b", "--batch-size", type=click.IntRange(min=1), help="Images per batch.  [default: 32]")
+@click.option("--batches", default=3, show_default=True, type=click.IntRange(min=2),
+              help="Batches measured in each configuration (the first is the warm-up).")
+@click.option("--try", "asked", metavar="WORDS",
+              help="Only the configurations these words name (cpu, cuda, fp32, bf16, fp16, compile), comma "
+                   "separated; a precision named is tried even where it has no native kernels.  [default: every "
+                   "configuration this machine runs natively, --compile included]")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object (for scripts).")
+def doctor(model: str, layers: str, weights: str, batch_size: int | None, batches: int, asked: str | None,
+           as_json: bool) -> None:
+    """What this machine offers MODEL's LAYERS, and the fastest configuration the proof accepts.
+
+    Says the CPU's instruction set and its native precisions, the GPUs, the versions, whether --compile
+    builds here and the free disk; then runs a few batches of generated images in each configuration
+    (fp32, compiled, bf16 and fp16 where native, on the CPU and each GPU), each proved against the CPU's fp32
+    as a real run is, and prints the fastest accepted as a command line to copy.
+
+    \b
+    Example:
+      featdump doctor -m resnet50 -l avgpool
+      featdump doctor -m vit_b_16 -l encoder.ln --try cuda,bf16,fp16 --json
+    """
+    from featdump.faces.doctor import describe, examine
+
+    base = Settings(model=model, layers=layers, weights=weights, batch_size=batch_size or 32, images=".",
+                    output="doctor.h5")
+    words = [word.strip() for word in asked.split(",") if word.strip()] if asked else None
+    unknown = sorted(set(words or []) - {"cpu", "cuda", "fp32", "bf16", "fp16", "compile"})
+    if unknown:
+        raise click.BadParameter(f"{', '.join(unknown)}: name cpu, cuda, fp32, bf16, fp16 or compile.",
+                                 param_hint="'--try'")
+    if log.getEffectiveLevel() > logging.DEBUG:  # the trials' own lines only with -v
+        log.setLevel(logging.WARNING)
+
+    def report(trial):
+        click.echo(f"doctor: {trial.configuration.name}: {trial.outcome}"
+                   f"{f' at {trial.rows_per_second:.1f} rows/s' if trial.rows_per_second else ''}", err=True)
+
+    result = examine(base, batches, words, Path.cwd(), report)
+    if as_json:
+        click.echo(json.dumps(result, indent=2))
+        return
+    for line in describe(result):
+        click.echo(line)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import platform
+import shutil
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -130,11 +131,21 @@ def precision_misfit(precision: str, device: torch.device, here: Cpu | None = No
             f"is faster here (and exact); `featdump doctor` measures the choices on this machine.")
 
 
-def describe() -> dict:
-    """The machine as JSON values: CPU, GPUs, versions."""
+def cxx_compiler() -> str | None:
+    """The C++ compiler AOTInductor would build with here (CXX, g++, c++ or clang++), or None."""
+    candidates = [os.environ.get("CXX"), "g++", "c++", "clang++"]
+    return next((found for found in (shutil.which(name) for name in candidates if name) if found), None)
+
+
+def describe(folder: Path = Path(".")) -> dict:
+    """The machine as JSON values: CPU, GPUs, versions, the compiler --compile needs, the free disk at FOLDER."""
+    import torchvision
+
     here = cpu()
     return {"cpu": {**{key: value for key, value in asdict(here).items() if key != "flags"},
                     "native": {precision: here.native(precision) for precision in ("bf16", "fp16")},
                     "instruction_set": here.instruction_set},
             "gpus": [asdict(gpu) for gpu in gpus()],
-            "torch": torch.__version__, "python": platform.python_version(), "machine": platform.machine()}
+            "torch": torch.__version__, "torchvision": torchvision.__version__, "python": platform.python_version(),
+            "machine": platform.machine(), "compiler": cxx_compiler(),
+            "free_disk_bytes": shutil.disk_usage(folder).free, "disk_folder": str(folder.resolve())}
