@@ -35,7 +35,7 @@ from benchmarks.common import benchmark
 REPO = Path(__file__).resolve().parents[1]
 PURE = {"click": "click>=8.1", "h5py": "h5py>=3.8", "tqdm": "tqdm>=4.64", "PIL": "pillow>=9.5",
         "numpy": "numpy>=1.24", "pytest": "pytest>=7", "pytest_timeout": "pytest-timeout>=2.1"}
-SHARES = {"install": 0.1, "cuda tests": 0.3, "benchmarks": 0.3, "proof panel": 0.3}  # of the budget
+SHARES = {"install": 0.05, "cuda tests": 0.35, "benchmarks": 0.3, "proof panel": 0.3}  # of the budget
 
 
 @dataclass
