@@ -19,7 +19,7 @@ from pathlib import Path
 
 import h5py
 
-from benchmarks.common import make_images, timed_featdump
+from benchmarks.common import machine, make_images, timed_featdump
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
@@ -80,6 +80,7 @@ def main() -> None:
     parser.add_argument("--configurations", default=";".join(CONFIGURATIONS),
                         help="separated by ';', of: " + "; ".join(CONFIGURATIONS))
     args = parser.parse_args()
+    print(f"Machine: {machine()}", flush=True)  # every figure below is this CPU's
     scratch = HERE / "data" / "bf16"
     scratch.mkdir(parents=True, exist_ok=True)
     times, accuracy = [], []

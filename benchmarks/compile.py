@@ -24,7 +24,7 @@ from pathlib import Path
 import h5py
 import numpy as np
 
-from benchmarks.common import make_images, timed_featdump
+from benchmarks.common import machine, make_images, timed_featdump
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
@@ -96,6 +96,7 @@ def main():
     parser.add_argument("--models", default="resnet50:avgpool,resnet18:layer3")
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
+    print(f"Machine: {machine()}", flush=True)  # every figure below is this CPU's
     images = make_images(HERE / "data" / f"imagenet_{args.images}", args.images)
     scratch = Path(tempfile.mkdtemp(prefix="featdump-compile-", dir=HERE / "data"))
     header = ["| model, layer | run | steady img/s | vs eager | compile (first batch included) | command | "

@@ -29,6 +29,7 @@ import numpy as np
 from PIL import Image
 
 from benchmarks import faults
+from benchmarks.common import machine
 from featdump.errors import FeatdumpError, ProofFailed
 from featdump.job.channels import channel_axis
 from featdump.job.runner import extract
@@ -219,6 +220,7 @@ def main() -> None:
     parser.add_argument("--no-misfits", dest="misfits", action="store_false",
                         help="Leave out the models a precision does not fit (which must stop).")
     args = parser.parse_args()
+    print(f"Machine: {machine()}", flush=True)  # every figure below is this CPU's
     if args.summarize:
         print(summary_table([result for path in args.summarize for result in json.loads(path.read_text())]))
         return

@@ -191,3 +191,22 @@ def test_memory_stays_bounded_by_the_batch_not_the_brick(tmp_path):
                                     tmp_path / f"brick{count}.hdf5", tmp_path / f"out{count}.h5")
         assert len(featdump.load(tmp_path / f"out{count}.h5", "conv1").paths) == count
     assert peaks[1024] < peaks[64] + 100, peaks  # MiB; the array alone is 555 MB
+
+
+def test_a_list_of_an_array_s_row_names_extracts_that_subset_alone_in_the_list_s_order(tmp_path):
+    """NSD's shared images, one subject's: a list file of featdump's own row names (FILE/ARRAY/INDEX) reads only
+    those indices, in the list's order with its labels, equal to the same rows of the whole array."""
+    pixels = images(8, seed=6)
+    with h5py.File(tmp_path / "nsd_stimuli.hdf5", "w") as h5file:
+        h5file["imgBrick"] = pixels
+    whole = rows_of(tmp_path / "nsd_stimuli.hdf5", tmp_path / "whole.h5")
+    chosen = [6, 1, 3]
+    (tmp_path / "shared.csv").write_text("path,label\n" + "".join(f"nsd_stimuli.hdf5/imgBrick/{index},{index % 2}\n"
+                                                                    for index in chosen))
+    subset = rows_of(tmp_path / "shared.csv", tmp_path / "subset.h5")
+    assert subset.paths == [f"nsd_stimuli.hdf5/imgBrick/{index}" for index in chosen]
+    assert subset.labels.tolist() == [0, 1, 1]
+    np.testing.assert_array_equal(subset.features, whole.features[chosen])
+    (tmp_path / "beyond.txt").write_text("nsd_stimuli.hdf5/imgBrick/1\nnsd_stimuli.hdf5/imgBrick/8\n")
+    refused = run_featdump(*EXTRACT, tmp_path / "beyond.txt", tmp_path / "beyond.h5")
+    assert refused.returncode == 2 and "names row 8 of nsd_stimuli.hdf5/imgBrick, which holds 8" in refused.stderr

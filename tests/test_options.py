@@ -52,6 +52,7 @@ BAD = {
     "array": ("", ""),
     "image_column": ("", ""),
     "label_column": ("", ""),
+    "split": ("", ""),
 }
 FREE_TEXT = {"weights"}  # any text is a weights name or a checkpoint path, checked when the model loads
 

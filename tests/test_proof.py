@@ -634,3 +634,34 @@ def test_a_small_panel_has_no_false_alarm_and_catches_every_fault(tmp_path):
                 outcome, _, _ = panel.run(model, images, tmp_path / "fault.h5", 0, tmp_path / "cache",
                                           precision="bf16")
             assert outcome.startswith("Layer ") and "Run again with --precision fp32" in outcome, (model, fault)
+
+
+def test_the_precision_s_fit_is_judged_on_the_rows_every_run_proves_not_on_the_draw():
+    """A drawn row whose bf16 emulation is beyond the ceiling (0.1) does not stop the run (it is held to its own
+    emulation); the same row among the first batch's, which every run of the job proves, does: no draw decides."""
+    from featdump.errors import ProofFailed
+    from featdump.job.proof import Proof, _Evidence
+
+    def proof(fixed: list[bool]) -> Proof:
+        made = Proof(None, None, ["bf16"], "cpu, bf16", None, False, "float32")
+        made.evidence["layer4"] = _Evidence(largest=[0.01, 0.01, 0.3], whole=[0.01, 0.01, 0.25],
+                                            emulated_largest=[0.01, 0.01, 0.2], emulated_whole=[0.01, 0.01, 0.2],
+                                            fixed=fixed)
+        return made
+
+    proof([True, True, False])._judge()  # the far row was drawn: within 3x its own emulation
+    assert proof([True, True, False]).judged("layer4").emulated == 0.01
+    with pytest.raises(ProofFailed, match="bf16 does not fit this model at this layer"):
+        proof([True, True, True])._judge()
+
+
+def test_every_run_of_a_job_proves_the_same_rows_of_its_first_batch():
+    from featdump.job.proof import Proof
+    from featdump.job.sampling import plan_sample
+
+    chosen = []
+    for seed in (1, 2):
+        made = Proof(None, None, ["bf16"], "cpu, bf16", plan_sample(8, 0, 16, 64, seed=seed), False, "float32")
+        chosen.append(made._sampled_rows(list(range(16))))
+    assert chosen[0][0] == chosen[1][0] == [0, 15]  # a quarter of 8, spread evenly over the batch: the same
+    assert chosen[0][1] == chosen[1][1] == []  # the drawn ones lie after the first batch

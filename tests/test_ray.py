@@ -14,7 +14,15 @@ from benchmarks.videos import write_video
 from featdump.errors import OutputExists
 from featdump.output.layout import Committed, Output
 
-from .helpers import assert_same_rows, featdump_env, read_output, run_featdump, start_featdump, write_images
+from .helpers import (
+    assert_same_rows,
+    featdump_env,
+    read_output,
+    run_featdump,
+    settings_for,
+    start_featdump,
+    write_images,
+)
 
 ray = pytest.importorskip("ray")
 
@@ -163,3 +171,28 @@ def test_tasks_reach_the_store_with_the_driver_s_variables_whatever_their_nodes_
         ray.shutdown()
     client.get("rayout/run/out.h5", str(tmp_path / "merged.h5"))
     assert_same_rows_and_skips(read_output(tmp_path / "merged.h5"), expected)
+
+
+@pytest.mark.slow  # a real Ray cluster
+def test_a_gpu_task_asks_for_its_share_of_cpus_and_sizes_its_loader_by_them():
+    """A cluster of 4 CPUs and 2 GPUs (faked: Ray counts them as told): a shard's task on CUDA asks for a GPU and
+    2 CPUs, and inside it the loader gets 1 worker (its 2 CPUs less the main process), not the node's CPUs - 1;
+    -j 3 asks for 4 CPUs."""
+    from featdump.engines import ray as engine
+    from featdump.inputs.workers import choose_workers
+
+    ray.init(num_cpus=4, num_gpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        resources = engine._task_resources(ray, settings_for(".", "out.h5", device="cuda", num_workers=None))
+        assert resources == {"num_gpus": 1, "num_cpus": 2}
+        assert engine._task_resources(ray, settings_for(".", "out.h5", device="cuda", num_workers=3)) == \
+            {"num_gpus": 1, "num_cpus": 4}
+
+        def loader_workers() -> tuple[int, list]:
+            engine.size_by_grant()
+            return choose_workers(None), ray.get_gpu_ids()
+
+        workers, gpu_ids = ray.get(ray.remote(loader_workers).options(**resources).remote())
+        assert workers == 1 and len(gpu_ids) == 1
+    finally:
+        ray.shutdown()

@@ -281,3 +281,16 @@ def test_space_check_refuses_up_front(folder, small_filesystem):
     assert result.returncode == 1
     assert "Error: The output needs about " in result.stderr and "--no-space-check" in result.stderr
     assert not list(small_filesystem.iterdir())
+
+
+def test_the_same_command_after_its_input_grew_is_told_to_update_not_called_another_command(tmp_path):
+    images = tmp_path / "images"
+    write_images(images, {"a": 3})
+    output = tmp_path / "out.h5"
+    command = ["extract", "-m", "resnet18", "-w", "none", "-l", "avgpool", images, output]
+    assert run_featdump(*command).returncode == 0
+    write_images(images, {"b": 2}, seed=3)  # the folder gains images
+    again = run_featdump(*command)
+    assert again.returncode == 2 and "made by this command over other images (the image set changed" in \
+        again.stderr and "pass --update to add new images" in again.stderr, again.stderr
+    assert "another command" not in again.stderr

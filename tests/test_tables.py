@@ -140,3 +140,78 @@ def test_tables_in_a_store_prefix_are_read_as_local_ones(store_env, tmp_path):
     local = rows_of(tmp_path / "data", tmp_path / "local.h5")
     assert remote.paths == local.paths
     np.testing.assert_array_equal(remote.features, local.features)
+
+
+def test_a_table_in_one_row_group_is_read_a_slice_at_a_time_with_rows_equal_to_the_files(tmp_path):
+    """pandas, pyarrow and img2dataset-style writers leave a file in one row group: read with the default batch
+    and workers, its rows equal the files', and a read holds ROWS_PER_READ rows of the group, not the group."""
+    from featdump.inputs import find_images, tables
+
+    data = encoded_images(70, seed=3)
+    pq.write_table(pa.table({"jpg": pa.array(data, pa.binary())}), tmp_path / "one.parquet", row_group_size=1000)
+    assert pq.ParquetFile(tmp_path / "one.parquet").num_row_groups == 1
+    as_files(data, tmp_path / "files")
+    np.testing.assert_array_equal(rows_of(tmp_path / "one.parquet", tmp_path / "table.h5").features,
+                                  rows_of(tmp_path / "files", tmp_path / "files.h5").features)
+    listed = find_images(tmp_path / "one.parquet")
+    read = dict(listed.storage.open_as_ready(listed.root, listed.paths[40:48], list(range(40, 48))))
+    assert [read[index].data for index in range(8)] == data[40:48]
+    cursor = next(iter(tables._CURSORS.values()))
+    assert len(cursor.values) == tables.ROWS_PER_READ and cursor.start == 32  # the slice that holds rows 40-47
+
+
+def test_rows_that_hold_a_path_and_no_bytes_read_the_file_it_names(tmp_path):
+    """Hugging Face's Image not embedded (`datasets`' to_parquet of an imagefolder): each row holds a path, absolute
+    or relative to the table's folder, and no bytes; the rows are the files', named without a double slash."""
+    data = encoded_images(4, seed=4)
+    as_files(data, tmp_path / "data" / "files")
+    names = sorted(path.name for path in (tmp_path / "data" / "files").iterdir())
+    paths = [str(tmp_path / "data" / "files" / names[0]), str(tmp_path / "data" / "files" / names[1]),
+             f"files/{names[2]}", f"files/{names[3]}"]
+    table = pa.table({"image": [{"bytes": None, "path": path} for path in paths], "label": [0, 1, 0, 1]})
+    pq.write_table(table.replace_schema_metadata({b"huggingface": json.dumps(HF_META).encode()}),
+                   tmp_path / "data" / "train-00000-of-00001.parquet")
+    rows = rows_of(tmp_path / "data" / "train-00000-of-00001.parquet", tmp_path / "table.h5")
+    files = rows_of(tmp_path / "data" / "files", tmp_path / "files.h5")
+    np.testing.assert_array_equal(rows.features, files.features)
+    assert rows.paths[0] == f"train-00000-of-00001.parquet/0/{paths[0].lstrip('/')}" and "//" not in rows.paths[0]
+    assert rows.paths[3] == f"train-00000-of-00001.parquet/3/files/{names[3]}"
+    (tmp_path / "data" / "files" / names[3]).unlink()  # a path to a file that is gone: a recorded skip, said
+    gone = run_featdump(*EXTRACT, tmp_path / "data" / "train-00000-of-00001.parquet", tmp_path / "gone.h5")
+    assert gone.returncode == 0 and "(1 skipped)" in gone.stderr, gone.stderr
+
+
+def test_a_hub_layout_of_several_splits_is_refused_naming_them_and_split_chooses_one(tmp_path):
+    """data/ holding train-0000{0,1}-of-00002 and test-00000-of-00001: no output of both, one line naming the
+    splits; --split reads one (also from a clone of the dataset, its data/ beside README.md and .git)."""
+    data = encoded_images(6, seed=5)
+    write_dataset(tmp_path / "clone" / "data", data[:4], shards=2)
+    (test,) = write_dataset(tmp_path / "clone" / "data", data[4:], shards=1, start=4)
+    test.rename(test.with_name("test-00000-of-00001.parquet"))
+    (tmp_path / "clone" / "README.md").write_text("---\ndataset_info: ...\n---\n")
+    (tmp_path / "clone" / ".git").mkdir()
+    for source in (tmp_path / "clone" / "data", tmp_path / "clone"):
+        refused = run_featdump(*EXTRACT, source, tmp_path / "mixed.h5")
+        assert refused.returncode == 2, refused.stderr
+        assert "holds the splits test (1 file), train (2 files): choose one with --split NAME" in refused.stderr
+        assert not (tmp_path / "mixed.h5").exists()
+    train = rows_of(tmp_path / "clone", tmp_path / "train.h5", "--split", "train")
+    assert len(train.paths) == 4 and all(path.startswith("train-") for path in train.paths)
+    test_rows = rows_of(tmp_path / "clone" / "data", tmp_path / "test.h5", "--split", "test")
+    assert test_rows.paths == ["test-00000-of-00001.parquet/0/img_4.jpg", "test-00000-of-00001.parquet/1/img_5.jpg"]
+    missing = run_featdump(*EXTRACT, "--split", "validation", tmp_path / "clone", tmp_path / "none.h5")
+    assert missing.returncode == 2, missing.stderr
+    assert "holds no split 'validation'; it holds test (1 file), train (2 files)." in missing.stderr
+    as_files(data, tmp_path / "files")
+    not_tables = run_featdump(*EXTRACT, "--split", "train", tmp_path / "files", tmp_path / "nt.h5")
+    assert not_tables.returncode == 2 and "--split name parts of Parquet tables" in not_tables.stderr
+
+
+def test_the_split_of_a_file_is_read_from_hugging_face_s_names():
+    from featdump.inputs.tables import split_of
+
+    assert split_of("data/train-00000-of-00040.parquet") == "train"
+    assert split_of("data/validation-00001-of-00002-2c1a8f0e.parquet") == "validation"
+    assert split_of("default/test/0000.parquet") == "test"
+    assert split_of("default/partial-train/0003.parquet") == "train"
+    assert split_of("tables/one.parquet") is None

@@ -135,13 +135,16 @@ def _ray():
 
 
 def _task_resources(ray, settings: Settings) -> dict:
-    """What one shard's task asks for: a GPU on a CUDA device (or auto on a cluster that has GPUs), else CPUs: the
-    loader workers asked for and the main process, or one."""
-    gpus = ray.cluster_resources().get("GPU", 0)
+    """What one shard's task asks for: on a CUDA device (or auto on a cluster that has GPUs) a GPU and its share of
+    the cluster's CPUs (or the loader workers asked for and the main process), so that its loader is sized by what
+    it was given, not by its node; else CPUs: the loader workers asked for and the main process, or one."""
+    resources = ray.cluster_resources()
+    gpus, cpus = resources.get("GPU", 0), resources.get("CPU", 0)
     if settings.device.startswith("cuda") or (settings.device == "auto" and gpus):
         if not gpus:
             raise UsageProblem(f"--device {settings.device}: the Ray cluster has no GPU.")
-        return {"num_gpus": 1}
+        share = settings.num_workers + 1 if settings.num_workers is not None else max(1, int(cpus // gpus))
+        return {"num_gpus": 1, "num_cpus": share}
     return {"num_cpus": (settings.num_workers or 0) + 1}
 
 
@@ -216,12 +219,9 @@ def _merge(settings: Settings):
 def _run_shard(settings: Settings, board, index: int) -> dict:
     """One shard's task on a Ray worker: the process's run of SETTINGS (its --shard set), reporting to BOARD."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s featdump %(levelname)s: %(message)s")
-    from featdump.inputs.workers import CPUS_VARIABLE
     from featdump.job import staging, warm  # torch, which the driver need not import before the tasks start
 
-    granted = _ray().get_runtime_context().get_assigned_resources().get("CPU")
-    if granted:  # loader workers sized by what the task was given, not by the node
-        os.environ[CPUS_VARIABLE] = str(max(1, int(granted)))
+    size_by_grant()
 
     told = _ToldToBoard(board, index)
     logging.getLogger("featdump").addHandler(told)  # a store's wait, said where the job is watched
@@ -232,6 +232,15 @@ def _run_shard(settings: Settings, board, index: int) -> dict:
         logging.getLogger("featdump").removeHandler(told)
     return {"rows": summary.rows, "new": summary.new_rows if summary.processed else 0,
             "images": summary.rows + summary.skipped}
+
+
+def size_by_grant() -> None:
+    """In a task: its loader workers sized by the CPUs Ray granted it (FEATDUMP_CPUS), not by its node's."""
+    from featdump.inputs.workers import CPUS_VARIABLE
+
+    granted = _ray().get_runtime_context().get_assigned_resources().get("CPU")
+    if granted:
+        os.environ[CPUS_VARIABLE] = str(max(1, int(granted)))
 
 
 class _ToldToBoard(logging.Handler):

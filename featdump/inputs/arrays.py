@@ -19,7 +19,7 @@ import os
 import zipfile
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 import h5py
 import numpy as np
@@ -89,6 +89,7 @@ def _stated_max(attrs) -> float | None:
 def read_array(source: Path, array: str | None = None) -> ImageList:
     """The images of the array ARRAY in the file SOURCE (the only image array there when None), a row per index."""
     arrays = _arrays_in(source)
+    array = array.strip("/") if array is not None else None  # h5py's /imgBrick is imgBrick
     if array is not None:
         if array not in arrays:
             raise UsageProblem(f"--array {array}: {source.name} holds no array of that name; it holds "
@@ -118,6 +119,31 @@ def read_array(source: Path, array: str | None = None) -> ImageList:
     count = shape[0]
     return ImageList(source.parent, tuple(f"{prefix}/{index}" for index in range(count)), (-1,) * count, (),
                      storage)
+
+
+def listed_rows(listed: ImageList) -> ImageList | None:
+    """The rows of a list file whose entries name rows of one file of arrays as featdump names them
+    (`nsd_stimuli.hdf5/imgBrick/3`, `stimuli.npy/17`), in the list's order with its labels: a subset (NSD's shared
+    1,000) read without the rest. None where its entries name no array's rows."""
+    if isinstance(listed.root, str) or not listed.paths:
+        return None
+    parts = [PurePosixPath(path).parts for path in listed.paths]
+    at = next((place for place, part in enumerate(parts[0][:-1]) if part.lower().endswith(ARRAY_SUFFIXES)), None)
+    if at is None or not is_array_file(Path(listed.root, *parts[0][:at + 1])):
+        return None
+    source, array = Path(listed.root, *parts[0][:at + 1]), "/".join(parts[0][at + 1:-1]) or None
+    prefix = parts[0][:-1]
+    if any(entry[:-1] != prefix or not entry[-1].isdigit() for entry in parts):
+        raise UsageProblem(f"The list names rows of {source.name}{'/' + array if array else ''} "
+                           f"({listed.paths[0]}), and other entries too: a list of an array's rows names only "
+                           "that array's rows, FILE/ARRAY/INDEX.")
+    whole = read_array(source, array)
+    indices = [int(entry[-1]) for entry in parts]
+    beyond = [index for index in indices if index >= len(whole)]
+    if beyond:
+        raise UsageProblem(f"The list names row {beyond[0]} of {source.name}{'/' + array if array else ''}, which "
+                           f"holds {len(whole)} (rows count from 0).")
+    return whole.select(indices, listed.labels)
 
 
 def _arrays_in(source: Path) -> dict[str, tuple[tuple[int, ...], np.dtype, dict]]:

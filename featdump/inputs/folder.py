@@ -26,6 +26,10 @@ def read_folder(root: Path) -> ImageList:
         videos = ", ".join(sorted(ext.lstrip(".") for ext in VIDEO_SUFFIXES))
         tars = sorted(root.glob("*.tar"))
         hint = f" It holds {len(tars)} .tar files: for tar shards, pass '{root / '*.tar'}' (quoted)." if tars else ""
+        arrays = sorted(path.name for path in root.iterdir() if path.is_file() and path.suffix.lower() in
+                        (".h5", ".hdf5", ".hdf", ".nc", ".npy", ".npz"))
+        if arrays:  # a study's stimuli kept as an array (NSD's nsd_stimuli.hdf5): the file is IMAGES
+            hint += f" It holds {', '.join(arrays[:3])}: for images kept as an array, pass the file itself."
         raise NoImages(f"No images in {str(root)!r} (looked for {extensions}, in any case, in all subfolders; and "
                        f"for videos: {videos}).{hint}")
     labels, classes = class_labels(paths)

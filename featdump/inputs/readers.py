@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
 from featdump.errors import NoImages, UsageProblem
-from featdump.inputs.arrays import is_array_file, read_array, read_array_row
+from featdump.inputs.arrays import is_array_file, listed_rows, read_array, read_array_row
 from featdump.inputs.folder import IMAGE_EXTENSIONS, read_folder
 from featdump.inputs.imagelist import Encoded, Files, ImageList
 from featdump.inputs.listfile import LIST_SUFFIXES, check_list_name, list_entries
@@ -36,6 +36,7 @@ class Asked:
     array: str | None = None
     image_column: str | None = None
     label_column: str | None = None
+    split: str | None = None  # a Hugging Face layout's split
 
 
 class Reader:
@@ -59,7 +60,7 @@ class Tables(Reader):
         return folder_of_tables(where.path)
 
     def read(self, where, asked):
-        return read_tables(where.text, asked.image_column, asked.label_column)
+        return read_tables(where.text, asked.image_column, asked.label_column, asked.split)
 
 
 class Tars(Reader):
@@ -119,6 +120,9 @@ class ListFile(Reader):
             check_not_compressed(where.path)
         check_list_name(str(where.native), asked.named)
         listed = _listed(where, asked.patience or Patience())
+        rows = listed_rows(listed)  # rows of a file of arrays, FILE/ARRAY/INDEX
+        if rows is not None:
+            return rows
         if not any(path.lower().endswith(TAR_SUFFIX) for path in listed.paths):
             return listed
         root = Location.of(listed.root)
@@ -242,15 +246,17 @@ def read_images(where: Location, asked: Asked) -> ImageList:
     _check_options_apply(reader, where, asked)
     if reader is None:
         raise NoImages(f"{asked.named} {where.text!r} does not exist (give a folder, a list file, a .tar, or a quoted "
-                       "pattern of .tar files; or their URL; or an HDF5, .npy or .npz file of image arrays).")
+                       "pattern of .tar files; or their URL; or an HDF5, .npy or .npz file of image arrays; or "
+                       "Parquet tables: a .parquet file, a folder of them, hf://datasets/ORG/NAME).")
     return reader.read(where, asked)
 
 
 def _check_options_apply(reader: Reader | None, where: Location, asked: Asked) -> None:
     """UsageProblem when an option names a part of an input of another kind (a local file's array: a tar's and a
     URL's are not looked for)."""
-    if (asked.image_column is not None or asked.label_column is not None) and not isinstance(reader, Tables):
-        raise UsageProblem(f"--image-column and --label-column name columns of Parquet tables; {asked.named} "
+    if (asked.image_column is not None or asked.label_column is not None or asked.split is not None) and \
+            not isinstance(reader, Tables):
+        raise UsageProblem(f"--image-column, --label-column and --split name parts of Parquet tables; {asked.named} "
                            f"{where.text!r} is none.")
     if asked.array is not None and not where.remote and not isinstance(reader, (Tables, Tars, Arrays)):
         raise UsageProblem(f"--array {asked.array} names an array of a file of arrays (HDF5, NetCDF-4, .npy, .npz); "

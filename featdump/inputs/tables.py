@@ -13,9 +13,11 @@ image's bytes to the decoder that reads files: a row whose bytes do not decode i
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
+import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path, PurePosixPath
@@ -47,8 +49,17 @@ def names_tables(source: str) -> bool:
 
 
 def folder_of_tables(path: Path) -> bool:
-    """Whether PATH is a folder holding Parquet files and no folder (of images)."""
-    return path.is_dir() and any(path.glob(f"*{TABLE_SUFFIX}")) and not any(child.is_dir() for child in path.iterdir())
+    """Whether PATH is a folder holding Parquet files and no folder (of images), or a clone of a Hugging Face
+    dataset: its tables under data/ beside files that are no images (README.md) and hidden folders (.git)."""
+    if not path.is_dir():
+        return False
+    if any(path.glob(f"*{TABLE_SUFFIX}")) and not any(child.is_dir() for child in path.iterdir()):
+        return True
+    data = path / "data"
+    return data.is_dir() and any(data.rglob(f"*{TABLE_SUFFIX}")) and all(
+        child == data or child.name.startswith(".") or (child.is_file() and child.suffix.lower() not in
+                                                        (".jpg", ".jpeg", ".png", ".webp", ".bmp"))
+        for child in path.iterdir())
 
 
 def prefix_of_tables(prefix: str, patience: Patience) -> bool:
@@ -87,11 +98,14 @@ class TableFile:
     groups: tuple[int, ...]
 
 
-def read_tables(source: str, image_column: str | None = None, label_column: str | None = None) -> ImageList:
-    """The rows of the Parquet files SOURCE names, a row an image (see the module's docstring)."""
+def read_tables(source: str, image_column: str | None = None, label_column: str | None = None,
+                split: str | None = None) -> ImageList:
+    """The rows of the Parquet files SOURCE names (of SPLIT, in Hugging Face's layout), a row an image (see the
+    module's docstring)."""
     fs, root, paths = _files_of(str(source))
     if not paths:
         raise NoImages(f"IMAGES {source!r}: no Parquet file there.")
+    paths = _of_split(paths, split, source)
     parquet = _pyarrow()
     files, names, labels, own_paths, classes = [], [], [], [], None
     chosen = None
@@ -115,7 +129,7 @@ def read_tables(source: str, image_column: str | None = None, label_column: str 
         labels += _labels(read, label, count)
         own_paths += _own_paths(read, chosen, count)
         names += [f"{relative}/{row}" for row in range(count)]
-    names = [f"{name}/{own}" if own else name for name, own in zip(names, own_paths)]
+    names = [f"{name}/{own.lstrip('/')}" if own else name for name, own in zip(names, own_paths)]  # no "//"
     if not names:
         raise NoImages(f"IMAGES {source!r}: its Parquet files hold no row.")
     storage = TableRows(tuple(files), chosen, *_row_places(files))
@@ -139,6 +153,45 @@ def _files_of(source: str):
             raise NoImages(f"IMAGES {pattern!r} does not exist.")
     root = os.path.commonpath([PurePosixPath(path).parent.as_posix() for path in found]) if found else ""
     return fs, Location.of(source).at(root).native, found
+
+
+_SPLIT_FILE = re.compile(r"^(?P<split>[A-Za-z][\w.]*?)-\d{5}-of-\d{5}(-[0-9a-f]+)?\.parquet$", re.IGNORECASE)
+SPLIT_FOLDERS = ("train", "validation", "valid", "val", "test", "dev")
+
+
+def split_of(path: str) -> str | None:
+    """The split a Parquet file of Hugging Face's layout belongs to (`train-00000-of-00002.parquet`,
+    `default/validation/0000.parquet`, `default/partial-train/0000.parquet`), or None."""
+    parts = PurePosixPath(path).parts
+    named = _SPLIT_FILE.match(parts[-1])
+    if named:
+        return named["split"]
+    folder = parts[-2].removeprefix("partial-") if len(parts) > 1 else ""
+    return folder if folder.lower() in SPLIT_FOLDERS else None
+
+
+def _of_split(paths: list[str], split: str | None, source: str) -> list[str]:
+    """The PATHS of SPLIT; without SPLIT, all of them where they hold one split (UsageProblem naming the splits
+    where they hold several: a Hub dataset's folder holds train, validation and test)."""
+    splits: dict[str, int] = {}
+    for path in paths:
+        found = split_of(path)
+        if found is not None:
+            splits[found] = splits.get(found, 0) + 1
+    if split is None:
+        if len(splits) > 1:
+            raise UsageProblem(f"IMAGES {source!r} holds the splits {_listed(splits)}: choose one with --split NAME "
+                               "(rows of several splits in one output are rarely what a study wants).")
+        return paths
+    chosen = [path for path in paths if split_of(path) == split]
+    if not chosen:
+        raise NoImages(f"IMAGES {source!r} holds no split {split!r}" + (
+            f"; it holds {_listed(splits)}." if splits else "; its files are in no split of Hugging Face's layout."))
+    return chosen
+
+
+def _listed(splits: dict[str, int]) -> str:
+    return ", ".join(f"{name} ({count} file{'s' if count > 1 else ''})" for name, count in sorted(splits.items()))
 
 
 def _relative(root, path: str) -> str:
@@ -238,25 +291,23 @@ class TableRows:
 
     def open_as_ready(self, root, relatives: Sequence[str],
                       positions: Sequence[int]) -> Iterator[tuple[int, Encoded | Exception]]:
-        """The batch's images, a row group read once for all the rows of the batch that lie in it."""
+        """The batch's images, read from each row group a slice at a time (never a whole group: pandas and
+        img2dataset-style writers leave a whole file in one); a row that holds a path and no bytes (Hugging Face's
+        Image not embedded) reads the file the path names."""
         groups: dict[tuple[int, int], list[int]] = {}
         for index, position in enumerate(positions):
             groups.setdefault((int(self.file_of[position]), int(self.group_of[position])), []).append(index)
         for (file, group), indices in groups.items():
+            table = self.files[file]
             try:
-                values = _read_group(root, self.files[file].name, group, self.column)
+                values = _read_rows(root, table.name, group, self.column,
+                                    [int(self.place[positions[index]]) for index in indices])
             except (OSError, ValueError) as error:
                 for index in indices:
                     yield index, error
                 continue
-            table = self.files[file]
             for index in indices:
-                data = values[int(self.place[positions[index]])]
-                data = data.get("bytes") if isinstance(data, dict) else data
-                if not data:
-                    yield index, ValueError("its row holds no image bytes")
-                    continue
-                yield index, Encoded(relatives[index], (table.size, _stamp(table.version)), data=bytes(data))
+                yield index, _encoded(root, table, relatives[index], values[int(self.place[positions[index]])])
 
     def stat(self, root, relative: str, position: int) -> tuple[int, int] | None:
         table = self.files[int(self.file_of[position])]
@@ -295,20 +346,70 @@ def _stamp(version: str) -> int:
         return int(hashlib.sha256(version.encode()).hexdigest()[:15], 16)
 
 
-_GROUPS: dict[tuple, list] = {}  # (process, file, group): the last row group read, kept for the next batch
+ROWS_PER_READ = 32  # rows of a group decoded at once: memory bounded by these and the batch, not by the group
 
 
-def _read_group(root, name: str, group: int, column: str) -> list:
-    """Row group GROUP of the image COLUMN of file NAME under ROOT, as Python values (this process's own read)."""
-    key = (os.getpid(), str(root), name, group)
-    if key not in _GROUPS:
-        location = str(Location.of(root).join(name))
-        fs, path = _fs_and_path(location)
+@dataclass
+class _Cursor:
+    """One process's place in one row group: the record batches still to come, and the one read last."""
+
+    key: tuple
+    batches: Iterator
+    start: int = 0  # the group's row of `values[0]`
+    values: list = dataclasses.field(default_factory=list)
+
+
+_CURSORS: dict[int, _Cursor] = {}  # per process: its reads go forward through a group, batch after batch
+
+
+def _read_rows(root, name: str, group: int, column: str, places: Sequence[int]) -> dict[int, object]:
+    """The image COLUMN's values at PLACES of row group GROUP of file NAME under ROOT, read ROWS_PER_READ rows at
+    a time from where this process's last read of the group stopped (a loader worker's batches go forward)."""
+    key = (str(root), name, group, column)
+    cursor = _CURSORS.get(os.getpid())
+    if cursor is None or cursor.key != key or min(places) < cursor.start:
+        cursor = _CURSORS[os.getpid()] = _Cursor(key, _record_batches(root, name, group, column))
+    found = {}
+    for place in sorted(set(places)):
+        while place >= cursor.start + len(cursor.values):
+            cursor.start += len(cursor.values)
+            batch = next(cursor.batches, None)
+            if batch is None:
+                raise ValueError(f"row group {group} of {name} ends before its row {place}: was the file changed?")
+            cursor.values = batch.column(0).to_pylist()
+        found[place] = cursor.values[place - cursor.start]
+    return found
+
+
+def _record_batches(root, name: str, group: int, column: str) -> Iterator:
+    """Row group GROUP's COLUMN of file NAME under ROOT, ROWS_PER_READ rows a record batch, its pages read as they
+    are needed (a buffered stream: a group's column is not read whole)."""
+    fs, path = _fs_and_path(str(Location.of(root).join(name)))
+    with fs.open(path, "rb") as handle:
+        table = _pyarrow().ParquetFile(handle, buffer_size=1 << 20, pre_buffer=False)
+        yield from table.iter_batches(batch_size=ROWS_PER_READ, row_groups=[group], columns=[column],
+                                      use_threads=False)
+
+
+def _encoded(root, table: TableFile, relative: str, value) -> Encoded | Exception:
+    """A row's image: its bytes, or the file its path names (absolute, or relative to the table's folder, as
+    Hugging Face's datasets resolves it) where the row holds a path and no bytes."""
+    data = value.get("bytes") if isinstance(value, dict) else value
+    if data:
+        return Encoded(relative, (table.size, _stamp(table.version)), data=bytes(data))
+    own = value.get("path") if isinstance(value, dict) else None
+    if not own:
+        return ValueError("its row holds no image bytes and no path")
+    where = Location.of(root).join(table.name).parent.join(own)  # an absolute path or a URL: itself
+    try:
+        fs, path = _fs_and_path(str(where))
         with fs.open(path, "rb") as handle:
-            values = _pyarrow().ParquetFile(handle).read_row_group(group, columns=[column]).column(0).to_pylist()
-        _GROUPS.clear()  # one group held at a time: memory bounded by a row group
-        _GROUPS[key] = values
-    return _GROUPS[key]
+            data = handle.read()
+        info = fs.info(path)
+    except OSError as error:
+        return OSError(f"its row holds no image bytes, and the file its path names, {where}, could not be read "
+                       f"({error.strerror or error})")
+    return Encoded(relative, (int(info.get("size") or len(data)), _stamp(str(_version(info)))), data=data)
 
 
 def read_table_row(root, relative: str) -> bytes | None:

@@ -1,7 +1,8 @@
 """Proof: a run that is not the reference path (a CUDA device, bf16/fp16, --compile, --decode gpu, --fast-decode)
-proves the rows it stores as it goes. A sample of its images drawn anew each run (a quarter from the first batch, so
-a bad configuration fails within seconds; the rest one in each stretch of the job, so a fault that shows later is
-met too, and a rerun proves other rows) is recomputed on the reference path: the CPU, fp32, eager, hooks, the
+proves the rows it stores as it goes. A sample of its images (a quarter from the first batch, spread evenly over it
+and the same in every run of the job, so a bad configuration fails within seconds and the precision's fit is judged
+on rows every run proves; the rest drawn anew each run, one in each stretch of the job, so a fault that shows later
+is met too, and a rerun proves other rows) is recomputed on the reference path: the CPU, fp32, eager, hooks, the
 original files decoded on the CPU with the model's exact preprocessing; and, where the run's departures can be
 emulated on the CPU (bf16/fp16 autocast, the fast decode), once more in that emulation. The rows judged are the ones
 the writer receives, after the copy to the host and the cast to the storage dtype (`output.write_behind` hands them
@@ -101,6 +102,7 @@ class _Evidence:
     emulated_shift: ChannelMeans = field(default_factory=ChannelMeans)  # of the emulated rows - the fp32 rows
     scale: ChannelScales = field(default_factory=ChannelScales)  # of the run's rows against the emulated rows
     emulated_scale: ChannelScales = field(default_factory=ChannelScales)  # of the emulated rows against fp32's
+    fixed: list[bool] = field(default_factory=list)  # per row: one every run of the job proves (its first batch's)
 
 
 @dataclass
@@ -134,26 +136,31 @@ class Proof:
         if self.reference is None or not rows or not positions:
             return
         started = time.perf_counter()
-        sampled = self._sampled_rows(positions)
+        fixed, drawn = self._sampled_rows(positions)
+        sampled = sorted(set(fixed) | set(drawn))
         watched = [row for row in self._non_finite_rows(rows) if row not in sampled][:WATCHED]
-        if sampled:
-            self._prove(positions, rows, sampled, emulate=True)
+        if fixed:
+            self._prove(positions, rows, fixed, emulate=True, fixed=True)
+        if drawn:
+            self._prove(positions, rows, [row for row in drawn if row not in fixed], emulate=True)
         if watched:
             self._prove(positions, rows, watched, emulate=False)
         self.seconds += time.perf_counter() - started
         if sampled or watched:
             self._judge()
 
-    def _sampled_rows(self, positions: list[int]) -> list[int]:
+    def _sampled_rows(self, positions: list[int]) -> tuple[list[int], list[int]]:
+        """The rows of this batch to prove: (those every run of the job proves: the first batch's, spread evenly
+        over it; those drawn by this run's seed)."""
         if self.sample is None:
-            return []
-        rows = []
+            return [], []
+        fixed = []
         if not self._first_done:
             self._first_done = True
-            chosen = np.random.default_rng(self.sample.seed).permutation(len(positions))[:self.sample.count_first]
-            rows += [int(row) for row in chosen]
-        rows += [row for row, position in enumerate(positions) if position in self.sample.later]
-        return sorted(set(rows))
+            count = min(self.sample.count_first, len(positions))
+            fixed = sorted({int(row) for row in np.linspace(0, len(positions) - 1, count).round()}) if count else []
+        drawn = [row for row, position in enumerate(positions) if position in self.sample.later and row not in fixed]
+        return fixed, drawn
 
     def _non_finite_rows(self, rows: dict[str, np.ndarray]) -> list[int]:
         if not self.watch_non_finite:
@@ -163,8 +170,12 @@ class Proof:
             flags |= ~np.isfinite(values.reshape(len(values), -1)).all(axis=1)
         return np.flatnonzero(flags).tolist()
 
-    def _prove(self, positions: list[int], rows: dict[str, np.ndarray], chosen: list[int], emulate: bool) -> None:
-        """Recompute the CHOSEN rows (fp32, and emulated when EMULATE) and add their errors to the evidence."""
+    def _prove(self, positions: list[int], rows: dict[str, np.ndarray], chosen: list[int], emulate: bool,
+               fixed: bool = False) -> None:
+        """Recompute the CHOSEN rows (fp32, and emulated when EMULATE) and add their errors to the evidence (FIXED:
+        rows every run of the job proves, on which the precision's fit is judged)."""
+        if not chosen:
+            return
         chosen_positions = [positions[row] for row in chosen]
         reference = self._recompute(chosen_positions, Emulation())
         emulation = self.reference.emulation
@@ -174,6 +185,7 @@ class Proof:
             evidence = self.evidence.setdefault(name, _Evidence())
             evidence.largest += row_errors(got, expected)
             evidence.whole += row_errors(got, expected, whole=True)
+            evidence.fixed += [fixed] * len(chosen)
             if emulate:
                 evidence.emulated_largest += row_errors(emulated[name], expected)
                 evidence.emulated_whole += row_errors(emulated[name], expected, whole=True)
@@ -216,10 +228,11 @@ class Proof:
     def judged(self, name: str) -> _Judged:
         """Layer NAME's evidence against its bounds (`tolerances`), each row by its own emulation."""
         evidence = self.evidence[name]
-        largest = _nearest_row(evidence.largest, evidence.emulated_largest, self.parts, self.storage)
-        whole = _nearest_row(evidence.whole, evidence.emulated_whole, self.parts, self.storage)
+        largest = _nearest_row(evidence.largest, evidence.emulated_largest, self.parts, self.storage, evidence.fixed)
+        whole = _nearest_row(evidence.whole, evidence.emulated_whole, self.parts, self.storage, evidence.fixed)
         shift, shift_bound, channel = _nearest_channel(evidence)
-        emulated = max(_finite_max(evidence.emulated_largest), _finite_max(evidence.emulated_whole))
+        fit = evidence.fixed if any(evidence.fixed) else [True] * len(evidence.fixed)  # a resumed run: its rows
+        emulated = max(_finite_max(_of(evidence.emulated_largest, fit)), _finite_max(_of(evidence.emulated_whole, fit)))
         return _Judged(largest, whole, (shift, shift_bound, channel), _nearest_scale(evidence, self.parts), emulated)
 
     def _judge(self) -> None:
@@ -280,6 +293,7 @@ class Proof:
                     (layer["bound"] for layer in layers.values()), default=0.0),
                 **({"ceiling": tolerances.ceiling(self.parts)} if tolerances.precision_of(self.parts) else {}),
                 "rows": self.images.noun, "images": self.proved, "seed": self.sample.seed,
+                "fit_rows": sum(next(iter(self.evidence.values())).fixed) if self.evidence else 0,
                 "seconds": round(self.seconds, 2), "layers": layers}
 
 
@@ -307,12 +321,16 @@ def _fraction(value: float, limit: float) -> float:
     return 0.0 if limit == np.inf else value / limit if limit > 0 else np.inf if value > 0 else 0.0
 
 
-def _nearest_row(errors: list[float], emulated: list[float], parts: list[str], storage: str) -> tuple[float, float]:
+def _nearest_row(errors: list[float], emulated: list[float], parts: list[str], storage: str,
+                 fixed: list[bool] | None = None) -> tuple[float, float]:
     """(error, bound) of the row nearest its own bound (or farthest past it): each row's bound from its own
     emulation's error (a watched row, unemulated, from the farthest emulated row's), so that more rows proved never
-    loosen the test of one."""
+    loosen the test of one. The precision's ceiling caps the bounds of the FIXED rows (every run proves them: the
+    fit is judged there); a drawn row is held to its own emulation alone, so that no draw decides the fit."""
     fallback = _finite_max(emulated)
-    bounds = [tolerances.bound(parts, own if np.isfinite(own) else fallback, storage) for own in emulated]
+    fixed = [True] * len(emulated) if fixed is None else fixed
+    bounds = [tolerances.bound(parts, own if np.isfinite(own) else fallback, storage, capped=is_fixed)
+              for own, is_fixed in zip(emulated, fixed)]
     fractions = [_fraction(error, limit) for error, limit in zip(errors, bounds)]
     row = int(np.argmax(fractions))
     return errors[row], bounds[row]
@@ -380,6 +398,10 @@ def _nearest_channel(evidence: _Evidence) -> tuple[float, float, int]:
     bounds = tolerances.shift_bound(errors)
     channel = int(np.argmax(shifts / bounds))
     return float(shifts[channel]), float(bounds[channel]), channel
+
+
+def _of(values: list[float], chosen: list[bool]) -> list[float]:
+    return [value for value, keep in zip(values, chosen) if keep]
 
 
 def _finite_max(values: list[float]) -> float:

@@ -109,6 +109,11 @@ class Settings:
         kind=str, optional=True, metavar="NAME", syntax=_not_empty,
         help="IMAGES are Parquet tables: the column of integer labels.  [default: label, where there is one]",
         changes=LISTING)
+    split: str | None = option(
+        kind=str, optional=True, metavar="NAME", syntax=_not_empty,
+        help="IMAGES are Parquet tables in Hugging Face's layout (train-00000-of-00002.parquet, "
+             "default/validation/0000.parquet): the split to read; a folder of several splits is refused without "
+             "it.  [default: the one split there is]", changes=LISTING)
     clip: int | None = option(
         kind=int, optional=True, minimum=1, metavar="N",
         help="Videos: frames per clip, a row each.  [default: the model's own (a torchvision video model's weights "

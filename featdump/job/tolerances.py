@@ -82,14 +82,14 @@ PARTS: dict[str, Part] = {
 STORAGE_ROUNDING = {"float32": 0.0, "float16": 2.0**-11}
 
 
-def bound(parts: list[str], emulated_error: float, storage: str = "float32") -> float:
+def bound(parts: list[str], emulated_error: float, storage: str = "float32", capped: bool = True) -> float:
     """How far a row may be (either row error) for a run departing in PARTS, whose emulation takes the same row
     EMULATED_ERROR away (0 when nothing is emulated), stored as STORAGE: the emulated part capped by the
-    precision's ceiling."""
+    precision's ceiling (CAPPED: a row every run proves, on which the fit is judged)."""
     emulated = [PARTS[part] for part in parts if PARTS[part].emulated]
     fixed = sum(PARTS[part].allowance for part in parts if not PARTS[part].emulated)
     spread = MULTIPLE * emulated_error + sum(part.allowance for part in emulated) if emulated else 0.0
-    return min(spread, ceiling(parts)) + fixed + STORAGE_ROUNDING[storage]
+    return (min(spread, ceiling(parts)) if capped else spread) + fixed + STORAGE_ROUNDING[storage]
 
 
 def ceiling(parts: list[str]) -> float:

@@ -79,8 +79,10 @@ def judge_finished(name: str, held: dict, complete: bool, fingerprint: dict) -> 
     if complete and not differences:
         log.info("%s is finished already, made by this same command: nothing to do.", name)
         return
+    grew = bool(differences) and fingerprints.only_the_images_differ(held, fingerprint)
+    made = "made by this command over other images" if grew else "made by another command"
     raise OutputExists(f"Output {name!r} already exists" +
-                       (f", made by another command ({'; '.join(differences)})" if differences else "") +
+                       (f", {made} ({'; '.join(differences)})" if differences else "") +
                        "; pass --update to add new images or layers to it, or --overwrite to replace it.")
 
 

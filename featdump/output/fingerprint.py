@@ -95,6 +95,13 @@ def describe_differences(before_all: dict, now_all: dict) -> list[str]:
     return differences
 
 
+def only_the_images_differ(before: dict, now: dict) -> bool:
+    """Whether two fingerprints differ in their images alone (the same command, over an input that grew or
+    changed)."""
+    images = ("images", "image_count", "all_images", "all_image_count")
+    return _without(before, images) == _without(now, images) and before != now
+
+
 def _without(fingerprint: dict, keys: tuple[str, ...]) -> dict:
     return {key: value for key, value in fingerprint.items() if key not in keys}
 
