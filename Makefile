@@ -16,6 +16,7 @@ $(BIN)/featdump: pyproject.toml constraints.txt
 	@echo "  minutes on a fresh machine. CPU only: make install TORCH_INDEX=https://download.pytorch.org/whl/cpu"
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(if $(TORCH_INDEX),$(BIN)/python -m pip install --progress-bar on -c constraints.txt --index-url $(TORCH_INDEX) torch torchvision)
+	rm -rf featdump.egg-info  # a stale one beside the code would hide the entry points pyproject.toml declares
 	$(BIN)/python -m pip install --progress-bar on -c constraints.txt -e '.[dev]'
 	@echo "make install: done; $(VENV) holds $$(du -sh $(VENV) | cut -f1)."
 	touch $@

@@ -190,9 +190,9 @@ def test_unreadable_checkpoint_and_missing_info_file(image_folder, tmp_path):
     (["extract", "-m", "resnet18", "-l", "avgpool", "-b", "0", "{images}", "{tmp}/o.h5"],
      "'batch_size' must be at least 1, not 0. On the command line: --batch-size."),
     (["extract", "-m", "resnet18", "-l", "avgpool", "{tmp}/nowhere", "{tmp}/o.h5"],
-     "IMAGES '{tmp}/nowhere' does not exist (give a folder, a list file, a .tar, or a quoted pattern of .tar files; "
-     "or their URL; or an HDF5, .npy or .npz file of image arrays; or Parquet tables: a .parquet file, a folder of "
-     "them, hf://datasets/ORG/NAME)."),
+     "IMAGES '{tmp}/nowhere' does not exist (give a folder, a list file, a .tar, or a quoted pattern of .tar files, "
+     "or a .zip; or their URL; or an HDF5, .npy or .npz file of image arrays; or Parquet tables: a .parquet file, a "
+     "folder of them, hf://datasets/ORG/NAME)."),
     (["extract", "-c", "{tmp}/none.toml", "{images}", "{tmp}/o.h5"],
      "Invalid value for '-c' / '--config': File '{tmp}/none.toml' does not exist. See `featdump extract --help`."),
     (["extract", "-m", "resnet18", "-w", "none", "-l", "avgpool", "{images}", "{tmp}/missing/o.h5"],

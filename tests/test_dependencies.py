@@ -24,7 +24,8 @@ from .helpers import CrashAfterFirstBatch, images_fixture, read_output, settings
 OTHER = {
     "model": "resnet34", "layers": ("fc",), "images": "elsewhere", "output": "elsewhere.h5", "weights": "w.pt",
     "seed": 1, "transform": "tinyvit:small", "trust_pickle": True, "batch_size": 2, "num_workers": 1,
-    "device": "auto", "array": "imgBrick", "image_column": "image", "label_column": "kind", "clip": 4, "fps": 2.0,
+    "device": "auto", "array": "imgBrick", "image_column": "image", "label_column": "kind", "split": "test",
+    "clip": 4, "fps": 2.0,
     "clip_every": 1.5, "clip_origin": 0.5, "clip_anchor": "end", "clip_pad": "repeat", "dtype": "float16",
     "reduce": ("flatten",), "pca_fit": "4", "compression": "lzf", "precision": "bf16", "decode": "cpu",
     "fast_decode": True, "compile": True, "compile_cache": "cache", "store_patience": 5.0, "scratch": "scratch",

@@ -55,6 +55,7 @@ def test_more_shards_than_workers_on_a_local_cluster_merge_into_the_single_run(i
         again = featdump.extract_on_ray(folder, tmp_path / "out.h5", model="resnet18", weights="none",
                                         layers="layer3,avgpool", shards=3)
         assert (again.rows, again.new_rows) == (23, 0)  # done at once: no shard read, nothing merged again
+        assert again.line().endswith("made by this same command: nothing to do.") and "merged" not in again.line()
         assert {path.name: path.stat().st_mtime_ns for path in tmp_path.glob("out*.h5")} == stamps
         with pytest.raises(OutputExists, match="made by another command"):
             featdump.extract_on_ray(folder, tmp_path / "out.h5", model="resnet18", weights="none",
@@ -196,3 +197,16 @@ def test_a_gpu_task_asks_for_its_share_of_cpus_and_sizes_its_loader_by_them():
         assert workers == 1 and len(gpu_ids) == 1
     finally:
         ray.shutdown()
+
+
+def test_a_node_s_own_variables_are_not_overridden_by_the_driver_s(monkeypatch):
+    """The store's credentials and endpoints travel to the tasks; a node's scratch disk, memory and granted CPUs
+    are its own."""
+    from featdump.engines.ray import store_environment
+
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:8333")
+    for name in ("FEATDUMP_SCRATCH", "FEATDUMP_CPUS", "FEATDUMP_PCA_MEMORY_GB"):
+        monkeypatch.setenv(name, "driver's")
+    passed = store_environment()
+    assert passed["AWS_ENDPOINT_URL"] == "http://127.0.0.1:8333"
+    assert not {"FEATDUMP_SCRATCH", "FEATDUMP_CPUS", "FEATDUMP_PCA_MEMORY_GB"} & set(passed)

@@ -15,7 +15,7 @@ from .helpers import write_images
 
 
 def claimant(where, asked=Asked()) -> str:
-    return type(next(reader for reader in readers.READERS if reader.claims(Location.of(where), asked))).__name__
+    return type(next(reader for reader in readers.readers() if reader.claims(Location.of(where), asked))).__name__
 
 
 def test_each_kind_of_input_is_claimed_by_its_reader(tmp_path):
@@ -42,7 +42,7 @@ def test_nothing_there_and_options_of_another_kind_are_one_line_each(tmp_path):
     with pytest.raises(NoImages, match="does not exist"):
         read_images(Location.of(tmp_path / "missing"), Asked())
     write_images(tmp_path / "folder", {"a": 1})
-    with pytest.raises(UsageProblem, match="--image-column and --label-column name columns of Parquet tables"):
+    with pytest.raises(UsageProblem, match="--image-column, --label-column and --split name parts of Parquet tables"):
         read_images(Location.of(tmp_path / "folder"), Asked(image_column="image"))
     with pytest.raises(UsageProblem, match="--array imgBrick names an array of a file of arrays"):
         read_images(Location.of(tmp_path / "folder"), Asked(array="imgBrick"))

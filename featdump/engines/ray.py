@@ -43,10 +43,14 @@ class RaySummary:
     retried: int
 
     merged: bool = True  # False: the shards were left where they lie (--no-merge)
+    done_before: bool = False  # the output was finished by this same command before: nothing ran, nothing merged
 
     def line(self) -> str:
         rate = self.new_rows / self.seconds if self.seconds > 0 else 0.0
         retried = f", {self.retried} retried" if self.retried else ""
+        if self.done_before:
+            return (f"Ray: {self.output} is finished already ({self.rows} rows), made by this same command: nothing "
+                    "to do.")
         where = f"merged into {self.output}" if self.merged else (
             f"the shards left where they lie, beside {self.output}: `featdump merge {self.output}` joins them (on a "
             "file system `featdump merge --view` without copying a row)")
@@ -82,7 +86,8 @@ def _run(ray, settings: Settings, shards: int | None, progress: Progress, starte
     if not (settings.overwrite or settings.update):
         finished = _merged_already(settings, count)
         if finished is not None:
-            return RaySummary(settings.output, count, finished, 0, time.perf_counter() - started, 0)
+            return RaySummary(settings.output, count, finished, 0, time.perf_counter() - started, 0,
+                              done_before=True)
     board = ray.remote(_Board).options(num_cpus=0).remote()
     task = ray.remote(_run_shard).options(max_retries=RETRIES, retry_exceptions=[StoreUnavailable],
                                           runtime_env={"env_vars": store_environment()}, **resources)
@@ -103,7 +108,8 @@ def _run(ray, settings: Settings, shards: int | None, progress: Progress, starte
 
 
 STORE_VARIABLES = ("AWS_", "GOOGLE_", "GCS_", "FSSPEC_", "HF_", "AZURE_", "FEATDUMP_")  # what a task needs to reach
-_NOT_PASSED = ("FEATDUMP_CPUS",)  # each task's own (its resources)
+# each node's or task's own: its granted CPUs, its local scratch disk (which need not exist on another node), its memory
+_NOT_PASSED = ("FEATDUMP_CPUS", "FEATDUMP_SCRATCH", "FEATDUMP_PCA_MEMORY_GB")
 
 
 def store_environment() -> dict[str, str]:
@@ -218,7 +224,8 @@ def _merge(settings: Settings):
 
 def _run_shard(settings: Settings, board, index: int) -> dict:
     """One shard's task on a Ray worker: the process's run of SETTINGS (its --shard set), reporting to BOARD."""
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s featdump %(levelname)s: %(message)s")
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s: %(message)s")  # botocore's
+    # lines named botocore, featdump's featdump
     from featdump.job import staging, warm  # torch, which the driver need not import before the tasks start
 
     size_by_grant()

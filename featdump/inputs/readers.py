@@ -40,7 +40,11 @@ class Asked:
 
 
 class Reader:
-    """One kind of input."""
+    """One kind of input: whether it claims a Location (readers are asked by PRIORITY, lowest first: a list file
+    claims any local file, a prefix any URL, so they come late), its rows, and a row's bytes read back for `show`.
+    A reader outside featdump registers through the entry point group `featdump.readers` (a Reader class)."""
+
+    priority = 50
 
     def claims(self, where: Location, asked: Asked) -> bool:
         raise NotImplementedError
@@ -48,9 +52,15 @@ class Reader:
     def read(self, where: Location, asked: Asked) -> ImageList:
         raise NotImplementedError
 
+    def read_back(self, root: str, relative: str) -> bytes | None:
+        """The encoded image of row path RELATIVE of a job that read ROOT, where this kind made it; else None."""
+        return None
+
 
 class Tables(Reader):
     """Parquet tables of encoded images: a file, a folder or prefix of them, a pattern (`tables`)."""
+
+    priority = 10
 
     def claims(self, where, asked):
         if names_tables(where.text):
@@ -65,6 +75,8 @@ class Tables(Reader):
 
 class Tars(Reader):
     """A .tar, a brace pattern or glob of tars, here or at URLs joined with ::."""
+
+    priority = 20
 
     def claims(self, where, asked):
         return (named_tar_urls(where.text) if where.remote else named_tars(where.path)) is not None
@@ -92,6 +104,8 @@ def named_tar_urls(text: str) -> list[str] | None:
 class Arrays(Reader):
     """A file of image arrays (HDF5, NetCDF-4, .npy, .npz), its ARRAY (`arrays`)."""
 
+    priority = 30
+
     def claims(self, where, asked):
         return not where.remote and is_array_file(where.path)
 
@@ -102,6 +116,8 @@ class Arrays(Reader):
 class OneVideo(Reader):
     """One video file: its clips are the rows."""
 
+    priority = 40
+
     def claims(self, where, asked):
         return not where.remote and where.path.is_file() and is_video_file(where.path)
 
@@ -111,6 +127,8 @@ class OneVideo(Reader):
 
 class ListFile(Reader):
     """A .txt or .csv list of images (or of tars), here or at a URL; any other local file is refused by it."""
+
+    priority = 50
 
     def claims(self, where, asked):
         return where.text.lower().endswith(LIST_SUFFIXES) if where.remote else where.path.is_file()
@@ -135,6 +153,8 @@ class ListFile(Reader):
 class OneObject(Reader):
     """One image at a URL."""
 
+    priority = 60
+
     def claims(self, where, asked):
         return where.remote and PurePosixPath(where.text).suffix.lower() in IMAGE_EXTENSIONS
 
@@ -149,6 +169,8 @@ class OneObject(Reader):
 class Prefix(Reader):
     """A store prefix, read as a folder."""
 
+    priority = 70
+
     def claims(self, where, asked):
         return where.remote
 
@@ -158,6 +180,8 @@ class Prefix(Reader):
 
 class Folder(Reader):
     """A folder walked recursively (following symlinks once)."""
+
+    priority = 80
 
     def claims(self, where, asked):
         return where.path.is_dir()
@@ -237,17 +261,30 @@ class ListedURLs(Files):
         return self
 
 
-READERS: tuple[Reader, ...] = (Tables(), Tars(), Arrays(), OneVideo(), ListFile(), OneObject(), Prefix(), Folder())
+BUILT_IN: tuple[Reader, ...] = (Tables(), Tars(), Arrays(), OneVideo(), ListFile(), OneObject(), Prefix(), Folder())
+READERS: tuple[Reader, ...] = ()  # every reader, by priority: the built-in ones and those of `featdump.readers`
+
+
+def readers() -> tuple[Reader, ...]:
+    """Every reader by priority: featdump's own and those registered through the entry point group
+    `featdump.readers` (each a Reader class; featdump's zip archives come that way too), loaded once."""
+    global READERS
+    if not READERS:
+        from importlib.metadata import entry_points
+
+        plugins = [entry.load()() for entry in entry_points(group="featdump.readers")]
+        READERS = tuple(sorted([*BUILT_IN, *plugins], key=lambda reader: reader.priority))
+    return READERS
 
 
 def read_images(where: Location, asked: Asked) -> ImageList:
     """The images at WHERE, listed by the first reader that claims it; NoImages when none does."""
-    reader = next((reader for reader in READERS if reader.claims(where, asked)), None)
+    reader = next((reader for reader in readers() if reader.claims(where, asked)), None)
     _check_options_apply(reader, where, asked)
     if reader is None:
         raise NoImages(f"{asked.named} {where.text!r} does not exist (give a folder, a list file, a .tar, or a quoted "
-                       "pattern of .tar files; or their URL; or an HDF5, .npy or .npz file of image arrays; or "
-                       "Parquet tables: a .parquet file, a folder of them, hf://datasets/ORG/NAME).")
+                       "pattern of .tar files, or a .zip; or their URL; or an HDF5, .npy or .npz file of image arrays; "
+                       "or Parquet tables: a .parquet file, a folder of them, hf://datasets/ORG/NAME).")
     return reader.read(where, asked)
 
 
@@ -268,5 +305,7 @@ def stored_image(root: str, relative: str) -> bytes | None:
     its member's bytes when the row came from a tar, its image when it came from an array or a table; None when it
     is none of these (or gone)."""
     if Location.of(root).join(relative).remote:
-        return read_object(root, relative) or read_stored(root, relative)
-    return read_stored(Path(root), relative) or read_array_row(root, relative) or read_table_row(root, relative)
+        found = read_object(root, relative) or read_stored(root, relative)
+    else:
+        found = read_stored(Path(root), relative) or read_array_row(root, relative) or read_table_row(root, relative)
+    return found or next((data for data in (reader.read_back(root, relative) for reader in readers()) if data), None)

@@ -77,10 +77,24 @@ def register(source: type[Source]) -> type[Source]:
     return source
 
 
+_PLUGINS_LOADED = False
+
+
 def source_for(spec: str) -> Source:
     """The source that claims --model SPEC (the torchvision source, asked last, claims any plain name)."""
-    return next(source for source in sorted(_SOURCES, key=lambda source: source.order) if source.claims(spec))
+    return next(source for source in sorted(sources(), key=lambda source: source.order) if source.claims(spec))
 
 
 def sources() -> list[Source]:
+    """Every source: featdump's own and those registered through the entry point group `featdump.sources` (each a
+    Source class; torch.hub's comes that way too), loaded once."""
+    global _PLUGINS_LOADED
+    if not _PLUGINS_LOADED:
+        _PLUGINS_LOADED = True
+        from importlib.metadata import entry_points
+
+        for entry in entry_points(group="featdump.sources"):
+            kind = entry.load()
+            if not any(isinstance(source, kind) for source in _SOURCES):
+                register(kind)
     return list(_SOURCES)

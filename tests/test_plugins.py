@@ -1,0 +1,95 @@
+"""A reader and a model source from outside featdump, registered through its entry point groups
+(`featdump.readers`, `featdump.sources`) as an installed package registers them, used with no featdump edit."""
+
+from __future__ import annotations
+
+import os
+
+import featdump
+
+from .helpers import REPO, featdump_env, run_featdump
+
+PLUGIN = '''
+import hashlib
+import io
+
+import numpy as np
+from PIL import Image
+from torch import nn
+
+from featdump.inputs.imagelist import Encoded, ImageList, open_each
+from featdump.inputs.readers import Reader
+from featdump.sources.registry import Built, Source
+
+
+class Swatches:
+    """Each row a solid colour a line of the .colors file names (r,g,b)."""
+
+    def __init__(self, colours):
+        self.colours = colours
+
+    def open(self, root, relative, position):
+        buffer = io.BytesIO()
+        Image.new("RGB", (64, 48), self.colours[position]).save(buffer, format="PNG")
+        return Encoded(relative, (len(buffer.getvalue()), 0), data=buffer.getvalue())
+
+    def open_as_ready(self, root, relatives, positions):
+        return open_each(self, root, relatives, positions)
+
+    def stat(self, root, relative, position):
+        return 0, 0
+
+    def select(self, positions):
+        return Swatches([self.colours[position] for position in positions])
+
+    def digest(self, root, paths, labels, sizes):
+        return hashlib.sha256(repr((self.colours, list(paths))).encode()).hexdigest()
+
+    def groups(self):
+        return None
+
+    def left_out(self):
+        return {}
+
+
+class ColourFile(Reader):
+    priority = 15
+
+    def claims(self, where, asked):
+        return where.text.endswith(".colors")
+
+    def read(self, where, asked):
+        colours = [tuple(int(v) for v in line.split(",")) for line in where.path.read_text().split()]
+        names = tuple(f"{where.name}/{index}" for index in range(len(colours)))
+        return ImageList(where.path.parent, names, (-1,) * len(colours), (), Swatches(colours))
+
+
+class Flat(Source):
+    name = prefix = "flat"
+
+    def build(self, spec, weights, seed, transform, trust_pickle):
+        return Built(nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten()), "none", {"source": "flat"})
+'''
+ENTRY_POINTS = """[featdump.readers]
+colours = swatches:ColourFile
+
+[featdump.sources]
+flat = swatches:Flat
+"""
+
+
+def test_a_reader_and_a_source_installed_from_outside_are_used_with_no_featdump_edit(tmp_path):
+    site = tmp_path / "site"
+    (site / "swatches-1.0.dist-info").mkdir(parents=True)  # as pip installs a package: its metadata on the path
+    (site / "swatches-1.0.dist-info" / "METADATA").write_text("Metadata-Version: 2.1\nName: swatches\nVersion: 1.0\n")
+    (site / "swatches-1.0.dist-info" / "entry_points.txt").write_text(ENTRY_POINTS)
+    (site / "swatches.py").write_text(PLUGIN)
+    (tmp_path / "set.colors").write_text("255,0,0\n0,255,0\n0,0,255\n")
+    env = featdump_env(PYTHONPATH=f"{site}{os.pathsep}{REPO}")
+    result = run_featdump("extract", "-m", "flat:pool", "-w", "none", "-l", "1", tmp_path / "set.colors",
+                          tmp_path / "out.h5", env=env, process=True)
+    assert result.returncode == 0, result.stderr
+    rows = featdump.load(tmp_path / "out.h5", "1")
+    assert rows.paths == ["set.colors/0", "set.colors/1", "set.colors/2"]
+    assert rows.features.shape == (3, 3)
+    assert [int(row.argmax()) for row in rows.features] == [0, 1, 2]  # red, green, blue after ImageNet's normalising
