@@ -10,17 +10,18 @@
     batches = featdump.FeatureDataset("out.h5", "avgpool")   # shuffled, resumable batches to train on
     probes = featdump.probe("out.h5")                         # {layer: Readout}: cross-validated ridge probes
     models = featdump.encode("out.h5", "it_neurons.csv")      # {layer: Readout}: ridge encoding models
+    ranked = featdump.top("out.h5", "layer4", k=16)           # {layer: Ranking}: each unit's top and bottom images
 """
 
 from featdump.version import __version__
 
 _API = ("extract", "extract_on_ray", "capture", "load", "Features", "Settings", "srp_matrix", "rdm", "cka",
-        "FeatureDataset", "probe", "encode", "Readout")
+        "FeatureDataset", "probe", "encode", "Readout", "top")
 # Where each name lives; the rest are in featdump.faces.api.
 _HOMES = {"Settings": "featdump.job.settings", "srp_matrix": "featdump.reductions.srp",
           "rdm": "featdump.analysis.rdm", "cka": "featdump.analysis.cka",
           "FeatureDataset": "featdump.training.dataset", "probe": "featdump.readout.readouts",
-          "encode": "featdump.readout.readouts", "Readout": "featdump.readout.readouts"}
+          "encode": "featdump.readout.readouts", "Readout": "featdump.readout.readouts", "top": "featdump.units.top"}
 
 
 def __getattr__(name):

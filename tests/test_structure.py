@@ -91,6 +91,7 @@ RANKS = {
     "featdump.errors": 0, "featdump.version": 0, "featdump.locations": 0,
     "featdump.sources": 1, "featdump.inputs": 2, "featdump.forward": 3, "featdump.reductions": 4,
     "featdump.output": 5, "featdump.job": 6, "featdump.analysis": 6, "featdump.training": 6, "featdump.readout": 6,
+    "featdump.units": 6,
     "featdump.faces": 7, "featdump.engines": 7,
     "featdump": 8, "featdump.__main__": 8,
 }

@@ -557,6 +557,7 @@ def test_windows_ending_on_the_grid_hold_the_frames_before_each_onset_padded_or_
         assert h5file["clip_end"].attrs["units"] == "s" and h5file["video_rate"].attrs["units"] == "Hz"
     labelled = featdump.load(tmp_path / "padded.h5", "avgpool", xarray=True)
     np.testing.assert_allclose(labelled["clip_end"].values, [0.0, 0.5, 1.0, 1.5, 2.0])
+    assert not np.signbit(labelled["clip_end"].values[0])  # TR 0 is 0.0, not -0.0
     assert "clip_anchor: end" in run_featdump("info", tmp_path / "padded.h5").stdout
     from featdump.faces import show
 

@@ -497,3 +497,34 @@ def doctor(model: str, layers: str, weights: str, batch_size: int | None, batche
         return
     for line in describe(result):
         click.echo(line)
+
+
+@main.command()
+@click.argument("output", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("-l", "--layers", help="Layers (names or patterns, as for extract; comma-separated).  [default: all]")
+@click.option("-k", "k", default=16, show_default=True, type=click.IntRange(min=1),
+              help="Images kept per unit, at the top and at the bottom.")
+@click.option("--score", type=click.Choice(["max", "mean"]), default="max", show_default=True,
+              help="A unit's score for an image: the maximum over its positions (and where it lies), or the mean.")
+@click.option("--memory", default="1GB", show_default=True, help="Memory for the slab of rows read at once.")
+@click.option("-o", "--out", "to", type=click.Path(dir_okay=False, path_type=Path),
+              help="The HDF5 file to write: /top/LAYER/{rows,values,positions,bottom_rows,bottom_values}.  "
+                   "[default: OUTPUT.top.h5 beside OUTPUT]")
+@click.option("--overwrite", is_flag=True, help="Replace an existing --out.")
+def top(output: Path, layers: str | None, k: int, score: str, memory: str, to: Path | None, overwrite: bool) -> None:
+    """The K images that drive each unit of OUTPUT's layers most and least, out of core: each layer read once in
+    slabs that fit --memory; a killed run resumes at the first layer not written. Ties go to the lower row.
+
+    \b
+    Example:
+      featdump top feats.h5 -l layer4,avgpool -k 16
+    """
+    from featdump.units.top import default_place
+    from featdump.units.top import top as rank
+
+    started = time.perf_counter()
+    ranked = rank(output, layers, k=k, score=score, memory=memory, to=to, overwrite=overwrite,
+                  progress=progress_for("MB"))
+    units = sum(len(ranking.rows) for ranking in ranked.values())
+    click.echo(f"Ranked {units} units of {len(ranked)} layer{'s' * (len(ranked) != 1)} into "
+               f"{to or default_place(output)} in {time.perf_counter() - started:.1f} s.", err=True)

@@ -220,7 +220,7 @@ class ClipTable:
                           dtype=np.float64)
         ends = starts + self.frames / sampled
         if self.anchor == "end":  # the grid's onsets exactly (as the starts are for clips anchored at their start)
-            ends = np.round(ends, GRID_DECIMALS)
+            ends = np.round(ends, GRID_DECIMALS) + 0.0  # + 0.0: TR 0 is 0.0, not the -0.0 rounding can leave
         return {"clip_start": starts, "clip_end": ends, "video_rate": rates,
                 "video_duration": lasts + 1 / np.where(rates > 0, rates, math.nan), "video_frames": counts}
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import logging
 import math
 import unicodedata
 from dataclasses import dataclass
@@ -25,6 +26,8 @@ from featdump.analysis.stored import Stored
 from featdump.errors import UsageProblem
 from featdump.locations import Location
 from featdump.output.layout import open_to_read
+
+log = logging.getLogger("featdump")
 
 
 @dataclass(frozen=True)
@@ -148,6 +151,9 @@ def match_rows(stored: Stored, paths: list[str], common: bool, where: str,
         raise UsageProblem(f"{missing} of {str(stored.path)!r}'s {stored.rows} images have no row in {where!r}, and "
                            f"{extra} of its {len(paths)} rows name no image of the output; pass --common "
                            f"(common=True) to use the {len(rows)} images both have.")
+    if missing or extra:  # --common: what it left out, counted (a 1-based index slip drops one row silently)
+        log.warning("--common: %d of %r's %d rows name no image of the output and %d of its %d images have no row "
+                    "there: using the %d both have.", extra, where, len(paths), missing, stored.rows, len(rows))
     return np.array(rows, dtype=np.int64), np.array([place[stored_keys[row]] for row in rows], dtype=np.int64)
 
 

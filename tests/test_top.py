@@ -1,0 +1,125 @@
+"""Each unit's top and bottom images (`featdump.units.top`, `featdump top`): equal to a stable argsort of the
+scores over the whole layer (ties to the lower row) on a conv layer, a pooled layer and a token layer, over a
+merged view of shards; the maximum's position; the mean; memory bounded by --memory, not the layer; a killed pass
+resumes at the layer it stopped in."""
+
+from __future__ import annotations
+
+import os
+import tracemalloc
+
+import h5py
+import numpy as np
+import pytest
+
+import featdump
+from benchmarks.tiny_models import MODELS
+from featdump.units import top as units
+
+from .helpers import REPO, featdump_env, run_featdump, user_project
+
+K = 5
+
+
+def reference(features: np.ndarray, unit_axis: int | None, score: str = "max"):
+    """(scores, positions) per (row, unit), from the whole layer in memory."""
+    rows = len(features)
+    flat = features.reshape(rows, -1, 1) if unit_axis is None else \
+        np.moveaxis(features, 1 + unit_axis, 1).reshape(rows, features.shape[1 + unit_axis], -1)
+    flat = flat.astype(np.float64)
+    if score == "mean":
+        return flat.mean(axis=2), None
+    return flat.max(axis=2), flat.argmax(axis=2)
+
+
+def assert_ranked_as_argsort(ranking, scores, positions, k=K):
+    rows = np.arange(len(scores))
+    for unit in range(scores.shape[1]):
+        highest = np.lexsort((rows, -scores[:, unit]))[:k]
+        lowest = np.lexsort((rows, scores[:, unit]))[:k]
+        np.testing.assert_array_equal(ranking.rows[unit], highest)
+        np.testing.assert_array_equal(ranking.values[unit], scores[highest, unit])
+        np.testing.assert_array_equal(ranking.bottom_rows[unit], lowest)
+        if positions is not None and ranking.positions[unit][0] >= 0:
+            np.testing.assert_array_equal(ranking.positions[unit], positions[highest, unit])
+
+
+@pytest.fixture(scope="module")
+def sharded(tmp_path_factory):
+    """resnet18's layer1 (64 x 56 x 56) and avgpool over 14 images, in 2 shards merged as a view; and a tiny ViT's
+    token layer (tokens x features)."""
+    folder = tmp_path_factory.mktemp("top")
+    with user_project(folder, "tiny_models", MODELS, {"a": 7, "b": 7}):
+        for index in range(2):
+            assert run_featdump("extract", "-m", "resnet18", "-w", "none", "-l", "layer1,avgpool", "-b", "4",
+                                "--shard", f"{index}/2", folder / "images", folder / "cnn.h5").returncode == 0
+        assert run_featdump("merge", "--view", folder / "cnn.h5").returncode == 0
+        env = featdump_env(PYTHONPATH=f"{folder}{os.pathsep}{REPO}")
+        made = run_featdump("extract", "-m", "tiny_models:vit", "-w", "none", "-l", "encoder.layers.encoder_layer_0",
+                            folder / "images", folder / "vit.h5", env=env)
+        assert made.returncode == 0, made.stderr
+        yield folder
+
+
+def test_top_equals_an_argsort_of_the_whole_layer_on_maps_pooled_and_token_layers(sharded):
+    ranked = featdump.top(sharded / "cnn.h5", "layer1,avgpool", k=K)
+    layer1 = featdump.load(sharded / "cnn.h5", "layer1").features  # (14, 64, 56, 56): channels first
+    assert_ranked_as_argsort(ranked["layer1"], *reference(layer1, 0))
+    assert ranked["layer1"].rows.shape == (64, K) and (ranked["layer1"].positions >= 0).all()
+    pooled = featdump.load(sharded / "cnn.h5", "avgpool").features
+    assert_ranked_as_argsort(ranked["avgpool"], *reference(pooled, 0))
+    assert (ranked["avgpool"].positions == -1).all()  # one position a unit: nowhere to show
+    with h5py.File(sharded / "cnn.top.h5", "r") as h5file:  # beside the output, labelled like it
+        assert h5file.attrs["complete"] and h5file["top/layer1/rows"].shape == (64, K)
+        assert [path.decode() for path in h5file["paths"][:]] == featdump.load(sharded / "cnn.h5", "layer1").paths
+    tokens = featdump.top(sharded / "vit.h5", k=K, to=sharded / "vit-top.h5")
+    stored = featdump.load(sharded / "vit.h5", "encoder.layers.encoder_layer_0").features  # (14, tokens, features)
+    ranking = tokens["encoder.layers.encoder_layer_0"]
+    assert ranking.rows.shape == (stored.shape[2], K)  # a unit per feature, its maximum over the tokens
+    assert_ranked_as_argsort(ranking, *reference(stored, 1))
+
+
+def test_the_mean_score_and_the_cli(sharded, tmp_path):
+    result = run_featdump("top", sharded / "cnn.h5", "-l", "layer1", "-k", "3", "--score", "mean", "-o",
+                          tmp_path / "mean.h5")
+    assert result.returncode == 0 and "Ranked 64 units of 1 layer into" in result.stderr, result.stderr
+    ranking = units.read_top(tmp_path / "mean.h5", ["layer1"])["layer1"]
+    layer1 = featdump.load(sharded / "cnn.h5", "layer1").features
+    assert_ranked_as_argsort(ranking, *reference(layer1, 0, "mean"), k=3)
+    again = run_featdump("top", sharded / "cnn.h5", "-l", "layer1", "-k", "3", "--score", "mean", "-o",
+                         tmp_path / "mean.h5")
+    assert again.returncode == 0  # finished by this same command: read back, nothing computed
+
+
+def test_memory_stays_bounded_by_memory_not_the_layer(sharded, tmp_path):
+    layer_bytes = 14 * 64 * 56 * 56 * 8  # the layer as float64 scores would be made from: 22 MB
+    tracemalloc.start()
+    try:
+        featdump.top(sharded / "cnn.h5", "layer1", k=K, memory="2MB", to=tmp_path / "small.h5")
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < layer_bytes / 4, peak
+    assert_ranked_as_argsort(units.read_top(tmp_path / "small.h5", ["layer1"])["layer1"],
+                             *reference(featdump.load(sharded / "cnn.h5", "layer1").features, 0))
+
+
+def test_a_killed_pass_resumes_at_the_layer_it_stopped_in(sharded, tmp_path, monkeypatch):
+    ranked_layers = []
+    original = units.rank_layer
+
+    def killed_at_avgpool(stored, name, *args):
+        if name == "avgpool":
+            raise KeyboardInterrupt
+        ranked_layers.append(name)
+        return original(stored, name, *args)
+
+    monkeypatch.setattr(units, "rank_layer", killed_at_avgpool)
+    with pytest.raises(KeyboardInterrupt):
+        featdump.top(sharded / "cnn.h5", "layer1,avgpool", k=K, to=tmp_path / "t.h5")
+    assert (tmp_path / "t.h5.partial").exists() and not (tmp_path / "t.h5").exists()
+    monkeypatch.setattr(units, "rank_layer", lambda stored, name, *args: ranked_layers.append(name) or
+                        original(stored, name, *args))
+    resumed = featdump.top(sharded / "cnn.h5", "layer1,avgpool", k=K, to=tmp_path / "t.h5")
+    assert ranked_layers == ["layer1", "avgpool"]  # layer1 once, before the kill; avgpool after it
+    assert_ranked_as_argsort(resumed["layer1"], *reference(featdump.load(sharded / "cnn.h5", "layer1").features, 0))
