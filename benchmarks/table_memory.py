@@ -28,7 +28,7 @@ def write_table(path: Path, rows: int, group: int) -> int:
     data = []
     for index in range(rows):
         buffer = io.BytesIO()
-        camera_photo(index % 64, (640, 480)).save(buffer, format="JPEG", quality=90)
+        camera_photo(index, (800, 600)).save(buffer, format="JPEG", quality=90)  # each its own: no dictionary
         data.append(buffer.getvalue())
     pq.write_table(pa.table({"jpg": pa.array(data, pa.binary())}), path, row_group_size=group)
     return path.stat().st_size

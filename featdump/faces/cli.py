@@ -528,3 +528,29 @@ def top(output: Path, layers: str | None, k: int, score: str, memory: str, to: P
     units = sum(len(ranking.rows) for ranking in ranked.values())
     click.echo(f"Ranked {units} units of {len(ranked)} layer{'s' * (len(ranked) != 1)} into "
                f"{to or default_place(output)} in {time.perf_counter() - started:.1f} s.", err=True)
+
+
+@main.command()
+@click.argument("output", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("-o", "--out", "folder", required=True, type=click.Path(file_okay=False, path_type=Path),
+              help="The folder of the site (index.html); made if missing.")
+@click.option("-l", "--layers", help="Layers (names or patterns, as for extract; comma-separated).  [default: all]")
+@click.option("-k", "k", default=16, show_default=True, type=click.IntRange(min=1),
+              help="Images shown per unit, at the top and at the bottom.")
+@click.option("--memory", default="1GB", show_default=True, help="Memory for the slab of rows read at once.")
+def atlas(output: Path, folder: Path, layers: str | None, k: int, memory: str) -> None:
+    """A static site of what each unit of OUTPUT's layers answers to: an index (searchable, paged) and a page per
+    unit with its top and bottom images as the model saw them, their values, where a map's maximum lies, its
+    histogram and its top images' classes; the arrow keys move between units. Plain files: open DIR/index.html
+    from disk or a bucket. A rerun writes only what changed.
+
+    \b
+    Example:
+      featdump atlas feats.h5 -l layer4 -o atlas/
+    """
+    from featdump.faces.atlas import atlas as build
+
+    started = time.perf_counter()
+    written = build(output, folder, layers, k=k, memory=memory)
+    click.echo(f"Wrote {written.changed} files ({written.unchanged} unchanged) of {written.folder / 'index.html'} "
+               f"in {time.perf_counter() - started:.1f} s.", err=True)

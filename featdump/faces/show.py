@@ -72,6 +72,14 @@ def _read(output: Path, layer: str | None, index: int):
     return values, name, _clip_frame(source, start, geometry), f"{title} @ {start:g} s"
 
 
+def image_as_seen(root: str, relative: str, geometry: dict, start: float | None = None) -> np.ndarray | None:
+    """The image of row path RELATIVE of a job that read ROOT as the model saw it (resized and centre-cropped by
+    GEOMETRY; a clip row's frame at START), from its file or read back from where the job read it; None if gone."""
+    path = Path(os.fsdecode(os.path.join(os.fsencode(root), os.fsencode(relative))))
+    source = _stored_image(path, root, relative)
+    return _open_image(source, geometry) if start is None else _clip_frame(source, start, geometry)
+
+
 def _stored_image(path: Path, root: str, relative: str):
     """What Pillow opens for a row: its file, else its image's bytes read back from where the job read it."""
     if path.exists():

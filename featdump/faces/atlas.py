@@ -1,0 +1,207 @@
+"""Atlas: a static site of what each unit answers to, from an output and its ranking (`units.top`): an index of the
+layers and their units (searchable, paged), a page per unit with its top and bottom images as the model saw them,
+the value under each, where a map's maximum lies, the unit's histogram over all images and the classes its top
+images come from; the arrow keys move between units. Plain files: it opens from file:// and from a bucket, with no
+server and no network (the data the index searches is a script, not a fetch). Thumbnails are made once per image;
+a rerun writes only the files whose content changed.
+
+    DIR/index.html, DIR/atlas.js (the units), DIR/style.css
+    DIR/units/LAYER/UNIT.html
+    DIR/thumbs/ROW.jpg
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from featdump.analysis.stored import Stored
+from featdump.faces.show import image_as_seen
+from featdump.output.layout import Output
+from featdump.output.netcdf import axis_kinds
+from featdump.output.space import parse_bytes
+from featdump.units.top import Ranking, histograms, top
+
+THUMB = 128  # pixels, square
+BINS = 32
+STYLE = """body{font-family:sans-serif;margin:1.5em;color:#222}a{color:#05c}
+.grid{display:flex;flex-wrap:wrap;gap:8px}.cell{width:128px;font-size:11px;text-align:center}
+.pic{position:relative;width:128px;height:128px;background:#eee}.pic img{width:128px;height:128px;display:block}
+.box{position:absolute;border:2px solid #f30;box-sizing:border-box}.missing{line-height:128px;color:#999}
+.hist{display:flex;align-items:flex-end;height:60px;gap:1px}.hist div{background:#58a;width:8px}
+td,th{padding:2px 8px;text-align:left}"""
+
+
+@dataclass(frozen=True)
+class Written:
+    """What a run of the atlas wrote: its folder, the files it changed and those it left as they were."""
+
+    folder: Path
+    changed: int
+    unchanged: int
+
+
+def atlas(output: str | Path, folder: str | Path, layers: list[str] | str | None = None, k: int = 16,
+          memory: str = "1GB") -> Written:
+    """The site of OUTPUT's LAYERS (all by default) in FOLDER: the ranking made or read (`units.top`, beside
+    OUTPUT), each unit's histogram, the thumbnails and the pages."""
+    output, folder = Path(output), Path(folder)
+    stored = Stored.read(output)
+    ranked = top(output, layers, k=k, memory=memory)
+    with Output.open(output) as opened:
+        geometry = json.loads(opened.attrs.get("image_geometry", "{}"))
+        shapes = {name: (opened.features(name).shape[1:], dict(opened.features(name).attrs)) for name in ranked}
+    site = _Site(folder)
+    rows = sorted({int(row) for ranking in ranked.values() for row in (*ranking.rows.ravel(),
+                                                                       *ranking.bottom_rows.ravel())})
+    present = {row for row in rows if site.thumbnail(row, stored, geometry)}
+    entries = []
+    for name, ranking in ranked.items():
+        counts = histograms(stored, name, ranking, "max", BINS, parse_bytes(memory))
+        grid = _grid(*shapes[name])
+        for unit in range(len(ranking.rows)):
+            site.write(f"units/{_slug(name)}/{unit}.html",
+                       _unit_page(stored, name, unit, ranking, counts[unit], grid, present, len(ranking.rows)))
+            entries.append({"layer": name, "unit": unit, "top": float(ranking.values[unit, 0]),
+                            "href": f"units/{_slug(name)}/{unit}.html"})
+    site.write("atlas.js", "window.ATLAS = " + json.dumps({"output": str(output), "units": entries}) + ";\n")
+    site.write("style.css", STYLE)
+    site.write("index.html", _index_page(output, {name: len(r.rows) for name, r in ranked.items()}))
+    return Written(folder, site.changed, site.unchanged)
+
+
+class _Site:
+    """The site's folder: a file is written only where its content changed; a thumbnail only once."""
+
+    def __init__(self, folder: Path):
+        self.folder, self.changed, self.unchanged = folder, 0, 0
+
+    def write(self, relative: str, text: str) -> None:
+        path = self.folder / relative
+        data = text.encode()
+        if path.exists() and path.read_bytes() == data:
+            self.unchanged += 1
+            return
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+        self.changed += 1
+
+    def thumbnail(self, row: int, stored: Stored, geometry: dict) -> bool:
+        """thumbs/ROW.jpg of the image as the model saw it, made once; False where the image is gone."""
+        from PIL import Image
+
+        path = self.folder / "thumbs" / f"{row}.jpg"
+        if path.exists():
+            return True
+        start = float(stored.clip_starts[row]) if stored.clip_starts is not None else None
+        seen = image_as_seen(stored.root, stored.paths[row], geometry, start)
+        if seen is None:
+            return False
+        path.parent.mkdir(parents=True, exist_ok=True)
+        Image.fromarray(seen).resize((THUMB, THUMB)).save(path, quality=88)
+        self.changed += 1
+        return True
+
+
+def _grid(shape: tuple[int, ...], attributes: dict) -> tuple[int, int] | None:
+    """(H, W) of a layer whose rows are maps (channel, y, x): where a position lies; None otherwise."""
+    kinds = axis_kinds(shape, attributes)
+    if len(shape) == 3 and "y" in kinds and "x" in kinds and shape[kinds.index("y")] * shape[kinds.index("x")] > 1:
+        return shape[kinds.index("y")], shape[kinds.index("x")]
+    return None
+
+
+def _slug(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", name)
+
+
+def _cell(stored: Stored, row: int, value: float, position: int, grid, present: set[int]) -> str:
+    """One image of a unit's page: its thumbnail (or "missing"), the maximum's box, its value and path."""
+    title = html.escape(stored.paths[row])
+    if row not in present:
+        picture = '<div class="pic missing">missing</div>'
+    else:
+        box = ""
+        if grid is not None and position >= 0:
+            y, x = divmod(int(position), grid[1])
+            box = (f'<div class="box" style="left:{100 * x / grid[1]:.2f}%;top:{100 * y / grid[0]:.2f}%;'
+                   f'width:{100 / grid[1]:.2f}%;height:{100 / grid[0]:.2f}%"></div>')
+        picture = f'<div class="pic"><img src="../../thumbs/{row}.jpg" alt="{title}">{box}</div>'
+    return (f'<div class="cell" data-row="{row}">{picture}<div class="value">{value:.4g}</div>'
+            f'<div title="{title}">row {row}</div></div>')
+
+
+def _unit_page(stored: Stored, name: str, unit: int, ranking: Ranking, counts: np.ndarray, grid, present: set[int],
+               units: int) -> str:
+    top_cells = "".join(_cell(stored, int(row), float(value), int(position), grid, present) for row, value, position
+                        in zip(ranking.rows[unit], ranking.values[unit], ranking.positions[unit]))
+    bottom_cells = "".join(_cell(stored, int(row), float(value), -1, grid, present) for row, value
+                           in zip(ranking.bottom_rows[unit], ranking.bottom_values[unit]))
+    tallest = max(int(counts.max()), 1)
+    bars = "".join(f'<div style="height:{60 * int(count) / tallest:.1f}px" title="{int(count)}"></div>'
+                   for count in counts)
+    classes = ""
+    if stored.classes:
+        labels = [int(stored.labels[row]) for row in ranking.rows[unit] if int(stored.labels[row]) >= 0]
+        found = sorted({label: labels.count(label) for label in labels}.items(), key=lambda item: -item[1])
+        classes = "<p id=\"classes\">Top images' classes: " + ", ".join(
+            f"{html.escape(stored.classes[label])} {count}" for label, count in found) + "</p>"
+    previous = f"{unit - 1}.html" if unit > 0 else ""
+    following = f"{unit + 1}.html" if unit + 1 < units else ""
+    links = (f'<a id="previous" href="{previous}">&larr; unit {unit - 1}</a> ' if previous else "") + \
+        '<a href="../../index.html">index</a>' + \
+        (f' <a id="next" href="{following}">unit {unit + 1} &rarr;</a>' if following else "")
+    keys = ("<script>document.addEventListener('keydown', function (e) {"
+            "var to = e.key === 'ArrowRight' || e.key === 'j' ? 'next' : e.key === 'ArrowLeft' || e.key === 'k' ? "
+            "'previous' : null; var a = to && document.getElementById(to); if (a) { location.href = a.href; }"
+            "});</script>")
+    return (f'<!doctype html><html><head><meta charset="utf-8"><title>{html.escape(name)} unit {unit}</title>'
+            f'<link rel="stylesheet" href="../../style.css"></head><body><p>{links}</p>'
+            f'<h1>{html.escape(name)}, unit {unit}</h1>{classes}'
+            f'<h2>Highest</h2><div class="grid" id="top">{top_cells}</div>'
+            f'<h2>Lowest</h2><div class="grid" id="bottom">{bottom_cells}</div>'
+            f'<h2>Over all {stored.rows} images</h2><div class="hist" id="histogram">{bars}</div>'
+            f'<p>{float(ranking.bottom_values[unit, 0]):.4g} to {float(ranking.values[unit, 0]):.4g}</p>'
+            f'{keys}</body></html>')
+
+
+def _index_page(output: Path, layers: dict[str, int]) -> str:
+    rows = "".join(f"<tr><td>{html.escape(name)}</td><td>{count}</td></tr>" for name, count in layers.items())
+    script = """<script>
+var PAGE = 100, page = 0;
+function shown() {
+  var words = document.getElementById('search').value.trim().toLowerCase().split(/\\s+/).filter(Boolean);
+  return window.ATLAS.units.filter(function (u) {
+    var text = (u.layer + ' ' + u.unit + ' ' + u.layer + '/' + u.unit).toLowerCase();
+    return words.every(function (w) { return text.indexOf(w) >= 0; });
+  });
+}
+function draw() {
+  var found = shown(), list = document.getElementById('units');
+  var pages = Math.max(1, Math.ceil(found.length / PAGE));
+  page = Math.min(page, pages - 1);
+  list.innerHTML = '';
+  found.slice(page * PAGE, (page + 1) * PAGE).forEach(function (u) {
+    var item = document.createElement('li'), link = document.createElement('a');
+    link.href = u.href; link.textContent = u.layer + ' / unit ' + u.unit;
+    item.appendChild(link); item.appendChild(document.createTextNode(' (top ' + u.top.toPrecision(4) + ')'));
+    list.appendChild(item);
+  });
+  document.getElementById('page').textContent = 'page ' + (page + 1) + ' of ' + pages + ', ' + found.length + ' units';
+}
+document.getElementById('search').addEventListener('input', function () { page = 0; draw(); });
+document.getElementById('more').addEventListener('click', function () { page += 1; draw(); });
+document.getElementById('less').addEventListener('click', function () { page = Math.max(0, page - 1); draw(); });
+draw();
+</script>"""
+    return (f'<!doctype html><html><head><meta charset="utf-8"><title>featdump atlas of {html.escape(output.name)}'
+            f'</title><link rel="stylesheet" href="style.css"><script src="atlas.js"></script></head><body>'
+            f'<h1>{html.escape(output.name)}</h1><table><tr><th>layer</th><th>units</th></tr>{rows}</table>'
+            '<p><input id="search" placeholder="layer or unit (layer4 12)" size="40"> '
+            '<button id="less">&larr;</button> <span id="page"></span> <button id="more">&rarr;</button></p>'
+            f'<ol id="units"></ol>{script}</body></html>')
