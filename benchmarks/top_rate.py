@@ -1,0 +1,75 @@
+"""`featdump top` against a sequential read of the same layer: a synthetic output of ROWS rows of a (C, H, W) float32
+layer (written by featdump's writer), its rows read once front to back through h5py (the page cache dropped before
+each, where this process may), then ranked by `featdump.top` (k 16, the maximum and its position), same memory.
+
+    python -m benchmarks.top_rate [--rows 100000] [--shape 256,4,4] [--memory 1GB]
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import h5py
+import numpy as np
+
+from benchmarks.common import machine
+from benchmarks.outputs import write_output
+
+
+def drop_page_cache() -> bool:
+    """Whether the page cache could be dropped (root on Linux)."""
+    try:
+        subprocess.run(["sync"], check=True)
+        Path("/proc/sys/vm/drop_caches").write_text("3\n")
+        return True
+    except OSError:
+        return False
+
+
+def sequential_read(path: Path, layer: str, rows_per_read: int) -> float:
+    started = time.perf_counter()
+    with h5py.File(path, "r") as h5file:
+        dataset = h5file["features"][layer]
+        for start in range(0, dataset.shape[0], rows_per_read):
+            dataset[start:start + rows_per_read]
+    return time.perf_counter() - started
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=int, default=100_000)
+    parser.add_argument("--shape", default="256,4,4")
+    parser.add_argument("--memory", default="1GB")
+    args = parser.parse_args()
+    import featdump
+    from featdump.output.space import parse_bytes
+
+    print(f"Machine: {machine()}", flush=True)
+    shape = tuple(int(part) for part in args.shape.split(","))
+    with tempfile.TemporaryDirectory(dir=".") as folder:
+        output = Path(folder) / "layer.h5"
+        rng = np.random.default_rng(0)
+        chunk = 4096
+        values = rng.standard_normal((args.rows, *shape), dtype=np.float32)
+        write_output(output, {"maps": values}, batch=chunk)
+        del values
+        size = output.stat().st_size
+        rows_per_read = max(1, parse_bytes(args.memory) // (3 * int(np.prod(shape)) * 8))
+        dropped = drop_page_cache()
+        read = sequential_read(output, "maps", rows_per_read)
+        drop_page_cache()
+        started = time.perf_counter()
+        featdump.top(output, "maps", k=16, memory=args.memory, to=Path(folder) / "top.h5")
+        ranked = time.perf_counter() - started
+    print("| rows | layer | file (MB) | sequential read (s) | top (s) | top's rate / the read's |")
+    print("| ---: | --- | ---: | ---: | ---: | ---: |")
+    print(f"| {args.rows} | {shape} float32 | {size / 1e6:.0f} | {read:.1f} | {ranked:.1f} | {read / ranked:.2f}x |")
+    print(f"(page cache {'dropped' if dropped else 'not dropped: not root'} before each)")
+
+
+if __name__ == "__main__":
+    main()
