@@ -57,7 +57,7 @@ def benchmark(name: str) -> list[str]:
 def machine() -> str:
     """The machine in one line: its CPU (name, the instruction set PyTorch's kernels use, its native precisions,
     any lower set oneDNN is held to), cores, GPU and the versions. Every figure is read beside it: a CPU without
-    native bf16 runs bf16 5-12x slower, and inductor's code differs by instruction set."""
+    native bf16 runs bf16 4-12x slower, and inductor's code differs by instruction set."""
     import torch
     import torchvision
 

@@ -5,7 +5,7 @@ and the benchmarks' records read them here.
 
 A CPU has native bf16 kernels where it has AVX512-BF16 or AMX-BF16 (x86) or BF16 (Arm), and native fp16 kernels
 where it has AVX512-FP16 or AMX-FP16 (x86) or FP16 arithmetic (Arm); elsewhere autocast converts every value and
-computes in float32, 5-12x slower than fp32 (resnet50 on an AMD Zen 3 with AVX2: benchmarks/RESULTS.md).
+computes in float32, 4-12x slower than fp32 (resnet50 on an AMD Zen 3 with AVX2: benchmarks/RESULTS.md).
 `ONEDNN_MAX_CPU_ISA` (oneDNN) and `ATEN_CPU_CAPABILITY` (ATen) hold the kernels to a lower set; a set below the
 one with the instructions takes the native kernels away.
 """
@@ -28,7 +28,7 @@ ONEDNN_SETS = ("SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX2_VNNI_2", "AVX512_CORE"
                "AVX10_1_512_AMX_FP16", "AVX512_CORE_AMX_FP16", "ALL")
 ONEDNN_NATIVE = {"bf16": "AVX512_CORE_BF16", "fp16": "AVX512_CORE_FP16"}
 # What a precision without native kernels costs against fp32 on the CPU, as measured (benchmarks/RESULTS.md).
-EMULATED_COST = "5-12x the time of fp32 (resnet50 on an AMD Zen 3 with AVX2)"
+EMULATED_COST = "4-12x the time of fp32 (resnet50 on an AMD Zen 3 with AVX2: a whole job 4.6x, its bare forward 12x)"
 
 
 @dataclass(frozen=True)
