@@ -124,17 +124,19 @@ def rank_layer(stored: Stored, name: str, k: int, score: str, budget: int, progr
 
 def unit_scores(values: np.ndarray, axis: int | None, score: str) -> tuple[np.ndarray, np.ndarray]:
     """(rows, units) scores of a slab of rows VALUES whose unit axis (within a row) is AXIS (None: every entry a
-    unit), and where each maximum lies in its unit's map (-1 where a unit has one position, or for the mean)."""
+    unit), and where each maximum lies in its unit's map (-1 where a unit has one position, or for the mean). A
+    maximum is taken in the stored dtype (it is one of the values), a mean in float64."""
     if axis is None:
         flat = values.reshape(len(values), -1, 1)
     else:
         flat = np.moveaxis(values, 1 + axis, 1).reshape(len(values), values.shape[1 + axis], -1)
-    flat = flat.astype(np.float64, copy=False)
     if score == "mean":
-        return flat.mean(axis=2), np.full(flat.shape[:2], -1, dtype=np.int64)
+        return flat.mean(axis=2, dtype=np.float64), np.full(flat.shape[:2], -1, dtype=np.int64)
+    if flat.shape[2] == 1:
+        return flat[..., 0].astype(np.float64), np.full(flat.shape[:2], -1, dtype=np.int64)
     positions = flat.argmax(axis=2)
-    scores = np.take_along_axis(flat, positions[..., None], axis=2)[..., 0]
-    return scores, positions if flat.shape[2] > 1 else np.full_like(positions, -1)
+    scores = np.take_along_axis(flat, positions[..., None], axis=2)[..., 0].astype(np.float64)
+    return scores, positions
 
 
 class _Kept:
@@ -145,11 +147,15 @@ class _Kept:
         self.rows = self.values = self.positions = None
 
     def add(self, scores: np.ndarray, rows: np.ndarray, positions: np.ndarray | None) -> None:
-        """SCORES (rows, units) of ROWS (and the maxima's POSITIONS) merged into the kept."""
+        """SCORES (rows, units) of ROWS (and the maxima's POSITIONS) merged into the kept: each unit's K best of
+        the slab chosen first (a partition, linear in the slab), then sorted with the kept."""
         units = scores.shape[1]
-        values = scores.T
-        candidates = np.broadcast_to(rows, (units, len(rows)))
+        values = np.ascontiguousarray(scores.T)
         places = positions.T if positions is not None else np.full((units, len(rows)), -1, dtype=np.int64)
+        chosen = _best_of_slab(self.sign * values, self.k)
+        values = np.take_along_axis(values, chosen, axis=1)
+        candidates = rows[chosen]
+        places = np.take_along_axis(places, chosen, axis=1)
         if self.rows is not None:
             values = np.concatenate([self.values, values], axis=1)
             candidates = np.concatenate([self.rows, candidates], axis=1)
@@ -159,6 +165,18 @@ class _Kept:
         self.rows = np.take_along_axis(candidates, order, axis=1)
         self.positions = np.take_along_axis(places, order, axis=1)
 
+
+def _best_of_slab(keys: np.ndarray, k: int) -> np.ndarray:
+    """(units, at most K + ties) indices of each unit's smallest KEYS in the slab, every entry equal to the K-th
+    smallest kept (so that the lower row wins a tie when sorted): all of them where a unit's K-th value is tied."""
+    count = keys.shape[1]
+    if count <= 2 * k:
+        return np.broadcast_to(np.arange(count), keys.shape)
+    part = np.argpartition(keys, k - 1, axis=1)[:, :k]
+    kth = np.take_along_axis(keys, part, axis=1).max(axis=1, keepdims=True)
+    if ((keys <= kth).sum(axis=1) == k).all():
+        return part  # no tie at the K-th place: these K are the K best
+    return np.argsort(keys, axis=1, kind="stable")  # a tie: every entry, ordered later with its row
 
 def histograms(stored: Stored, name: str, ranking: Ranking, score: str, bins: int, budget: int) -> np.ndarray:
     """(units, BINS) counts of each unit's scores over every row of layer NAME, between its lowest and highest
