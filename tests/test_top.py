@@ -123,3 +123,18 @@ def test_a_killed_pass_resumes_at_the_layer_it_stopped_in(sharded, tmp_path, mon
     resumed = featdump.top(sharded / "cnn.h5", "layer1,avgpool", k=K, to=tmp_path / "t.h5")
     assert ranked_layers == ["layer1", "avgpool"]  # layer1 once, before the kill; avgpool after it
     assert_ranked_as_argsort(resumed["layer1"], *reference(featdump.load(sharded / "cnn.h5", "layer1").features, 0))
+
+
+@pytest.mark.parametrize("highest", [True, False])
+def test_ties_go_to_the_lower_row_across_slabs(highest):
+    """Scores of few values (a ReLU's zeros tie by the thousand): each unit's K, slab after slab, are a stable
+    sort's."""
+    rng = np.random.default_rng(0)
+    scores = rng.integers(0, 5, (300, 7)).astype(np.float64)
+    kept = units._Kept(6, highest)
+    for start in range(0, 300, 37):
+        kept.add(scores[start:start + 37], np.arange(start, min(300, start + 37)), None)
+    rows = np.arange(300)
+    for unit in range(7):
+        expected = np.lexsort((rows, (-1 if highest else 1) * scores[:, unit]))[:6]
+        np.testing.assert_array_equal(kept.rows[unit], expected)

@@ -114,48 +114,58 @@ def rank_layer(stored: Stored, name: str, k: int, score: str, budget: int, progr
         for start in range(0, stored.rows, step):
             stop = min(stored.rows, start + step)
             values = read_span(dataset, start, stop)
-            scores, positions = unit_scores(values, axis, score)
+            scores = unit_scores(values, axis, score)
             rows = np.arange(start, stop, dtype=np.int64)
-            best.add(scores, rows, positions)
+            best.add(scores, rows, unit_maps(values, axis) if score == "max" else None)
             least.add(scores, rows, None)
             progress.advance(values.nbytes / 1e6)
     return Ranking(best.rows, best.values, best.positions, least.rows, least.values)
 
 
-def unit_scores(values: np.ndarray, axis: int | None, score: str) -> tuple[np.ndarray, np.ndarray]:
-    """(rows, units) scores of a slab of rows VALUES whose unit axis (within a row) is AXIS (None: every entry a
-    unit), and where each maximum lies in its unit's map (-1 where a unit has one position, or for the mean). A
-    maximum is taken in the stored dtype (it is one of the values), a mean in float64."""
+def unit_maps(values: np.ndarray, axis: int | None) -> np.ndarray:
+    """A slab of rows VALUES as (rows, units, positions): the unit axis (within a row) AXIS first (None: every
+    entry a unit of one position); a view where the rows are channels first."""
     if axis is None:
-        flat = values.reshape(len(values), -1, 1)
-    else:
-        flat = np.moveaxis(values, 1 + axis, 1).reshape(len(values), values.shape[1 + axis], -1)
+        return values.reshape(len(values), -1, 1)
+    return np.moveaxis(values, 1 + axis, 1).reshape(len(values), values.shape[1 + axis], -1)
+
+
+def unit_scores(values: np.ndarray, axis: int | None, score: str) -> np.ndarray:
+    """(rows, units) scores of a slab of rows VALUES (`unit_maps`): each unit's maximum over its positions, taken
+    in the stored dtype (it is one of the values), or their mean in float64."""
+    flat = unit_maps(values, axis)
     if score == "mean":
-        return flat.mean(axis=2, dtype=np.float64), np.full(flat.shape[:2], -1, dtype=np.int64)
-    if flat.shape[2] == 1:
-        return flat[..., 0].astype(np.float64), np.full(flat.shape[:2], -1, dtype=np.int64)
-    positions = flat.argmax(axis=2)
-    scores = np.take_along_axis(flat, positions[..., None], axis=2)[..., 0].astype(np.float64)
-    return scores, positions
+        return flat.mean(axis=2, dtype=np.float64)
+    if flat.shape[2] <= 64:  # a few positions: one pass over the slab per position, each over every row and unit
+        scores = flat[:, :, 0].copy()
+        for position in range(1, flat.shape[2]):
+            np.maximum(scores, flat[:, :, position], out=scores)
+    else:
+        scores = flat.max(axis=2)
+    return scores.astype(np.float64)
 
 
 class _Kept:
-    """Each unit's K best rows so far (highest or lowest scores; ties: the lower row)."""
+    """Each unit's K best rows so far (highest or lowest scores; ties: the lower row), and where the maxima of the
+    highest lie."""
 
     def __init__(self, k: int, highest: bool):
         self.k, self.sign = k, -1.0 if highest else 1.0
         self.rows = self.values = self.positions = None
 
-    def add(self, scores: np.ndarray, rows: np.ndarray, positions: np.ndarray | None) -> None:
-        """SCORES (rows, units) of ROWS (and the maxima's POSITIONS) merged into the kept: each unit's K best of
-        the slab chosen first (a partition, linear in the slab), then sorted with the kept."""
+    def add(self, scores: np.ndarray, rows: np.ndarray, maps: np.ndarray | None) -> None:
+        """SCORES (rows, units) of ROWS merged into the kept: each unit's K best of the slab chosen first (a
+        partition, linear in the slab), then sorted with the kept; for those, where their maximum lies in MAPS
+        (`unit_maps`; None: no position kept)."""
         units = scores.shape[1]
         values = np.ascontiguousarray(scores.T)
-        places = positions.T if positions is not None else np.full((units, len(rows)), -1, dtype=np.int64)
         chosen = _best_of_slab(self.sign * values, self.k)
         values = np.take_along_axis(values, chosen, axis=1)
         candidates = rows[chosen]
-        places = np.take_along_axis(places, chosen, axis=1)
+        if maps is not None and maps.shape[2] > 1:
+            places = maps[chosen, np.arange(units)[:, None], :].argmax(axis=-1)
+        else:
+            places = np.full(chosen.shape, -1, dtype=np.int64)
         if self.rows is not None:
             values = np.concatenate([self.values, values], axis=1)
             candidates = np.concatenate([self.rows, candidates], axis=1)
@@ -165,31 +175,15 @@ class _Kept:
         self.rows = np.take_along_axis(candidates, order, axis=1)
         self.positions = np.take_along_axis(places, order, axis=1)
 
-
 def _best_of_slab(keys: np.ndarray, k: int) -> np.ndarray:
-    """(units, at most K + ties) indices of each unit's smallest KEYS in the slab, every entry equal to the K-th
-    smallest kept (so that the lower row wins a tie when sorted): all of them where a unit's K-th value is tied."""
+    """(units, K) indices, in slab order, of each unit's K smallest KEYS in the slab: those below the K-th smallest,
+    then the first of those equal to it (the lower rows win a tie, as the reference's stable sort has it)."""
     count = keys.shape[1]
-    if count <= 2 * k:
+    if count <= k:
         return np.broadcast_to(np.arange(count), keys.shape)
-    part = np.argpartition(keys, k - 1, axis=1)[:, :k]
-    kth = np.take_along_axis(keys, part, axis=1).max(axis=1, keepdims=True)
-    if ((keys <= kth).sum(axis=1) == k).all():
-        return part  # no tie at the K-th place: these K are the K best
-    return np.argsort(keys, axis=1, kind="stable")  # a tie: every entry, ordered later with its row
-
-def histograms(stored: Stored, name: str, ranking: Ranking, score: str, bins: int, budget: int) -> np.ndarray:
-    """(units, BINS) counts of each unit's scores over every row of layer NAME, between its lowest and highest
-    (RANKING's): one more pass over the layer, a slab within BUDGET at a time."""
-    lows, highs = ranking.bottom_values[:, 0], ranking.values[:, 0]
-    widths = np.where(highs > lows, highs - lows, 1.0)
-    counts = np.zeros(len(lows) * bins, dtype=np.int64)
-    with stored.dataset(name) as dataset:
-        shape = dataset.shape[1:]
-        axis = channel_axis(shape, dict(dataset.attrs))
-        step = max(1, budget // max(1, 3 * int(np.prod(shape)) * 8))
-        for start in range(0, stored.rows, step):
-            scores, _ = unit_scores(read_span(dataset, start, min(stored.rows, start + step)), axis, score)
-            places = np.clip(((scores - lows) / widths * bins).astype(np.int64), 0, bins - 1)
-            counts += np.bincount((places + np.arange(len(lows)) * bins).ravel(), minlength=len(counts))
-    return counts.reshape(len(lows), bins)
+    kth = np.partition(keys, k - 1, axis=1)[:, k - 1:k]
+    below = keys < kth
+    equal = keys == kth
+    wanted = k - below.sum(axis=1, keepdims=True)
+    chosen = below | (equal & (np.cumsum(equal, axis=1) <= wanted))
+    return np.nonzero(chosen)[1].reshape(len(keys), k)
