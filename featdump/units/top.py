@@ -175,6 +175,7 @@ class _Kept:
         self.rows = np.take_along_axis(candidates, order, axis=1)
         self.positions = np.take_along_axis(places, order, axis=1)
 
+
 def _best_of_slab(keys: np.ndarray, k: int) -> np.ndarray:
     """(units, K) indices, in slab order, of each unit's K smallest KEYS in the slab: those below the K-th smallest,
     then the first of those equal to it (the lower rows win a tie, as the reference's stable sort has it)."""
@@ -187,3 +188,20 @@ def _best_of_slab(keys: np.ndarray, k: int) -> np.ndarray:
     wanted = k - below.sum(axis=1, keepdims=True)
     chosen = below | (equal & (np.cumsum(equal, axis=1) <= wanted))
     return np.nonzero(chosen)[1].reshape(len(keys), k)
+
+
+def histograms(stored: Stored, name: str, ranking: Ranking, score: str, bins: int, budget: int) -> np.ndarray:
+    """(units, BINS) counts of each unit's scores over every row of layer NAME, between its lowest and highest
+    (RANKING's): one more pass over the layer, a slab within BUDGET at a time."""
+    lows, highs = ranking.bottom_values[:, 0], ranking.values[:, 0]
+    widths = np.where(highs > lows, highs - lows, 1.0)
+    counts = np.zeros(len(lows) * bins, dtype=np.int64)
+    with stored.dataset(name) as dataset:
+        shape = dataset.shape[1:]
+        axis = channel_axis(shape, dict(dataset.attrs))
+        step = max(1, budget // max(1, 3 * int(np.prod(shape)) * 8))
+        for start in range(0, stored.rows, step):
+            scores = unit_scores(read_span(dataset, start, min(stored.rows, start + step)), axis, score)
+            places = np.clip(((scores - lows) / widths * bins).astype(np.int64), 0, bins - 1)
+            counts += np.bincount((places + np.arange(len(lows)) * bins).ravel(), minlength=len(counts))
+    return counts.reshape(len(lows), bins)
