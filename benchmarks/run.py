@@ -30,6 +30,7 @@ import torch
 from benchmarks.common import HERE, REPO, benchmark, machine, make_images, timed_featdump, write_section
 
 GPU = "cuda"  # the GPU rows' device
+GPU_MODEL = "resnet50"  # the GPU rows' model (a dry run: resnet18, its code path at a fraction of the time)
 
 
 def measure(method: str, model: str, layer: str, images: Path, workers: int, keep: Path | None = None,
@@ -141,7 +142,7 @@ def photo_rows(count: int, workers: int, repeats: int) -> list[str]:
 
 def gpu_rows(images: Path, count: int, workers: int) -> list[str]:
     rows = ["img/s: images over the whole batch loop (worker start-up included); steady: after the first batch.",
-            "", "| resnet50 on CUDA, batch 256 | time (s) | img/s | steady img/s |", "| --- | ---: | ---: | ---: |"]
+            "", f"| {GPU_MODEL} on CUDA, batch 256 | time (s) | img/s | steady img/s |", "| --- | ---: | ---: | ---: |"]
     runs = {f"avgpool --decode {decode} --precision {precision}": ("avgpool", decode, precision, "float32", {})
             for decode in ("cpu", "gpu") for precision in ("fp32", "bf16")}
     runs["layer3 float16 --decode gpu bf16"] = ("layer3", "gpu", "bf16", "float16", {})
@@ -153,9 +154,9 @@ def gpu_rows(images: Path, count: int, workers: int) -> list[str]:
         rows[2] = rows[2].replace("on CUDA", "on the CPU (a dry run: --decode gpu and --compile left out)")
     for label, (layer, decode, precision, dtype, more) in runs.items():
         if more.get("compile"):  # the first run builds the package; the row is the run that loads it
-            measure("featdump", "resnet50", layer, images, workers, batch_size=256, device=GPU, decode=decode,
+            measure("featdump", GPU_MODEL, layer, images, workers, batch_size=256, device=GPU, decode=decode,
                     precision=precision, dtype=dtype, **more)
-        result = measure("featdump", "resnet50", layer, images, workers, batch_size=256, device=GPU,
+        result = measure("featdump", GPU_MODEL, layer, images, workers, batch_size=256, device=GPU,
                          decode=decode, precision=precision, dtype=dtype, **more)
         steady = result["steady_img_s"] or 0.0
         written = f" ({steady * 1024 * 14 * 14 * 2 / 1e6:.0f} MB/s written)" if layer == "layer3" else ""
@@ -172,7 +173,7 @@ def tar_row(images: Path, count: int) -> str:
 
     shards = pack(images, HERE / "data" / f"{images.name}-tars", 16)
     out = HERE / "data" / "gpu-tars.h5"
-    seconds, _ = timed_featdump("extract", "-m", "resnet50", "-w", "none", "-l", "avgpool", "--device", GPU,
+    seconds, _ = timed_featdump("extract", "-m", GPU_MODEL, "-w", "none", "-l", "avgpool", "--device", GPU,
                                 "--precision", "bf16", "--batch-size", "256", "--overwrite", shards, out,
                                 what="extract from tar shards")
     out.unlink()
@@ -182,7 +183,7 @@ def tar_row(images: Path, count: int) -> str:
 def readout_row(images: Path, count: int, workers: int) -> str:
     """`featdump probe --device cuda` of resnet50 layer2 (401,408 features, float16) over the 10 classes."""
     layer_file = HERE / "data" / "gpu-layer2.h5"
-    measure("featdump", "resnet50", "layer2", images, workers, keep=layer_file, batch_size=256, device=GPU,
+    measure("featdump", GPU_MODEL, "layer2", images, workers, keep=layer_file, batch_size=256, device=GPU,
             precision="bf16", dtype="float16")
     results = HERE / "data" / "gpu-probe.h5"
     seconds, _ = timed_featdump("probe", layer_file, "-l", "layer2", "--device", GPU, "--memory", "8GB",
@@ -190,12 +191,12 @@ def readout_row(images: Path, count: int, workers: int) -> str:
     layer_file.unlink()
     results.unlink()
     return (f"| read-out on {GPU} | time (s) |\n| --- | ---: |\n"
-            f"| probe of layer2 ({count} rows x 401,408 float16), 5 folds, --memory 8GB | {seconds:.1f} |")
+            f"| probe of {GPU_MODEL} layer2 ({count} rows, float16), 5 folds, --memory 8GB | {seconds:.1f} |")
 
 
 def gpu_limits(images: Path, count: int, workers: int) -> list[str]:
     """Forward alone on random tensors, decode alone (CPU workers, nvjpeg), disk write bandwidth."""
-    from torchvision.models import resnet50
+    import torchvision.models
 
     from featdump.inputs import find_images
     from featdump.inputs.gpu_decode import to_device_inputs
@@ -204,9 +205,9 @@ def gpu_limits(images: Path, count: int, workers: int) -> list[str]:
     from featdump.sources.models import default_preprocessing
 
     batch = 256 if GPU == "cuda" else 8
-    forward = {layout: forward_rate(resnet50().eval().to(GPU), layout, batch)
+    forward = {layout: forward_rate(getattr(torchvision.models, GPU_MODEL)().eval().to(GPU), layout, batch)
                for layout in (torch.contiguous_format, torch.channels_last)}
-    found, preprocess = find_images(images), Preprocess(default_preprocessing("resnet50"))
+    found, preprocess = find_images(images), Preprocess(default_preprocessing(GPU_MODEL))
     rates = {}
     for gpu in (False, True) if GPU == "cuda" else (False,):
         loader = make_loader(ImageDataset(found, preprocess, gpu_jpegs=gpu), 0, 256, workers, pin_memory=GPU == "cuda")
@@ -228,8 +229,8 @@ def gpu_limits(images: Path, count: int, workers: int) -> list[str]:
     path.unlink()
     nvjpeg = f"{rates[True]:.0f} img/s" if True in rates else "not run: needs CUDA"
     contiguous = forward[torch.contiguous_format]
-    return [f"| resnet50 bf16 forward alone, batch {batch}, contiguous | {contiguous:.0f} img/s |",
-            f"| resnet50 bf16 forward alone, batch {batch}, channels_last (featdump's choice) | "
+    return [f"| {GPU_MODEL} bf16 forward alone, batch {batch}, contiguous | {contiguous:.0f} img/s |",
+            f"| {GPU_MODEL} bf16 forward alone, batch {batch}, channels_last (featdump's choice) | "
             f"{forward[torch.channels_last]:.0f} img/s |",
             f"| decode + resize alone, PIL in {workers} workers | {rates[False]:.0f} img/s |",
             f"| decode + resize alone, nvjpeg (--decode gpu) | {nvjpeg} |",
@@ -272,10 +273,10 @@ def main():
     parser.add_argument("--dry-run", action="store_true", help="with --gpu: its rows on the CPU at a tiny size, those "
                         "that need CUDA left out (gpu_check.py's dry run: the script runs before a GPU sees it)")
     args = parser.parse_args()
-    global GPU
+    global GPU, GPU_MODEL
     if args.gpu:
         if args.dry_run:
-            GPU = "cpu"
+            GPU, GPU_MODEL = "cpu", "resnet18"
         elif not torch.cuda.is_available():
             raise SystemExit("--gpu: CUDA is not available on this machine (--dry-run runs its rows on the CPU).")
         args.skip_cpu, args.photos = True, 0

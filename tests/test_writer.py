@@ -161,6 +161,7 @@ from featdump.output.writer import FeatureWriter
 writer = FeatureWriter.open(sys.argv[1], {"f": DatasetSpec((64, 28, 28), "float32")}, {"image_count": 10**6},
                             {}, [], batch_size=4)
 done = writer.committed_images
+print("appending", flush=True)
 while True:
     paths = [f"folder/image_{i:07d}.jpg" for i in range(done, done + 4)]
     skipped = [Skip(paths[0] + ".bad", "truncated")] if done % 12 == 0 else []
@@ -175,8 +176,9 @@ def test_sigkill_during_appends_never_breaks_the_next_run(tmp_path):
     rng = random.Random(7)
     for _ in range(15):
         process = subprocess.Popen([sys.executable, "-c", KILLED_APPENDER, str(output)], env=featdump_env(),
-                                   stderr=subprocess.PIPE, text=True)
-        time.sleep(rng.uniform(0.6, 1.4))
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        assert process.stdout.readline() == "appending\n"  # killed while appending, however slow the start
+        time.sleep(rng.uniform(0.05, 0.6))
         process.kill()
         process.wait()
         assert "Error" not in process.stderr.read()  # every restart wrote on from its commit

@@ -339,19 +339,19 @@ def _nearest_row(errors: list[float], emulated: list[float], parts: list[str], s
 def _nearest_scale(evidence: _Evidence, parts: list[str]) -> tuple[float, float, int, float]:
     """The channel whose scale (run against emulation) is nearest its bound: how far the scale moves its values
     (|factor - 1| x the channel's root mean square, in units of a row's largest value), its bound, its index and its
-    factor. The bound is SCALE_MULTIPLE times the emulation's own error of that channel (root mean square distance
-    from fp32; at least the median channel's) plus the floors (`tolerances.scale_bound`): a channel the precision
-    barely moves is held to a small factor, one of near zeros (whose factor means nothing) is not; inf before
-    MIN_ROWS rows."""
+    factor. The bound (`tolerances.scale_bound`) grows with the emulation's own relative error of that channel (root
+    mean square distance from fp32 over its size; at least the median channel's): a channel the precision barely
+    moves is held to a small factor, one of near zeros (whose factor means nothing to a kernel's summation order) is
+    not; inf before MIN_ROWS rows."""
     scale, own = evidence.scale, evidence.emulated_scale
     effects, deviations = scale.effects(), scale.deviations()
     if scale.entries == 0 or own.products is None or own.squares.shape != effects.shape or \
             len(evidence.emulated_largest) < MIN_ROWS:
         channel = int(np.argmax(effects))
         return float(effects[channel]), np.inf, channel, 1.0 + float(deviations[channel])
-    apart = own.apart()
-    noise = own.spread(np.maximum(apart, np.median(apart)))
-    bounds = tolerances.scale_bound(parts, noise)
+    size = scale.spread(scale.squares)
+    relative = np.divide(own.spread(own.apart()), size, out=np.zeros_like(size), where=size > 0)
+    bounds = tolerances.scale_bound(parts, np.maximum(relative, np.median(relative)), size)
     channel = int(np.argmax(effects / bounds))
     factor = float(scale.products[channel] / scale.squares[channel]) if scale.squares[channel] > 0 else 1.0
     return float(effects[channel]), float(bounds[channel]), channel, factor

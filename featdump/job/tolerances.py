@@ -23,11 +23,12 @@ whose emulation itself takes a row beyond its precision's ceiling is not proved 
 the model at that layer (the way out: --precision fp32). A fourth test scales each channel: the least-squares factor
 between the run's channel and the emulation's, over the proved rows and positions, is judged by what it does to the
 values, in units of each row's largest value as the shift is: |factor - 1| times the channel's size (its root mean
-square) may be SCALE_MULTIPLE times the emulation's own error of that channel (its root mean square distance from
-fp32; at least the median channel's) plus SCALE_FLOOR and the fixed bounds of the parts that are not emulated. A
-channel scaled by 2% is seen where the precision moves it far less; a channel of near zeros, whose factor means
-nothing (a kernel's summation order alone moves it by 1% of itself), moves no value by anything that matters and is
-not held to a factor.
+square) may be that size times SCALE_MULTIPLE times the emulation's own relative error of that channel (its root
+mean square distance from fp32 over its size; at least the median channel's) plus the floors of the emulated parts,
+and then the fixed bounds of the parts that are not emulated and SCALE_FLOOR, which are not relative to the channel.
+A precision's rounding is relative to each value, so a channel scaled by 2% is seen however small it is, where the
+precision moves it far less; a kernel's summation order (a GPU, inductor's code) moves a value by a fraction of the
+row's largest, so a channel of near zeros, whose factor means nothing there (1% of itself), is not held to one.
 
 The figures behind the multiples, floors and ceilings are the panel's (`python benchmarks/proof_panel.py`, table in
 benchmarks/RESULTS.md and docs/proof.md): 12 architectures at four depths, two seeds, no false alarm.
@@ -41,9 +42,9 @@ MULTIPLE = 3.0  # how many times the emulation's farthest row a run's may be: ke
 SHIFT_MULTIPLE = 6.0  # how many standard errors of the emulation's channel means a run's channel mean may be
 SHIFT_FLOOR = 3e-3  # a channel's mean shift, in units of a row's largest value, that is never a fault (a sound
 # bf16 resnet18 avgpool moves one by up to 2.6e-3 from its emulation: docs/proof.md)
-SCALE_MULTIPLE = 2.0  # how many times the emulation's own error of a channel a scale's effect on it may be
-SCALE_FLOOR = 1e-3  # a scale's effect on a channel (its values' root mean square, in units of a row's largest value)
-# that is never a fault: a 2% scale of a channel of typical size (a tenth of the row's largest value) is twice it
+SCALE_MULTIPLE = 2.0  # how many times the emulation's own relative error of a channel its scale may be from 1
+SCALE_FLOOR = 1e-5  # a scale's effect on a channel (|factor - 1| x its root mean square, in units of a row's largest
+# value) that is never a fault, whatever the configuration: a thousandth of a 2% scale of a typical channel
 # The farthest the CPU's emulation of a precision may take a row from fp32 (both row errors) before the precision
 # is judged not to fit the model at that layer. The panel's sound cells reach 0.037 (inception_v3 Mixed_7c, bf16)
 # and 0.027 (efficientnet_v2_s's classifier, fp16); random mobilenet_v3_large in fp16 reaches 1.0 (its deep values
@@ -107,12 +108,15 @@ def floor(parts: list[str]) -> float:
     return sum(PARTS[part].allowance for part in parts)
 
 
-def scale_bound(parts: list[str], noise):
-    """How far a channel's scale may move its values (|factor - 1| x its root mean square, in units of a row's
-    largest value), where the emulation's own error of that channel is NOISE (a float, or an array: one per
-    channel): the fixed bounds of the parts not emulated (a kernel's order, inductor's code) and SCALE_FLOOR added."""
+def scale_bound(parts: list[str], relative_noise, size):
+    """How far a channel's scale may move its values (|factor - 1| x its root mean square SIZE, in units of a row's
+    largest value), where the emulation's own relative error of that channel is RELATIVE_NOISE (floats, or arrays:
+    one per channel): relative to the channel, SCALE_MULTIPLE x that noise and the emulated parts' floors (rounding
+    is relative to each value); then, in the row's units, the fixed bounds of the parts not emulated (a kernel's
+    summation order, inductor's code) and SCALE_FLOOR."""
+    own = sum(PARTS[part].allowance for part in parts if PARTS[part].emulated)
     fixed = sum(PARTS[part].allowance for part in parts if not PARTS[part].emulated)
-    return SCALE_MULTIPLE * noise + SCALE_FLOOR + fixed
+    return size * (SCALE_MULTIPLE * relative_noise + own) + fixed + SCALE_FLOOR
 
 
 def shift_bound(noise):
