@@ -27,9 +27,9 @@ from featdump.analysis.results import Results, computed_into, finished
 from featdump.analysis.stored import Stored, listed
 from featdump.errors import BadOption, UsageProblem
 from featdump.forward.device import resolve_device
-from featdump.job.report import NoProgress, Progress
 from featdump.output.layout import open_to_read
 from featdump.output.space import human_bytes, parse_bytes
+from featdump.progress import NoProgress, Progress
 
 log = logging.getLogger("featdump")
 GROUP = "rdms"

@@ -20,10 +20,10 @@ from dataclasses import dataclass
 
 from featdump.errors import FeatdumpError, StoreUnavailable, UsageProblem
 from featdump.inputs.stores import Patience
-from featdump.job.report import NoProgress, Progress
 from featdump.job.settings import Settings
 from featdump.output import fingerprint as fingerprints
 from featdump.output.places import merge_at, place_of
+from featdump.progress import NoProgress, Progress
 
 log = logging.getLogger("featdump")
 RETRIES = 3  # tries of a shard after the first, whether its worker died or its store stayed away

@@ -35,7 +35,7 @@ from featdump.job.proof import (
     Reference,
     describe_configuration,
 )
-from featdump.job.report import Progress, nothing_read
+from featdump.job.report import nothing_read
 from featdump.job.sampling import plan_sample
 from featdump.job.settings import Settings
 from featdump.job.signals import StopSignals
@@ -43,6 +43,7 @@ from featdump.output.lock import OutputLock, waiting_lock
 from featdump.output.progress import ProgressRecord
 from featdump.output.write_behind import WriteBehind
 from featdump.output.writer import FeatureWriter
+from featdump.progress import Progress
 
 log = logging.getLogger("featdump")
 

@@ -27,13 +27,13 @@ from featdump.errors import UsageProblem
 from featdump.inputs import ImageList, find_images
 from featdump.job.batches import fill
 from featdump.job.model import Model
-from featdump.job.report import Progress
 from featdump.job.settings import Settings
 from featdump.output import fingerprint as fingerprints
 from featdump.output.layout import Output, open_to_read, partial_path
 from featdump.output.lock import OutputLock, waiting_lock
 from featdump.output.space import check_space, human_bytes
 from featdump.output.writer import FeatureWriter
+from featdump.progress import Progress
 from featdump.reductions.methods import bind
 from featdump.reductions.pca import MEMORY_LIMIT, PcaFit, check_fit_fits, fit
 

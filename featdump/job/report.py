@@ -1,5 +1,5 @@
-"""Report: what a run tells its user: the Progress it advances, the size estimate before it starts, the Summary
-after it ends."""
+"""Report: what a run tells its user: the size estimate before it starts, the Summary after it ends (the Progress it
+advances is `featdump.progress`'s)."""
 
 from __future__ import annotations
 
@@ -7,39 +7,12 @@ import logging
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
 
 from featdump.errors import NothingRead
 from featdump.output.layout import Committed, Output
 from featdump.output.space import human_bytes
 
 log = logging.getLogger("featdump")
-
-
-class Progress(Protocol):
-    """What the loop reports to: the CLI's tqdm bar or log lines."""
-
-    def start(self, total: int, done: int, noun: str = "image") -> None: ...  # NOUN: what a row is (clip, image)
-
-    def advance(self, images: int) -> None: ...
-
-    def found(self, rows: int) -> None: ...  # rows found done (a shard finished before, a resumed part): not a rate
-
-    def close(self) -> None: ...
-
-
-class NoProgress:
-    def start(self, total: int, done: int, noun: str = "image") -> None:
-        pass
-
-    def advance(self, images: int) -> None:
-        pass
-
-    def found(self, rows: int) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
 
 
 @dataclass

@@ -14,7 +14,7 @@ from featdump.job.batches import fill
 from featdump.job.model import Model, prepare_model
 from featdump.job.plan import Plan, fingerprint_for, make_plan, sized
 from featdump.job.provenance import provenance
-from featdump.job.report import NoProgress, Progress, Summary, summarize
+from featdump.job.report import Summary, summarize
 from featdump.job.settings import Settings
 from featdump.job.shards import wait_for_all_ranks
 from featdump.output.layout import Output, partial_path
@@ -23,6 +23,7 @@ from featdump.output.merge import merge
 from featdump.output.progress import ProgressRecord, remove_record
 from featdump.output.space import report_size
 from featdump.output.writer import FeatureWriter
+from featdump.progress import NoProgress, Progress
 from featdump.reductions.methods import bind
 
 log = logging.getLogger("featdump")

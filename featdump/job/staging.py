@@ -14,13 +14,14 @@ from pathlib import Path
 from featdump.errors import UsageProblem
 from featdump.inputs.stores import Patience
 from featdump.job import runner, updating
-from featdump.job.report import NoProgress, Progress, Summary
+from featdump.job.report import Summary
 from featdump.job.settings import Settings
 from featdump.job.shards import choose_shard
 from featdump.output import remote
 from featdump.output.layout import partial_path
 from featdump.output.places import place_of
 from featdump.output.remote import Held
+from featdump.progress import NoProgress, Progress
 
 log = logging.getLogger("featdump")
 

@@ -19,7 +19,7 @@ from featdump.inputs import ImageList
 from featdump.job import fitting
 from featdump.job.batches import fill
 from featdump.job.model import Model
-from featdump.job.report import Progress, Summary, summarize
+from featdump.job.report import Summary, summarize
 from featdump.job.settings import Settings
 from featdump.output import fingerprint as fingerprints
 from featdump.output.layout import Output
@@ -36,6 +36,7 @@ from featdump.output.update import (
     staging_path,
 )
 from featdump.output.writer import FeatureWriter
+from featdump.progress import Progress
 from featdump.reductions.pca import PcaFit
 
 log = logging.getLogger("featdump")

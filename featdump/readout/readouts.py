@@ -34,9 +34,9 @@ from featdump.analysis.results import Results, computed_into, finished
 from featdump.analysis.stored import Stored, listed
 from featdump.errors import UsageProblem
 from featdump.forward.device import free_memory, resolve_device
-from featdump.job.report import NoProgress, Progress
 from featdump.output.layout import open_to_read, text_of
 from featdump.output.space import human_bytes, parse_bytes
+from featdump.progress import NoProgress, Progress
 from featdump.readout import passes
 from featdump.readout.choices import DEFAULT_ALPHAS, DEFAULT_FOLDS
 from featdump.readout.delays import grid_step, parse_delays, sources

@@ -22,10 +22,10 @@ from featdump.analysis.results import Results, computed_into, finished
 from featdump.analysis.stored import Stored, listed
 from featdump.errors import BadOption
 from featdump.job.channels import channel_axis
-from featdump.job.report import NoProgress, Progress
 from featdump.output.layout import open_to_read
 from featdump.output.space import human_bytes, parse_bytes
 from featdump.output.views import read_span
+from featdump.progress import NoProgress, Progress
 
 log = logging.getLogger("featdump")
 GROUP = "top"
