@@ -67,7 +67,7 @@ class ColourFile(Reader):
 class Flat(Source):
     name = prefix = "flat"
 
-    def build(self, spec, weights, seed, transform, trust_pickle):
+    def build(self, request):
         return Built(nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten()), "none", {"source": "flat"})
 '''
 ENTRY_POINTS = """[featdump.readers]

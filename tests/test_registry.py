@@ -40,9 +40,9 @@ def test_a_new_source_is_one_class_that_registers_itself(monkeypatch):
             if spec != "toy:conv":
                 raise ValueError(f"no toy {spec}")
 
-        def build(self, spec, weights, seed, transform, trust_pickle):
-            torch.manual_seed(seed)
-            return registry.Built(torch.nn.Conv2d(3, 4, 3), weights, {"source": "toy"})
+        def build(self, request):
+            torch.manual_seed(request.seed)
+            return registry.Built(torch.nn.Conv2d(3, 4, 3), request.weights, {"source": "toy"})
 
     check_model_name("toy:conv")
     with pytest.raises(ValueError, match="no toy toy:other"):

@@ -13,7 +13,7 @@ from torch import nn
 
 from featdump.errors import UsageProblem
 from featdump.sources import timm_models
-from featdump.sources.registry import Built, ModelClip, Source, register
+from featdump.sources.registry import Built, ModelClip, ModelRequest, Source, register
 
 log = logging.getLogger("featdump")
 
@@ -115,8 +115,9 @@ class FactorySource(Source):
         declared = declared_clip(spec)
         return ModelClip(*declared, takes_clips=True) if declared else None
 
-    def build(self, spec: str, weights: str, seed: int, transform: str | None, trust_pickle: bool) -> Built:
-        module, source = build(spec, seed)
-        label = "none" if weights.lower() == "none" else "as the factory builds it"
-        preprocessing = default_clip_transform(spec) if not transform else None
+    def build(self, request: ModelRequest) -> Built:
+        spec = request.spec
+        module, source = build(spec, request.seed)
+        label = "none" if request.random else "as the factory builds it"
+        preprocessing = default_clip_transform(spec) if not request.transform else None
         return Built(module, label, source, preprocessing, timm_models.token_rule(module))  # as timm's, if stated

@@ -11,7 +11,7 @@ from torch import nn
 
 from featdump.errors import InvalidWeights, UsageProblem, first_sentence
 from featdump.sources import timm_models
-from featdump.sources.registry import Built, Source, register
+from featdump.sources.registry import Built, ModelRequest, Source, register
 
 MODEL_FILE_SUFFIXES = (".pt", ".pth", ".pt2", ".pkl", ".ckpt", ".bin")
 
@@ -71,9 +71,9 @@ class FileSource(Source):
     def claims(self, spec: str) -> bool:
         return looks_like_model_file(spec)
 
-    def build(self, spec: str, weights: str, seed: int, transform: str | None, trust_pickle: bool) -> Built:
-        module = build(spec, trust_pickle)
-        source = {"source": "file", "sha256": file_digest(Path(spec))}
+    def build(self, request: ModelRequest) -> Built:
+        module = build(request.spec, request.trust_pickle)
+        source = {"source": "file", "sha256": file_digest(Path(request.spec))}
         return Built(module, "the saved model", source, tokens=timm_models.token_rule(module))  # as timm's, if stated
 
 

@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from featdump.errors import UnknownModel, UnsupportedModel, UsageProblem, WeightsUnavailable, first_sentence
-from featdump.sources.registry import Built, ModelClip, Source, register
+from featdump.sources.registry import Built, ModelClip, ModelRequest, Source, random_weights, register
 from featdump.sources.tokens import TokenRule
 
 
@@ -75,7 +75,7 @@ def build(name: str, weights: str, seed: int) -> tuple[nn.Module, ImageProcessor
     config = _config(name)
     try:
         with _quiet(transformers):
-            if weights.lower() == "none":
+            if random_weights(weights):
                 torch.manual_seed(seed)
                 model, label = transformers.AutoModel.from_config(config), "none"
             else:
@@ -202,6 +202,6 @@ class HuggingFaceSource(Source):
         frames = clip_frames(self.bare(spec))
         return ModelClip(frames, None, takes_clips=True) if frames else None
 
-    def build(self, spec: str, weights: str, seed: int, transform: str | None, trust_pickle: bool) -> Built:
-        module, preprocessing, label, source, tokens = build(self.bare(spec), weights, seed)
+    def build(self, request: ModelRequest) -> Built:
+        module, preprocessing, label, source, tokens = build(self.bare(request.spec), request.weights, request.seed)
         return Built(module, label, source, preprocessing, tokens)

@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from featdump.errors import UnknownModel, UsageProblem, WeightsUnavailable, first_sentence
-from featdump.sources.registry import Built, Source
+from featdump.sources.registry import Built, ModelRequest, Source
 
 log = logging.getLogger("featdump")
 
@@ -35,18 +35,19 @@ class HubSource(Source):
             raise UnknownModel(f"--model {spec}: {folder}/hubconf.py has no entry point {entry!r}; it has "
                                f"{', '.join(sorted(entries))}.")
 
-    def build(self, spec: str, weights: str, seed: int, transform: str | None, trust_pickle: bool) -> Built:
+    def build(self, request: ModelRequest) -> Built:
+        spec = request.spec
         folder, entry = _located(self.bare(spec))
         self.check(spec)
         takes_pretrained = "pretrained" in inspect.signature(_entries(folder)[entry]).parameters
-        if weights.lower() == "none":
+        if request.random:
             if not takes_pretrained:
                 raise UsageProblem(f"--model {spec}: its entry point takes no `pretrained` argument, so featdump "
                                    "cannot ask it for a random network: leave out --weights none (its own weights).")
-            torch.manual_seed(seed)
+            torch.manual_seed(request.seed)
             module = torch.hub.load(str(folder), entry, source="local", trust_repo=True, pretrained=False)
             label = "none"
-        elif weights.upper() == "DEFAULT":
+        elif request.default:
             try:
                 keywords = {"pretrained": True} if takes_pretrained else {}
                 module = torch.hub.load(str(folder), entry, source="local", trust_repo=True, **keywords)
@@ -61,7 +62,7 @@ class HubSource(Source):
                                "chooses its weights).")
         if not isinstance(module, torch.nn.Module):
             raise UsageProblem(f"--model {spec}: its entry point returned a {type(module).__name__}, not a module.")
-        if not transform:
+        if not request.transform:
             log.info("%s: a torch.hub model states no preprocessing: the ImageNet default (resize 256, centre crop "
                      "224, ImageNet mean and std); name your own with --transform.", spec)
         source = {"source": "hub", "hub_repo": self.bare(spec).rsplit(":", 1)[0], "hub_entry": entry,

@@ -23,7 +23,7 @@ from torch import nn
 from featdump.errors import InvalidWeights, first_sentence
 from featdump.sources import factory, files, hf, open_clip_models, timm_models, torchvision_models  # noqa: F401 - each registers its source
 from featdump.sources.files import file_digest
-from featdump.sources.registry import ModelClip, source_for
+from featdump.sources.registry import ModelClip, ModelRequest, source_for
 from featdump.sources.tokens import TokenRule
 
 __all__ = ["LoadedModel", "ModelClip", "check_model_name", "clip_of", "cpu_only", "default_preprocessing",
@@ -82,7 +82,8 @@ def load_model(model: str, weights: str = "DEFAULT", seed: int = 0, transform: s
     network can be rebuilt anywhere. TRANSFORM ('package.module:callable') replaces the preprocessing.
     """
     checkpoint = Path(weights) if _looks_like_path(weights) else None
-    built = source_for(model).build(model, "none" if checkpoint else weights, seed, transform, trust_pickle)
+    built = source_for(model).build(ModelRequest(spec=model, weights="none" if checkpoint else weights, seed=seed,
+                                                 transform=transform, trust_pickle=trust_pickle))
     label, source, preprocessing = built.weights, built.source, built.preprocessing
     if checkpoint is not None:
         load_checkpoint(built.module, checkpoint)

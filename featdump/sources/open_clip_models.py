@@ -10,7 +10,7 @@ from torch import nn
 
 from featdump.errors import InvalidWeights, UnknownModel, UsageProblem, WeightsUnavailable, first_sentence
 from featdump.sources import timm_models
-from featdump.sources.registry import Built, Source, register
+from featdump.sources.registry import Built, ModelRequest, Source, default_weights, random_weights, register
 from featdump.sources.tokens import TokenRule
 
 
@@ -37,9 +37,9 @@ def build(arch: str, weights: str, seed: int) -> tuple[nn.Module, nn.Module, str
     open_clip = _open_clip()
     check_name(arch)
     tags = open_clip.list_pretrained_tags_by_model(arch)
-    if weights.lower() == "none":
+    if random_weights(weights):
         tag = None
-    elif weights.upper() == "DEFAULT":
+    elif default_weights(weights):
         if not tags:
             raise InvalidWeights(f"open_clip has no pretrained weights for {arch}; pass --weights none or a file.")
         tag = tags[0]
@@ -82,6 +82,6 @@ class OpenClipSource(Source):
     def check(self, spec: str) -> None:
         check_name(self.bare(spec))
 
-    def build(self, spec: str, weights: str, seed: int, transform: str | None, trust_pickle: bool) -> Built:
-        module, preprocessing, label, source, tokens = build(self.bare(spec), weights, seed)
+    def build(self, request: ModelRequest) -> Built:
+        module, preprocessing, label, source, tokens = build(self.bare(request.spec), request.weights, request.seed)
         return Built(module, label, source, preprocessing, tokens)

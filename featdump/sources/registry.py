@@ -38,6 +38,38 @@ class Built:
     stated_axes: dict = field(default_factory=dict)
 
 
+@dataclass(frozen=True, kw_only=True)
+class ModelRequest:
+    """What a job asks a source to build: the --model SPEC, its --weights (DEFAULT: the source's own, none: random
+    weights of SEED, or a name the source knows), a --transform, and whether a pickled model may be loaded."""
+
+    spec: str
+    weights: str = "DEFAULT"
+    seed: int = 0
+    transform: str | None = None
+    trust_pickle: bool = False
+
+    @property
+    def random(self) -> bool:
+        """-w none: a network of random weights (seeded by SEED)."""
+        return random_weights(self.weights)
+
+    @property
+    def default(self) -> bool:
+        """-w DEFAULT: the weights the source names as its own."""
+        return default_weights(self.weights)
+
+
+def default_weights(weights: str) -> bool:
+    """Whether --weights WEIGHTS asks for the source's own weights (`DEFAULT`, in any case)."""
+    return weights.upper() == "DEFAULT"
+
+
+def random_weights(weights: str) -> bool:
+    """Whether --weights WEIGHTS asks for random weights (`none`, in any case): decided here for every source."""
+    return weights.lower() == "none"
+
+
 class Source:
     """One place models come from. NAME is recorded; the defaults say nothing and refuse nothing."""
 
@@ -64,7 +96,8 @@ class Source:
         """Why SPEC's model runs on the CPU only, or None."""
         return None
 
-    def build(self, spec: str, weights: str, seed: int, transform: str | None, trust_pickle: bool) -> Built:
+    def build(self, request: ModelRequest) -> Built:
+        """The model REQUEST asks for, built."""
         raise NotImplementedError
 
 

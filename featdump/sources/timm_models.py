@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 from featdump.errors import UnknownModel, UsageProblem, WeightsUnavailable, first_sentence
-from featdump.sources.registry import Built, Source, register
+from featdump.sources.registry import Built, ModelRequest, Source, random_weights, register
 from featdump.sources.tokens import TokenRule
 
 
@@ -32,7 +32,7 @@ def build(name: str, weights: str, seed: int) -> tuple[nn.Module, nn.Module, str
     """(module, preprocessing, what was loaded, source) for weights 'none' (seeded) or DEFAULT (pretrained)."""
     timm = _timm()
     check_name(name)
-    if weights.lower() == "none":
+    if random_weights(weights):
         torch.manual_seed(seed)
         module, label = timm.create_model(name, pretrained=False), "none"
     else:
@@ -81,6 +81,6 @@ class TimmSource(Source):
     def check(self, spec: str) -> None:
         check_name(self.bare(spec))
 
-    def build(self, spec: str, weights: str, seed: int, transform: str | None, trust_pickle: bool) -> Built:
-        module, preprocessing, label, source = build(self.bare(spec), weights, seed)
+    def build(self, request: ModelRequest) -> Built:
+        module, preprocessing, label, source = build(self.bare(request.spec), request.weights, request.seed)
         return Built(module, label, source, preprocessing, token_rule(module), stated_axes=stated_axes(module))

@@ -15,7 +15,7 @@ from torchvision.models import get_model, get_model_weights, list_models
 
 from featdump.errors import InvalidWeights, UnknownModel, WeightsUnavailable, first_sentence
 from featdump.sources import detection_models, flow_models, quantized_models, segmentation_models, video_models
-from featdump.sources.registry import Built, ModelClip, Source, register
+from featdump.sources.registry import Built, ModelClip, ModelRequest, Source, default_weights, random_weights, register
 from featdump.sources.tokens import TokenRule
 
 _PACKAGES = {"classification": "", "video": "video", "optical_flow": "optical_flow", "segmentation": "segmentation",
@@ -85,7 +85,7 @@ def build(name: str, weights: str, seed: int) -> tuple[nn.Module, str]:
     task = task_of(name)
     options = dict(_BUILT_WITH.get(task, {}))
     wrap = flow_models.FlowPairs if task == "optical_flow" else (lambda module: module)
-    if weights.lower() == "none":
+    if random_weights(weights):
         torch.manual_seed(seed)
         backbone = {"weights_backbone": None} if task in _BACKBONE_WEIGHTS else {}
         return wrap(get_model(name, weights=None, **options, **backbone)), "none"
@@ -95,7 +95,7 @@ def build(name: str, weights: str, seed: int) -> tuple[nn.Module, str]:
 
 def weights_enum(name: str, weights: str):
     enum_class = get_model_weights(name)
-    if weights.upper() == "DEFAULT":
+    if default_weights(weights):
         return enum_class.DEFAULT
     choices = [member.name for member in enum_class]
     if weights in choices:
@@ -142,9 +142,10 @@ class TorchvisionSource(Source):
     def cpu_only(self, spec: str) -> str | None:
         return quantized_models.CPU_ONLY if task_of(spec) == "quantization" else None
 
-    def build(self, spec: str, weights: str, seed: int, transform: str | None, trust_pickle: bool) -> Built:
+    def build(self, request: ModelRequest) -> Built:
+        spec = request.spec
         check_name(spec)
-        module, label = build(spec, weights, seed)
+        module, label = build(spec, request.weights, request.seed)
         task = task_of(spec)  # recorded beside the source, a classifier's as before
         source = {"source": "torchvision", **({"task": task} if task != "classification" else {})}
         return Built(module, label, source, preprocessing(spec, module), token_rule(module), rows_within(spec))
