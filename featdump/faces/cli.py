@@ -103,11 +103,34 @@ class _Checked(click.ParamType):
         return self.declared.from_text(value) if isinstance(value, str) else self.declared.check(value)
 
 
+class _GeneratedHelp(click.Option):
+    """An option whose help is generated when shown (a list of kinds read from a registry, which loads them)."""
+
+    def __init__(self, *args, generated, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.generated = generated
+
+    def get_help_record(self, ctx):
+        self.help = self.generated()
+        return super().get_help_record(ctx)
+
+
+class _KindsOfInput(click.Command):
+    """A command whose help lists the kinds of input the readers read where it says INPUT_KINDS."""
+
+    def format_help_text(self, ctx, formatter):
+        from featdump.inputs.readers import input_kinds
+
+        self.help = self.help.replace("INPUT_KINDS", input_kinds())
+        super().format_help_text(ctx, formatter)
+
+
 def _click_option(name: str):
     """The Click option of the extract option NAME, derived from its one declaration in Settings."""
     declared = OPTIONS[name]
     spellings = [*([declared.short] if declared.short else []), declared.flag]
-    keywords = {"help": declared.help}
+    keywords = {"generated": declared.help, "cls": _GeneratedHelp} if callable(declared.help) else \
+        {"help": declared.help}
     if declared.kind is bool:
         if declared.default:  # on by default: --space-check/--no-space-check
             spellings = [f"{declared.flag}/--no-{declared.flag[2:]}"]
@@ -167,7 +190,7 @@ def _read_config(ctx: click.Context, param, path: Path | None):
     return path
 
 
-@main.command()
+@main.command(cls=_KindsOfInput)
 @click.argument("images")
 @click.argument("output", type=click.Path(dir_okay=False))
 @click.option("-c", "--config", type=click.Path(exists=True, dir_okay=False, path_type=Path), is_eager=True,
@@ -188,13 +211,8 @@ def extract(images: str, output: str, ray_address: str | None, shards: int | Non
             **options) -> None:
     """Extract the activations of --layers for every image in IMAGES into the HDF5 file OUTPUT.
 
-    IMAGES is a folder, walked recursively in sorted order (images in first-level class folders get
-    integer labels), or a list file: .txt (one path per line) or .csv (a `path` column, an optional
-    integer `label` column), rows in the list's order, or tar shards in the webdataset layout: a .tar, a
-    quoted brace pattern or glob ('shards/{00000..00099}.tar') or a list of .tar files, read in tar order
-    without unpacking (labels from .cls members). Any of these may be a URL: a store prefix
-    (s3://bucket/images/) is read as a folder, tar patterns may be joined with ::, and lists may name URLs
-    (credentials and endpoints as fsspec and the AWS/GCS tools take them). OUTPUT is written as
+    IMAGES is INPUT_KINDS. Files may be at a URL too (credentials and endpoints as fsspec and the AWS/GCS
+    tools take them). OUTPUT is written as
     OUTPUT.partial and renamed when every image is done; the same command again after an interruption
     resumes where it stopped.
 

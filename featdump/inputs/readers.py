@@ -45,6 +45,8 @@ class Reader:
     A reader outside featdump registers through the entry point group `featdump.readers` (a Reader class)."""
 
     priority = 50
+    kind = "an input"  # what it reads, as the help, the docs and a message list it
+    example = "IMAGES"  # an IMAGES argument it claims, for the docs
 
     def claims(self, where: Location, asked: Asked) -> bool:
         raise NotImplementedError
@@ -61,6 +63,9 @@ class Tables(Reader):
     """Parquet tables of encoded images: a file, a folder or prefix of them, a pattern (`tables`)."""
 
     priority = 10
+    kind = ("Parquet tables of encoded images: a .parquet file, a folder of them or a dataset's `data/`, "
+            'hf://datasets/ORG/NAME (`--split`)')
+    example = "hf://datasets/ORG/NAME"
 
     def claims(self, where, asked):
         if names_tables(where.text):
@@ -77,6 +82,8 @@ class Tars(Reader):
     """A .tar, a brace pattern or glob of tars, here or at URLs joined with ::."""
 
     priority = 20
+    kind = "tar shards in the webdataset layout: a .tar, a quoted brace pattern or glob, tar URLs joined with ::"
+    example = "'shards/{00000..00099}.tar'"
 
     def claims(self, where, asked):
         return (named_tar_urls(where.text) if where.remote else named_tars(where.path)) is not None
@@ -105,6 +112,8 @@ class Arrays(Reader):
     """A file of image arrays (HDF5, NetCDF-4, .npy, .npz), its ARRAY (`arrays`)."""
 
     priority = 30
+    kind = "a file of image arrays: HDF5, NetCDF-4, .npy, .npz (`--array`), a row per index"
+    example = "nsd_stimuli.hdf5"
 
     def claims(self, where, asked):
         return not where.remote and is_array_file(where.path)
@@ -117,6 +126,8 @@ class OneVideo(Reader):
     """One video file: its clips are the rows."""
 
     priority = 40
+    kind = "a video file, its clips the rows"
+    example = "film.mp4"
 
     def claims(self, where, asked):
         return not where.remote and where.path.is_file() and is_video_file(where.path)
@@ -129,6 +140,8 @@ class ListFile(Reader):
     """A .txt or .csv list of images (or of tars), here or at a URL; any other local file is refused by it."""
 
     priority = 50
+    kind = "a list file: .txt (a path a line) or .csv (`path`, `label`) of images, tars or an array's rows"
+    example = "images.txt"
 
     def claims(self, where, asked):
         return where.text.lower().endswith(LIST_SUFFIXES) if where.remote else where.path.is_file()
@@ -154,6 +167,8 @@ class OneObject(Reader):
     """One image at a URL."""
 
     priority = 60
+    kind = "one image at a URL"
+    example = "s3://bucket/cat.jpg"
 
     def claims(self, where, asked):
         return where.remote and PurePosixPath(where.text).suffix.lower() in IMAGE_EXTENSIONS
@@ -170,6 +185,8 @@ class Prefix(Reader):
     """A store prefix, read as a folder."""
 
     priority = 70
+    kind = "a store prefix, read as a folder"
+    example = "s3://bucket/images/"
 
     def claims(self, where, asked):
         return where.remote
@@ -182,6 +199,8 @@ class Folder(Reader):
     """A folder walked recursively (following symlinks once)."""
 
     priority = 80
+    kind = "a folder, walked recursively (first-level class folders give labels)"
+    example = "./images"
 
     def claims(self, where, asked):
         return where.path.is_dir()
@@ -277,14 +296,17 @@ def readers() -> tuple[Reader, ...]:
     return READERS
 
 
+def input_kinds() -> str:
+    """Every kind of input the readers read, in the order they are asked, as one phrase (help texts, messages)."""
+    return "; or ".join(reader.kind for reader in reversed(readers()))
+
+
 def read_images(where: Location, asked: Asked) -> ImageList:
     """The images at WHERE, listed by the first reader that claims it; NoImages when none does."""
     reader = next((reader for reader in readers() if reader.claims(where, asked)), None)
     _check_options_apply(reader, where, asked)
     if reader is None:
-        raise NoImages(f"{asked.named} {where.text!r} does not exist (give a folder, a list file, a .tar, or a quoted "
-                       "pattern of .tar files, or a .zip; or their URL; or an HDF5, .npy or .npz file of image arrays; "
-                       "or Parquet tables: a .parquet file, a folder of them, hf://datasets/ORG/NAME).")
+        raise NoImages(f"{asked.named} {where.text!r} does not exist (give {input_kinds()}).")
     return reader.read(where, asked)
 
 

@@ -37,6 +37,8 @@ class Zips(Reader):
     """A .zip of images, here or at a URL."""
 
     priority = 25  # after tables and tars, before a list file (which claims any local file)
+    kind = "a .zip of images, here or at a URL, read member by member (labels from its first folders)"
+    example = "stimuli.zip"
 
     def claims(self, where, asked):
         here = where.file_here

@@ -24,7 +24,7 @@ class Option:
 
     name: str  # the Settings field, the API keyword and the config key: "batch_size"
     kind: type  # str, int, float, bool, or tuple (a list of layer names)
-    help: str
+    help: str | Callable[[], str]  # a callable: generated when shown (a list read from a registry)
     choices: tuple[str, ...] = ()  # the allowed values of a str option
     minimum: float | None = None  # the smallest allowed number
     optional: bool = False  # None is allowed (and is the default)

@@ -19,6 +19,7 @@ from featdump.job.options import Option, as_location, marked_as, option, options
 from featdump.job.shards import parse_shard
 from featdump.output.shard_files import shard_pattern
 from featdump.reductions.rules import canonical_rule, check_rule, rules_from_table, uses_pca
+from featdump.sources.registry import model_kinds
 
 DTYPES = ("float32", "float16")
 PRECISIONS = ("fp32", "bf16", "fp16")
@@ -68,8 +69,7 @@ class Settings:
 
     model: str = option(
         kind=str, required=True, short="-m", syntax=_not_empty,
-        help="resnet50 (torchvision), timm:NAME, hf:ORG/NAME or hf:FOLDER (transformers), open_clip:ARCH (its tag "
-             "with -w), package.module:callable (your factory), or a saved model file.",
+        help=lambda: f"The model: {model_kinds()}.",
         changes=(VALUES, LISTING, MODEL))
     layers: tuple[str, ...] = option(
         kind=tuple, required=True, short="-l", metavar="LAYERS",

@@ -13,7 +13,7 @@ from torch import nn
 
 from featdump.errors import UsageProblem
 from featdump.sources import timm_models
-from featdump.sources.registry import Built, ModelClip, ModelRequest, Source, register
+from featdump.sources.registry import Built, ModelClip, ModelRequest, Source
 
 log = logging.getLogger("featdump")
 
@@ -98,12 +98,13 @@ def _source_file(obj) -> str:
         return "?"
 
 
-@register
 class FactorySource(Source):
     """package.module:callable: your factory returning an nn.Module (its clip as it declares it)."""
 
     name = "factory"
     order = 2
+    kind = 'package.module:callable, your factory returning an nn.Module (from the current folder or PYTHONPATH)'
+    example = '-m mynets:build --transform mynets:preprocess -l block3'
 
     def claims(self, spec: str) -> bool:
         return ":" in spec

@@ -11,7 +11,7 @@ from torch import nn
 
 from featdump.errors import InvalidWeights, UsageProblem, first_sentence
 from featdump.sources import timm_models
-from featdump.sources.registry import Built, ModelRequest, Source, register
+from featdump.sources.registry import Built, ModelRequest, Source
 
 MODEL_FILE_SUFFIXES = (".pt", ".pth", ".pt2", ".pkl", ".ckpt", ".bin")
 
@@ -61,12 +61,13 @@ def _archive_kind(path: Path) -> str | None:
     return None
 
 
-@register
 class FileSource(Source):
     """A whole model saved with torch.save (--trust-pickle)."""
 
     name = "file"
     order = 1
+    kind = 'a whole model saved with torch.save(model) (--trust-pickle)'
+    example = '-m model.pt --trust-pickle -l block3'
 
     def claims(self, spec: str) -> bool:
         return looks_like_model_file(spec)

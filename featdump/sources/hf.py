@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from featdump.errors import UnknownModel, UnsupportedModel, UsageProblem, WeightsUnavailable, first_sentence
-from featdump.sources.registry import Built, ModelClip, ModelRequest, Source, random_weights, register
+from featdump.sources.registry import Built, ModelClip, ModelRequest, Source, random_weights
 from featdump.sources.tokens import TokenRule
 
 
@@ -189,11 +189,12 @@ def _unavailable(name: str, error: BaseException) -> str:
             "hub model already in the Hugging Face cache (HF_HOME; HF_HUB_OFFLINE=1 reads only the cache).")
 
 
-@register
 class HuggingFaceSource(Source):
     """hf:ORG/NAME or hf:FOLDER: a transformers model's vision tower and its image processor."""
 
     name = prefix = "hf"
+    kind = "hf:ORG/NAME or hf:FOLDER, a transformers model's vision tower (pip install 'featdump[hf]')"
+    example = "-m hf:facebook/dinov2-small -l 'encoder.layer.*'"
 
     def check(self, spec: str) -> None:
         check_name(self.bare(spec))

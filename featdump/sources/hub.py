@@ -27,6 +27,9 @@ class HubSource(Source):
     """hub:REPO:ENTRY, a torch.hub entry point of a cached GitHub repository or a local checkout."""
 
     name = prefix = "hub"
+    kind = ('hub:ORG/REPO:ENTRY or hub:/path/to/checkout:ENTRY, a torch.hub entry point, offline (its cache, '
+            'a local checkout)')
+    example = '-m hub:facebookresearch/dinov2:dinov2_vits14 -l blocks.11'
 
     def check(self, spec: str) -> None:
         folder, entry = _located(self.bare(spec))

@@ -1,13 +1,7 @@
 """Models: build the nn.Module --model names, from any source, with its weights and preprocessing.
 
-    resnet50                   torchvision classification model   (sources/torchvision_models.py)
-    timm:convnext_tiny         timm model                         (sources/timm_models.py)
-    hf:facebook/dinov2-small   transformers model (vision tower)  (sources/hf.py)
-    open_clip:ViT-B-32         open_clip image tower              (sources/open_clip_models.py)
-    mypkg.nets:build           your factory returning an nn.Module (sources/factory.py)
-    model.pt                   a whole saved model, --trust-pickle (sources/files.py)
-
-Each of those modules registers its `Source` (`registry`); this module asks the one that claims a name, then
+Each source is one module registered as an entry point of `featdump.sources` (pyproject.toml; `registry.sources`
+lists them, `python -m featdump.faces.kinds models` as a table); this module asks the one that claims a name, then
 applies what is common to all: a checkpoint file's weights, --transform, the default preprocessing.
 """
 
@@ -21,7 +15,7 @@ import torch
 from torch import nn
 
 from featdump.errors import InvalidWeights, first_sentence
-from featdump.sources import factory, files, hf, open_clip_models, timm_models, torchvision_models  # noqa: F401 - each registers its source
+from featdump.sources import factory, torchvision_models
 from featdump.sources.files import file_digest
 from featdump.sources.registry import ModelClip, ModelRequest, source_for
 from featdump.sources.tokens import TokenRule

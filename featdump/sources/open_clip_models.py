@@ -10,7 +10,7 @@ from torch import nn
 
 from featdump.errors import InvalidWeights, UnknownModel, UsageProblem, WeightsUnavailable, first_sentence
 from featdump.sources import timm_models
-from featdump.sources.registry import Built, ModelRequest, Source, default_weights, random_weights, register
+from featdump.sources.registry import Built, ModelRequest, Source, default_weights, random_weights
 from featdump.sources.tokens import TokenRule
 
 
@@ -73,11 +73,12 @@ def token_rule(visual: nn.Module) -> TokenRule | None:
     return timm_models.token_rule(trunk) if trunk is not None else None
 
 
-@register
 class OpenClipSource(Source):
     """open_clip:ARCH: its image tower, the weights its tag names, its preprocessing."""
 
     name = prefix = "open_clip"
+    kind = "open_clip:ARCH, its image tower, the weights its tag (-w) names (pip install 'featdump[open_clip]')"
+    example = "-m open_clip:ViT-B-32 -w laion2b_s34b_b79k -l 'transformer.resblocks.*'"
 
     def check(self, spec: str) -> None:
         check_name(self.bare(spec))

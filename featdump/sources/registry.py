@@ -76,6 +76,8 @@ class Source:
     name = "source"
     order = 0  # asked in this order: prefixed names first, files, factories, then torchvision's plain names
     prefix: str | None = None  # a source whose names are PREFIX:NAME (timm:, hf:, open_clip:)
+    kind = "a model"  # the --model names it claims, as the help and the docs list them
+    example = "-m NAME -l LAYER"  # the options of an extract command using it, for the docs
 
     def claims(self, spec: str) -> bool:
         """Whether --model SPEC names a model of this source (by default: SPEC starts with PREFIX:)."""
@@ -118,6 +120,11 @@ def source_for(spec: str) -> Source:
     return next(source for source in sorted(sources(), key=lambda source: source.order) if source.claims(spec))
 
 
+def model_kinds() -> str:
+    """The --model names every source claims, plain names first, as one phrase (the help of --model)."""
+    return "; ".join(source.kind for source in sorted(sources(), key=lambda source: -source.order))
+
+
 def sources() -> list[Source]:
     """Every source: featdump's own and those registered through the entry point group `featdump.sources` (each a
     Source class; torch.hub's comes that way too), loaded once."""
@@ -130,4 +137,7 @@ def sources() -> list[Source]:
             kind = entry.load()
             if not any(isinstance(source, kind) for source in _SOURCES):
                 register(kind)
+    if not _SOURCES:
+        raise RuntimeError("No model source is registered: featdump is not installed here (its sources register "
+                           "through its package's entry points): pip install -e . in its checkout.")
     return list(_SOURCES)

@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 from featdump.errors import UnknownModel, UsageProblem, WeightsUnavailable, first_sentence
-from featdump.sources.registry import Built, ModelRequest, Source, random_weights, register
+from featdump.sources.registry import Built, ModelRequest, Source, random_weights
 from featdump.sources.tokens import TokenRule
 
 
@@ -72,11 +72,12 @@ def stated_axes(module: nn.Module) -> dict[str, str]:
     return {info["module"]: "y,x,channel" for info in getattr(module, "feature_info", []) if "module" in info}
 
 
-@register
 class TimmSource(Source):
     """timm:NAME, with timm's pretrained weights and its data config's preprocessing."""
 
     name = prefix = "timm"
+    kind = "timm:NAME (pip install 'featdump[timm]')"
+    example = '-m timm:convnext_tiny -l stages.2'
 
     def check(self, spec: str) -> None:
         check_name(self.bare(spec))

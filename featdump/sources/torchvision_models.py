@@ -15,7 +15,7 @@ from torchvision.models import get_model, get_model_weights, list_models
 
 from featdump.errors import InvalidWeights, UnknownModel, WeightsUnavailable, first_sentence
 from featdump.sources import detection_models, flow_models, quantized_models, segmentation_models, video_models
-from featdump.sources.registry import Built, ModelClip, ModelRequest, Source, default_weights, random_weights, register
+from featdump.sources.registry import Built, ModelClip, ModelRequest, Source, default_weights, random_weights
 from featdump.sources.tokens import TokenRule
 
 _PACKAGES = {"classification": "", "video": "video", "optical_flow": "optical_flow", "segmentation": "segmentation",
@@ -118,12 +118,13 @@ def _pretrained(name: str, enum, options: dict) -> nn.Module:
         ) from error
 
 
-@register
 class TorchvisionSource(Source):
     """A torchvision model name, of any task: its weights enum, its task's preprocessing and rows."""
 
     name = "torchvision"
     order = 3
+    kind = 'a torchvision model name (resnet50): classifiers, video, optical flow, segmentation, detection, quantized'
+    example = '-m resnet50 -l avgpool'
 
     def claims(self, spec: str) -> bool:
         return True
