@@ -22,7 +22,7 @@ from featdump.forward.device import (
 )
 from featdump.forward.hooks import Capture
 from featdump.inputs import ImageList
-from featdump.inputs.clips import dataset_for, preprocess_for
+from featdump.inputs.clips import dataset_for
 from featdump.inputs.gpu_decode import to_device_inputs
 from featdump.inputs.loader import Batch, batches_of, make_loader
 from featdump.inputs.workers import choose_workers
@@ -110,8 +110,7 @@ def _proof(settings: Settings, model: Model, images: ImageList, start: int) -> P
     reference = None
     if model.reference is not None:
         emulation = Emulation(settings.precision, model.preprocess if settings.fast_decode else None)
-        reference = Reference(model.reference, model.layers, model.snapshots(),
-                              preprocess_for(model.loaded, images), emulation)
+        reference = Reference(model.reference, model.layers, model.snapshots(), model.exact_preprocess, emulation)
     first_batch_end = min(len(images), start + settings.batch_size)
     sample = plan_sample(settings.proof, start, first_batch_end, len(images)) if settings.proof and parts else None
     specs = model.specs

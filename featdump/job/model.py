@@ -49,6 +49,12 @@ class Model:
     memory_format: torch.memory_format  # of the weights and of every batch of inputs
     infos: list = dataclasses.field(default_factory=list)  # the probe's LayerInfos, to resolve more layers by
     reference: torch.nn.Module | None = None  # the model on the reference path (CPU, fp32), for the proof
+    exact: Preprocess | None = None  # the preprocessing without --fast-decode's reduced decode (None: PREPROCESS)
+
+    @property
+    def exact_preprocess(self) -> Preprocess:
+        """The model's preprocessing exactly, as the proof's reference path runs it: made once with the run's."""
+        return self.exact or self.preprocess
 
     def with_layers(self, names: list[str], chosen: dict[str, str], fits: dict | None = None) -> Model:
         """This model capturing the layers NAMES (in the model's order) with the reductions CHOSEN (FITS: the PCA
@@ -110,6 +116,7 @@ def prepare_model(settings: Settings, device: torch.device, images: ImageList) -
     proved = (settings.proof and departures_of(settings, device)) or settings.precision != "fp32"  # bf16/fp16: watched
     reference = reference_copy(loaded.module) if proved else None
     preprocess = preprocess_for(loaded, images, settings.fast_decode)
+    exact = preprocess_for(loaded, images) if settings.fast_decode else None
     memory_format, why = choose_memory_format(loaded.module, preprocess.input_shape)
     log.debug("Memory layout: %s (%s).", format_name(memory_format), why)
     loaded.module = place_model(loaded.module, device, settings.precision, memory_format)
@@ -131,7 +138,8 @@ def prepare_model(settings: Settings, device: torch.device, images: ImageList) -
             log.info("Layer %s holds the batch in dimension %d: stored batch-first, %s.", layer.name,
                      layer.batch_dim, layer.layout)
     chosen = choose(settings.reduce, [layer.name for layer in layers], infos, settings.model)
-    model = Model(loaded, preprocess, layers, chosen, {}, device, settings.dtype, memory_format, infos, reference)
+    model = Model(loaded, preprocess, layers, chosen, {}, device, settings.dtype, memory_format, infos, reference,
+                  exact)
     for layer in layers:
         if method_of(chosen[layer.name]) != "pca":
             layout, unknown = model.tokens(layer)
