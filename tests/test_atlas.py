@@ -40,6 +40,10 @@ def test_the_site_holds_each_unit_s_top_images_in_order_and_a_rerun_writes_nothi
     assert shown == ranked["layer1"].rows[7].tolist()
     assert f"{ranked['layer1'].values[7, 0]:.4g}" in page and "class=\"box\"" in page  # where the maximum lies
     assert "Top images' classes: " in page
+    spread = [int(part.split('"')[0]) for part in page.split('id="quantiles">')[1].split('data-row="')[1:]]
+    assert spread == ranked["layer1"].quantile_rows[7].tolist() and "50%: " in page  # across its range
+    bars = page.split('id="histogram">')[1].split("</div></")[0].count("<div ")
+    assert bars == len(ranked["layer1"].histogram[7]) and "below " in page  # every image counted, tails too
     assert len(list((site / "site" / "units" / "avgpool").glob("*.html"))) == 512
     gone = featdump.load(site / "out.h5", "avgpool").paths.index("dogs/img_004.jpg")
     assert not (site / "site" / "thumbs" / f"{gone}.jpg").exists()

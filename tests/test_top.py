@@ -61,10 +61,26 @@ def sharded(tmp_path_factory):
         yield folder
 
 
+def assert_spectrum_of(ranking, scores):
+    """Each unit's histogram counts every row (np.histogram's within the edges, the rest below and above them);
+    with fewer rows than the sample, every row is sampled: each quantile's image is that order statistic."""
+    for unit in range(scores.shape[1]):
+        edges, counts = ranking.edges[unit], ranking.histogram[unit]
+        assert counts.sum() == len(scores)
+        within, _ = np.histogram(scores[:, unit], bins=edges)
+        np.testing.assert_array_equal(counts[1:-1], within)
+        assert counts[0] == (scores[:, unit] < edges[0]).sum() and counts[-1] == (scores[:, unit] > edges[-1]).sum()
+        order = np.lexsort((np.arange(len(scores)), scores[:, unit]))
+        expected = order[np.round(np.array(units.QUANTILES) * (len(scores) - 1)).astype(int)]
+        np.testing.assert_array_equal(ranking.quantile_rows[unit], expected)
+        np.testing.assert_array_equal(ranking.quantile_values[unit], scores[expected, unit])
+
+
 def test_top_equals_an_argsort_of_the_whole_layer_on_maps_pooled_and_token_layers(sharded):
     ranked = featdump.top(sharded / "cnn.h5", "layer1,avgpool", k=K)
     layer1 = featdump.load(sharded / "cnn.h5", "layer1").features  # (14, 64, 56, 56): channels first
     assert_ranked_as_argsort(ranked["layer1"], *reference(layer1, 0))
+    assert_spectrum_of(ranked["layer1"], reference(layer1, 0)[0])
     assert ranked["layer1"].rows.shape == (64, K) and (ranked["layer1"].positions >= 0).all()
     pooled = featdump.load(sharded / "cnn.h5", "avgpool").features
     assert_ranked_as_argsort(ranked["avgpool"], *reference(pooled, 0))
@@ -77,6 +93,7 @@ def test_top_equals_an_argsort_of_the_whole_layer_on_maps_pooled_and_token_layer
     ranking = tokens["encoder.layers.encoder_layer_0"]
     assert ranking.rows.shape == (stored.shape[2], K)  # a unit per feature, its maximum over the tokens
     assert_ranked_as_argsort(ranking, *reference(stored, 1))
+    assert_spectrum_of(ranking, reference(stored, 1)[0])
 
 
 def test_the_mean_score_and_the_cli(sharded, tmp_path):
@@ -86,6 +103,7 @@ def test_the_mean_score_and_the_cli(sharded, tmp_path):
     ranking = units.read_top(tmp_path / "mean.h5", ["layer1"])["layer1"]
     layer1 = featdump.load(sharded / "cnn.h5", "layer1").features
     assert_ranked_as_argsort(ranking, *reference(layer1, 0, "mean"), k=3)
+    assert_spectrum_of(ranking, reference(layer1, 0, "mean")[0])
     again = run_featdump("top", sharded / "cnn.h5", "-l", "layer1", "-k", "3", "--score", "mean", "-o",
                          tmp_path / "mean.h5")
     assert again.returncode == 0  # finished by this same command: read back, nothing computed
@@ -125,6 +143,21 @@ def test_a_killed_pass_resumes_at_the_layer_it_stopped_in(sharded, tmp_path, mon
     assert_ranked_as_argsort(resumed["layer1"], *reference(featdump.load(sharded / "cnn.h5", "layer1").features, 0))
 
 
+def test_a_layer_larger_than_the_sample_is_counted_whole_and_its_quantile_images_are_near_their_ranks(tmp_path):
+    """20,000 rows of 8 units, slabs of a few thousand: every row is counted in its unit's histogram, and each
+    quantile's image (from the seeded sample of 1,024 rows) lies within 3% of rank of that quantile."""
+    from benchmarks.outputs import write_output
+
+    values = np.random.default_rng(3).standard_normal((20_000, 8), dtype=np.float32)
+    write_output(tmp_path / "wide.h5", {"pooled": values}, batch=4096)
+    ranking = featdump.top(tmp_path / "wide.h5", "pooled", k=4, memory="1MB")["pooled"]
+    assert_ranked_as_argsort(ranking, values.astype(np.float64), None, k=4)
+    for unit in range(8):
+        assert ranking.histogram[unit].sum() == 20_000
+        ranks = (values[:, unit] < ranking.quantile_values[unit][:, None]).mean(axis=1)
+        assert np.abs(ranks - np.array(units.QUANTILES)).max() < 0.03, ranks
+
+
 @pytest.mark.parametrize("highest", [True, False])
 def test_ties_go_to_the_lower_row_across_slabs(highest):
     """Scores of few values (a ReLU's zeros tie by the thousand): each unit's K, slab after slab, are a stable
@@ -133,8 +166,23 @@ def test_ties_go_to_the_lower_row_across_slabs(highest):
     scores = rng.integers(0, 5, (300, 7)).astype(np.float64)
     kept = units._Kept(6, highest)
     for start in range(0, 300, 37):
-        kept.add(scores[start:start + 37], np.arange(start, min(300, start + 37)), None)
+        kept.add(scores[start:start + 37].T, np.arange(start, min(300, start + 37)), None)
     rows = np.arange(300)
     for unit in range(7):
         expected = np.lexsort((rows, (-1 if highest else 1) * scores[:, unit]))[:6]
         np.testing.assert_array_equal(kept.rows[unit], expected)
+
+
+def test_info_tells_a_top_file_and_names_the_one_beside_an_output(tmp_path):
+    from click.testing import CliRunner
+
+    from benchmarks.outputs import write_output
+    from featdump.faces.cli import main
+
+    write_output(tmp_path / "out.h5", {"pooled": np.arange(24, dtype=np.float32).reshape(6, 4)})
+    featdump.top(tmp_path / "out.h5", k=2)
+    told = CliRunner().invoke(main, ["info", str(tmp_path / "out.top.h5")])
+    assert told.exit_code == 0 and "featdump top: each unit's 2 highest and lowest images" in told.output
+    assert "  pooled: 4 units" in told.output
+    beside = CliRunner().invoke(main, ["info", str(tmp_path / "out.h5")])
+    assert f"top:        {tmp_path / 'out.top.h5'}" in beside.output, beside.output

@@ -24,11 +24,9 @@ from featdump.analysis.stored import Stored
 from featdump.faces.show import image_as_seen
 from featdump.output.layout import Output
 from featdump.output.netcdf import axis_kinds
-from featdump.output.space import parse_bytes
-from featdump.units.top import Ranking, histograms, top
+from featdump.units.top import QUANTILES, Ranking, top
 
 THUMB = 128  # pixels, square
-BINS = 32
 STYLE = """body{font-family:sans-serif;margin:1.5em;color:#222}a{color:#05c}
 .grid{display:flex;flex-wrap:wrap;gap:8px}.cell{width:128px;font-size:11px;text-align:center}
 .pic{position:relative;width:128px;height:128px;background:#eee}.pic img{width:128px;height:128px;display:block}
@@ -58,15 +56,15 @@ def atlas(output: str | Path, folder: str | Path, layers: list[str] | str | None
         shapes = {name: (opened.features(name).shape[1:], dict(opened.features(name).attrs)) for name in ranked}
     site = _Site(folder)
     rows = sorted({int(row) for ranking in ranked.values() for row in (*ranking.rows.ravel(),
-                                                                       *ranking.bottom_rows.ravel())})
+                                                                       *ranking.bottom_rows.ravel(),
+                                                                       *ranking.quantile_rows.ravel())})
     present = {row for row in rows if site.thumbnail(row, stored, geometry)}
     entries = []
     for name, ranking in ranked.items():
-        counts = histograms(stored, name, ranking, "max", BINS, parse_bytes(memory))
         grid = _grid(*shapes[name])
         for unit in range(len(ranking.rows)):
             site.write(f"units/{_slug(name)}/{unit}.html",
-                       _unit_page(stored, name, unit, ranking, counts[unit], grid, present, len(ranking.rows)))
+                       _unit_page(stored, name, unit, ranking, grid, present, len(ranking.rows)))
             entries.append({"layer": name, "unit": unit, "top": float(ranking.values[unit, 0]),
                             "href": f"units/{_slug(name)}/{unit}.html"})
     site.write("atlas.js", "window.ATLAS = " + json.dumps({"output": str(output), "units": entries}) + ";\n")
@@ -120,7 +118,7 @@ def _slug(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]", "_", name)
 
 
-def _cell(stored: Stored, row: int, value: float, position: int, grid, present: set[int]) -> str:
+def _cell(stored: Stored, row: int, value: float, position: int, grid, present: set[int], label: str = "") -> str:
     """One image of a unit's page: its thumbnail (or "missing"), the maximum's box, its value and path."""
     title = html.escape(stored.paths[row])
     if row not in present:
@@ -132,19 +130,19 @@ def _cell(stored: Stored, row: int, value: float, position: int, grid, present: 
             box = (f'<div class="box" style="left:{100 * x / grid[1]:.2f}%;top:{100 * y / grid[0]:.2f}%;'
                    f'width:{100 / grid[1]:.2f}%;height:{100 / grid[0]:.2f}%"></div>')
         picture = f'<div class="pic"><img src="../../thumbs/{row}.jpg" alt="{title}">{box}</div>'
-    return (f'<div class="cell" data-row="{row}">{picture}<div class="value">{value:.4g}</div>'
+    return (f'<div class="cell" data-row="{row}">{picture}<div class="value">{label}{value:.4g}</div>'
             f'<div title="{title}">row {row}</div></div>')
 
 
-def _unit_page(stored: Stored, name: str, unit: int, ranking: Ranking, counts: np.ndarray, grid, present: set[int],
-               units: int) -> str:
+def _unit_page(stored: Stored, name: str, unit: int, ranking: Ranking, grid, present: set[int], units: int) -> str:
     top_cells = "".join(_cell(stored, int(row), float(value), int(position), grid, present) for row, value, position
                         in zip(ranking.rows[unit], ranking.values[unit], ranking.positions[unit]))
     bottom_cells = "".join(_cell(stored, int(row), float(value), -1, grid, present) for row, value
                            in zip(ranking.bottom_rows[unit], ranking.bottom_values[unit]))
-    tallest = max(int(counts.max()), 1)
-    bars = "".join(f'<div style="height:{60 * int(count) / tallest:.1f}px" title="{int(count)}"></div>'
-                   for count in counts)
+    spectrum_cells = "".join(_cell(stored, int(row), float(value), -1, grid, present, f"{quantile:.0%}: ")
+                             for quantile, row, value in zip(QUANTILES, ranking.quantile_rows[unit],
+                                                             ranking.quantile_values[unit]))
+    bars = _histogram(ranking.histogram[unit], ranking.edges[unit])
     classes = ""
     if stored.classes:
         labels = [int(stored.labels[row]) for row in ranking.rows[unit] if int(stored.labels[row]) >= 0]
@@ -165,9 +163,19 @@ def _unit_page(stored: Stored, name: str, unit: int, ranking: Ranking, counts: n
             f'<h1>{html.escape(name)}, unit {unit}</h1>{classes}'
             f'<h2>Highest</h2><div class="grid" id="top">{top_cells}</div>'
             f'<h2>Lowest</h2><div class="grid" id="bottom">{bottom_cells}</div>'
+            f'<h2>Across its range</h2><div class="grid" id="quantiles">{spectrum_cells}</div>'
             f'<h2>Over all {stored.rows} images</h2><div class="hist" id="histogram">{bars}</div>'
             f'<p>{float(ranking.bottom_values[unit, 0]):.4g} to {float(ranking.values[unit, 0]):.4g}</p>'
             f'{keys}</body></html>')
+
+
+def _histogram(counts: np.ndarray, edges: np.ndarray) -> str:
+    """The bars of a unit's histogram over every image: the bins between EDGES, and those below and above them."""
+    tallest = max(int(counts.max()), 1)
+    titles = [f"below {edges[0]:.4g}"] + [f"{low:.4g} to {high:.4g}" for low, high in zip(edges[:-1], edges[1:])] + \
+        [f"above {edges[-1]:.4g}"]
+    return "".join(f'<div style="height:{60 * int(count) / tallest:.1f}px" title="{html.escape(title)}: '
+                   f'{int(count)}"></div>' for count, title in zip(counts, titles))
 
 
 def _index_page(output: Path, layers: dict[str, int]) -> str:

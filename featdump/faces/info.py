@@ -17,6 +17,7 @@ from featdump.output.progress import describe_running, read_record, running_line
 from featdump.output.shard_files import shard_count, shard_counts, shard_path
 from featdump.output.update import grow_path, staging_path
 from featdump.readout.scores import MEASURES
+from featdump.units import top
 
 _SHOWN = 20  # skipped and stale images listed by name
 _PROVENANCE = ("image_root", "image_listing", "clip_frames", "clip_fps", "clip_every", "clip_anchor", "clip_pad",
@@ -73,6 +74,10 @@ def _results(path: Path) -> dict | None:
                 return {**state, "result": "cka", "unbiased": bool(matrix.attrs.get("unbiased", False)),
                         "rows": [text_of(name) for name in matrix.attrs["rows"]],
                         "columns": [text_of(name) for name in matrix.attrs["columns"]], "cka": matrix[:].tolist()}
+            if top.GROUP in h5file:
+                ranked = h5file[top.GROUP]
+                return {**state, "result": "top", "layers": {name: len(ranked[name]["rows"]) for name in ranked},
+                        "k": int(h5file.attrs.get("k", 0)), "score": text_of(h5file.attrs.get("score"))}
             if not is_readouts(h5file):
                 return None
             kind, names, scores = layer_scores(h5file)
@@ -235,10 +240,23 @@ def _matrix_lines(results: dict) -> list[str]:
     return lines + [f"draw:       featdump show {results['file']}"]
 
 
+def _top_lines(results: dict) -> list[str]:
+    """What `featdump info` says of a TOP.h5."""
+    return [f"file:       {results['file']}",
+            f"complete:   {'yes' if results['state'] == 'complete' else 'no (run the same command to resume)'}",
+            f"images:     {results['images']}",
+            f"result:     featdump top: each unit's {results['k']} highest and lowest images ({results['score']} over "
+            "its positions), its histogram and its images at quantiles", "layers:"] + \
+        [f"  {name}: {units} units" for name, units in results["layers"].items()] + \
+        [f"read:       featdump.top({results['file']!r}) or h5py f['top/LAYER/rows']"]
+
+
 def _result_lines(path: Path, results: dict) -> list[str]:
-    """Lines saying what the file of `featdump rdm`, `cka`, `probe` or `encode` at PATH holds."""
+    """Lines saying what the file of `featdump rdm`, `cka`, `probe`, `encode` or `top` at PATH holds."""
     if results["result"] in ("rdm", "cka"):
         return _matrix_lines(results)
+    if results["result"] == "top":
+        return _top_lines(results)
     with open_to_read(path) as h5file:
         return readout_lines(path, h5file)
 
@@ -298,6 +316,9 @@ def describe(output: Path) -> list[str]:
         if count > _SHOWN:
             lines.append(f"  ({count - _SHOWN} more {name}: h5py f['{name}/paths'], f['{name}/reasons'])")
     lines += _proof_lines(info["proof"])
+    ranked = top.default_place(output)
+    if ranked.exists():
+        lines.append(f"top:        {ranked} (featdump top; browse it with featdump atlas {output} -o DIR)")
     for key, value in info["provenance"].items():
         lines.append(f"{key + ':':<11} {_CLIP_DEFAULTS.get((key, value), value).replace(chr(10), ' ')}")
     return lines

@@ -270,8 +270,8 @@ class Output:
             result = "made_from" in h5file.attrs
             h5file.close()
             if result:  # analysis/results.py's mark
-                raise NotAnOutput(f"{str(path)!r} is what `featdump rdm`, `cka`, `probe` or `encode` wrote, not an "
-                                  f"output of extract: draw it with `featdump show {path}`, or read it with h5py.")
+                raise NotAnOutput(f"{str(path)!r} is what `featdump rdm`, `cka`, `probe`, `encode` or `top` wrote, "
+                                  f"not an output of extract: see `featdump info {path}`, or read it with h5py.")
             raise NotAnOutput(f"{str(path)!r} is an HDF5 file, but not one featdump wrote.")
         output = cls(path, h5file)
         if output.attrs.get("virtual", False):

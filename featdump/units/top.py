@@ -3,20 +3,29 @@ the K images that drive it most and least, in one pass over the layer, out of co
 slab of rows that fits --memory, never the layer. An image's score for a unit is its maximum over the unit's
 positions (map positions, tokens) by default, or their mean; with the maximum, the position it lies at (the flat
 index into the unit's map or tokens) is kept, so a page can show where. Equal to a stable argsort of the scores
-over the whole layer: ties go to the lower row. Written to TOP.h5 (beside the output by default) a layer at a time,
+over the whole layer: ties go to the lower row.
+
+The same pass keeps each unit's spectrum: a histogram of its scores over every row, in BINS bins between the lowest
+and highest score of a seeded sample of SAMPLE rows (read first) and one bin below and one above them for the rest;
+and, at each of QUANTILES, the sample's image at that quantile of the unit's scores (a sample of 1,024 rows puts it
+within about 1.5% of rank of the layer's own). Written to TOP.h5 (beside the output by default) a layer at a time,
 so a killed pass resumes at the first layer not written.
 
     /top/LAYER/rows, values, positions      (units, K): highest first
     /top/LAYER/bottom_rows, bottom_values   (units, K): lowest first
+    /top/LAYER/histogram, edges             (units, BINS + 2) counts, (units, BINS + 1) edges
+    /top/LAYER/quantile_rows, quantile_values   (units, len(QUANTILES))
 """
 
 from __future__ import annotations
 
 import logging
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import torch
 
 from featdump.analysis.results import Results, computed_into, finished
 from featdump.analysis.stored import Stored, listed
@@ -31,21 +40,31 @@ log = logging.getLogger("featdump")
 GROUP = "top"
 SCORES = ("max", "mean")
 DEFAULT_K = 16
+BINS = 32  # a histogram's bins between the sample's lowest and highest score (and one each side for the rest)
+SAMPLE = 1024  # rows drawn (seeded) to place the bins and the quantile images
+QUANTILES = (0.1, 0.25, 0.5, 0.75, 0.9)
+FIELDS = ("rows", "values", "positions", "bottom_rows", "bottom_values", "histogram", "edges", "quantile_rows",
+          "quantile_values")
 
 
 @dataclass
 class Ranking:
     """One layer's units ranked: (units, K) rows and values, highest first and lowest first, and where the highest
-    lie in each unit's map (-1 where a unit has one position or the score is the mean)."""
+    lie in each unit's map (-1 where a unit has one position or the score is the mean); each unit's histogram over
+    every row (counts below EDGES[0], in each bin, above EDGES[-1]) and its images at QUANTILES."""
 
     rows: np.ndarray
     values: np.ndarray
     positions: np.ndarray
     bottom_rows: np.ndarray
     bottom_values: np.ndarray
+    histogram: np.ndarray
+    edges: np.ndarray
+    quantile_rows: np.ndarray
+    quantile_values: np.ndarray
 
     def as_dict(self) -> dict[str, np.ndarray]:
-        return {key: getattr(self, key) for key in ("rows", "values", "positions", "bottom_rows", "bottom_values")}
+        return {key: getattr(self, key) for key in FIELDS}
 
 
 def default_place(output: str | Path) -> Path:
@@ -67,7 +86,8 @@ def top(output: str | Path, layers: list[str] | str | None = None, *, k: int = D
     stored = Stored.read(output)
     names = stored.select(listed(layers))
     budget, place = parse_bytes(memory), Path(to) if to is not None else default_place(output)
-    made_from = {"source": stored.identity(), "k": k, "score": score, "layers": names}
+    made_from = {"source": stored.identity(), "k": k, "score": score, "layers": names, "bins": BINS,
+                 "sample": SAMPLE, "quantiles": list(QUANTILES)}
     if not overwrite and finished(place, made_from):
         log.info("%s is finished already, made by this same command: nothing to do.", place)
         return read_top(place, names)
@@ -80,14 +100,12 @@ def top(output: str | Path, layers: list[str] | str | None = None, *, k: int = D
 def read_top(place: Path, names: list[str]) -> dict[str, Ranking]:
     """The rankings a finished TOP.h5 holds for NAMES."""
     with open_to_read(place) as h5file:
-        return {name: Ranking(**{key: h5file[GROUP][name][key][:] for key in ("rows", "values", "positions",
-                                                                              "bottom_rows", "bottom_values")})
-                for name in names}
+        return {name: Ranking(**{key: h5file[GROUP][name][key][:] for key in FIELDS}) for name in names}
 
 
 def _compute(stored: Stored, names: list[str], k: int, score: str, budget: int, results: Results,
              progress: Progress) -> dict[str, Ranking]:
-    done = {name: Ranking(**{key: results.read(f"{GROUP}/{name}", key) for key in Ranking.__dataclass_fields__})
+    done = {name: Ranking(**{key: results.read(f"{GROUP}/{name}", key) for key in FIELDS})
             for name in names if results.has(GROUP, name)}
     if done:
         log.info("Resuming: %d of %d layers ranked in %s already.", len(done), len(names), results.output)
@@ -95,13 +113,13 @@ def _compute(stored: Stored, names: list[str], k: int, score: str, budget: int, 
     progress.start(sum(stored.size(name) for name in todo), 0, "MB")
     for name in todo:
         ranking = rank_layer(stored, name, k, score, budget, progress)
-        results.commit(GROUP, name, ranking.as_dict(), {"score": score, "k": k})
+        results.commit(GROUP, name, ranking.as_dict(), {"score": score, "k": k, "quantiles": np.array(QUANTILES)})
         done[name] = ranking
     return {name: done[name] for name in names}
 
 
 def rank_layer(stored: Stored, name: str, k: int, score: str, budget: int, progress: Progress) -> Ranking:
-    """LAYER NAME of STORED ranked, a slab of rows at a time."""
+    """LAYER NAME of STORED ranked, a slab of rows at a time, with its spectrum."""
     with stored.dataset(name) as dataset:
         shape, attributes = dataset.shape[1:], dict(dataset.attrs)
         row_bytes = int(np.prod(shape)) * 8  # as float64 scores are made from it, at most
@@ -109,17 +127,32 @@ def rank_layer(stored: Stored, name: str, k: int, score: str, budget: int, progr
         step = max(1, budget // max(1, 3 * row_bytes))
         log.info("Ranking %s: %d rows of %s, slabs of %d rows (%s).", name, stored.rows, tuple(shape), step,
                  human_bytes(step * row_bytes))
+        spectrum = _Spectrum(dataset, stored.rows, axis, score)
         best = _Kept(k, highest=True)
         least = _Kept(k, highest=False)
-        for start in range(0, stored.rows, step):
-            stop = min(stored.rows, start + step)
-            values = read_span(dataset, start, stop)
-            scores = unit_scores(values, axis, score)
-            rows = np.arange(start, stop, dtype=np.int64)
-            best.add(scores, rows, unit_maps(values, axis) if score == "max" else None)
-            least.add(scores, rows, None)
+        for start, values in _slabs(dataset, stored.rows, step):
+            keys = np.ascontiguousarray(unit_scores(values, axis, score).T)  # (units, rows)
+            rows = np.arange(start, start + len(values), dtype=np.int64)
+            best.add(keys, rows, unit_maps(values, axis) if score == "max" else None)
+            least.add(keys, rows, None)
+            spectrum.add(keys)
             progress.advance(values.nbytes / 1e6)
-    return Ranking(best.rows, best.values, best.positions, least.rows, least.values)
+    return Ranking(best.rows, best.values.astype(np.float64), best.positions, least.rows,
+                   least.values.astype(np.float64), spectrum.counts, spectrum.edges, *spectrum.quantiles())
+
+
+def _slabs(dataset, rows: int, step: int):
+    """(start, values) of each slab of STEP rows of DATASET, the next one read on a thread while this one is
+    ranked (reading and ranking overlap: h5py reads while numpy and torch compute)."""
+    starts = list(range(0, rows, step))
+    with ThreadPoolExecutor(max_workers=1) as reader:
+        coming = reader.submit(read_span, dataset, 0, min(rows, step)) if starts else None
+        for index, start in enumerate(starts):
+            values = coming.result()
+            if index + 1 < len(starts):
+                following = starts[index + 1]
+                coming = reader.submit(read_span, dataset, following, min(rows, following + step))
+            yield start, values
 
 
 def unit_maps(values: np.ndarray, axis: int | None) -> np.ndarray:
@@ -131,18 +164,16 @@ def unit_maps(values: np.ndarray, axis: int | None) -> np.ndarray:
 
 
 def unit_scores(values: np.ndarray, axis: int | None, score: str) -> np.ndarray:
-    """(rows, units) scores of a slab of rows VALUES (`unit_maps`): each unit's maximum over its positions, taken
-    in the stored dtype (it is one of the values), or their mean in float64."""
+    """(rows, units) scores of a slab of rows VALUES (`unit_maps`): each unit's maximum over its positions, in the
+    stored dtype (it is one of the values: exact), or their mean in float64 (torch's reductions: vectorized, on
+    every core)."""
     flat = unit_maps(values, axis)
+    if flat.shape[2] == 1:
+        return flat[:, :, 0] if score == "max" else flat[:, :, 0].astype(np.float64)
+    maps = torch.from_numpy(np.ascontiguousarray(flat))
     if score == "mean":
-        return flat.mean(axis=2, dtype=np.float64)
-    if flat.shape[2] <= 64:  # a few positions: one pass over the slab per position, each over every row and unit
-        scores = flat[:, :, 0].copy()
-        for position in range(1, flat.shape[2]):
-            np.maximum(scores, flat[:, :, position], out=scores)
-    else:
-        scores = flat.max(axis=2)
-    return scores.astype(np.float64)
+        return (maps.sum(dim=2, dtype=torch.float64) / flat.shape[2]).numpy()
+    return maps.amax(dim=2).numpy()
 
 
 class _Kept:
@@ -150,17 +181,17 @@ class _Kept:
     highest lie."""
 
     def __init__(self, k: int, highest: bool):
-        self.k, self.sign = k, -1.0 if highest else 1.0
+        self.k, self.highest = k, highest
         self.rows = self.values = self.positions = None
 
     def add(self, scores: np.ndarray, rows: np.ndarray, maps: np.ndarray | None) -> None:
-        """SCORES (rows, units) of ROWS merged into the kept: each unit's K best of the slab chosen first (a
+        """SCORES (units, rows) of ROWS merged into the kept: each unit's K best of the slab chosen first (a
         partition, linear in the slab), then sorted with the kept; for those, where their maximum lies in MAPS
         (`unit_maps`; None: no position kept)."""
-        units = scores.shape[1]
-        values = np.ascontiguousarray(scores.T)
-        chosen = _best_of_slab(self.sign * values, self.k)
-        values = np.take_along_axis(values, chosen, axis=1)
+        units = scores.shape[0]
+        keys = -scores if self.highest else scores
+        chosen = _best_of_slab(keys, self.k)
+        values = np.take_along_axis(scores, chosen, axis=1)
         candidates = rows[chosen]
         if maps is not None and maps.shape[2] > 1:
             places = maps[chosen, np.arange(units)[:, None], :].argmax(axis=-1)
@@ -170,7 +201,7 @@ class _Kept:
             values = np.concatenate([self.values, values], axis=1)
             candidates = np.concatenate([self.rows, candidates], axis=1)
             places = np.concatenate([self.positions, places], axis=1)
-        order = np.lexsort((candidates, self.sign * values), axis=-1)[:, :self.k]
+        order = np.lexsort((candidates, -values if self.highest else values), axis=-1)[:, :self.k]
         self.values = np.take_along_axis(values, order, axis=1)
         self.rows = np.take_along_axis(candidates, order, axis=1)
         self.positions = np.take_along_axis(places, order, axis=1)
@@ -183,25 +214,50 @@ def _best_of_slab(keys: np.ndarray, k: int) -> np.ndarray:
     if count <= k:
         return np.broadcast_to(np.arange(count), keys.shape)
     kth = np.partition(keys, k - 1, axis=1)[:, k - 1:k]
-    below = keys < kth
-    equal = keys == kth
-    wanted = k - below.sum(axis=1, keepdims=True)
-    chosen = below | (equal & (np.cumsum(equal, axis=1) <= wanted))
+    chosen = keys <= kth
+    tied = np.flatnonzero(chosen.sum(axis=1) > k)  # units with more than K at or below their K-th: ties at it
+    if len(tied):
+        equal = keys[tied] == kth[tied]
+        wanted = k - (keys[tied] < kth[tied]).sum(axis=1, keepdims=True)
+        chosen[tied] = (keys[tied] < kth[tied]) | (equal & (np.cumsum(equal, axis=1) <= wanted))
     return np.nonzero(chosen)[1].reshape(len(keys), k)
 
 
-def histograms(stored: Stored, name: str, ranking: Ranking, score: str, bins: int, budget: int) -> np.ndarray:
-    """(units, BINS) counts of each unit's scores over every row of layer NAME, between its lowest and highest
-    (RANKING's): one more pass over the layer, a slab within BUDGET at a time."""
-    lows, highs = ranking.bottom_values[:, 0], ranking.values[:, 0]
-    widths = np.where(highs > lows, highs - lows, 1.0)
-    counts = np.zeros(len(lows) * bins, dtype=np.int64)
-    with stored.dataset(name) as dataset:
-        shape = dataset.shape[1:]
-        axis = channel_axis(shape, dict(dataset.attrs))
-        step = max(1, budget // max(1, 3 * int(np.prod(shape)) * 8))
-        for start in range(0, stored.rows, step):
-            scores = unit_scores(read_span(dataset, start, min(stored.rows, start + step)), axis, score)
-            places = np.clip(((scores - lows) / widths * bins).astype(np.int64), 0, bins - 1)
-            counts += np.bincount((places + np.arange(len(lows)) * bins).ravel(), minlength=len(counts))
-    return counts.reshape(len(lows), bins)
+class _Spectrum:
+    """A layer's units over every row: each unit's histogram (BINS bins between its lowest and highest score in a
+    seeded sample of SAMPLE rows, read first, and a bin below and above for the rest) and its sample's images at
+    QUANTILES (ties: the lower row)."""
+
+    def __init__(self, dataset, rows: int, axis: int | None, score: str):
+        picked = np.sort(np.random.default_rng(0).choice(rows, size=min(rows, SAMPLE), replace=False))
+        self.sample_rows = picked.astype(np.int64)
+        self.sample = np.stack([unit_scores(read_span(dataset, int(row), int(row) + 1), axis, score)[0]
+                                for row in picked], axis=1).astype(np.float64)  # (units, sample)
+        low, high = self.sample.min(axis=1), self.sample.max(axis=1)
+        high = np.where(high > low, high, low + 1.0)
+        self.edges = low[:, None] + (high - low)[:, None] * np.linspace(0.0, 1.0, BINS + 1)
+        self.counts = np.zeros((len(low), BINS + 2), dtype=np.int64)
+
+    def add(self, scores: np.ndarray) -> None:
+        """SCORES (units, rows) counted into each unit's bins, a few million at a time."""
+        step = max(1, 2**22 // max(1, len(scores)))
+        low, high = self.edges[:, :1], self.edges[:, -1:]
+        width = (high - low) / BINS
+        for start in range(0, scores.shape[1], step):
+            part = scores[:, start:start + step]
+            inside = np.subtract(part, low)
+            inside /= width
+            np.floor(inside, out=inside)
+            np.clip(inside, 0, BINS - 1, out=inside)
+            places = inside.astype(np.int64) + 1  # bins 1..BINS; 0 below the sample's lowest, BINS + 1 above
+            places[part < low] = 0
+            places[part > high] = BINS + 1
+            places += np.arange(len(scores))[:, None] * (BINS + 2)  # each unit's own bins
+            self.counts += np.bincount(places.ravel(), minlength=self.counts.size).reshape(self.counts.shape)
+
+    def quantiles(self) -> tuple[np.ndarray, np.ndarray]:
+        """(units, len(QUANTILES)) rows and scores: the sample's order statistic at each quantile."""
+        order = np.lexsort((np.broadcast_to(self.sample_rows, self.sample.shape), self.sample), axis=-1)
+        at = np.round(np.array(QUANTILES) * (self.sample.shape[1] - 1)).astype(np.int64)
+        picked = order[:, at]
+        return self.sample_rows[picked], np.take_along_axis(self.sample, picked, axis=1)
