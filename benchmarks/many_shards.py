@@ -150,7 +150,7 @@ def reads(path: Path) -> dict:
 
 def store_merge(output: Path, count: int) -> dict:
     """The shards uploaded to a SeaweedFS server on loopback, then `featdump merge s3://...` timed."""
-    from benchmarks.seaweed import SeaweedFS
+    from tests.makers.seaweed import SeaweedFS
 
     server = SeaweedFS(DATA / f"seaweed-{count}")
     server.start()

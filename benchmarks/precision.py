@@ -77,7 +77,7 @@ def main() -> None:
     args = parser.parse_args()
     work = args.out or Path(tempfile.mkdtemp(prefix="featdump-precision-"))
     write_images(work / "images", args.images)
-    from benchmarks.tiny_models import MODELS as TINY  # the small models of the compile tests
+    from tests.makers.tiny_models import MODELS as TINY  # the small models of the compile tests
 
     (work / "tiny_models.py").write_text(TINY)
     os.chdir(work)  # featdump imports a factory from the current folder

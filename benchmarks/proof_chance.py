@@ -20,11 +20,11 @@ import numpy as np
 import torch
 from PIL import Image
 
-from benchmarks import faults
 from featdump.errors import ProofFailed
 from featdump.job.runner import extract
 from featdump.job.sampling import chance_of_seeing
 from featdump.job.settings import Settings
+from tests.makers import faults
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -7,7 +7,7 @@
 12 architectures of different families (random weights, two seeds), each at a shallow, a middle and the deepest
 layer and its output, run in-process on 8 images (one batch: the default proof of 8 samples every row) in bf16,
 fp16, --fast-decode and --compile; then, under bf16 (the noisiest precision), with each fault injected in the copy
-of every batch's rows to the host (`tests/faults.py`), into the deepest layer's and the output's rows alone (where
+of every batch's rows to the host (`tests/makers/faults.py`), into the deepest layer's and the output's rows alone (where
 bf16's own error is largest; the shallow layers stay sound), but a 2% channel scale into the shallow layer's. A
 sound run must finish; a faulty one must stop with the proof's one line; a model a precision does not fit (MISFITS:
 a layer bf16 rounds away, weights fp16 cannot hold) must stop saying so. Each row of the table: the configuration,
@@ -28,12 +28,12 @@ import h5py
 import numpy as np
 from PIL import Image
 
-from benchmarks import faults
 from benchmarks.common import machine
 from featdump.errors import FeatdumpError, ProofFailed
 from featdump.job.channels import channel_axis
 from featdump.job.runner import extract
 from featdump.job.settings import Settings
+from tests.makers import faults
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -72,7 +72,7 @@ def write_images(folder: Path) -> Path:
 
 def write_films(folder: Path) -> Path:
     """One film of 8 back-to-back 16-frame clips (r3d_18's own clip)."""
-    from benchmarks.videos import write_video
+    from tests.makers.videos import write_video
 
     write_video(folder / "film.mp4", 16 * IMAGES, fps=15, size=(120, 160), lossless=False)
     return folder

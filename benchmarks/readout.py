@@ -77,7 +77,7 @@ def wide_layer(images: int) -> Path:
 
 def narrow_layer(rows: int, features: int) -> Path:
     """ROWS synthetic rows of FEATURES (10 classes, a class signal in a few directions), written by featdump."""
-    from benchmarks.outputs import write_output
+    from tests.makers.outputs import write_output
 
     output = HERE / "data" / f"readout-narrow-{rows}x{features}.h5"
     if not output.exists():

@@ -104,7 +104,7 @@ def cpu_rows(images: Path, count: int, workers: int, repeats: int) -> list[str]:
 
 def photo_rows(count: int, workers: int, repeats: int) -> list[str]:
     """Camera photos (12 MP JPEGs): decoding, not the forward, is the limit; --fast-decode vs the exact path."""
-    from benchmarks.photos import write_camera_photos
+    from tests.makers.photos import write_camera_photos
 
     folder = HERE / "data" / f"photos-{count}"
     write_camera_photos(folder, count)

@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 from benchmarks.common import make_images, timed_featdump
-from benchmarks.seaweed import SeaweedFS, free_port_base  # the tests' launcher of the same server
+from tests.makers.seaweed import SeaweedFS, free_port_base  # the tests' launcher of the same server
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 from benchmarks.common import machine
-from benchmarks.photos import camera_photo
+from tests.makers.photos import camera_photo
 
 
 def write_table(path: Path, rows: int, group: int) -> int:

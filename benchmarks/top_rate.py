@@ -17,7 +17,7 @@ import h5py
 import numpy as np
 
 from benchmarks.common import machine
-from benchmarks.outputs import write_output
+from tests.makers.outputs import write_output
 
 
 def drop_page_cache() -> bool:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.seaweed import SeaweedFS, SeaweedUnavailable
+from tests.makers.seaweed import SeaweedFS, SeaweedUnavailable
 
 from .helpers import write_images
 

@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from benchmarks.outputs import write_output as write_output  # the tests' name for it
 from featdump.job.settings import Settings
+from tests.makers.outputs import write_output as write_output  # the tests' name for it
 
 REPO = Path(__file__).resolve().parents[1]
 

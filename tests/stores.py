@@ -1,5 +1,5 @@
 """Web servers for the tests: a plain http.server (with or without ranges) and one that never answers, each
-started by the test that needs it (the S3 store, SeaweedFS, is `benchmarks.seaweed`: the benchmarks run it too)."""
+started by the test that needs it (the S3 store, SeaweedFS, is `tests.makers.seaweed`: the benchmarks run it too)."""
 
 from __future__ import annotations
 

@@ -13,8 +13,8 @@ import pytest
 import torch
 from torchvision.models import VisionTransformer, resnet18
 
-from benchmarks.tiny_models import MODELS  # the text each test writes as its factory module
 from featdump.forward.memory_format import choose_memory_format
+from tests.makers.tiny_models import MODELS  # the text each test writes as its factory module
 
 from .helpers import REPO, featdump_env, run_featdump, start_featdump, user_project
 

@@ -12,7 +12,7 @@ import tarfile
 import h5py
 import pytest
 
-from benchmarks.videos import write_video
+from tests.makers.videos import write_video
 
 from .helpers import REPO, run_featdump, write_images
 from .test_readme import blocks, shell_commands

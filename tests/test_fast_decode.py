@@ -12,7 +12,6 @@ import torch
 from PIL import Image, ImageOps
 from torchvision.models import get_model
 
-from benchmarks.photos import camera_photo, write_camera_photos
 from featdump.errors import ResumeMismatch
 from featdump.inputs.preprocess import Preprocess
 from featdump.inputs.workers import (
@@ -24,6 +23,7 @@ from featdump.inputs.workers import (
 )
 from featdump.job.runner import extract
 from featdump.sources.models import default_preprocessing
+from tests.makers.photos import camera_photo, write_camera_photos
 
 from .helpers import CrashAfterFirstBatch, featdump_env, run_featdump, settings_for
 

@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 
 import featdump
-from benchmarks import faults
 from featdump.job.proof import row_errors
 from featdump.job.sampling import plan_sample
 from featdump.job.tolerances import bound
+from tests.makers import faults
 
 from .helpers import images_fixture, read_output, run_featdump, user_project, write_images
 

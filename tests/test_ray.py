@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 import featdump
-from benchmarks.videos import write_video
 from featdump.errors import OutputExists
 from featdump.output.layout import Committed, Output
+from tests.makers.videos import write_video
 
 from .helpers import (
     assert_same_rows,

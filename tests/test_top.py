@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 import featdump
-from benchmarks.tiny_models import MODELS
 from featdump.units import top as units
+from tests.makers.tiny_models import MODELS
 
 from .helpers import REPO, featdump_env, run_featdump, user_project
 
@@ -146,7 +146,7 @@ def test_a_killed_pass_resumes_at_the_layer_it_stopped_in(sharded, tmp_path, mon
 def test_a_layer_larger_than_the_sample_is_counted_whole_and_its_quantile_images_are_near_their_ranks(tmp_path):
     """20,000 rows of 8 units, slabs of a few thousand: every row is counted in its unit's histogram, and each
     quantile's image (from the seeded sample of 1,024 rows) lies within 3% of rank of that quantile."""
-    from benchmarks.outputs import write_output
+    from tests.makers.outputs import write_output
 
     values = np.random.default_rng(3).standard_normal((20_000, 8), dtype=np.float32)
     write_output(tmp_path / "wide.h5", {"pooled": values}, batch=4096)
@@ -176,8 +176,8 @@ def test_ties_go_to_the_lower_row_across_slabs(highest):
 def test_info_tells_a_top_file_and_names_the_one_beside_an_output(tmp_path):
     from click.testing import CliRunner
 
-    from benchmarks.outputs import write_output
     from featdump.faces.cli import main
+    from tests.makers.outputs import write_output
 
     write_output(tmp_path / "out.h5", {"pooled": np.arange(24, dtype=np.float32).reshape(6, 4)})
     featdump.top(tmp_path / "out.h5", k=2)

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-from benchmarks.videos import frame_pixels, one_thread, write_video
 from featdump.inputs.video import ClipPlan, decode_clip, looks_like_video, video_info
+from tests.makers.videos import frame_pixels, one_thread, write_video
 
 av = pytest.importorskip("av")
 

@@ -15,8 +15,8 @@ from PIL import Image
 from torchvision.models import get_model, get_model_weights
 
 import featdump
-from benchmarks.videos import one_thread, write_video
 from featdump.job.runner import extract
+from tests.makers.videos import one_thread, write_video
 
 from .helpers import CrashAfterFirstBatch, read_output, run_featdump, settings_for
 from .test_video import all_frames, on_screen

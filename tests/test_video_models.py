@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from benchmarks.videos import one_thread, write_video
+from tests.makers.videos import one_thread, write_video
 
 from .helpers import read_output, run_featdump
 from .test_video import all_frames, on_screen

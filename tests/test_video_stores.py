@@ -8,11 +8,11 @@ import h5py
 import numpy as np
 import pytest
 
-from benchmarks.videos import write_video
 from featdump.inputs import find_images
 from featdump.inputs.clips import as_rows
 from featdump.inputs.imagelist import Window
 from featdump.sources.models import ModelClip
+from tests.makers.videos import write_video
 
 from .helpers import read_output, run_featdump
 from .test_tars import member_path, pack
@@ -136,10 +136,10 @@ def test_a_store_that_goes_away_mid_clip_fails_the_batch_not_a_skip(stored_video
     instead of recording the video as undecodable."""
     from torchvision.models import get_model_weights
 
-    from benchmarks.seaweed import free_port_base
     from featdump.errors import StoreUnavailable
     from featdump.inputs.clips import ClipPreprocess, dataset_for
     from featdump.inputs.stores import Patience
+    from tests.makers.seaweed import free_port_base
 
     images = as_rows(find_images("s3://movies/set/", patience=Patience(seconds=1)), 4, 10.0, None,
                      ModelClip(16, 15.0, True))
