@@ -340,18 +340,18 @@ def _nearest_scale(evidence: _Evidence, parts: list[str]) -> tuple[float, float,
     """The channel whose scale (run against emulation) is nearest its bound: how far the scale moves its values
     (|factor - 1| x the channel's root mean square, in units of a row's largest value), its bound, its index and its
     factor. The bound (`tolerances.scale_bound`) grows with the emulation's own relative error of that channel (root
-    mean square distance from fp32 over its size; at least the median channel's): a channel the precision barely
-    moves is held to a small factor, one of near zeros (whose factor means nothing to a kernel's summation order) is
-    not; inf before MIN_ROWS rows."""
+    mean square distance from fp32 over its size; at least the median channel's), and is never below twice the
+    median channel's absolute error: a channel the precision barely moves is held to a small factor, one of near
+    zeros (whose factor means nothing to rounding or a kernel's summation order) is not; inf before MIN_ROWS rows."""
     scale, own = evidence.scale, evidence.emulated_scale
     effects, deviations = scale.effects(), scale.deviations()
     if scale.entries == 0 or own.products is None or own.squares.shape != effects.shape or \
             len(evidence.emulated_largest) < MIN_ROWS:
         channel = int(np.argmax(effects))
         return float(effects[channel]), np.inf, channel, 1.0 + float(deviations[channel])
-    size = scale.spread(scale.squares)
-    relative = np.divide(own.spread(own.apart()), size, out=np.zeros_like(size), where=size > 0)
-    bounds = tolerances.scale_bound(parts, np.maximum(relative, np.median(relative)), size)
+    size, noise = scale.spread(scale.squares), own.spread(own.apart())
+    relative = np.divide(noise, size, out=np.zeros_like(size), where=size > 0)
+    bounds = tolerances.scale_bound(parts, np.maximum(relative, np.median(relative)), size, float(np.median(noise)))
     channel = int(np.argmax(effects / bounds))
     factor = float(scale.products[channel] / scale.squares[channel]) if scale.squares[channel] > 0 else 1.0
     return float(effects[channel]), float(bounds[channel]), channel, factor

@@ -38,6 +38,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 MULTIPLE = 3.0  # how many times the emulation's farthest row a run's may be: kernels that round in another order
 SHIFT_MULTIPLE = 6.0  # how many standard errors of the emulation's channel means a run's channel mean may be
 SHIFT_FLOOR = 3e-3  # a channel's mean shift, in units of a row's largest value, that is never a fault (a sound
@@ -108,15 +110,18 @@ def floor(parts: list[str]) -> float:
     return sum(PARTS[part].allowance for part in parts)
 
 
-def scale_bound(parts: list[str], relative_noise, size):
+def scale_bound(parts: list[str], relative_noise, size, typical_noise: float = 0.0):
     """How far a channel's scale may move its values (|factor - 1| x its root mean square SIZE, in units of a row's
     largest value), where the emulation's own relative error of that channel is RELATIVE_NOISE (floats, or arrays:
-    one per channel): relative to the channel, SCALE_MULTIPLE x that noise and the emulated parts' floors (rounding
-    is relative to each value); then, in the row's units, the fixed bounds of the parts not emulated (a kernel's
+    one per channel) and a typical channel's absolute error TYPICAL_NOISE: relative to the channel, SCALE_MULTIPLE x
+    that noise and the emulated parts' floors (rounding is relative to each value), but never below SCALE_MULTIPLE x
+    the typical absolute error (a channel of near zeros, left by a cancellation, keeps the absolute rounding error of
+    the values it was made from); then, in the row's units, the fixed bounds of the parts not emulated (a kernel's
     summation order, inductor's code) and SCALE_FLOOR."""
     own = sum(PARTS[part].allowance for part in parts if PARTS[part].emulated)
     fixed = sum(PARTS[part].allowance for part in parts if not PARTS[part].emulated)
-    return size * (SCALE_MULTIPLE * relative_noise + own) + fixed + SCALE_FLOOR
+    relative = size * (SCALE_MULTIPLE * relative_noise + own)
+    return np.maximum(relative, SCALE_MULTIPLE * typical_noise) + fixed + SCALE_FLOOR
 
 
 def shift_bound(noise):
