@@ -59,9 +59,22 @@ def test_every_field_says_what_it_changes_and_a_field_without_a_mark_is_refused(
         dependencies.marks_of(Unmarked)
 
 
-def test_the_fields_recorded_by_name_are_those_files_already_record():
-    assert set(dependencies.fingerprinted(base())) == FINGERPRINTED
+def test_the_fields_recorded_by_name_are_those_files_already_record_and_any_new_one_defaults_to_none():
+    recorded = dependencies.fingerprinted(base())
+    assert FINGERPRINTED <= set(recorded)
+    defaults = {field.name: field.default for field in dataclasses.fields(Settings)}
+    assert all(defaults[name] is None for name in set(recorded) - FINGERPRINTED), \
+        "a VALUES field that older files do not record must default to None, or they stop resuming"
     assert dependencies.fingerprinted(base(), layers=["avgpool"])["layers"] == ["avgpool"]  # as resolved
+
+
+def test_every_model_field_is_a_keyword_of_load_model():
+    import inspect
+
+    from featdump.sources.models import load_model
+
+    model_fields = set(dict(dependencies.model_key(base())))
+    assert model_fields and model_fields <= set(inspect.signature(load_model).parameters)
 
 
 @pytest.mark.parametrize("name", sorted(OTHER))

@@ -26,8 +26,9 @@ from featdump.inputs.clips import dataset_for
 from featdump.inputs.gpu_decode import to_device_inputs
 from featdump.inputs.loader import Batch, batches_of, make_loader
 from featdump.inputs.workers import choose_workers
-from featdump.job import dependencies, warm
+from featdump.job import warm
 from featdump.job.channels import channel_axis
+from featdump.job.identity import RunIdentity
 from featdump.job.model import Model, departures_of, preprocessing_name
 from featdump.job.proof import (
     Emulation,
@@ -48,15 +49,6 @@ from featdump.progress import Progress
 log = logging.getLogger("featdump")
 
 
-def _compiled_from(settings: Settings, model: Model) -> dict:
-    """What a compiled forward depends on beyond its weights and input batch (`forward.ahead`'s key)."""
-    fits = {name: getattr(reduction.fit, "digest", None) for name, reduction in model.reductions.items()
-            if reduction.fit is not None}
-    resolved = dependencies.compiled_key(settings, layers=[layer.name for layer in model.layers],
-                                         reduce=model.chosen, device=str(model.device))
-    return {**resolved, "fits": fits}
-
-
 def fill(writer: FeatureWriter, images: ImageList, settings: Settings, model: Model, lock: OutputLock,
           progress: Progress, offset: int = 0, task: str | None = None, keep_empty: bool = True) -> Path:
     """Every image of IMAGES that WRITER's file has not committed yet, through the model into it; then finish it.
@@ -68,8 +60,8 @@ def fill(writer: FeatureWriter, images: ImageList, settings: Settings, model: Mo
                             {name: list(spec.shape) for name, spec in model.specs.items()}, task, images.noun)
     try:
         example = torch.randn((2, *model.preprocess.input_shape), generator=torch.Generator().manual_seed(0))
-        graph_key = (dependencies.run_key(settings), tuple(model.chosen.items()), str(model.device),
-                     model.memory_format, model.preprocess.input_shape)
+        identity = RunIdentity.of(settings, model)
+        graph_key = identity.graph()
         capture = Capture(model.loaded.module, model.layers, model.snapshots(), prune=True,
                           example=example.to(model.device).contiguous(memory_format=model.memory_format),
                           checked=warm.known("graph checked", graph_key))
@@ -77,7 +69,7 @@ def fill(writer: FeatureWriter, images: ImageList, settings: Settings, model: Mo
             if capture.strategy == "graph":
                 warm.note("graph checked", graph_key)
             cache = Path(settings.compile_cache) if settings.compile_cache else None
-            compiled = compile_capture(capture, cache, _compiled_from(settings, model), waiting_lock) \
+            compiled = compile_capture(capture, cache, identity.compiled(), waiting_lock) \
                 if settings.compile else None
             progress.start(len(images), start, images.noun)
             job = _Job(settings, images, model, capture, writer, record, offset,

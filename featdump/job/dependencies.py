@@ -11,7 +11,15 @@ hand. Each field says what a change of it changes:
 - `LAYOUT`: how the file stores its rows, not what they are (fixed when the file is made);
 - nothing (an empty mark): how the run goes (workers, progress, patience, where its files are).
 
-The fingerprint, the model's key, the compiled package's key and a warm worker's key are made here."""
+The rules of the marks (tests/test_dependencies.py holds each):
+
+- a `MODEL` field is a keyword of `sources.models.load_model`, by the same name (the model's key is those keywords);
+- a `VALUES` field that files made before it do not record must default to None: a missing entry reads as None, so
+  those files still resume (any other default would refuse them);
+- every field carries a mark, the empty one included: a field without one is refused at import.
+
+The fields and keys are made here; `job.identity.RunIdentity` adds what the model resolved them to (layers,
+reductions, decode path, device) and is what every site asks."""
 
 from __future__ import annotations
 

@@ -13,11 +13,11 @@ from featdump.forward.batch_size import DEFAULT as DEFAULT_BATCH
 from featdump.forward.batch_size import choose_batch_size
 from featdump.forward.device import (
     free_memory,
-    resolve_decode,
 )
 from featdump.inputs import ImageList, Patience, find_images
 from featdump.inputs.clips import as_rows
 from featdump.job import dependencies, warm
+from featdump.job.identity import RunIdentity
 from featdump.job.model import Model
 from featdump.job.settings import Settings
 from featdump.job.shards import Shard, choose_shard, plan_shard
@@ -91,10 +91,7 @@ def sized(settings: Settings, model: Model, noun: str) -> Settings:
 
 def fingerprint_for(plan: Plan, model: Model) -> dict:
     """What the run of PLAN with MODEL records of itself (`output.fingerprint`), before any PCA fit's identity."""
-    settings = plan.settings
-    resolved = dependencies.fingerprinted(
-        settings, layers=[layer.name for layer in model.layers], reduce=model.chosen,
-        decode=resolve_decode(settings.decode, model.device, model.preprocess))
+    resolved = RunIdentity.of(plan.settings, model).fingerprinted()
     layouts = {layer.name: layer.layout for layer in model.layers if layer.layout}
     return fingerprints.build(resolved, layouts, repr(model.preprocess.transforms), model.loaded.source, plan.images,
                               plan.shard_fingerprint)

@@ -11,6 +11,7 @@ import torch
 import torchvision
 
 from featdump.inputs import ImageList
+from featdump.job.identity import RunIdentity
 from featdump.job.model import Model
 from featdump.job.settings import Settings
 from featdump.locations import Location
@@ -29,12 +30,11 @@ def provenance(settings: Settings, model: Model, images: ImageList) -> dict:
         "weights": model.loaded.weights,
         "model_source": json.dumps(model.loaded.source, sort_keys=True),
         "seed": settings.seed,
-        "layers": [layer.name for layer in model.layers],
+        **RunIdentity.of(settings, model).described(),
         "preprocessing": repr(model.loaded.preprocessing),
         "image_geometry": json.dumps(model.preprocess.geometry()),  # how `show` lays the image under the maps
         "image_root": Location.of(root).absolute,
         "dtype": settings.dtype,
-        "reduce": json.dumps(model.chosen),
         "precision": settings.precision,
         "fast_decode": settings.fast_decode,
         "featdump_version": __version__,
