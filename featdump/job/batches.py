@@ -143,20 +143,10 @@ def _run_batches(job: _Job, progress: Progress, stop: StopSignals) -> None:
                                                            inspect=job.proof.check) as sink, \
             autocast(settings.precision, device):
         tick = time.perf_counter()
-        for batch in batches:
+        for batch in batches:  # the stages of a batch: its inputs, the forward, the rows handed to the writer
             tock = time.perf_counter()
-            _check_sizes(batch, job)
-            with torch.autocast(device.type, enabled=False):
-                inputs = to_device_inputs(batch, preprocess, images, device)
-            _check_failures(batch, images, settings.on_error)
-            features = {}
-            if inputs is not None:
-                count = inputs.shape[0]
-                if device.type == "cuda" or job.capture.strategy == "compiled graph":
-                    inputs = padded(inputs, settings.batch_size)  # one shape (cudnn.benchmark, one compile)
-                inputs = inputs.contiguous(memory_format=job.model.memory_format)
-                with out_of_memory_as_failure(device, settings.batch_size, str(job.writer.path)):
-                    features = {name: values[:count] for name, values in job.capture.run(inputs).items()}
+            inputs = _inputs_of(batch, job)
+            features = _forward(inputs, job) if inputs is not None else {}
             sink.put(features, batch, images, device)
             waiting, computing = waiting + tock - tick, computing + time.perf_counter() - tock
             progress.advance(batch.size)
@@ -167,6 +157,26 @@ def _run_batches(job: _Job, progress: Progress, stop: StopSignals) -> None:
     log.debug("Stage times: waiting for decoded images %.2f s, forward and copies %.2f s, "
               "writing %.2f s on a background thread (%s capture); %s.", waiting, computing, sink.seconds,
               job.capture.strategy, steady)
+
+
+def _inputs_of(batch, job: _Job) -> torch.Tensor | None:
+    """A decoded batch as the model's inputs on the run's device (None: every image of it failed), its sizes and
+    failures judged first."""
+    _check_sizes(batch, job)
+    with torch.autocast(job.model.device.type, enabled=False):  # the inputs are made outside autocast
+        inputs = to_device_inputs(batch, job.model.preprocess, job.images, job.model.device)
+    _check_failures(batch, job.images, job.settings.on_error)
+    return inputs
+
+
+def _forward(inputs: torch.Tensor, job: _Job) -> dict[str, torch.Tensor]:
+    """Each layer's rows of INPUTS, through the capture (padded to the batch size where one shape matters)."""
+    settings, device, count = job.settings, job.model.device, inputs.shape[0]
+    if device.type == "cuda" or job.capture.strategy == "compiled graph":
+        inputs = padded(inputs, settings.batch_size)  # one shape (cudnn.benchmark, one compile)
+    inputs = inputs.contiguous(memory_format=job.model.memory_format)
+    with out_of_memory_as_failure(device, settings.batch_size, str(job.writer.path)):
+        return {name: values[:count] for name, values in job.capture.run(inputs).items()}
 
 
 class _SteadyRate:
