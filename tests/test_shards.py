@@ -73,6 +73,10 @@ def test_shard_from_a_kubernetes_indexed_job():
     assert container["command"][:2] == ["featdump", "extract"] and "--scratch" in container["command"]
     cpus = next(variable for variable in container["env"] if variable["name"] == "FEATDUMP_CPUS")
     assert cpus["valueFrom"]["resourceFieldRef"]["resource"] == "requests.cpu"  # -j from the request, not the node
+    mounts = {mount["mountPath"]: mount["name"] for mount in container["volumeMounts"]}
+    shared = {volume["name"] for volume in pod["volumes"] if "persistentVolumeClaim" in volume}
+    for cache in ("TORCH_HOME", "HF_HOME"):  # weights read from a shared volume, not downloaded in every pod
+        assert any(environment[cache].startswith(path) and mounts[path] in shared for path in mounts), cache
 
 
 def test_shard_from_the_launcher_environment():
