@@ -68,3 +68,15 @@ def test_a_finished_output_is_read_alike_here_and_in_a_store(finished, store_env
     place_of("s3://places/other/out.h5").check_writable(PATIENCE)
     with pytest.raises(StoreRefused, match="no-such-bucket-here"):
         place_of("s3://no-such-bucket-here/out.h5").check_writable(PATIENCE)
+
+
+def test_the_same_bucket_path_in_two_stores_has_two_scratch_twins(tmp_path, monkeypatch):
+    """Two jobs on one node writing s3://runs/a/out.h5 to two stores (two endpoints) never share a partial file."""
+    from featdump.output.remote import scratch_twin
+
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:8333")
+    first = scratch_twin("s3://runs/a/out.h5", tmp_path)
+    assert scratch_twin("s3://runs/a/out.h5", tmp_path) == first  # a retry finds its own again
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9333")
+    second = scratch_twin("s3://runs/a/out.h5", tmp_path)
+    assert second != first and second.name == first.name == "out.h5"

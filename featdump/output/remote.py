@@ -17,7 +17,7 @@ from pathlib import Path
 import h5py
 
 from featdump.errors import StoreRefused
-from featdump.inputs.stores import Patience, filesystem, store_path
+from featdump.inputs.stores import Patience, endpoint, filesystem, store_path
 from featdump.locations import Location
 from featdump.output import fingerprint as fingerprints
 from featdump.output.layout import Committed
@@ -31,11 +31,12 @@ def default_scratch() -> Path:
 
 
 def scratch_twin(url: str, scratch: Path | None = None) -> Path:
-    """The local file an output at URL is written as: in a folder of SCRATCH named after URL's folder, so that a
-    retry of the same job finds its partial file again and two jobs never share one."""
+    """The local file an output at URL is written as: in a folder of SCRATCH named after URL's folder and the
+    endpoint its requests go to, so that a retry of the same job finds its partial file again and two jobs never
+    share one (the same bucket path in two stores included)."""
     folder = str(Location.of(url).parent)
     readable = re.sub(r"[^A-Za-z0-9._-]+", "_", Location.of(folder).bare)[-60:].strip("_")
-    digest = hashlib.sha256(folder.encode()).hexdigest()[:12]
+    digest = hashlib.sha256(f"{endpoint(url)}\n{folder}".encode()).hexdigest()[:12]
     return Path(scratch or default_scratch()).expanduser() / f"{readable}-{digest}" / url.rstrip("/").rsplit("/", 1)[1]
 
 
