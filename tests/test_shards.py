@@ -334,3 +334,11 @@ def test_small_shards_are_merged_as_a_copy_larger_ones_as_a_view_and_either_when
     asked = run_featdump("merge", "--view", "--overwrite", output)
     assert asked.returncode == 0 and merge_module.merged_view(output)
     assert_same(read_output(output), single)
+
+
+def test_a_shard_an_engine_set_is_named_after_it(monkeypatch):
+    from featdump.job.shards import SOURCE_VARIABLE, parse_shard
+
+    assert parse_shard("3/8").source == "--shard"
+    monkeypatch.setenv(SOURCE_VARIABLE, "--ray's task")  # what the Ray engine's task sets
+    assert parse_shard("3/8").source == "--ray's task"

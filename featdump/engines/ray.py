@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from featdump.errors import FeatdumpError, StoreUnavailable, UsageProblem
 from featdump.inputs.stores import Patience
 from featdump.job.settings import Settings
+from featdump.job.shards import SOURCE_VARIABLE
 from featdump.output import fingerprint as fingerprints
 from featdump.output.places import merge_at, place_of
 from featdump.progress import NoProgress, Progress
@@ -229,6 +230,7 @@ def _run_shard(settings: Settings, board, index: int) -> dict:
     from featdump.job import staging, warm  # torch, which the driver need not import before the tasks start
 
     size_by_grant()
+    os.environ[SOURCE_VARIABLE] = "--ray's task"  # the shard's log line names Ray, not --shard
 
     told = _ToldToBoard(board, index)
     logging.getLogger("featdump").addHandler(told)  # a store's wait, said where the job is watched

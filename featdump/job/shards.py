@@ -46,7 +46,11 @@ def parse_shard(text: str) -> Shard | None:
     index, count = int(match[1]), int(match[2])
     if not 0 <= index < count:
         raise BadOption(f"Bad --shard {text!r}: K must be in 0..N-1 (0-based), here 0..{max(count - 1, 0)}.")
-    return Shard(index, count, "--shard")
+    return Shard(index, count, os.environ.get(SOURCE_VARIABLE, "--shard"))
+
+
+# Who set --shard where a user did not: an engine running the shards as its tasks names itself here (Ray).
+SOURCE_VARIABLE = "FEATDUMP_SHARD_SOURCE"
 
 
 # A Kubernetes Indexed Job gives each pod its index; the count is the manifest's `completions`, which the pod does not
