@@ -26,7 +26,7 @@ import numpy as np
 from torch.utils.data import get_worker_info
 
 from featdump.errors import NoImages, UsageProblem
-from featdump.inputs.imagelist import Encoded, ImageList
+from featdump.inputs.imagelist import Encoded, ImageList, Storage
 
 HDF5_SUFFIXES = (".h5", ".hdf5", ".hdf", ".he5", ".nc", ".nc4")
 ARRAY_SUFFIXES = (*HDF5_SUFFIXES, ".npy", ".npz")
@@ -198,7 +198,7 @@ def read_array_row(root: Path | str, relative: str) -> bytes | None:
 
 
 @dataclass(frozen=True)
-class ArrayImages:
+class ArrayImages(Storage):
     """Where a job's rows lie in an array: the file (under the list's root), the array's name in it (None: a .npy),
     its layout, and each row's index; the array's shape and dtype and the file's (size, mtime_ns) as listed."""
 
@@ -255,12 +255,6 @@ class ArrayImages:
         if sizes:
             digest.update(f"{self.file_stat}\0{self.shape}\n".encode())
         return digest.hexdigest()
-
-    def groups(self) -> list[int] | None:
-        return None  # rows split anywhere
-
-    def left_out(self) -> dict[str, int]:
-        return {}
 
 
 def _length_now(path: Path, key: str | None) -> int | None:

@@ -11,7 +11,6 @@ import os
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import Protocol
 
 import numpy as np
 
@@ -109,23 +108,35 @@ class _NamedBytes(io.BytesIO):
         return repr(self.name)
 
 
-class Storage(Protocol):
-    """Where the images of a list lie, aligned with its paths: how to read one, stat one, hash them all."""
+class Storage:
+    """Where the images of a list lie, aligned with its paths: how to read one, stat one, hash them all. A kind of
+    storage says how to open, stat, select and hash its rows; these defaults say the rest: a batch read one image
+    at a time, shards split anywhere, nothing left out."""
 
-    def open(self, root: Path, relative: str, position: int) -> Encoded: ...
+    def open(self, root: Path, relative: str, position: int) -> Encoded:
+        raise NotImplementedError
 
     def open_as_ready(self, root: Path, relatives: Sequence[str],
-                      positions: Sequence[int]) -> Iterator[tuple[int, Encoded | Exception]]: ...
+                      positions: Sequence[int]) -> Iterator[tuple[int, Encoded | Exception]]:
+        """(index, bytes) of each of a batch's images, or why it cannot be read: by default one at a time."""
+        return open_each(self, root, relatives, positions)
 
-    def stat(self, root: Path, relative: str, position: int) -> tuple[int, int] | None: ...
+    def stat(self, root: Path, relative: str, position: int) -> tuple[int, int] | None:
+        raise NotImplementedError
 
-    def select(self, positions: Sequence[int]) -> Storage: ...
+    def select(self, positions: Sequence[int]) -> Storage:
+        raise NotImplementedError
 
-    def digest(self, root: Path, paths: Sequence[str], labels: Sequence[int], sizes: bool) -> str: ...
+    def digest(self, root: Path, paths: Sequence[str], labels: Sequence[int], sizes: bool) -> str:
+        raise NotImplementedError
 
-    def groups(self) -> list[int] | None: ...
+    def groups(self) -> list[int] | None:
+        """Where shards may split the rows (None: anywhere)."""
+        return None
 
-    def left_out(self) -> dict[str, int]: ...
+    def left_out(self) -> dict[str, int]:
+        """What the input holds that is no image, by suffix (none by default)."""
+        return {}
 
 
 def open_each(storage: Storage, root: Path, relatives: Sequence[str],
@@ -138,20 +149,14 @@ def open_each(storage: Storage, root: Path, relatives: Sequence[str],
             yield index, error
 
 
-class Files:
-    """Images stored as files under the list's root (a folder or a list file)."""
-
-    def left_out(self) -> dict[str, int]:
-        return {}  # a folder's other files are not samples
+class Files(Storage):
+    """Images stored as files under the list's root (a folder or a list file); a folder's other files are no
+    samples (none left out)."""
 
     def open(self, root: Path, relative: str, position: int) -> Encoded:
         path = root / relative
         found = check_regular_file(path)
         return Encoded(relative, (found.st_size, found.st_mtime_ns), path=path)
-
-    def open_as_ready(self, root: Path, relatives: Sequence[str],
-                      positions: Sequence[int]) -> Iterator[tuple[int, Encoded | Exception]]:
-        return open_each(self, root, relatives, positions)
 
     def stat(self, root: Path, relative: str, position: int) -> tuple[int, int] | None:
         try:
@@ -175,9 +180,6 @@ class Files:
                     size = -1
             digest.update(f"{relative}\0{size}\0{label}\n".encode("utf-8", "surrogateescape"))
         return digest.hexdigest()
-
-    def groups(self) -> list[int] | None:
-        return None  # no grouping: shards split anywhere
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ import numpy as np
 
 from featdump.errors import NoImages, StoreRefused
 from featdump.inputs.folder import IMAGE_EXTENSIONS, class_labels, images_or_videos
-from featdump.inputs.imagelist import Encoded, ImageList, Window
+from featdump.inputs.imagelist import Encoded, ImageList, Storage, Window
 from featdump.inputs.stores import (
     Patience,
     RangeReader,
@@ -98,7 +98,7 @@ def _parse_time(text: str) -> datetime | None:
 
 
 @dataclass(frozen=True)
-class StoreObjects:
+class StoreObjects(Storage):
     """Where the images of a prefix lie: objects under the root URL, with their identities as listed."""
 
     patience: Patience
@@ -140,12 +140,6 @@ class StoreObjects:
             identity = f"{self.etag[position]}\0{self.size[position]}\0{self.mtime[position]}" if sizes else ""
             digest.update(f"{relative}\0{identity}\0{label}\n".encode("utf-8", "surrogateescape"))
         return digest.hexdigest()
-
-    def groups(self) -> list[int] | None:
-        return None
-
-    def left_out(self) -> dict[str, int]:
-        return {}
 
 
 def video_where_it_lies(url: str, relative: str, identity: tuple[int, int], patience: Patience, offset: int = 0,

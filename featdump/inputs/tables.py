@@ -25,7 +25,7 @@ from pathlib import Path, PurePosixPath
 import numpy as np
 
 from featdump.errors import NoImages, UsageProblem
-from featdump.inputs.imagelist import Encoded, ImageList
+from featdump.inputs.imagelist import Encoded, ImageList, Storage
 from featdump.inputs.stores import Patience, filesystem, store_path
 from featdump.inputs.tar_names import expand_braces
 from featdump.locations import Location
@@ -277,7 +277,7 @@ def _row_places(files: list[TableFile]) -> tuple[np.ndarray, np.ndarray, np.ndar
 
 
 @dataclass(frozen=True)
-class TableRows:
+class TableRows(Storage):
     """Where each row's image lies: its file, row group and place in it, and the image column."""
 
     files: tuple[TableFile, ...]
@@ -333,9 +333,6 @@ class TableRows:
         if not len(self.file_of):
             return []
         return [0, *(np.flatnonzero(np.diff(self.file_of)) + 1).tolist()]
-
-    def left_out(self) -> dict[str, int]:
-        return {}
 
 
 def _stamp(version: str) -> int:

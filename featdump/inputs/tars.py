@@ -19,7 +19,7 @@ import logging
 import os
 import re
 import tarfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import NamedTuple
@@ -28,7 +28,7 @@ import numpy as np
 
 from featdump.errors import NoImages
 from featdump.inputs.folder import IMAGE_EXTENSIONS, images_or_videos
-from featdump.inputs.imagelist import Encoded, ImageList, Window, open_each
+from featdump.inputs.imagelist import Encoded, ImageList, Storage, Window
 from featdump.inputs.tar_names import TAR_SUFFIX
 from featdump.inputs.video import VIDEO_SUFFIXES, is_video_name
 from featdump.locations import Location
@@ -275,7 +275,7 @@ def _log_left_out(ignored: collections.Counter, without_image: int) -> None:
 
 
 @dataclass(frozen=True)
-class TarMembers:
+class TarMembers(Storage):
     """Where each image of a tar list lies: its tar, the offset and size of its bytes (-1: a damaged tail)."""
 
     tars: tuple[TarShard, ...]
@@ -299,10 +299,6 @@ class TarMembers:
         if len(data) != size:
             raise DamagedTar(f"{shard.name} ends before this member's bytes (truncated after it was listed)")
         return Encoded(relative, (size, shard.mtime_ns), data=data)
-
-    def open_as_ready(self, root: Path, relatives: Sequence[str],
-                      positions: Sequence[int]) -> Iterator[tuple[int, Encoded | Exception]]:
-        return open_each(self, root, relatives, positions)
 
     def stat(self, root: Path, relative: str, position: int) -> tuple[int, int] | None:
         return int(self.size[position]), self.tars[int(self.tar[position])].mtime_ns  # as listed for this job

@@ -15,7 +15,7 @@ import hashlib
 import struct
 import zipfile
 import zlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import PurePosixPath
 
@@ -23,7 +23,7 @@ import numpy as np
 
 from featdump.errors import NoImages, UsageProblem
 from featdump.inputs.folder import IMAGE_EXTENSIONS, class_labels
-from featdump.inputs.imagelist import Encoded, ImageList, open_each
+from featdump.inputs.imagelist import Encoded, ImageList, Storage
 from featdump.inputs.readers import Reader
 from featdump.inputs.stores import filesystem, store_path
 from featdump.locations import Location
@@ -89,7 +89,7 @@ def read_zip(where: Location) -> ImageList:
 
 
 @dataclass(frozen=True)
-class ZipMembers:
+class ZipMembers(Storage):
     """Where each image of an archive lies: the offset of its local header, its compressed and plain sizes, its
     method (stored or deflated) and its CRC-32, which with its size identifies it (a rewritten archive's unchanged
     members stay unchanged: --update reads only what is new)."""
@@ -110,10 +110,6 @@ class ZipMembers:
                           "size or CRC-32 differs: was the archive changed since the job listed it?)")
         return Encoded(relative, self.stat(root, relative, position), data=data)
 
-    def open_as_ready(self, root, relatives: Sequence[str],
-                      positions: Sequence[int]) -> Iterator[tuple[int, Encoded | Exception]]:
-        return open_each(self, root, relatives, positions)
-
     def stat(self, root, relative: str, position: int) -> tuple[int, int]:
         return int(self.size[position]), int(self.crc[position])  # as listed
 
@@ -131,12 +127,6 @@ class ZipMembers:
             for size, crc in zip(self.size.tolist(), self.crc.tolist()):
                 digest.update(f"{size}\0{crc}\n".encode())
         return digest.hexdigest()
-
-    def groups(self) -> list[int] | None:
-        return None
-
-    def left_out(self) -> dict[str, int]:
-        return {}
 
 
 def read_member(location: str, header: int, packed: int, method: int) -> bytes:
