@@ -77,6 +77,7 @@ def study(tmp_path_factory):
     return root
 
 
+@pytest.mark.slow  # 8 s or more of the quick suite on a 2-core Zen 3 (AVX2): kept to CI's full run
 @pytest.mark.parametrize("metric", ["correlation", "euclidean", "cosine"])
 def test_rdms_equal_rsatoolbox_s_read_in_many_slabs(study, tmp_path, metric):
     result = run_featdump("rdm", study / "out.h5", "--metric", metric, "--memory", "64KB", "-o", tmp_path / "r.h5")

@@ -39,6 +39,7 @@ def rows_of(source, output, *options) -> featdump.api.Features:
     return featdump.load(output, "layer1")
 
 
+@pytest.mark.slow  # 8 s or more of the quick suite on a 2-core Zen 3 (AVX2): kept to CI's full run
 @pytest.mark.parametrize("form", ["hdf5 channels last", "hdf5 channels first", "hdf5 greyscale", "npy", "npz"])
 def test_an_array_s_rows_equal_the_same_images_saved_as_png_files(tmp_path, form):
     pixels = images(6, channels=1 if "greyscale" in form else 3)
@@ -65,6 +66,7 @@ def test_an_array_s_rows_equal_the_same_images_saved_as_png_files(tmp_path, form
     np.testing.assert_array_equal(from_array.features, from_files.features)
 
 
+@pytest.mark.slow  # 8 s or more of the quick suite on a 2-core Zen 3 (AVX2): kept to CI's full run
 def test_a_file_of_several_arrays_is_read_by_the_one_named_and_what_holds_no_images_is_refused(tmp_path):
     source = tmp_path / "study.h5"
     pixels = images(4)
@@ -93,6 +95,7 @@ def test_a_file_of_several_arrays_is_read_by_the_one_named_and_what_holds_no_ima
     assert len(featdump.load(tmp_path / "api.h5", "avgpool").paths) == 4
 
 
+@pytest.mark.slow  # 8 s or more of the quick suite on a 2-core Zen 3 (AVX2): kept to CI's full run
 def test_a_uint16_array_with_a_stated_range_is_scaled_to_8_bits(tmp_path):
     pixels = images(3)
     with h5py.File(tmp_path / "deep.h5", "w") as h5file:
@@ -103,6 +106,7 @@ def test_a_uint16_array_with_a_stated_range_is_scaled_to_8_bits(tmp_path):
                                   rows_of(tmp_path / "pngs", tmp_path / "f.h5").features)
 
 
+@pytest.mark.slow  # 8 s or more of the quick suite on a 2-core Zen 3 (AVX2): kept to CI's full run
 def test_a_killed_run_resumes_a_grown_array_updates_and_shards_merge_into_the_single_run(tmp_path):
     source = tmp_path / "nsd.hdf5"
     pixels = images(12)
@@ -132,6 +136,7 @@ def test_a_killed_run_resumes_a_grown_array_updates_and_shards_merge_into_the_si
     assert drawn.returncode == 0 and (tmp_path / "s.png").exists(), drawn.stderr
 
 
+@pytest.mark.slow  # 8 s or more of the quick suite on a 2-core Zen 3 (AVX2): kept to CI's full run
 def test_a_brick_killed_mid_run_resumes_to_the_uninterrupted_rows(tmp_path):
     """SIGKILL once a batch of a 40-image brick is committed (batches of 4): the same command resumes, and the file
     equals an uninterrupted run's."""

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import h5py
 import numpy as np
+import pytest
 
 from featdump.job.runner import extract
 
 from .helpers import settings_for, write_images
 
 
+@pytest.mark.slow  # 8 s or more of the quick suite on a 2-core Zen 3 (AVX2): kept to CI's full run
 def test_batch_size_and_workers_do_not_change_rows(tmp_path):
     images = tmp_path / "images"
     expected_paths = write_images(images, {"x": 6, "y": 5})

@@ -40,6 +40,7 @@ def test_layers_given_with_a_space_are_told_to_use_a_comma(tmp_path):
         assert result.stderr.strip().endswith("Layers are comma-separated: -l layer1,layer4.1.relu:2."), result.stderr
 
 
+@pytest.mark.slow  # 8 s or more of the quick suite on a 2-core Zen 3 (AVX2): kept to CI's full run
 def test_help_and_version_as_a_process():
     result = run_featdump("--help", process=True)
     assert result.returncode == 0 and "list-layers" in result.stdout
@@ -205,6 +206,7 @@ def test_usage_errors_are_one_line_with_exit_code_2(image_folder, tmp_path, argu
     assert result.stderr == f"Error: {message.format(tmp=tmp_path)}\n"
 
 
+@pytest.mark.slow  # 8 s or more of the quick suite on a 2-core Zen 3 (AVX2): kept to CI's full run
 def test_a_run_that_reads_no_image_exits_1_in_one_line_and_leaves_nothing_to_look_finished(tmp_path):
     folder = tmp_path / "images"
     folder.mkdir()

@@ -113,6 +113,7 @@ REFUSED = {  # a value-changing field, another value, and what the refusal names
 }
 
 
+@pytest.mark.slow  # 8 s or more of the quick suite on a 2-core Zen 3 (AVX2): kept to CI's full run
 def test_a_resume_or_an_update_with_a_value_changing_option_changed_is_refused(images, tmp_path):
     settings = settings_for(images, tmp_path / "out.h5")
     make_partial(settings)
@@ -134,6 +135,7 @@ GOES_ON = {"batch_size": 2, "num_workers": 1, "proof": 0, "on_error": "fail", "s
            "space_check": False, "compression": "lzf", "device": "auto", "merge_timeout": 10.0}
 
 
+@pytest.mark.slow  # 8 s or more of the quick suite on a 2-core Zen 3 (AVX2): kept to CI's full run
 def test_a_resume_with_every_other_option_changed_goes_on_to_the_same_rows(images, tmp_path):
     """All at once: the fingerprint compares field by field, so none of them alone would refuse either."""
     assert not any(dependencies.VALUES in dependencies.marks_of(Settings)[name] for name in GOES_ON)
@@ -147,6 +149,7 @@ def test_a_resume_with_every_other_option_changed_goes_on_to_the_same_rows(image
     np.testing.assert_allclose(resumed["avgpool"], expected["avgpool"], rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.slow  # 8 s or more of the quick suite on a 2-core Zen 3 (AVX2): kept to CI's full run
 def test_a_warm_worker_given_a_job_that_differs_in_a_row_changing_field_builds_again(images, tmp_path):
     first = settings_for(images, tmp_path / "first.h5")
     others = {"seed": 1, "dtype": "float16"}  # another model; the same model, its rows stored otherwise

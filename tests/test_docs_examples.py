@@ -119,6 +119,7 @@ def stored(sandbox, seaweed):
     return seaweed
 
 
+@pytest.mark.slow  # 8 s or more of the quick suite on a 2-core Zen 3 (AVX2): kept to CI's full run
 @pytest.mark.parametrize("page, line", list(examples()))
 def test_every_shell_example_runs(sandbox, page, line, request, monkeypatch):
     if page in ("analysis.md", "readouts.md"):

@@ -75,6 +75,7 @@ def test_fast_decode_is_close_and_exact_path_unchanged(photos, tmp_path):
         assert bool(h5file.attrs["fast_decode"]) is True
 
 
+@pytest.mark.slow  # 8 s or more of the quick suite on a 2-core Zen 3 (AVX2): kept to CI's full run
 def test_fast_decode_is_part_of_the_fingerprint(photos, tmp_path):
     output = tmp_path / "out.h5"
     settings = settings_for(photos, output, fast_decode=True)

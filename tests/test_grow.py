@@ -45,6 +45,7 @@ def stored_copy(study, tmp_path):
     return tmp_path / "out.h5"
 
 
+@pytest.mark.slow  # 8 s or more of the quick suite on a 2-core Zen 3 (AVX2): kept to CI's full run
 def test_new_layers_equal_a_fresh_run_and_the_stored_ones_are_kept_bit_for_bit(study, tmp_path):
     output = stored_copy(study, tmp_path)
     result = run_featdump(*BASE, "-l", "layer1,layer3", "--update", study / "images", output)
@@ -277,6 +278,7 @@ def test_a_lost_shard_remade_by_the_growth_command_merges_and_info_says_so(study
         np.testing.assert_array_equal(got[layer], fresh[layer])
 
 
+@pytest.mark.slow  # 8 s or more of the quick suite on a 2-core Zen 3 (AVX2): kept to CI's full run
 def test_info_names_why_shards_that_cannot_be_merged_cannot(study, tmp_path):
     output = tmp_path / "out.h5"
     for shard, layers in (("0/2", "layer1"), ("1/2", "layer3")):

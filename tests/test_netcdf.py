@@ -185,6 +185,7 @@ def test_shards_their_merged_view_and_a_merged_copy(images, tmp_path):
         assert not h5file.attrs["virtual"]
 
 
+@pytest.mark.slow  # 8 s or more of the quick suite on a 2-core Zen 3 (AVX2): kept to CI's full run
 def test_a_file_of_the_previous_format_loads_and_is_named_when_resumed_or_grown(tmp_path):
     old = DATA / "format2.h5"
     with h5py.File(old, "r") as h5file:
@@ -248,6 +249,7 @@ def test_load_as_a_labelled_array_selects_by_path_and_label_and_stacks_to_neuroi
     lazy.close()
 
 
+@pytest.mark.slow  # 8 s or more of the quick suite on a 2-core Zen 3 (AVX2): kept to CI's full run
 def test_without_xarray_loading_as_a_labelled_array_says_what_to_install(images, tmp_path, monkeypatch):
     output = tmp_path / "out.h5"
     assert run_featdump(*BASE, "-l", "avgpool", images, output).returncode == 0

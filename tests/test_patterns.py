@@ -44,6 +44,7 @@ def test_resnet18_expansions(resnet18_layers, selectors, expected):
     assert expand(selectors, resnet18_layers, "resnet18") == expected
 
 
+@pytest.mark.slow  # 8 s or more of the quick suite on a 2-core Zen 3 (AVX2): kept to CI's full run
 def test_vit_expansions(vit_layers):
     blocks = [f"encoder.layers.encoder_layer_{i}" for i in range(12)]
     assert expand(["encoder.layers.*"], vit_layers, "vit_b_16") == blocks
@@ -67,6 +68,7 @@ def test_empty_and_malformed_patterns_are_refused(resnet18_layers, pattern, mess
         expand([pattern], resnet18_layers, "resnet18")
 
 
+@pytest.mark.slow  # 8 s or more of the quick suite on a 2-core Zen 3 (AVX2): kept to CI's full run
 def test_a_pattern_writes_the_file_the_typed_names_write(image_folder, tmp_path):
     pattern = run_featdump("extract", "-m", "resnet18", "-w", "none", "-l", "layer1.*.relu:*,avgpool",
                            image_folder, tmp_path / "pattern.h5")

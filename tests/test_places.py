@@ -45,6 +45,7 @@ def finished(tmp_path_factory) -> Path:
     return root / "out.h5"
 
 
+@pytest.mark.slow  # 8 s or more of the quick suite on a 2-core Zen 3 (AVX2): kept to CI's full run
 def test_a_finished_output_is_read_alike_here_and_in_a_store(finished, store_env, tmp_path, monkeypatch):
     client = store_env.client()
     if not client.exists("places"):

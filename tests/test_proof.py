@@ -158,6 +158,7 @@ def runs_out_of_memory():
 images = images_fixture({"a": 10, "b": 10}, seed=3)
 
 
+@pytest.mark.slow  # 8 s or more of the quick suite on a 2-core Zen 3 (AVX2): kept to CI's full run
 def test_a_bf16_run_proves_its_rows_and_info_and_the_summary_show_it(images, tmp_path):
     output = tmp_path / "bf16.h5"
     result = run_featdump("extract", "-m", "resnet18", "-w", "none", "-l", "layer2,avgpool", "--precision", "bf16",
@@ -194,6 +195,7 @@ def test_a_bf16_run_proves_its_rows_and_info_and_the_summary_show_it(images, tmp
             "proved": False, "why": "the run is the reference path"}
 
 
+@pytest.mark.slow  # 8 s or more of the quick suite on a 2-core Zen 3 (AVX2): kept to CI's full run
 def test_proof_0_turns_it_off_and_a_config_file_sets_it_the_same(images, tmp_path):
     output = tmp_path / "off.h5"
     result = run_featdump("extract", "-m", "resnet18", "-w", "none", "-l", "layer1", "--precision", "bf16",
@@ -368,6 +370,7 @@ def test_a_fault_in_the_copy_to_the_host_is_caught_before_the_rows_are_stored(im
     assert "proof:" not in way_out.stderr  # the reference path itself
 
 
+@pytest.mark.slow  # 8 s or more of the quick suite on a 2-core Zen 3 (AVX2): kept to CI's full run
 def test_a_one_percent_error_on_one_channel_is_caught_where_bf16_s_own_error_is_larger(images, tmp_path):
     """1% of a row's largest value on channel 0 of layer4 (bf16's own error there is a few %) moves that channel's
     mean far beyond what bf16 moves any channel's."""
@@ -473,6 +476,7 @@ def test_the_storage_cast_refuses_a_row_below_float16_s_normals_and_keeps_small_
     assert to_storage({"a": torch_tensor([[1e-9]])}, {"a": np.dtype("float32")})["a"][0, 0] == np.float32(1e-9)
 
 
+@pytest.mark.slow  # 8 s or more of the quick suite on a 2-core Zen 3 (AVX2): kept to CI's full run
 def test_a_channel_scaled_by_two_percent_is_caught_where_bf16_s_own_error_is_far_below(images, tmp_path):
     """Channel 0 of bn1 (values of both signs: its mean barely moves) scaled by 1.02 in every row, where bf16's own
     relative error of that channel is a few 0.1%: the run stops before a row is written."""
@@ -536,6 +540,7 @@ def test_a_channel_of_near_zeros_is_not_held_to_its_factor(parts):
         assert (value > limit) == faulty, (size, value, limit)
 
 
+@pytest.mark.slow  # 8 s or more of the quick suite on a 2-core Zen 3 (AVX2): kept to CI's full run
 def test_two_runs_of_the_same_job_prove_other_rows_each_recorded_with_its_seed(tmp_path):
     folder = tmp_path / "images"
     write_images(folder, {"": 24}, seed=8)

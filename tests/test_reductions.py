@@ -35,6 +35,7 @@ def whole(images, tmp_path_factory):
     return read_features(output)
 
 
+@pytest.mark.slow  # 8 s or more of the quick suite on a 2-core Zen 3 (AVX2): kept to CI's full run
 def test_srp_rows_are_the_rebuilt_matrix_applied_and_keep_pairwise_distances(images, whole, tmp_path):
     output = tmp_path / "srp.h5"
     extract(settings_for(images, output, layers=("layer2",), reduce=("srp:1024",), batch_size=16))
@@ -58,6 +59,7 @@ def test_srp_rows_are_the_rebuilt_matrix_applied_and_keep_pairwise_distances(ima
     assert featdump.load(output, "layer2").reduction == "srp:1024"
 
 
+@pytest.mark.slow  # 8 s or more of the quick suite on a 2-core Zen 3 (AVX2): kept to CI's full run
 def test_a_count_sketch_is_srp_with_one_nonzero_per_input_and_keeps_distances(images, whole, tmp_path):
     output = tmp_path / "sketch.h5"
     extract(settings_for(images, output, layers=("layer2",), reduce=("countsketch:1024:3",), batch_size=16))
@@ -146,6 +148,7 @@ def test_shards_of_a_projected_job_merge_to_the_single_run(images, tmp_path):
         assert h5file["pca/avgpool/components"].shape == (4, 512)
 
 
+@pytest.mark.slow  # 8 s or more of the quick suite on a 2-core Zen 3 (AVX2): kept to CI's full run
 def test_pca_equals_an_exact_pca_of_the_fit_set(images, whole, tmp_path):
     output = tmp_path / "pca.h5"
     extract(settings_for(images, output, layers=("layer3",), reduce=("pca:6",), pca_fit="24", batch_size=16))
@@ -235,6 +238,7 @@ def test_a_kill_after_staging_resumes_the_fit_and_overwrite_starts_over(images, 
         assert not staged.exists() and not Path(f"{staged}.partial").exists()
 
 
+@pytest.mark.slow  # 8 s or more of the quick suite on a 2-core Zen 3 (AVX2): kept to CI's full run
 def test_a_fit_refused_after_staging_leaves_nothing_and_the_record_counts_the_images_fitted(tmp_path):
     folder = tmp_path / "images"
     write_images(folder, {"": 8}, seed=2)

@@ -203,6 +203,7 @@ def make_partial(images, output, **overrides):
     assert output.with_name(output.name + ".partial").exists()
 
 
+@pytest.mark.slow  # 8 s or more of the quick suite on a 2-core Zen 3 (AVX2): kept to CI's full run
 def test_resume_refused_when_configuration_or_images_change(tmp_path):
     images = tmp_path / "images"
     write_images(images, {"a": 5, "b": 4})
@@ -219,6 +220,7 @@ def test_resume_refused_when_configuration_or_images_change(tmp_path):
     assert result.returncode == 0 and read_output(output)["avgpool"].shape[0] == 10
 
 
+@pytest.mark.slow  # 8 s or more of the quick suite on a 2-core Zen 3 (AVX2): kept to CI's full run
 def test_finished_output_is_never_touched(tmp_path):
     images = tmp_path / "images"
     write_images(images, {"a": 3})
@@ -261,6 +263,7 @@ def test_second_writer_is_refused_and_first_completes(folder, clean, tmp_path):
     assert final["layer4"].shape == (39, 2048, 7, 7)
 
 
+@pytest.mark.slow  # 8 s or more of the quick suite on a 2-core Zen 3 (AVX2): kept to CI's full run
 def test_disk_full_gives_one_line_and_resumes_once_space_is_freed(folder, clean, tmp_path, small_filesystem):
     output = small_filesystem / "out.h5"
     result = run_featdump(*extract_args(folder, output, "--no-space-check"))
@@ -283,6 +286,7 @@ def test_space_check_refuses_up_front(folder, small_filesystem):
     assert not list(small_filesystem.iterdir())
 
 
+@pytest.mark.slow  # 8 s or more of the quick suite on a 2-core Zen 3 (AVX2): kept to CI's full run
 def test_the_same_command_after_its_input_grew_is_told_to_update_not_called_another_command(tmp_path):
     images = tmp_path / "images"
     write_images(images, {"a": 3})

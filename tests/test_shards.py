@@ -220,6 +220,7 @@ def test_small_shards_get_chunks_of_their_size_and_info_names_mixed_shard_counts
     assert info.returncode == 2 and "different shard counts ([4, 8])" in info.stderr
 
 
+@pytest.mark.slow  # 8 s or more of the quick suite on a 2-core Zen 3 (AVX2): kept to CI's full run
 def test_merge_names_a_missing_an_unfinished_and_a_different_shard(folder, tmp_path):
     output = tmp_path / "out.h5"
     for index in (0, 2):
@@ -311,6 +312,7 @@ def test_a_merged_file_holds_the_attributes_of_10000_shards(tmp_path):
         assert "merged_sizes" in opened.ncattrs()
 
 
+@pytest.mark.slow  # 8 s or more of the quick suite on a 2-core Zen 3 (AVX2): kept to CI's full run
 def test_small_shards_are_merged_as_a_copy_larger_ones_as_a_view_and_either_when_asked(folder, single, tmp_path,
                                                                                         monkeypatch):
     """A view of small shards reads slowly (a file open for a few rows: 0.004-0.5x one file's rate at 10,000 shards

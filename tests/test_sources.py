@@ -156,6 +156,7 @@ def test_list_layers_for_a_factory_model(project):
     assert rows["conv1"]["shapes"] == [[8, 32, 32]]
 
 
+@pytest.mark.slow  # 8 s or more of the quick suite on a 2-core Zen 3 (AVX2): kept to CI's full run
 def test_timm_cnn_and_vit_against_explicit_calls(tmp_path):
     timm = pytest.importorskip("timm", reason="timm is not installed (pip install 'featdump[timm]')")
     write_images(tmp_path / "images", {"": 3})

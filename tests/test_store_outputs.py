@@ -52,6 +52,7 @@ def bucket(seaweed, name: str) -> str:
     return f"s3://{name}"
 
 
+@pytest.mark.slow  # 8 s or more of the quick suite on a 2-core Zen 3 (AVX2): kept to CI's full run
 def test_a_run_to_a_url_is_made_on_scratch_uploaded_once_finished_and_not_made_again(images, store_env, tmp_path):
     folder, expected = images
     url = f"{bucket(store_env, 'results')}/nightly/features.h5"
@@ -68,6 +69,7 @@ def test_a_run_to_a_url_is_made_on_scratch_uploaded_once_finished_and_not_made_a
     assert info.returncode == 0 and "finished, in the store: 20 rows (0 skipped)" in info.stdout, info.stdout
 
 
+@pytest.mark.slow  # 8 s or more of the quick suite on a 2-core Zen 3 (AVX2): kept to CI's full run
 def test_another_command_into_a_finished_url_is_refused_as_into_a_local_file(images, store_env, tmp_path):
     """A finished object in the store is judged by the same fingerprint as a local file: other layers (or another
     model) are refused with exit 2 naming the difference, --update adds them, and the same command is done at once
@@ -117,6 +119,7 @@ def test_a_missing_output_bucket_is_refused_before_the_first_image(images, store
     assert made.returncode == 0, made.stderr  # the same user writes into a bucket that exists
 
 
+@pytest.mark.slow  # 8 s or more of the quick suite on a 2-core Zen 3 (AVX2): kept to CI's full run
 def test_a_listing_that_changed_between_shards_is_named_with_its_counts_and_the_remedy(store_env, tmp_path):
     """Shard 0 lists 6 images, then the folder gains 2 and shard 1 lists 8: the merge is refused before any
     download, naming the listing's change and the frozen listing; info says the same instead of "run merge"; shard
@@ -163,6 +166,7 @@ def test_shards_land_in_the_bucket_and_merge_from_there_as_from_disk(images, sto
     assert_same_rows(from_store, read_output(on_disk / "features.h5"))
 
 
+@pytest.mark.slow  # 8 s or more of the quick suite on a 2-core Zen 3 (AVX2): kept to CI's full run
 def test_an_upload_repeated_after_a_late_success_leaves_one_whole_object(images, store_env, tmp_path):
     folder, _ = images
     local = tmp_path / "features.h5"

@@ -53,6 +53,7 @@ def assert_rows_equal(content: dict, expected: dict, name=lambda path: path, lab
     np.testing.assert_array_equal(content["labels"], labels)
 
 
+@pytest.mark.slow  # 8 s or more of the quick suite on a 2-core Zen 3 (AVX2): kept to CI's full run
 def test_a_prefix_is_read_as_the_folder_it_was_uploaded_from(images, store_env, tmp_path):
     root, folder = images
     output = tmp_path / "out.h5"
@@ -147,6 +148,7 @@ def test_a_single_object_url_is_one_image(images, store_env, tmp_path):
     assert_rows_equal(content, folder, lambda path: "dogs/" + path, labelled=False)
 
 
+@pytest.mark.slow  # 8 s or more of the quick suite on a 2-core Zen 3 (AVX2): kept to CI's full run
 def test_a_list_in_a_bucket_resolves_dot_dot_as_a_local_list_does(images, store_env, tmp_path):
     root, folder = images
     lines = "".join(f"../set/{path}\n" for path in folder["paths"])
@@ -175,6 +177,7 @@ def test_a_file_system_without_async_reads_is_fetched_by_threads(images, tmp_pat
     np.testing.assert_array_equal(content["avgpool"], folder["avgpool"][:6])
 
 
+@pytest.mark.slow  # 8 s or more of the quick suite on a 2-core Zen 3 (AVX2): kept to CI's full run
 def test_missing_and_undecodable_objects_are_recorded_skips(images, store_env, tmp_path):
     root, folder = images
     fs = store_env.client()
@@ -416,6 +419,7 @@ def test_a_tar_rebuilt_at_a_web_server_to_the_same_size_and_time_is_read_anew(tm
         np.testing.assert_array_equal(content[layer], expected[layer])
 
 
+@pytest.mark.slow  # 8 s or more of the quick suite on a 2-core Zen 3 (AVX2): kept to CI's full run
 def test_a_web_server_that_ignores_range_still_gives_every_tar_member(images, tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     root, folder = images

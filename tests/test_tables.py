@@ -71,6 +71,7 @@ def rows_of(source, output, *options):
     return featdump.load(output, "layer1")
 
 
+@pytest.mark.slow  # 8 s or more of the quick suite on a 2-core Zen 3 (AVX2): kept to CI's full run
 def test_a_hugging_face_dataset_s_rows_equal_its_images_read_as_files_with_its_labels_and_classes(tmp_path):
     data = encoded_images(7)
     write_dataset(tmp_path / "data", data)
@@ -88,6 +89,7 @@ def test_a_hugging_face_dataset_s_rows_equal_its_images_read_as_files_with_its_l
     assert drawn.returncode == 0 and (tmp_path / "s.png").exists(), drawn.stderr
 
 
+@pytest.mark.slow  # 8 s or more of the quick suite on a 2-core Zen 3 (AVX2): kept to CI's full run
 def test_columns_are_found_or_named_and_a_bad_row_is_a_recorded_skip(tmp_path):
     data = encoded_images(5)
     data[3] = b"not an image"
@@ -111,6 +113,7 @@ def test_columns_are_found_or_named_and_a_bad_row_is_a_recorded_skip(tmp_path):
     assert refused.returncode == 2 and "has no column of encoded images" in refused.stderr, refused.stderr
 
 
+@pytest.mark.slow  # 8 s or more of the quick suite on a 2-core Zen 3 (AVX2): kept to CI's full run
 def test_a_killed_run_resumes_shards_split_by_files_and_update_reads_a_new_file(tmp_path):
     data = encoded_images(12, seed=1)
     write_dataset(tmp_path / "data", data[:8], shards=2)
@@ -132,6 +135,7 @@ def test_a_killed_run_resumes_shards_split_by_files_and_update_reads_a_new_file(
                                   rows_of(tmp_path / "files", tmp_path / "files.h5").features)
 
 
+@pytest.mark.slow  # 8 s or more of the quick suite on a 2-core Zen 3 (AVX2): kept to CI's full run
 def test_tables_in_a_store_prefix_are_read_as_local_ones(store_env, tmp_path):
     data = encoded_images(5, seed=2)
     write_dataset(tmp_path / "data", data)
@@ -142,6 +146,7 @@ def test_tables_in_a_store_prefix_are_read_as_local_ones(store_env, tmp_path):
     np.testing.assert_array_equal(remote.features, local.features)
 
 
+@pytest.mark.slow  # 8 s or more of the quick suite on a 2-core Zen 3 (AVX2): kept to CI's full run
 def test_a_table_in_one_row_group_is_read_a_slice_at_a_time_with_rows_equal_to_the_files(tmp_path):
     """pandas, pyarrow and img2dataset-style writers leave a file in one row group: read with the default batch
     and workers, its rows equal the files', and a read holds ROWS_PER_READ rows of the group, not the group."""
@@ -160,6 +165,7 @@ def test_a_table_in_one_row_group_is_read_a_slice_at_a_time_with_rows_equal_to_t
     assert len(cursor.values) == tables.ROWS_PER_READ and cursor.start == 32  # the slice that holds rows 40-47
 
 
+@pytest.mark.slow  # 8 s or more of the quick suite on a 2-core Zen 3 (AVX2): kept to CI's full run
 def test_rows_that_hold_a_path_and_no_bytes_read_the_file_it_names(tmp_path):
     """Hugging Face's Image not embedded (`datasets`' to_parquet of an imagefolder): each row holds a path, absolute
     or relative to the table's folder, and no bytes; the rows are the files', named without a double slash."""
@@ -181,6 +187,7 @@ def test_rows_that_hold_a_path_and_no_bytes_read_the_file_it_names(tmp_path):
     assert gone.returncode == 0 and "(1 skipped)" in gone.stderr, gone.stderr
 
 
+@pytest.mark.slow  # 8 s or more of the quick suite on a 2-core Zen 3 (AVX2): kept to CI's full run
 def test_a_hub_layout_of_several_splits_is_refused_naming_them_and_split_chooses_one(tmp_path):
     """data/ holding train-0000{0,1}-of-00002 and test-00000-of-00001: no output of both, one line naming the
     splits; --split reads one (also from a clone of the dataset, its data/ beside README.md and .git)."""

@@ -86,6 +86,7 @@ def assert_rows_equal_the_folder(content: dict, folder: dict) -> None:
     np.testing.assert_array_equal(content["labels"], folder["labels"][rows])
 
 
+@pytest.mark.slow  # 8 s or more of the quick suite on a 2-core Zen 3 (AVX2): kept to CI's full run
 def test_rows_from_four_tars_equal_the_folder_they_were_packed_from(packed, folder_run):
     output = packed / "tars.h5"
     result = run_featdump(*EXTRACT, packed / "shards" / "{00000..00003}.tar", output)  # default workers, batch size

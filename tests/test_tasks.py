@@ -78,6 +78,7 @@ def detector_rows_by_hand(image: Image.Image, model) -> dict[str, np.ndarray]:
     return taken
 
 
+@pytest.mark.slow  # 8 s or more of the quick suite on a 2-core Zen 3 (AVX2): kept to CI's full run
 def test_a_detector_s_rows_are_its_backbone_maps_and_do_not_depend_on_the_batch(photos, tmp_path):
     name = "fasterrcnn_mobilenet_v3_large_320_fpn"
     layers = "backbone.body@1,backbone@0,backbone@pool"
@@ -100,6 +101,7 @@ def test_a_detector_s_rows_are_its_backbone_maps_and_do_not_depend_on_the_batch(
         np.testing.assert_allclose(single[layer][0], content[layer][row], rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.slow  # 8 s or more of the quick suite on a 2-core Zen 3 (AVX2): kept to CI's full run
 def test_a_detector_s_detections_and_heads_are_refused_in_one_line(photos, tmp_path):
     for layer in ("@", "roi_heads.box_head", "rpn"):
         result = run_featdump("extract", "-m", "fasterrcnn_mobilenet_v3_large_320_fpn", "-w", "none", "-l", layer,
@@ -109,6 +111,7 @@ def test_a_detector_s_detections_and_heads_are_refused_in_one_line(photos, tmp_p
         assert len(errors) == 1 and "not rows of an image; use backbone@0, backbone@1, backbone@pool" in errors[0]
 
 
+@pytest.mark.slow  # 8 s or more of the quick suite on a 2-core Zen 3 (AVX2): kept to CI's full run
 def test_a_quantized_model_s_rows_are_its_dequantized_outputs_on_the_cpu(photos, tmp_path):
     output = tmp_path / "quantized.h5"
     result = run_featdump("extract", "-m", "quantized_resnet18", "-w", "none", "-l", "layer3,fc", photos, output)
@@ -142,6 +145,7 @@ def test_a_quantized_model_s_rows_are_its_dequantized_outputs_on_the_cpu(photos,
                  marks=pytest.mark.slow),  # RAFT's dry forwards: the quick suite's heaviest listing
     ("r3d_18", "layer2", {"shapes": [[128, 8, 28, 28]], "per_image": True}),
 ])
+@pytest.mark.slow  # 8 s or more of the quick suite on a 2-core Zen 3 (AVX2): kept to CI's full run
 def test_list_layers_for_a_model_of_each_task(name, path, expected):
     result = run_featdump("list-layers", name, "--depth", "1", "--json")
     assert result.returncode == 0, result.stderr

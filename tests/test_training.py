@@ -165,6 +165,7 @@ def test_a_class_sorted_file_s_batches_hold_nearly_as_many_classes_as_a_permutat
     assert np.mean(mine) >= 0.6 * permutation, (np.mean(mine), permutation)  # 16.8 measured
 
 
+@pytest.mark.slow  # 8 s or more of the quick suite on a 2-core Zen 3 (AVX2): kept to CI's full run
 @pytest.mark.filterwarnings("ignore:This DataLoader will create")  # 3 workers on 2 cores: slow, not wrong
 @pytest.mark.parametrize("workers, start", [(0, 5), (2, 0), (2, 3), (2, 6), (2, 12), (3, 7)])
 def test_start_batch_yields_the_rest_of_the_uninterrupted_epoch(output, workers, start):
@@ -239,6 +240,7 @@ def test_an_unfinished_output_serves_its_committed_rows_when_named_so(tmp_path):
     np.testing.assert_array_equal(got["vector"], layers["vector"][got["row"]])
 
 
+@pytest.mark.slow  # 8 s or more of the quick suite on a 2-core Zen 3 (AVX2): kept to CI's full run
 def test_a_merged_view_and_a_list_of_shards_read_as_one_output(tmp_path, monkeypatch):
     write_images(tmp_path / "images", {"a": 5, "b": 6}, size=(40, 32))
     for shard in ("0/2", "1/2"):
@@ -326,6 +328,7 @@ print(rows, featdump.load(sys.argv[1], "vector").features.shape[0])
 """
 
 
+@pytest.mark.slow  # 8 s or more of the quick suite on a 2-core Zen 3 (AVX2): kept to CI's full run
 def test_a_zstd_layer_reads_in_a_process_that_never_wrote_one(tmp_path):
     """hdf5plugin's filters are registered by whoever opens an output, not only by a writer."""
     pytest.importorskip("hdf5plugin")

@@ -99,6 +99,7 @@ def test_update_12_20_120_with_a_kill_equals_a_fresh_run(tmp_path):
             np.testing.assert_allclose(final[name][0][layer], values, rtol=1e-5, atol=1e-6, err_msg=name)
 
 
+@pytest.mark.slow  # 8 s or more of the quick suite on a 2-core Zen 3 (AVX2): kept to CI's full run
 def test_update_reports_stale_rows_and_refuses_another_configuration(tmp_path):
     images, output = tmp_path / "images", tmp_path / "out.h5"
     written = write_images(images, {"a": 5}, size=(40, 32))
@@ -118,6 +119,7 @@ def test_update_reports_stale_rows_and_refuses_another_configuration(tmp_path):
     assert other.returncode == 2 and "seed: 0 when started, 3 now" in other.stderr
 
 
+@pytest.mark.slow  # 8 s or more of the quick suite on a 2-core Zen 3 (AVX2): kept to CI's full run
 def test_an_update_with_no_new_image_records_the_stale_rows_it_reports(tmp_path):
     images, output = tmp_path / "images", tmp_path / "out.h5"
     written = write_images(images, {"a": 4}, size=(40, 32))
@@ -135,6 +137,7 @@ def test_an_update_with_no_new_image_records_the_stale_rows_it_reports(tmp_path)
         encoded.stderr  # a read-out says it uses rows info marks stale
 
 
+@pytest.mark.slow  # 8 s or more of the quick suite on a 2-core Zen 3 (AVX2): kept to CI's full run
 def test_a_tar_member_named_twice_is_no_stale_row(tmp_path):
     import tarfile
 
@@ -167,6 +170,7 @@ def test_update_over_a_list_file_keeps_its_labels_and_refuses_shards(tmp_path):
     assert sharded.returncode == 2 and "new images would move every shard's boundaries" in sharded.stderr
 
 
+@pytest.mark.slow  # 8 s or more of the quick suite on a 2-core Zen 3 (AVX2): kept to CI's full run
 def test_update_with_a_class_folder_that_is_not_utf8(tmp_path):
     images, output = tmp_path / "images", tmp_path / "out.h5"
     folder = os.path.join(os.fsencode(images), b"caf\xe9")
@@ -233,6 +237,7 @@ def test_the_output_stays_readable_while_an_update_runs(tmp_path):
     assert all("lock" in read[4] or "Unable" in read[4] for read in refused), refused
 
 
+@pytest.mark.slow  # 8 s or more of the quick suite on a 2-core Zen 3 (AVX2): kept to CI's full run
 def test_update_of_a_self_contained_merged_copy(tmp_path):
     images, output = tmp_path / "images", tmp_path / "out.h5"
     write_images(images, {"a": 6}, size=(40, 32))
@@ -300,6 +305,7 @@ def skipped_stats(path) -> list[tuple[int, int]]:
         return [tuple(int(value) for value in stat) for stat in h5file["skipped/file_stats"][:]]
 
 
+@pytest.mark.slow  # 8 s or more of the quick suite on a 2-core Zen 3 (AVX2): kept to CI's full run
 def test_update_reads_again_a_skipped_image_whose_file_changed_and_retry_skipped_reads_them_all(tmp_path):
     images, output = tmp_path / "images", tmp_path / "out.h5"
     written = write_images(images, {"a": 4}, size=(40, 32))

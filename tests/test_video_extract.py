@@ -15,6 +15,7 @@ from PIL import Image
 from torchvision.models import get_model, get_model_weights
 
 import featdump
+from featdump.forward import hardware
 from featdump.job.runner import extract
 from tests.makers.videos import one_thread, write_video
 
@@ -47,6 +48,7 @@ def by_hand(model, layers: list[str], inputs: torch.Tensor) -> dict[str, np.ndar
     return {name: value.numpy() for name, value in taken.items()}
 
 
+@pytest.mark.slow  # 8 s or more of the quick suite on a 2-core Zen 3 (AVX2): kept to CI's full run
 def test_a_video_model_s_rows_are_its_clips_as_computed_by_hand(videos, tmp_path):
     output = tmp_path / "out.h5"
     result = run_featdump("extract", "-m", "r3d_18", "-w", "none", "-l", "layer2,avgpool", "--clip", "8", "--fps",
@@ -76,6 +78,7 @@ def test_a_video_model_s_rows_are_its_clips_as_computed_by_hand(videos, tmp_path
             np.testing.assert_allclose(content[layer][row], expected[layer][0], rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.slow  # 8 s or more of the quick suite on a 2-core Zen 3 (AVX2): kept to CI's full run
 def test_an_image_model_on_frames_and_a_crash_resumed(videos, tmp_path):
     """resnet18 on 2 frames a second (clips of 1): each sampled frame a row; crashed after its first batch, then
     run again, it equals a fresh run."""
@@ -198,6 +201,9 @@ def test_encode_takes_targets_keyed_by_path_and_clip_start(videos, tmp_path):
 
 
 @pytest.mark.slow  # one of the quick suite's heaviest; its capability has quicker tests too
+@pytest.mark.skipif(not hardware.cpu().native("bf16"), reason="r3d_18's Conv3d in bf16 without native kernels takes "
+                    "over 10 minutes on this CPU; the proof of clip rows in bf16 is tested with a small 3-D model "
+                    "(test_video_models.py)")
 def test_a_bf16_run_on_clips_records_its_proof(videos, tmp_path):
     """CPU autocast bf16 on clip rows: the proof recomputes its sample of clips on the reference path."""
     import json
@@ -263,6 +269,7 @@ def test_folds_of_clips_keep_each_video_together_or_cut_it_in_stretches_of_time(
     assert one.tolist() == [0, 0, 0, 0, 1, 1, 1, 2, 2, 2]
 
 
+@pytest.mark.slow  # 8 s or more of the quick suite on a 2-core Zen 3 (AVX2): kept to CI's full run
 def test_probe_by_video_and_cka_on_clip_rows(videos, tmp_path):
     """A probe of labels given per video (a table by path): every clip of a video takes its label, and a video's
     clips stay in one fold; cka between two layers of clip rows is a similarity in [0, 1], 1 on the diagonal."""
@@ -335,6 +342,7 @@ def test_spacepool_keeps_a_video_layer_s_time_axis(videos, tmp_path):
     assert refused.returncode == 2 and "not a video model's (channel, time, y, x) map" in refused.stderr
 
 
+@pytest.mark.slow  # 8 s or more of the quick suite on a 2-core Zen 3 (AVX2): kept to CI's full run
 def test_a_job_whose_only_video_is_damaged_leaves_nothing_and_its_rerun_tries_again(videos, tmp_path):
     folder = tmp_path / "films"
     folder.mkdir()
@@ -535,6 +543,7 @@ def test_show_draws_a_clip_row_beside_the_frame_at_its_onset(videos, tmp_path):
     assert drawn.returncode == 0, drawn.stderr
 
 
+@pytest.mark.slow  # 8 s or more of the quick suite on a 2-core Zen 3 (AVX2): kept to CI's full run
 def test_windows_ending_on_the_grid_hold_the_frames_before_each_onset_padded_or_left_out(videos, tmp_path):
     film = videos / "a" / "one.mkv"  # 50 frames at 25 fps: the last at 1.96 s
     common = ["extract", "-m", "resnet18", "-w", "none", "-l", "avgpool", "--fps", "2", film]
@@ -569,6 +578,7 @@ def test_windows_ending_on_the_grid_hold_the_frames_before_each_onset_padded_or_
     assert refused.returncode == 2 and "add --clip-anchor end" in refused.stderr, refused.stderr
 
 
+@pytest.mark.slow  # 8 s or more of the quick suite on a 2-core Zen 3 (AVX2): kept to CI's full run
 def test_tr_onsets_are_stored_exactly_and_select_rows_through_load_xarray_and_merge(tmp_path):
     """Windows ending on a 1.49 s TR grid: each row's clip_end is the grid's onset itself (5 x 1.49 is 7.45, not
     7.45 +- 3e-10), so an exact join and `sel(path=..., clip_end=7.45)` find it, in one file and in a merge of
@@ -592,6 +602,7 @@ def test_tr_onsets_are_stored_exactly_and_select_rows_through_load_xarray_and_me
         np.testing.assert_array_equal(labelled.sel(path="run1.mkv", clip_end=7.45).values, loaded.features[row])
 
 
+@pytest.mark.slow  # 8 s or more of the quick suite on a 2-core Zen 3 (AVX2): kept to CI's full run
 def test_a_grid_s_origin_puts_the_onsets_where_the_scanner_s_pulses_fall(videos, tmp_path):
     """A film that starts 0.3 s before a pulse: --clip-origin 0.3 on a 0.5 s grid gives onsets 0.3, 0.8, 1.3, 1.8
     (windows ending there, the one that would reach before the film left out), recorded with the file; a start
@@ -628,6 +639,7 @@ def test_targets_match_onsets_within_half_a_frame_and_a_miss_names_its_onsets(vi
     assert "1 of " in missed.stderr and "one.mkv @ 1.53 s" in missed.stderr and "one.mkv @ 1.5 s" in missed.stderr
 
 
+@pytest.mark.slow  # 8 s or more of the quick suite on a 2-core Zen 3 (AVX2): kept to CI's full run
 def test_a_damaged_film_replaced_by_a_good_one_is_read_again_by_update(videos, tmp_path):
     folder, output = tmp_path / "films", tmp_path / "out.h5"
     folder.mkdir()
@@ -647,6 +659,7 @@ def test_a_damaged_film_replaced_by_a_good_one_is_read_again_by_update(videos, t
     assert json.loads(run_featdump("info", "--json", output).stdout)["skipped"] == 0
 
 
+@pytest.mark.slow  # 8 s or more of the quick suite on a 2-core Zen 3 (AVX2): kept to CI's full run
 @pytest.mark.parametrize("kind", ["film", "image"])
 def test_a_listed_input_missing_at_extraction_and_present_later_is_read_by_update(videos, tmp_path, kind):
     """A list names a film (or an image) that is not there yet: recorded as a skip; once it exists, it counts as

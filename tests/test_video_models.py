@@ -211,6 +211,7 @@ def test_the_proof_of_clip_rows_names_their_clip_starts(film, tmp_path):
     assert "proof:      cpu, bf16: 2 clips recomputed on the reference path" in info
 
 
+@pytest.mark.slow  # 8 s or more of the quick suite on a 2-core Zen 3 (AVX2): kept to CI's full run
 def test_the_default_batch_of_large_clips_fits_a_laptop_and_says_so(film, tmp_path, monkeypatch):
     """r3d_18's 64 clips took 4.5-5.3 GB on a CPU: with 8 GB free (a laptop), the default batch is what a quarter of
     it holds (2 GB at most), said at INFO; -b is taken as given."""

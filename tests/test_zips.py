@@ -34,6 +34,7 @@ def rows_of(source, output, *options):
     return featdump.load(output, "layer1")
 
 
+@pytest.mark.slow  # 8 s or more of the quick suite on a 2-core Zen 3 (AVX2): kept to CI's full run
 @pytest.mark.parametrize("compression, zip64", [(zipfile.ZIP_DEFLATED, False), (zipfile.ZIP_STORED, True)])
 def test_a_zip_s_rows_equal_its_images_as_files_with_labels_from_its_first_folders(tmp_path, compression, zip64):
     write_images(tmp_path / "files", {"cats": 4, "dogs": 3})
@@ -49,6 +50,7 @@ def test_a_zip_s_rows_equal_its_images_as_files_with_labels_from_its_first_folde
     assert drawn.returncode == 0 and (tmp_path / "s.png").exists(), drawn.stderr
 
 
+@pytest.mark.slow  # 8 s or more of the quick suite on a 2-core Zen 3 (AVX2): kept to CI's full run
 def test_a_killed_zip_job_resumes_shards_merge_and_update_reads_a_grown_archive(tmp_path):
     write_images(tmp_path / "files", {"a": 6, "b": 6})
     grown = archive_of(tmp_path / "files", tmp_path / "full.zip")
@@ -68,6 +70,7 @@ def test_a_killed_zip_job_resumes_shards_merge_and_update_reads_a_grown_archive(
     assert len(featdump.load(tmp_path / "single.h5", "layer1").paths) == 12
 
 
+@pytest.mark.slow  # 8 s or more of the quick suite on a 2-core Zen 3 (AVX2): kept to CI's full run
 def test_a_zip_at_a_url_reads_as_the_local_one(store_env, tmp_path):
     write_images(tmp_path / "files", {"a": 3})
     (tmp_path / "upload").mkdir()
