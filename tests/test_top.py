@@ -186,3 +186,19 @@ def test_info_tells_a_top_file_and_names_the_one_beside_an_output(tmp_path):
     assert "  pooled: 4 units" in told.output
     beside = CliRunner().invoke(main, ["info", str(tmp_path / "out.h5")])
     assert f"top:        {tmp_path / 'out.top.h5'}" in beside.output, beside.output
+
+
+def test_the_api_returns_the_same_as_an_xarray_dataset(tmp_path):
+    from tests.makers.outputs import write_output
+
+    values = np.random.default_rng(5).standard_normal((30, 6), dtype=np.float32)
+    write_output(tmp_path / "out.h5", {"pooled": values})
+    ranking = featdump.top(tmp_path / "out.h5", k=3)["pooled"]
+    dataset = featdump.top(tmp_path / "out.h5", k=3, as_xarray=True)["pooled"]
+    assert dict(dataset.sizes) == {"unit": 6, "rank": 3, "bin": units.BINS + 2, "edge": units.BINS + 1,
+                                   "quantile": len(units.QUANTILES)}
+    np.testing.assert_array_equal(dataset["rows"].values, ranking.rows)
+    np.testing.assert_array_equal(dataset["values"].sel(unit=2).values, ranking.values[2])
+    paths = featdump.load(tmp_path / "out.h5", "pooled").paths
+    assert dataset["paths"].sel(unit=4, rank=0).item() == paths[ranking.rows[4, 0]]
+    assert dataset["quantile_rows"].sel(quantile=0.5).values.tolist() == ranking.quantile_rows[:, 2].tolist()

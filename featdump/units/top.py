@@ -29,7 +29,7 @@ import torch
 
 from featdump.analysis.results import Results, computed_into, finished
 from featdump.analysis.stored import Stored, listed
-from featdump.errors import BadOption
+from featdump.errors import BadOption, UsageProblem
 from featdump.job.channels import channel_axis
 from featdump.output.layout import open_to_read
 from featdump.output.space import human_bytes, parse_bytes
@@ -66,6 +66,25 @@ class Ranking:
     def as_dict(self) -> dict[str, np.ndarray]:
         return {key: getattr(self, key) for key in FIELDS}
 
+    def to_xarray(self, paths: list[str] | None = None):
+        """This ranking as an xarray Dataset: (unit, rank) rows and values (and, given the output's PATHS, the
+        images' paths), (unit, bin) histogram, (unit, quantile) images at QUANTILES."""
+        try:
+            import xarray as xr
+        except ImportError as error:
+            raise UsageProblem("featdump.top(..., as_xarray=True) needs xarray: pip install xarray.") from error
+        unit_rank, unit_quantile = ("unit", "rank"), ("unit", "quantile")
+        variables = {"rows": (unit_rank, self.rows), "values": (unit_rank, self.values),
+                     "positions": (unit_rank, self.positions), "bottom_rows": (unit_rank, self.bottom_rows),
+                     "bottom_values": (unit_rank, self.bottom_values), "histogram": (("unit", "bin"), self.histogram),
+                     "edges": (("unit", "edge"), self.edges), "quantile_rows": (unit_quantile, self.quantile_rows),
+                     "quantile_values": (unit_quantile, self.quantile_values)}
+        if paths is not None:
+            names = np.asarray(paths, dtype=object)
+            variables.update(paths=(unit_rank, names[self.rows]), bottom_paths=(unit_rank, names[self.bottom_rows]),
+                             quantile_paths=(unit_quantile, names[self.quantile_rows]))
+        return xr.Dataset(variables, coords={"unit": np.arange(len(self.rows)), "quantile": list(QUANTILES)})
+
 
 def default_place(output: str | Path) -> Path:
     """Where `featdump top OUTPUT` writes by default: OUTPUT's name with .top.h5, beside it."""
@@ -75,10 +94,11 @@ def default_place(output: str | Path) -> Path:
 
 def top(output: str | Path, layers: list[str] | str | None = None, *, k: int = DEFAULT_K, score: str = "max",
         memory: str | int = "1GB", to: str | Path | None = None, overwrite: bool = False,
-        progress: Progress | None = None) -> dict[str, Ranking]:
+        progress: Progress | None = None, as_xarray: bool = False) -> dict:
     """Each unit's K highest and lowest images in every layer LAYERS names (all by default) of the featdump output
-    OUTPUT (merged, a view of shards), as {layer: Ranking}; also written to TO (default: beside OUTPUT), resumable
-    layer by layer. SCORE: max (and its position) or mean over a unit's positions; MEMORY bounds the slab read."""
+    OUTPUT (merged, a view of shards), as {layer: Ranking} (AS_XARRAY: {layer: xarray Dataset}, the images' paths
+    beside their rows); also written to TO (default: beside OUTPUT), resumable layer by layer. SCORE: max (and its
+    position) or mean over a unit's positions; MEMORY bounds the slab read."""
     if score not in SCORES:
         raise BadOption(f"--score {score!r}: use max or mean.")
     if k < 1:
@@ -90,11 +110,16 @@ def top(output: str | Path, layers: list[str] | str | None = None, *, k: int = D
                  "sample": SAMPLE, "quantiles": list(QUANTILES)}
     if not overwrite and finished(place, made_from):
         log.info("%s is finished already, made by this same command: nothing to do.", place)
-        return read_top(place, names)
-    results = Results.open(place, made_from, stored.paths, stored.labels, stored.classes, overwrite)
-    progress = progress or NoProgress()
-    return computed_into(results, progress, lambda: _compute(stored, names, k, score, budget, results, progress),
-                         {"k": k, "score": score, "layers": names})
+        ranked = read_top(place, names)
+    else:
+        results = Results.open(place, made_from, stored.paths, stored.labels, stored.classes, overwrite)
+        progress = progress or NoProgress()
+        ranked = computed_into(results, progress,
+                               lambda: _compute(stored, names, k, score, budget, results, progress),
+                               {"k": k, "score": score, "layers": names})
+    if as_xarray:
+        return {name: ranking.to_xarray(list(stored.paths)) for name, ranking in ranked.items()}
+    return ranked
 
 
 def read_top(place: Path, names: list[str]) -> dict[str, Ranking]:
