@@ -202,3 +202,25 @@ def test_the_api_returns_the_same_as_an_xarray_dataset(tmp_path):
     paths = featdump.load(tmp_path / "out.h5", "pooled").paths
     assert dataset["paths"].sel(unit=4, rank=0).item() == paths[ranking.rows[4, 0]]
     assert dataset["quantile_rows"].sel(quantile=0.5).values.tolist() == ranking.quantile_rows[:, 2].tolist()
+
+
+def test_top_of_an_output_in_a_store_ranks_its_local_copy_and_uploads_the_ranking_beside_it(store_env, tmp_path,
+                                                                                            monkeypatch):
+    """A finished output at an s3:// URL (a real SeaweedFS on loopback): ranked as the same file here, the
+    ranking uploaded as URL.top.h5 beside it; the copy is kept on the scratch disk for a rerun."""
+    from tests.makers.outputs import write_output
+
+    monkeypatch.setenv("FEATDUMP_SCRATCH", str(tmp_path / "scratch"))
+    values = np.random.default_rng(6).standard_normal((40, 5), dtype=np.float32)
+    write_output(tmp_path / "here.h5", {"pooled": values})
+    fs = store_env.client()
+    fs.mkdir("ranked")
+    fs.put(str(tmp_path / "here.h5"), "ranked/run/out.h5")
+    ranked = featdump.top("s3://ranked/run/out.h5", k=3)["pooled"]
+    assert_ranked_as_argsort(ranked, values.astype(np.float64), None, k=3)
+    assert fs.exists("ranked/run/out.top.h5")
+    assert [path.name for path in (tmp_path / "scratch").rglob("out.h5")] == ["out.h5"]  # the local copy, kept
+    fs.get("ranked/run/out.top.h5", str(tmp_path / "fetched.top.h5"))
+    np.testing.assert_array_equal(units.read_top(tmp_path / "fetched.top.h5", ["pooled"])["pooled"].rows, ranked.rows)
+    result = run_featdump("top", "s3://ranked/run/out.h5", "-k", "3")
+    assert result.returncode == 0 and "into s3://ranked/run/out.top.h5" in result.stderr, result.stderr

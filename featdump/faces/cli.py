@@ -518,7 +518,7 @@ def doctor(model: str, layers: str, weights: str, batch_size: int | None, batche
 
 
 @main.command()
-@click.argument("output", type=click.Path(dir_okay=False, path_type=Path))
+@click.argument("output")
 @click.option("-l", "--layers", help="Layers (names or patterns, as for extract; comma-separated).  [default: all]")
 @click.option("-k", "k", default=16, show_default=True, type=click.IntRange(min=1),
               help="Images kept per unit, at the top and at the bottom.")
@@ -527,9 +527,10 @@ def doctor(model: str, layers: str, weights: str, batch_size: int | None, batche
 @click.option("--memory", default="1GB", show_default=True, help="Memory for the slab of rows read at once.")
 @click.option("-o", "--out", "to", type=click.Path(dir_okay=False, path_type=Path),
               help="The HDF5 file to write: /top/LAYER/{rows,values,positions,bottom_rows,bottom_values}.  "
-                   "[default: OUTPUT.top.h5 beside OUTPUT]")
+                   "[default: OUTPUT.top.h5 beside OUTPUT; for an OUTPUT at a URL, computed on a copy on the local "
+                   "scratch disk and uploaded beside it]")
 @click.option("--overwrite", is_flag=True, help="Replace an existing --out.")
-def top(output: Path, layers: str | None, k: int, score: str, memory: str, to: Path | None, overwrite: bool) -> None:
+def top(output: str, layers: str | None, k: int, score: str, memory: str, to: Path | None, overwrite: bool) -> None:
     """The K images that drive each unit of OUTPUT's layers most and least, out of core: each layer read once in
     slabs that fit --memory; a killed run resumes at the first layer not written. Ties go to the lower row.
 

@@ -39,6 +39,14 @@ class Here:
         """The local file a run writes before uploading it: none, the output is written where it lies."""
         return None
 
+    def beside(self, name: str) -> Path:
+        """The file NAME beside this output."""
+        return self.path.with_name(name)
+
+    def local_copy(self, scratch: Path | None = None) -> Path:
+        """The output itself: it is here."""
+        return self.path
+
     def merge(self, pattern: str | None, *, copy: bool | None, overwrite: bool, scratch: Path | None,
               patience: Patience | None) -> tuple[Path, bool]:
         """(the merged file, whether a view) of the output's shards, merged by `merge` (a view or a COPY)."""
@@ -66,6 +74,14 @@ class InStore:
     def check_writable(self, patience: Patience) -> None:
         """StoreRefused when the store will not take the output (its bucket missing, writing refused)."""
         remote.check_writable(self.url, patience)
+
+    def beside(self, name: str) -> str:
+        """The URL of the object NAME beside this output in the store."""
+        return str(self.location.parent.join(name))
+
+    def local_copy(self, scratch: Path | None = None) -> Path:
+        """The finished output downloaded to SCRATCH (kept there: a second read downloads nothing)."""
+        return remote.download(self.url, remote.scratch_twin(self.url, scratch), Patience())
 
     def scratch_twin(self, scratch: Path | None) -> Path | None:
         """The local file a run writes under SCRATCH before uploading it."""

@@ -30,8 +30,11 @@ import torch
 from featdump.analysis.results import Results, computed_into, finished
 from featdump.analysis.stored import Stored, listed
 from featdump.errors import BadOption, UsageProblem
+from featdump.inputs.stores import Patience
 from featdump.job.channels import channel_axis
+from featdump.output import remote
 from featdump.output.layout import open_to_read
+from featdump.output.places import InStore, place_of
 from featdump.output.space import human_bytes, parse_bytes
 from featdump.output.views import read_span
 from featdump.progress import NoProgress, Progress
@@ -86,10 +89,11 @@ class Ranking:
         return xr.Dataset(variables, coords={"unit": np.arange(len(self.rows)), "quantile": list(QUANTILES)})
 
 
-def default_place(output: str | Path) -> Path:
-    """Where `featdump top OUTPUT` writes by default: OUTPUT's name with .top.h5, beside it."""
-    output = Path(output)
-    return output.with_name(output.name.removesuffix(".h5") + ".top.h5")
+def default_place(output: str | Path) -> Path | str:
+    """Where `featdump top OUTPUT` writes by default: OUTPUT's name with .top.h5, beside it (in the store, for an
+    output at a URL)."""
+    name = str(output).rstrip("/").rsplit("/", 1)[-1].removesuffix(".h5") + ".top.h5"
+    return place_of(output).beside(name)
 
 
 def top(output: str | Path, layers: list[str] | str | None = None, *, k: int = DEFAULT_K, score: str = "max",
@@ -103,6 +107,8 @@ def top(output: str | Path, layers: list[str] | str | None = None, *, k: int = D
         raise BadOption(f"--score {score!r}: use max or mean.")
     if k < 1:
         raise BadOption(f"-k {k}: give at least 1.")
+    if isinstance(place_of(output), InStore):  # ranked on its local copy, uploaded beside it
+        return _top_in_store(str(output), layers, k, score, memory, to, overwrite, progress, as_xarray)
     stored = Stored.read(output)
     names = stored.select(listed(layers))
     budget, place = parse_bytes(memory), Path(to) if to is not None else default_place(output)
@@ -119,6 +125,18 @@ def top(output: str | Path, layers: list[str] | str | None = None, *, k: int = D
                                {"k": k, "score": score, "layers": names})
     if as_xarray:
         return {name: ranking.to_xarray(list(stored.paths)) for name, ranking in ranked.items()}
+    return ranked
+
+
+def _top_in_store(url: str, layers, k: int, score: str, memory, to, overwrite: bool, progress, as_xarray: bool):
+    """`top` of the finished output at URL: read from its copy on the local scratch disk (downloaded once, kept for
+    a rerun), written to TO or, by default, beside the copy and then uploaded beside URL (URL.top.h5)."""
+    local = place_of(url).local_copy()
+    ranked = top(local, layers, k=k, score=score, memory=memory, to=to, overwrite=overwrite, progress=progress,
+                 as_xarray=as_xarray)
+    if to is None:
+        remote.upload(default_place(local), default_place(url), Patience())
+        log.info("Ranked %s into %s.", url, default_place(url))
     return ranked
 
 
