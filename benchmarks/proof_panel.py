@@ -7,7 +7,8 @@
 12 architectures of different families (random weights, two seeds), each at a shallow, a middle and the deepest
 layer and its output, run in-process on 8 images (one batch: the default proof of 8 samples every row) in bf16,
 fp16, --fast-decode and --compile; then, under bf16 (the noisiest precision), with each fault injected in the copy
-of every batch's rows to the host (`tests/makers/faults.py`), into the deepest layer's and the output's rows alone (where
+of every batch's rows to the host (`tests/makers/faults.py`), into the deepest layer's and the output's rows alone
+(where
 bf16's own error is largest; the shallow layers stay sound), but a 2% channel scale into the shallow layer's. A
 sound run must finish; a faulty one must stop with the proof's one line; a model a precision does not fit (MISFITS:
 a layer bf16 rounds away, weights fp16 cannot hold) must stop saying so. Each row of the table: the configuration,
