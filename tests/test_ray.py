@@ -175,13 +175,14 @@ def test_tasks_reach_the_store_with_the_driver_s_variables_whatever_their_nodes_
 
 
 @pytest.mark.slow  # a real Ray cluster
-def test_a_gpu_task_asks_for_its_share_of_cpus_and_sizes_its_loader_by_them():
+def test_a_gpu_task_asks_for_its_share_of_cpus_and_sizes_its_loader_by_them(monkeypatch):
     """A cluster of 4 CPUs and 2 GPUs (faked: Ray counts them as told): a shard's task on CUDA asks for a GPU and
     2 CPUs, and inside it the loader gets 1 worker (its 2 CPUs less the main process), not the node's CPUs - 1;
     -j 3 asks for 4 CPUs."""
     from featdump.engines import ray as engine
     from featdump.inputs.workers import choose_workers
 
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")  # the suite hides CUDA (""), which Ray refuses 2 GPUs under
     ray.init(num_cpus=4, num_gpus=2, include_dashboard=False, log_to_driver=False)
     try:
         resources = engine._task_resources(ray, settings_for(".", "out.h5", device="cuda", num_workers=None))
