@@ -145,7 +145,8 @@ def test_a_killed_pass_resumes_at_the_layer_it_stopped_in(sharded, tmp_path, mon
 
 def test_a_layer_larger_than_the_sample_is_counted_whole_and_its_quantile_images_are_near_their_ranks(tmp_path):
     """20,000 rows of 8 units, slabs of a few thousand: every row is counted in its unit's histogram, and each
-    quantile's image (from the seeded sample of 1,024 rows) lies within 3% of rank of that quantile."""
+    quantile's image (from the seeded sample of 1,024 rows: a rank's standard error about 1.4%) lies within 5% of
+    rank of that quantile."""
     from tests.makers.outputs import write_output
 
     values = np.random.default_rng(3).standard_normal((20_000, 8), dtype=np.float32)
@@ -155,7 +156,7 @@ def test_a_layer_larger_than_the_sample_is_counted_whole_and_its_quantile_images
     for unit in range(8):
         assert ranking.histogram[unit].sum() == 20_000
         ranks = (values[:, unit] < ranking.quantile_values[unit][:, None]).mean(axis=1)
-        assert np.abs(ranks - np.array(units.QUANTILES)).max() < 0.03, ranks
+        assert np.abs(ranks - np.array(units.QUANTILES)).max() < 0.05, ranks
 
 
 @pytest.mark.parametrize("highest", [True, False])
