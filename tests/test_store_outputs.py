@@ -204,12 +204,14 @@ def test_a_shard_killed_at_random_moments_and_run_again_equals_a_clean_run(image
 
 
 @pytest.mark.slow  # a store or many processes beyond a few seconds: make test-all (CI)
-def test_a_shard_killed_mid_shard_resumes_the_partial_file_on_its_scratch(images, seaweed, tmp_path):
+def test_a_shard_killed_mid_shard_resumes_the_partial_file_on_its_scratch(images, seaweed, tmp_path, monkeypatch):
     folder, _ = images
     url = f"{bucket(seaweed, 'results')}/resumed/features.h5"
     scratch = tmp_path / "scratch"
     arguments = [*EXTRACT, "-b", "2", "--shard", "0/2", "--scratch", scratch, folder, url]
     env = featdump_env(**seaweed.env)
+    for key, value in seaweed.env.items():  # the twin is named after the endpoint the process writes to
+        monkeypatch.setenv(key, value)
     partial = partial_path(remote.scratch_twin(url, scratch).with_name("features.shard-0-of-2.h5"))
     process = start_featdump(*arguments, env=env)
     while committed_rows(partial) <= 0 and process.poll() is None:
