@@ -225,3 +225,22 @@ def test_top_of_an_output_in_a_store_ranks_its_local_copy_and_uploads_the_rankin
     np.testing.assert_array_equal(units.read_top(tmp_path / "fetched.top.h5", ["pooled"])["pooled"].rows, ranked.rows)
     result = run_featdump("top", "s3://ranked/run/out.h5", "-k", "3")
     assert result.returncode == 0 and "into s3://ranked/run/out.top.h5" in result.stderr, result.stderr
+
+
+@pytest.mark.parametrize("highest", [True, False])
+def test_nan_scores_come_last_and_are_counted_in_no_bin(tmp_path, highest):
+    """A unit with NaN scores (a model that overflowed on some images): its K are a stable sort's with NaN last, even
+    where fewer than K numbers remain in a slab; the histogram counts every number and no NaN."""
+    from tests.makers.outputs import write_output
+
+    rng = np.random.default_rng(1)
+    values = rng.standard_normal((400, 5)).astype(np.float32)
+    values[rng.random((400, 5)) < 0.2] = np.nan  # a fifth of the scores NaN in every unit
+    values[:390, 4] = np.nan  # unit 4: ten numbers in all, NaN throughout the first slabs
+    write_output(tmp_path / "nan.h5", {"pooled": values})
+    ranking = featdump.top(tmp_path / "nan.h5", "pooled", k=12, memory="20KB")["pooled"]
+    rows, scores = np.arange(400), values.astype(np.float64)
+    for unit in range(5):
+        order = np.lexsort((rows, -scores[:, unit] if highest else scores[:, unit]))[:12]
+        np.testing.assert_array_equal(ranking.rows[unit] if highest else ranking.bottom_rows[unit], order)
+        assert ranking.histogram[unit].sum() == np.isfinite(scores[:, unit]).sum()

@@ -2,7 +2,8 @@
 a virtual dataset has read open, each with its chunk cache, while the dataset stays open: a `featdump.load` of a
 view of 1,000 shards held 1,007 files open and 1.1 GB, and 10,000 shards would pass the default `ulimit -n` of
 1024. Every reader of rows (`featdump.load`, the Gram slabs of rdm/cka, the read-outs' row blocks) reads through
-`read_span`, which opens the shard files a span covers one after another, straight, and closes each."""
+`read_span`, which opens the shard files a span covers one after another, straight, and closes each, and reads
+whole rows directly from the file where its layout allows (`direct`)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from pathlib import Path
 import h5py
 import numpy as np
 
+from featdump.output.direct import read_direct
 from featdump.output.layout import open_to_read
 
 _sources: dict[tuple, list[tuple[int, int, int, Path, str]]] = {}
@@ -35,22 +37,36 @@ def sources(dataset: h5py.Dataset) -> list[tuple[int, int, int, Path, str]]:
     return _sources[key]
 
 
-def read_span(dataset: h5py.Dataset, start: int, stop: int, part: tuple = ()) -> np.ndarray:
+def read_span(dataset: h5py.Dataset, start: int, stop: int, part: tuple = (),
+              out: np.ndarray | None = None) -> np.ndarray:
     """Rows [START, STOP) of DATASET (PART: slices of a row), from the shard files directly when it is a merged
-    view (one open at a time), else through h5py."""
-    where = (slice(start, stop), *part)
+    view (one open at a time), else from its file; into OUT where given (a C-ordered array of their shape: a buffer
+    used again faults no fresh memory in, which costs a large read as much as the read)."""
     found = sources(dataset)
     if not found:
-        return dataset[where]
-    shape = tuple(len(range(*piece.indices(size))) for piece, size in zip(part, dataset.shape[1:]))
-    values = np.empty((stop - start, *shape, *dataset.shape[1 + len(part):]), dtype=dataset.dtype)
+        return _held_rows(dataset, start, stop, part, out)
+    if out is None:
+        shape = tuple(len(range(*piece.indices(size))) for piece, size in zip(part, dataset.shape[1:]))
+        out = np.empty((stop - start, *shape, *dataset.shape[1 + len(part):]), dtype=dataset.dtype)
     for low, high, source_low, path, name in found:
         first, last = max(low, start), min(high, stop)
         if first < last:
             with open_to_read(path) as shard:
                 offset = source_low - low
-                values[first - start:last - start] = shard[name][(slice(first + offset, last + offset), *part)]
-    return values
+                _held_rows(shard[name], first + offset, last + offset, part, out[first - start:last - start])
+    return out
+
+
+def _held_rows(dataset: h5py.Dataset, start: int, stop: int, part: tuple, out: np.ndarray | None) -> np.ndarray:
+    """Rows [START, STOP) of a DATASET that holds its rows: read directly (`direct`: the GIL free while it reads)
+    where its layout allows, else through h5py; into OUT where given."""
+    whole_rows = read_direct(dataset, start, stop, out) if not part else None
+    if whole_rows is not None:
+        return whole_rows
+    if out is None:
+        return dataset[(slice(start, stop), *part)]
+    dataset.read_direct(out, source_sel=(slice(start, stop), *part))
+    return out
 
 
 def read_rows(dataset: h5py.Dataset, rows: int) -> np.ndarray:

@@ -3,11 +3,11 @@ the K images that drive it most and least, in one pass over the layer, out of co
 slab of rows that fits --memory, never the layer. An image's score for a unit is its maximum over the unit's
 positions (map positions, tokens) by default, or their mean; with the maximum, the position it lies at (the flat
 index into the unit's map or tokens) is kept, so a page can show where. Equal to a stable argsort of the scores
-over the whole layer: ties go to the lower row.
+over the whole layer: ties go to the lower row, NaN scores come last.
 
 The same pass keeps each unit's spectrum: a histogram of its scores over every row, in BINS bins between the lowest
-and highest score of a seeded sample of SAMPLE rows (read first) and one bin below and one above them for the rest;
-and, at each of QUANTILES, the sample's image at that quantile of the unit's scores (a sample of 1,024 rows, read in
+and highest score of a seeded sample of SAMPLE rows (read first) and one bin below and one above them for the rest
+(a NaN score in none); and, at each of QUANTILES, the sample's image at that quantile of the unit's scores (a sample of 1,024 rows, read in
 blocks of consecutive rows, puts it within about 1.4% of rank, one standard error, of the layer's own). Written to
 TOP.h5 (beside the output by default) a layer at a time, so a killed pass resumes at the first layer not written.
 
@@ -20,6 +20,7 @@ TOP.h5 (beside the output by default) a layer at a time, so a killed pass resume
 from __future__ import annotations
 
 import logging
+import warnings
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,6 +47,7 @@ DEFAULT_K = 16
 BINS = 32  # a histogram's bins between the sample's lowest and highest score (and one each side for the rest)
 SAMPLE = 1024  # rows drawn (seeded) to place the bins and the quantile images
 SAMPLE_BLOCK = 16  # ... in blocks of this many consecutive rows (fewer where a slab holds fewer)
+SAMPLE_READERS = 16  # ... this many blocks read at once (direct reads: a disk serves them together)
 QUANTILES = (0.1, 0.25, 0.5, 0.75, 0.9)
 FIELDS = ("rows", "values", "positions", "bottom_rows", "bottom_values", "histogram", "edges", "quantile_rows",
           "quantile_values")
@@ -174,8 +176,7 @@ def rank_layer(stored: Stored, name: str, k: int, score: str, budget: int, progr
         spectrum = _Spectrum(dataset, stored.rows, axis, score, step)
         best = _Kept(k, highest=True)
         least = _Kept(k, highest=False)
-        for start, values in _slabs(dataset, stored.rows, step):
-            keys = np.ascontiguousarray(unit_scores(values, axis, score).T)  # (units, rows)
+        for start, values, keys in _scored_slabs(dataset, stored.rows, step, axis, score):
             rows = np.arange(start, start + len(values), dtype=np.int64)
             best.add(keys, rows, unit_maps(values, axis) if score == "max" else None)
             least.add(keys, rows, None)
@@ -185,18 +186,33 @@ def rank_layer(stored: Stored, name: str, k: int, score: str, budget: int, progr
                    least.values.astype(np.float64), spectrum.counts, spectrum.edges, *spectrum.quantiles())
 
 
-def _slabs(dataset, rows: int, step: int):
-    """(start, values) of each slab of STEP rows of DATASET, the next one read on a thread while this one is
-    ranked (reading and ranking overlap: h5py reads while numpy and torch compute)."""
+def _scored_slabs(dataset, rows: int, step: int, axis: int | None, score: str):
+    """(start, values, scores) of each slab of STEP rows of DATASET, SCORES its (units, rows) `unit_scores`, in a
+    pipeline: the slab after next read on one thread (a direct read frees the GIL), the next one scored on another
+    (numpy and torch free it too) while this one is ranked; into three buffers taken in turn (fresh memory each
+    slab would cost as much to fault in as to read)."""
     starts = list(range(0, rows, step))
-    with ThreadPoolExecutor(max_workers=1) as reader:
-        coming = reader.submit(read_span, dataset, 0, min(rows, step)) if starts else None
+    shape = (min(rows, step), *dataset.shape[1:])
+    buffers = [np.empty(shape, dtype=dataset.dtype) for _ in range(min(3, len(starts)))]
+
+    def read(index: int) -> np.ndarray:
+        start, stop = starts[index], min(rows, starts[index] + step)
+        return read_span(dataset, start, stop, out=buffers[index % len(buffers)][:stop - start])
+
+    def scored(reading) -> tuple[np.ndarray, np.ndarray]:
+        values = reading.result()
+        return values, np.ascontiguousarray(unit_scores(values, axis, score).T)
+
+    with ThreadPoolExecutor(max_workers=1) as reader, ThreadPoolExecutor(max_workers=1) as scorer:
+        readings = [reader.submit(read, index) for index in range(min(2, len(starts)))]
+        scoring = scorer.submit(scored, readings[0]) if starts else None
         for index, start in enumerate(starts):
-            values = coming.result()
+            values, scores = scoring.result()
+            if index + 2 < len(starts):  # into the buffer of the slab ranked before this one
+                readings.append(reader.submit(read, index + 2))
             if index + 1 < len(starts):
-                following = starts[index + 1]
-                coming = reader.submit(read_span, dataset, following, min(rows, following + step))
-            yield start, values
+                scoring = scorer.submit(scored, readings[index + 1])
+            yield start, values, scores
 
 
 def unit_maps(values: np.ndarray, axis: int | None) -> np.ndarray:
@@ -229,12 +245,11 @@ class _Kept:
         self.rows = self.values = self.positions = None
 
     def add(self, scores: np.ndarray, rows: np.ndarray, maps: np.ndarray | None) -> None:
-        """SCORES (units, rows) of ROWS merged into the kept: each unit's K best of the slab chosen first (a
-        partition, linear in the slab), then sorted with the kept; for those, where their maximum lies in MAPS
+        """SCORES (units, rows) of ROWS merged into the kept: each unit's K best of the slab chosen first (a top-k,
+        linear in the slab), then sorted with the kept; for those, where their maximum lies in MAPS
         (`unit_maps`; None: no position kept)."""
         units = scores.shape[0]
-        keys = -scores if self.highest else scores
-        chosen = _best_of_slab(keys, self.k)
+        chosen = _best_of_slab(scores, self.k, self.highest)
         values = np.take_along_axis(scores, chosen, axis=1)
         candidates = rows[chosen]
         if maps is not None and maps.shape[2] > 1:
@@ -251,19 +266,39 @@ class _Kept:
         self.positions = np.take_along_axis(places, order, axis=1)
 
 
-def _best_of_slab(keys: np.ndarray, k: int) -> np.ndarray:
-    """(units, K) indices, in slab order, of each unit's K smallest KEYS in the slab: those below the K-th smallest,
-    then the first of those equal to it (the lower rows win a tie, as the reference's stable sort has it)."""
-    count = keys.shape[1]
-    if count <= k:
-        return np.broadcast_to(np.arange(count), keys.shape)
+def _best_of_slab(scores: np.ndarray, k: int, highest: bool) -> np.ndarray:
+    """(units, K) indices into the slab of each unit's K highest (or lowest) SCORES (units, rows), as a stable sort
+    of the slab would choose them: torch's top-k (on every core), except in a unit whose K-th and next scores are
+    equal, or a slab holding NaN, where `_first_smallest` chooses (a tie goes to the lower row; NaN comes last)."""
+    if scores.shape[1] <= k:
+        return np.broadcast_to(np.arange(scores.shape[1]), scores.shape)
+    values, found = torch.topk(torch.from_numpy(scores), k + 1, dim=1, largest=highest, sorted=True)
+    values = values.numpy()
+    if np.isnan(values).any():  # top-k ranks NaN above every number: in the highest, or where few numbers are left
+        return _first_smallest(-scores if highest else scores, k)
+    chosen = found[:, :k].numpy().copy()
+    tied = np.flatnonzero(values[:, k] == values[:, k - 1])
+    if len(tied):
+        chosen[tied] = _first_smallest(-scores[tied] if highest else scores[tied], k)
+    return chosen
+
+
+def _first_smallest(keys: np.ndarray, k: int) -> np.ndarray:
+    """(units, K) indices, in slab order, of each unit's K smallest KEYS: those below the K-th smallest, then the
+    first of those equal to it (the lower rows win a tie, as the reference's stable sort has it)."""
     kth = np.partition(keys, k - 1, axis=1)[:, k - 1:k]
     chosen = keys <= kth
-    tied = np.flatnonzero(chosen.sum(axis=1) > k)  # units with more than K at or below their K-th: ties at it
+    counts = chosen.sum(axis=1)
+    tied = np.flatnonzero(counts > k)  # units with more than K at or below their K-th: ties at it
     if len(tied):
         equal = keys[tied] == kth[tied]
         wanted = k - (keys[tied] < kth[tied]).sum(axis=1, keepdims=True)
         chosen[tied] = (keys[tied] < kth[tied]) | (equal & (np.cumsum(equal, axis=1) <= wanted))
+    short = np.flatnonzero(counts < k)  # a K-th that is NaN: all the numbers, then the first NaN rows
+    if len(short):
+        missing = np.isnan(keys[short])
+        numbers = (~missing).sum(axis=1, keepdims=True)
+        chosen[short] = ~missing | (missing & (np.cumsum(missing, axis=1) <= k - numbers))
     return np.nonzero(chosen)[1].reshape(len(keys), k)
 
 
@@ -275,6 +310,20 @@ def _sample_blocks(rows: int, block: int) -> np.ndarray:
     return np.sort(chosen).astype(np.int64) * block
 
 
+def _sample_scores(dataset, rows: int, starts: np.ndarray, block: int, axis: int | None, score: str,
+                   step: int) -> np.ndarray:
+    """(sample rows, units) scores of the blocks of BLOCK rows at STARTS, read SAMPLE_READERS at a time (reads a
+    disk serves at once; no more rows held than a slab's STEP)."""
+    at_once = max(1, min(SAMPLE_READERS, step // block))
+    scores = []
+    with ThreadPoolExecutor(max_workers=at_once) as readers:
+        for group in range(0, len(starts), at_once):
+            blocks = readers.map(lambda start: read_span(dataset, int(start), min(rows, int(start) + block)),
+                                 starts[group:group + at_once])
+            scores.extend(unit_scores(values, axis, score) for values in blocks)
+    return np.concatenate(scores)
+
+
 class _Spectrum:
     """A layer's units over every row: each unit's histogram (BINS bins between its lowest and highest score in a
     seeded sample of SAMPLE rows, read first, and a bin below and above for the rest) and its sample's images at
@@ -284,29 +333,35 @@ class _Spectrum:
         block = max(1, min(SAMPLE_BLOCK, step))  # a block read within the slab's memory
         starts = _sample_blocks(rows, block)
         self.sample_rows = np.concatenate([np.arange(start, min(rows, start + block)) for start in starts])
-        self.sample = np.concatenate([unit_scores(read_span(dataset, int(start), min(rows, int(start) + block)),
-                                                  axis, score) for start in starts]).T.astype(np.float64)
-        low, high = self.sample.min(axis=1), self.sample.max(axis=1)
+        self.sample = _sample_scores(dataset, rows, starts, block, axis, score, step).T.astype(np.float64)
+        with np.errstate(invalid="ignore"), warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # a unit all NaN in the sample: its bins from 0 to 1
+            low, high = np.nanmin(self.sample, axis=1), np.nanmax(self.sample, axis=1)
+        low = np.where(np.isnan(low), 0.0, low)
         high = np.where(high > low, high, low + 1.0)
         self.edges = low[:, None] + (high - low)[:, None] * np.linspace(0.0, 1.0, BINS + 1)
         self.counts = np.zeros((len(low), BINS + 2), dtype=np.int64)
 
     def add(self, scores: np.ndarray) -> None:
         """SCORES (units, rows) counted into each unit's bins, a few million at a time."""
-        step = max(1, 2**22 // max(1, len(scores)))
+        step = max(1, 2**20 // max(1, len(scores)))
         low, high = self.edges[:, :1], self.edges[:, -1:]
         width = (high - low) / BINS
         for start in range(0, scores.shape[1], step):
             part = scores[:, start:start + step]
+            missing = np.isnan(part) if np.isnan(part).any() else None  # NaN: in no bin
             inside = np.subtract(part, low)
             inside /= width
             np.floor(inside, out=inside)
             np.clip(inside, 0, BINS - 1, out=inside)
+            if missing is not None:
+                inside[missing] = 0
             places = inside.astype(np.int64) + 1  # bins 1..BINS; 0 below the sample's lowest, BINS + 1 above
             places[part < low] = 0
             places[part > high] = BINS + 1
             places += np.arange(len(scores))[:, None] * (BINS + 2)  # each unit's own bins
-            self.counts += np.bincount(places.ravel(), minlength=self.counts.size).reshape(self.counts.shape)
+            counted = places.ravel() if missing is None else places[~missing]
+            self.counts += np.bincount(counted, minlength=self.counts.size).reshape(self.counts.shape)
 
     def quantiles(self) -> tuple[np.ndarray, np.ndarray]:
         """(units, len(QUANTILES)) rows and scores: the sample's order statistic at each quantile."""

@@ -1,0 +1,86 @@
+"""Direct reads: a span of a stored layer's rows read with the operating system's positioned reads straight into the
+array that holds them, not through h5py. h5py holds the GIL for the whole of a read, so a reader thread that
+reads through it stops the thread that computes; a direct read leaves the GIL free while the disk or the page cache
+serves it, and many direct reads (a sample spread over a layer) run at once.
+
+Only where the bytes on disk are the rows themselves: a local file opened read-only (no handle of this process
+holds unwritten rows), without a user block, a contiguous dataset or one whose chunks are unfiltered, hold whole
+rows and are all written, in this machine's byte order. Anything else answers None, and the caller reads through
+h5py: compressed or shuffled chunks, chunks that split a row, a virtual view, a driver other than the plain one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import h5py
+import numpy as np
+
+
+@dataclass(frozen=True)
+class _Layout:
+    """Where DATASET's rows lie in its file: from OFFSET on (contiguous), or in chunks of CHUNK_ROWS whole rows."""
+
+    path: str
+    row_bytes: int
+    offset: int | None = None
+    chunk_rows: int | None = None
+
+
+def read_direct(dataset: h5py.Dataset, start: int, stop: int, out: np.ndarray | None = None) -> np.ndarray | None:
+    """Rows [START, STOP) of DATASET read from its file with the GIL released (into OUT, a C-ordered array of their
+    shape, where given), or None where its layout does not allow it (the caller reads through h5py)."""
+    layout = _layout(dataset)
+    if layout is None:
+        return None
+    pieces = _pieces(dataset, layout, start, stop)
+    if pieces is None:
+        return None
+    values = np.empty((stop - start, *dataset.shape[1:]), dtype=dataset.dtype) if out is None else out
+    rows = values.reshape(stop - start, -1).view(np.uint8)
+    with open(layout.path, "rb", buffering=0) as file:
+        for first, count, offset in pieces:
+            _read_fully(file, memoryview(rows[first - start:first - start + count]).cast("B"), offset)
+    return values
+
+
+def _layout(dataset: h5py.Dataset) -> _Layout | None:
+    file = dataset.file
+    if (dataset.is_virtual or file.mode != "r" or file.driver != "sec2" or file.userblock_size
+            or not dataset.dtype.isnative or dataset.dtype.hasobject or not dataset.shape):
+        return None
+    row_bytes = int(np.prod(dataset.shape[1:], dtype=np.int64)) * dataset.dtype.itemsize
+    plist = dataset.id.get_create_plist()
+    if plist.get_layout() == h5py.h5d.CONTIGUOUS:
+        offset = dataset.id.get_offset()
+        return None if offset is None else _Layout(file.filename, row_bytes, offset=offset)
+    if plist.get_layout() != h5py.h5d.CHUNKED or plist.get_nfilters() or dataset.chunks[1:] != dataset.shape[1:]:
+        return None
+    return _Layout(file.filename, row_bytes, chunk_rows=dataset.chunks[0])
+
+
+def _pieces(dataset: h5py.Dataset, layout: _Layout, start: int, stop: int) -> list[tuple[int, int, int]] | None:
+    """(first row, rows, byte offset in the file) of each run of rows of [START, STOP) that lies together on disk;
+    None where a chunk of them is not written."""
+    if layout.chunk_rows is None:
+        return [(start, stop - start, layout.offset + start * layout.row_bytes)]
+    pieces = []
+    size = layout.chunk_rows
+    for chunk_start in range(start - start % size, stop, size):
+        info = dataset.id.get_chunk_info_by_coord((chunk_start,) + (0,) * (len(dataset.shape) - 1))
+        if info.byte_offset is None or info.size != size * layout.row_bytes:
+            return None
+        first, last = max(start, chunk_start), min(stop, chunk_start + size)
+        pieces.append((first, last - first, info.byte_offset + (first - chunk_start) * layout.row_bytes))
+    return pieces
+
+
+def _read_fully(file, target: memoryview, offset: int) -> None:
+    """TARGET filled from FILE's bytes at OFFSET (a read may return fewer bytes than asked)."""
+    file.seek(offset)
+    done = 0
+    while done < len(target):
+        got = file.readinto(target[done:])  # the GIL released while it reads
+        if not got:
+            raise OSError(f"{file.name}: {len(target) - done} bytes missing at offset {offset + done}")
+        done += got
