@@ -22,6 +22,14 @@ def pytest_configure(config):
         os.environ["CUDA_VISIBLE_DEVICES"] = ""  # before anything asks torch for a device; subprocesses inherit it
 
 
+def pytest_terminal_summary(terminalreporter):
+    """The machine the durations above were measured on (a CPU without native bf16 runs its tests 4-12x slower)."""
+    from featdump.forward.hardware import cpu
+
+    here = cpu()
+    terminalreporter.write_line(f"Machine: {here.name} ({here.instruction_set}), {os.cpu_count()} cores")
+
+
 @pytest.fixture
 def image_folder(tmp_path) -> Path:
     """Two class folders, 7 images in all."""

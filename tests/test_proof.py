@@ -17,7 +17,7 @@ from featdump.job.sampling import plan_sample
 from featdump.job.tolerances import bound
 from tests.makers import faults
 
-from .helpers import images_fixture, read_output, run_featdump, user_project, write_images
+from .helpers import featdump_env, images_fixture, read_output, run_featdump, user_project, write_images
 
 MODELS = '''
 from pathlib import Path
@@ -193,6 +193,22 @@ def test_a_bf16_run_proves_its_rows_and_info_and_the_summary_show_it(images, tmp
         assert json.loads(h5file.attrs["proof"])[0] == {
             "configuration": "cpu", "reference": "cpu, fp32, eager, hooks, the original files decoded on the CPU",
             "proved": False, "why": "the run is the reference path"}
+
+
+@pytest.mark.slow  # bf16 without native kernels, in a fresh process
+def test_a_bf16_run_held_to_avx2_is_proved_without_a_false_alarm(tmp_path):
+    """oneDNN and ATen held to AVX2 whatever this CPU has (bf16 emulated, summed in AVX2's order, as on a Zen 3): a
+    sound bf16 run is proved, each layer within its bounds, and the run said first what bf16 costs here."""
+    write_images(tmp_path / "images", {"": 8}, seed=5)
+    env = featdump_env(ONEDNN_MAX_CPU_ISA="AVX2", ATEN_CPU_CAPABILITY="avx2")
+    result = run_featdump("extract", "-m", "resnet18", "-w", "none", "-l", "layer1,layer2", "--precision", "bf16",
+                          tmp_path / "images", tmp_path / "held.h5", env=env, process=True)
+    assert result.returncode == 0, result.stderr
+    assert "--precision bf16 on this CPU" in result.stderr and "oneDNN held to AVX2" in result.stderr
+    with h5py.File(tmp_path / "held.h5", "r") as h5file:
+        (proof,) = json.loads(h5file.attrs["proof"])
+    assert proof["configuration"] == "cpu, bf16" and proof["proved"], proof
+    assert set(proof["layers"]) == {"layer1", "layer2"} and all(layer["used"] < 1 for layer in proof["layers"].values())
 
 
 @pytest.mark.slow  # 8 s or more of the quick suite on a 2-core Zen 3 (AVX2): kept to CI's full run
