@@ -230,7 +230,7 @@ def unit_scores(values: np.ndarray, axis: int | None, score: str) -> np.ndarray:
     flat = unit_maps(values, axis)
     if flat.shape[2] == 1:
         return flat[:, :, 0] if score == "max" else flat[:, :, 0].astype(np.float64)
-    maps = torch.from_numpy(np.ascontiguousarray(flat))
+    maps = torch.from_numpy(flat)  # strided where the units are the last axis (tokens): reduced without a copy
     if score == "mean":
         return (maps.sum(dim=2, dtype=torch.float64) / flat.shape[2]).numpy()
     return maps.amax(dim=2).numpy()
