@@ -114,6 +114,7 @@ def test_a_model_that_does_not_compile_runs_eager_and_says_why(project, tmp_path
     np.testing.assert_array_equal(features["pool"], eager["pool"])
 
 
+@pytest.mark.slow  # 8 s or more of the quick suite on a 2-core Zen 3 (AVX2): kept to CI's full run
 def test_a_compile_that_fell_back_to_eager_is_recorded_as_eager_in_the_proof(project, tmp_path):
     """--compile --precision bf16 on a model that does not trace: it ran eager, and its proof says "cpu, bf16"."""
     _, note, _ = extract(project, "tiny_models:untraceable", tmp_path / "out.h5", "--compile", "--precision", "bf16")

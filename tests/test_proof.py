@@ -372,8 +372,9 @@ def test_a_fault_in_the_copy_to_the_host_is_caught_before_the_rows_are_stored(im
     one layer another's rows stops the run at its first batch, and the way out it names then runs. (--proof 20: every
     row of the 20 is proved, so the zeroed one is too; by default 8 of them are.)"""
     output = tmp_path / "out.h5"
-    command = ["extract", "-m", "resnet18", "-w", "none", "-l", "layer2,avgpool", "--precision", "bf16", "--proof",
-               "20" if fault == "zeroed" else "4", images, output]  # every row shifted: 4 proved see it
+    command = ["extract", "-m", "resnet18", "-w", "none", "-l", "layer2,layer3", "--precision", "bf16", "--proof",
+               "20" if fault == "zeroed" else "4", images, output]  # every row shifted: 4 proved see it; the forward
+    # stops at layer3 (bf16 has no native kernels on many CPUs: this test stays in the quick suite)
     with faults.injected(getattr(faults, fault)):
         result = run_featdump(*command)
     assert result.returncode == 1, result.stderr
