@@ -9,7 +9,8 @@ The same pass keeps each unit's spectrum: a histogram of its scores over every r
 and highest score of a seeded sample of SAMPLE rows (read first) and one bin below and one above them for the rest
 (a NaN score in none); and, at each of QUANTILES, the sample's image at that quantile of the unit's scores (a
 sample of 1,024 rows, read in blocks of consecutive rows, puts it within about 1.4% of rank, one standard error, of
-the layer's own). Written to TOP.h5 (beside the output by default) a layer at a time, so a killed pass resumes at the first layer not written.
+the layer's own). Written to TOP.h5 (beside the output by default) a layer at a time, so a killed pass resumes
+at the first layer not written.
 
     /top/LAYER/rows, values, positions      (units, K): highest first
     /top/LAYER/bottom_rows, bottom_values   (units, K): lowest first
