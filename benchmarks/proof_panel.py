@@ -175,11 +175,18 @@ def margin(entry: dict) -> tuple[float, str]:
     """The largest fraction of a bound any layer used, and which (layer, test)."""
     used = []
     for name, layer in entry.get("layers", {}).items():
-        used += [(float(layer["nearest"]) / layer["bound"], f"{name} largest"),
-                 (float(layer["whole_nearest"]) / layer["whole_bound"], f"{name} whole"),
-                 (layer["channel_shift"] / float(layer["shift_bound"]), f"{name} channel"),
-                 (layer["channel_scale"] / float(layer["scale_bound"]), f"{name} scale")]
+        used += [(share(layer["nearest"], layer["bound"]), f"{name} largest"),
+                 (share(layer["whole_nearest"], layer["whole_bound"]), f"{name} whole"),
+                 (share(layer["channel_shift"], layer["shift_bound"]), f"{name} channel"),
+                 (share(layer["channel_scale"], layer["scale_bound"]), f"{name} scale")]
     return max(used, default=(0.0, ""))
+
+
+def share(value, bound) -> float:
+    """VALUE's share of BOUND; a bound of 0 (a run that fell back to the reference path: exact) is used by nothing
+    but a difference."""
+    value, bound = float(value), float(bound)
+    return value / bound if bound > 0 else (np.inf if value > 0 else 0.0)
 
 
 def channel_axes(output: Path) -> dict[str, int | None]:

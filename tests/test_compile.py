@@ -115,13 +115,21 @@ def test_a_model_that_does_not_compile_runs_eager_and_says_why(project, tmp_path
 
 
 @pytest.mark.slow  # 8 s or more of the quick suite on a 2-core Zen 3 (AVX2): kept to CI's full run
-def test_a_compile_that_fell_back_to_eager_is_recorded_as_eager_in_the_proof(project, tmp_path):
-    """--compile --precision bf16 on a model that does not trace: it ran eager, and its proof says "cpu, bf16"."""
-    _, note, _ = extract(project, "tiny_models:untraceable", tmp_path / "out.h5", "--compile", "--precision", "bf16")
+@pytest.mark.parametrize("precision", ["bf16", "fp32"])
+def test_a_compile_that_fell_back_to_eager_is_recorded_as_eager_in_the_proof(project, tmp_path, precision):
+    """--compile on a model that does not trace: it ran eager, and its proof says so: "cpu, bf16", proved; in fp32
+    the reference path itself, with no bound of 0 that fp32's rounding would exceed infinitely."""
+    _, note, _ = extract(project, "tiny_models:untraceable", tmp_path / "out.h5", "--compile", "--precision",
+                         precision)
     assert note.startswith("no: the model does not trace to a graph")
     with h5py.File(tmp_path / "out.h5", "r") as h5file:
         (proof,) = json.loads(h5file.attrs["proof"])
-    assert proof["configuration"] == "cpu, bf16" and proof["proved"], proof["configuration"]
+    if precision == "bf16":
+        assert proof["configuration"] == "cpu, bf16" and proof["proved"], proof["configuration"]
+        assert all(layer["used"] < 1 for layer in proof["layers"].values()), proof
+    else:
+        assert proof == {"configuration": "cpu", "reference": proof["reference"], "proved": False,
+                         "why": "the run is the reference path"}, proof
 
 
 def test_memory_format_is_chosen_per_model():
