@@ -153,6 +153,31 @@ def test_chunks_a_kill_left_past_the_recorded_end_of_the_file_are_taken_in(tmp_p
         np.testing.assert_array_equal(h5file["features/f"][:, 0, 0, 0], np.repeat([0.0, 4.0, 8.0], 4))
 
 
+KILLED_WHILE_CREATING = """
+import os, signal, sys
+from featdump.output import writer
+from featdump.output.specs import DatasetSpec
+writer.fingerprints.store = lambda *_: os.kill(os.getpid(), signal.SIGKILL)  # dies with the layout half made
+writer.FeatureWriter.open(sys.argv[1], {"layer": DatasetSpec((2, 3), "float32")}, {"model": "m"}, {}, [], 4)
+"""
+
+
+def test_a_kill_while_the_partial_file_is_created_does_not_block_the_next_run(tmp_path):
+    """Killed between HDF5's first bytes and the finished layout: no OUT.partial HDF5 cannot open is left behind
+    (the run that met one had to be told to --overwrite); the same command then starts and finishes."""
+    output = tmp_path / "out.h5"
+    killed = subprocess.run([sys.executable, "-c", KILLED_WHILE_CREATING, str(output)], env=featdump_env(),
+                            capture_output=True, text=True)
+    assert killed.returncode == -9, killed.stderr
+    assert not partial_path(output).exists()
+    writer = open_writer(output)
+    writer.append({"layer": rows(2)}, ["a", "b"], [0, 1], [], images_done=2)
+    writer.finish()
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["out.h5"]
+    with h5py.File(output, "r") as h5file:
+        np.testing.assert_array_equal(h5file["features/layer"][:], rows(2))
+
+
 KILLED_APPENDER = """
 import sys, numpy as np
 from featdump.output.specs import DatasetSpec

@@ -3,7 +3,8 @@ array that holds them, not through h5py. h5py holds the GIL for the whole of a r
 reads through it stops the thread that computes; a direct read leaves the GIL free while the disk or the page cache
 serves it, and many direct reads (a sample spread over a layer) run at once.
 
-Only where the bytes on disk are the rows themselves: a local file opened read-only (no handle of this process
+The reads go through the descriptor HDF5 already holds (no second open file: a view of 1,000 shards stays one
+shard file at a time). Only where the bytes on disk are the rows themselves: a local file opened read-only (no handle of this process
 holds unwritten rows), without a user block, a contiguous dataset or one whose chunks are unfiltered, hold whole
 rows and are all written, in this machine's byte order. Anything else answers None, and the caller reads through
 h5py: compressed or shuffled chunks, chunks that split a row, a virtual view, a driver other than the plain one.
@@ -13,15 +14,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import os
+
 import h5py
 import numpy as np
 
 
 @dataclass(frozen=True)
 class _Layout:
-    """Where DATASET's rows lie in its file: from OFFSET on (contiguous), or in chunks of CHUNK_ROWS whole rows."""
+    """Where DATASET's rows lie in its file (open as DESCRIPTOR): from OFFSET on (contiguous), or in chunks of
+    CHUNK_ROWS whole rows."""
 
-    path: str
+    descriptor: int
     row_bytes: int
     offset: int | None = None
     chunk_rows: int | None = None
@@ -38,25 +42,25 @@ def read_direct(dataset: h5py.Dataset, start: int, stop: int, out: np.ndarray | 
         return None
     values = np.empty((stop - start, *dataset.shape[1:]), dtype=dataset.dtype) if out is None else out
     rows = values.reshape(stop - start, -1).view(np.uint8)
-    with open(layout.path, "rb", buffering=0) as file:
-        for first, count, offset in pieces:
-            _read_fully(file, memoryview(rows[first - start:first - start + count]).cast("B"), offset)
+    for first, count, offset in pieces:
+        _read_fully(layout.descriptor, memoryview(rows[first - start:first - start + count]).cast("B"), offset)
     return values
 
 
 def _layout(dataset: h5py.Dataset) -> _Layout | None:
     file = dataset.file
-    if (dataset.is_virtual or file.mode != "r" or file.driver != "sec2" or file.userblock_size
-            or not dataset.dtype.isnative or dataset.dtype.hasobject or not dataset.shape):
+    if (not hasattr(os, "preadv") or dataset.is_virtual or file.mode != "r" or file.driver != "sec2"
+            or file.userblock_size or not dataset.dtype.isnative or dataset.dtype.hasobject or not dataset.shape):
         return None
+    descriptor = file.id.get_vfd_handle()
     row_bytes = int(np.prod(dataset.shape[1:], dtype=np.int64)) * dataset.dtype.itemsize
     plist = dataset.id.get_create_plist()
     if plist.get_layout() == h5py.h5d.CONTIGUOUS:
         offset = dataset.id.get_offset()
-        return None if offset is None else _Layout(file.filename, row_bytes, offset=offset)
+        return None if offset is None else _Layout(descriptor, row_bytes, offset=offset)
     if plist.get_layout() != h5py.h5d.CHUNKED or plist.get_nfilters() or dataset.chunks[1:] != dataset.shape[1:]:
         return None
-    return _Layout(file.filename, row_bytes, chunk_rows=dataset.chunks[0])
+    return _Layout(descriptor, row_bytes, chunk_rows=dataset.chunks[0])
 
 
 def _pieces(dataset: h5py.Dataset, layout: _Layout, start: int, stop: int) -> list[tuple[int, int, int]] | None:
@@ -75,12 +79,11 @@ def _pieces(dataset: h5py.Dataset, layout: _Layout, start: int, stop: int) -> li
     return pieces
 
 
-def _read_fully(file, target: memoryview, offset: int) -> None:
-    """TARGET filled from FILE's bytes at OFFSET (a read may return fewer bytes than asked)."""
-    file.seek(offset)
+def _read_fully(descriptor: int, target: memoryview, offset: int) -> None:
+    """TARGET filled from the file's bytes at OFFSET (a read may return fewer bytes than asked)."""
     done = 0
     while done < len(target):
-        got = file.readinto(target[done:])  # the GIL released while it reads
+        got = os.preadv(descriptor, [target[done:]], offset + done)  # the GIL released while it reads
         if not got:
-            raise OSError(f"{file.name}: {len(target) - done} bytes missing at offset {offset + done}")
+            raise OSError(f"{len(target) - done} bytes missing at offset {offset + done} of an HDF5 file")
         done += got

@@ -224,8 +224,11 @@ def fsync_path(path: Path) -> None:
 
 
 def _create(partial, specs, fingerprint, attributes, classes, batch_size, compression, locking) -> h5py.File:
+    """A new PARTIAL with its layout, made whole in PARTIAL.new and renamed: a run killed while creating it leaves
+    no PARTIAL that cannot be opened (the next run, holding the lock, removes the stale PARTIAL.new)."""
+    staging = partial.with_name(partial.name + ".new")
     try:
-        h5file = h5py.File(partial, "w", locking=locking)
+        h5file = h5py.File(staging, "w", locking=locking)
     except OSError as error:
         raise write_error(partial, error, None) from error
     try:
@@ -233,12 +236,15 @@ def _create(partial, specs, fingerprint, attributes, classes, batch_size, compre
                       lambda group: create_features(group, specs, batch_size, compression,
                                                     fingerprint.get("image_count")))
         fingerprints.store(h5file.attrs, fingerprint)
-        h5file.flush()
-    except BaseException:
         h5file.close()
-        partial.unlink(missing_ok=True)  # nothing was committed to it
-        raise
-    return h5file
+        os.replace(staging, partial)
+        return h5py.File(partial, "r+", locking=locking)
+    except OSError as error:
+        raise write_error(partial, error, None) from error
+    finally:
+        if h5file.id.valid:
+            h5file.close()
+        staging.unlink(missing_ok=True)  # nothing was committed to it
 
 
 def _reopen(partial: Path, fingerprint: dict, locking: bool) -> h5py.File | None:
