@@ -4,17 +4,16 @@ reads through it stops the thread that computes; a direct read leaves the GIL fr
 serves it, and many direct reads (a sample spread over a layer) run at once.
 
 The reads go through the descriptor HDF5 already holds (no second open file: a view of 1,000 shards stays one
-shard file at a time). Only where the bytes on disk are the rows themselves: a local file opened read-only (no handle of this process
-holds unwritten rows), without a user block, a contiguous dataset or one whose chunks are unfiltered, hold whole
-rows and are all written, in this machine's byte order. Anything else answers None, and the caller reads through
-h5py: compressed or shuffled chunks, chunks that split a row, a virtual view, a driver other than the plain one.
+shard file at a time). Only where the bytes on disk are the rows themselves: a local file opened read-only (no
+handle of this process holds unwritten rows), without a user block, a contiguous dataset or one whose chunks are
+unfiltered, hold whole rows and are all written, in this machine's byte order. Anything else answers None, and
+the caller reads through h5py: compressed or shuffled chunks, chunks that split a row, a virtual view, a driver other than the plain one.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import os
+from dataclasses import dataclass
 
 import h5py
 import numpy as np
