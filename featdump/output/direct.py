@@ -7,7 +7,8 @@ The reads go through the descriptor HDF5 already holds (no second open file: a v
 shard file at a time). Only where the bytes on disk are the rows themselves: a local file opened read-only (no
 handle of this process holds unwritten rows), without a user block, a contiguous dataset or one whose chunks are
 unfiltered, hold whole rows and are all written, in this machine's byte order. Anything else answers None, and
-the caller reads through h5py: compressed or shuffled chunks, chunks that split a row, a virtual view, a driver other than the plain one.
+the caller reads through h5py: compressed or shuffled chunks, chunks that split a row, a virtual view, a driver
+other than the plain one.
 """
 
 from __future__ import annotations
