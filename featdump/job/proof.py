@@ -344,9 +344,9 @@ def _nearest_scale(evidence: _Evidence, parts: list[str]) -> tuple[float, float,
     """The channel whose scale (run against emulation) is nearest its bound: how far the scale moves its values
     (|factor - 1| x the channel's root mean square, in units of a row's largest value), its bound, its index and its
     factor. The bound (`tolerances.scale_bound`) grows with the emulation's own relative error of that channel (root
-    mean square distance from fp32 over its size; at least the median channel's), and is never below twice the
-    median channel's absolute error: a channel the precision barely moves is held to a small factor, one of near
-    zeros (whose factor means nothing to rounding or a kernel's summation order) is not; inf before MIN_ROWS rows."""
+    mean square distance from fp32 over its size; at least the median channel's), and with the median channel's
+    absolute error where the channel is no larger than that: a channel the precision barely moves is held to a
+    small factor, one of near zeros (whose factor means nothing to rounding) is not; inf before MIN_ROWS rows."""
     scale, own = evidence.scale, evidence.emulated_scale
     effects, deviations = scale.effects(), scale.deviations()
     if scale.entries == 0 or own.products is None or own.squares.shape != effects.shape or \

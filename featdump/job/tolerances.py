@@ -25,7 +25,8 @@ between the run's channel and the emulation's, over the proved rows and position
 values, in units of each row's largest value as the shift is: |factor - 1| times the channel's size (its root mean
 square) may be that size times SCALE_MULTIPLE times the emulation's own relative error of that channel (its root
 mean square distance from fp32 over its size; at least the median channel's) plus the floors of the emulated parts,
-and then the fixed bounds of the parts that are not emulated and SCALE_FLOOR, which are not relative to the channel.
+or, for a channel of near zeros, about twice the median channel's absolute error; and then the fixed bounds of the
+parts that are not emulated and SCALE_FLOOR, which are not relative to the channel.
 A precision's rounding is relative to each value, so a channel scaled by 2% is seen however small it is, where the
 precision moves it far less; a kernel's summation order (a GPU, inductor's code) moves a value by a fraction of the
 row's largest, so a channel of near zeros, whose factor means nothing there (1% of itself), is not held to one.
@@ -114,14 +115,23 @@ def scale_bound(parts: list[str], relative_noise, size, typical_noise: float = 0
     """How far a channel's scale may move its values (|factor - 1| x its root mean square SIZE, in units of a row's
     largest value), where the emulation's own relative error of that channel is RELATIVE_NOISE (floats, or arrays:
     one per channel) and a typical channel's absolute error TYPICAL_NOISE: relative to the channel, SCALE_MULTIPLE x
-    that noise and the emulated parts' floors (rounding is relative to each value), but never below SCALE_MULTIPLE x
-    the typical absolute error (a channel of near zeros, left by a cancellation, keeps the absolute rounding error of
-    the values it was made from); then, in the row's units, the fixed bounds of the parts not emulated (a kernel's
-    summation order, inductor's code) and SCALE_FLOOR."""
+    that noise and the emulated parts' floors (rounding is relative to each value); but a channel no larger than
+    the typical absolute error (near zeros, left by a cancellation, it keeps the absolute rounding error of the
+    values it was made from, the same in every row) is allowed about SCALE_MULTIPLE x that error, a channel far
+    larger than it only a share of it that shrinks as the channel grows (`_near_zeros`); then, in the row's units,
+    the fixed bounds of the parts not emulated (a kernel's summation order, inductor's code) and SCALE_FLOOR."""
     own = sum(PARTS[part].allowance for part in parts if PARTS[part].emulated)
     fixed = sum(PARTS[part].allowance for part in parts if not PARTS[part].emulated)
     relative = size * (SCALE_MULTIPLE * relative_noise + own)
-    return np.maximum(relative, SCALE_MULTIPLE * typical_noise) + fixed + SCALE_FLOOR
+    return np.maximum(relative, SCALE_MULTIPLE * _near_zeros(size, typical_noise)) + fixed + SCALE_FLOOR
+
+
+def _near_zeros(size, typical_noise: float):
+    """The absolute error a channel of root mean square SIZE may owe to the values it was made from:
+    TYPICAL_NOISE x TYPICAL_NOISE / (TYPICAL_NOISE + SIZE), nearly all of TYPICAL_NOISE for a channel far smaller
+    than it, half for one as large, and ever less for a larger one (there the precision's error is relative to the
+    channel, and its relative error shows it)."""
+    return typical_noise**2 / np.maximum(typical_noise + np.asarray(size, dtype=float), np.finfo(float).tiny)
 
 
 def shift_bound(noise):

@@ -47,15 +47,20 @@ def channel_off(axes: dict[str, int | None]) -> Fault:
 
 
 def channel_scaled(axes: dict[str, int | None], factor: float) -> Fault:
-    """One channel (the first along each layer's channel axis in AXES) of every row multiplied by FACTOR."""
+    """One channel of every row multiplied by FACTOR: along each layer's channel axis in AXES, the first that is not
+    all zeros in the batch (a dead channel, as a random inception_v3's `Mixed_5b` channel 0 is, scaled is no fault:
+    nothing changes)."""
 
     def fault(rows: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         faulty = {}
         for name, values in rows.items():
             values = values.clone()
             axis = axes.get(name)
-            channel = values.select(1 + axis, 0) if axis is not None and values.dim() > 2 else values.flatten(1)[:, 0]
-            channel *= factor
+            by_channel = values.movedim(1 + axis, 1) if axis is not None and values.dim() > 2 else values.flatten(1)
+            live = by_channel.flatten(2).abs().amax(dim=(0, 2)) if by_channel.dim() > 2 else \
+                by_channel.abs().amax(dim=0)
+            first = int(torch.nonzero(live).flatten()[0]) if bool(live.any()) else 0
+            by_channel[:, first] *= factor
             faulty[name] = values
         return faulty
 
