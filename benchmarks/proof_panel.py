@@ -8,12 +8,11 @@
 layer and its output, run in-process on 8 images (one batch: the default proof of 8 samples every row) in bf16,
 fp16, --fast-decode and --compile; then, under bf16 (the noisiest precision), with each fault injected in the copy
 of every batch's rows to the host (`tests/makers/faults.py`), into the deepest layer's and the output's rows alone
-(where bf16's own error is largest; the shallow layers stay sound), but a 2% channel scale into the shallow
-layer's. A
-sound run must finish; a faulty one must stop with the proof's one line; a model a precision does not fit (MISFITS:
-a layer bf16 rounds away, weights fp16 cannot hold) must stop saying so. Each row of the table: the configuration,
-what happened, and for a sound run the largest fraction of its bound that any layer used (over the four tests:
-largest element, whole row, channel means and scales).
+(where bf16's own error is largest; the shallow layers stay sound), but a 2% channel scale into the shallow layer's
+(its first channel that is not all zeros). A sound run must finish; a faulty one must stop with the proof's one
+line; a model a precision does not fit (MISFITS: a layer bf16 rounds away, weights fp16 cannot hold) must stop
+saying so. Each row of the table: the configuration, what happened, and for a sound run the largest fraction of its
+bound that any layer used (over the four tests: largest element, whole row, channel means and scales).
 """
 
 from __future__ import annotations

@@ -177,6 +177,7 @@ def test_show_draws_maps_and_vectors_and_info_json_parses(image_folder, tmp_path
     assert parsed["rows"] == 7 and parsed["complete"] and parsed["layers"]["layer2"]["shape"] == [128, 28, 28]
 
 
+@pytest.mark.slow  # a fresh interpreter: 8 s of the quick suite on Zen 3, kept to CI's full run
 def test_show_without_matplotlib_says_what_to_install(image_folder, tmp_path):
     output = featdump.extract(image_folder, tmp_path / "out.h5", model="resnet18", layers="avgpool", weights="none")
     no_matplotlib = ("import sys\n"

@@ -16,7 +16,7 @@ from .helpers import read_output, run_featdump, write_images
 
 
 def test_doctor_json_names_this_machine_and_recommends_a_configuration_that_then_runs(tmp_path):
-    result = run_featdump("doctor", "-m", "resnet18", "-l", "avgpool", "-b", "2", "--batches", "2", "--try",
+    result = run_featdump("doctor", "-m", "resnet18", "-l", "layer2", "-b", "2", "--batches", "2", "--try",
                           "cpu,fp32,bf16", "--json", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)

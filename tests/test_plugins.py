@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 
+import pytest
+
 import featdump
 
 from .helpers import REPO, featdump_env, run_featdump
@@ -78,6 +80,7 @@ flat = swatches:Flat
 """
 
 
+@pytest.mark.slow  # a fresh interpreter over an installed plugin: 10 s of the quick suite on Zen 3 (CI runs it)
 def test_a_reader_and_a_source_installed_from_outside_are_used_with_no_featdump_edit(tmp_path):
     site = tmp_path / "site"
     (site / "swatches-1.0.dist-info").mkdir(parents=True)  # as pip installs a package: its metadata on the path

@@ -162,6 +162,7 @@ writer.FeatureWriter.open(sys.argv[1], {"layer": DatasetSpec((2, 3), "float32")}
 """
 
 
+@pytest.mark.slow  # a real process killed: kept to CI's full run, where a Ray test met the file it leaves
 def test_a_kill_while_the_partial_file_is_created_does_not_block_the_next_run(tmp_path):
     """Killed between HDF5's first bytes and the finished layout: no OUT.partial HDF5 cannot open is left behind
     (the run that met one had to be told to --overwrite); the same command then starts and finishes."""
