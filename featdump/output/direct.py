@@ -26,6 +26,7 @@ class _Layout:
     CHUNK_ROWS whole rows."""
 
     descriptor: int
+    path: str
     row_bytes: int
     offset: int | None = None
     chunk_rows: int | None = None
@@ -43,7 +44,7 @@ def read_direct(dataset: h5py.Dataset, start: int, stop: int, out: np.ndarray | 
     values = np.empty((stop - start, *dataset.shape[1:]), dtype=dataset.dtype) if out is None else out
     rows = values.reshape(stop - start, -1).view(np.uint8)
     for first, count, offset in pieces:
-        _read_fully(layout.descriptor, memoryview(rows[first - start:first - start + count]).cast("B"), offset)
+        _read_fully(layout, memoryview(rows[first - start:first - start + count]).cast("B"), offset)
     return values
 
 
@@ -57,10 +58,10 @@ def _layout(dataset: h5py.Dataset) -> _Layout | None:
     plist = dataset.id.get_create_plist()
     if plist.get_layout() == h5py.h5d.CONTIGUOUS:
         offset = dataset.id.get_offset()
-        return None if offset is None else _Layout(descriptor, row_bytes, offset=offset)
+        return None if offset is None else _Layout(descriptor, file.filename, row_bytes, offset=offset)
     if plist.get_layout() != h5py.h5d.CHUNKED or plist.get_nfilters() or dataset.chunks[1:] != dataset.shape[1:]:
         return None
-    return _Layout(descriptor, row_bytes, chunk_rows=dataset.chunks[0])
+    return _Layout(descriptor, file.filename, row_bytes, chunk_rows=dataset.chunks[0])
 
 
 def _pieces(dataset: h5py.Dataset, layout: _Layout, start: int, stop: int) -> list[tuple[int, int, int]] | None:
@@ -79,11 +80,11 @@ def _pieces(dataset: h5py.Dataset, layout: _Layout, start: int, stop: int) -> li
     return pieces
 
 
-def _read_fully(descriptor: int, target: memoryview, offset: int) -> None:
-    """TARGET filled from the file's bytes at OFFSET (a read may return fewer bytes than asked)."""
+def _read_fully(layout: _Layout, target: memoryview, offset: int) -> None:
+    """TARGET filled from LAYOUT's file's bytes at OFFSET (a read may return fewer bytes than asked)."""
     done = 0
     while done < len(target):
-        got = os.preadv(descriptor, [target[done:]], offset + done)  # the GIL released while it reads
+        got = os.preadv(layout.descriptor, [target[done:]], offset + done)  # the GIL released while it reads
         if not got:
-            raise OSError(f"{len(target) - done} bytes missing at offset {offset + done} of an HDF5 file")
+            raise OSError(f"{layout.path}: {len(target) - done} bytes missing at offset {offset + done}")
         done += got
