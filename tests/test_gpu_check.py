@@ -16,7 +16,7 @@ from .helpers import featdump_env
 REPO = Path(__file__).resolve().parents[1]
 
 
-@pytest.mark.slow  # about 4 minutes on 2 cores: every step of the check, tiny
+@pytest.mark.slow  # about 3 minutes on 2 Zen 3 cores: every step of the check, tiny
 def test_the_gpu_check_runs_every_step_as_a_dry_run_and_writes_its_results(tmp_path):
     done = subprocess.run([sys.executable, "-m", "benchmarks.gpu_check", str(tmp_path / "out"), "--dry-run",
                            "--budget", "1500"],  # a 2-core CPU shared with the suite: time to spare
