@@ -204,8 +204,9 @@ def gpu_limits(images: Path, count: int, workers: int) -> list[str]:
     from featdump.inputs.preprocess import Preprocess
     from featdump.sources.models import default_preprocessing
 
-    batch, rounds = (256, 10) if GPU == "cuda" else (2, 2)  # a dry run: bf16 without native kernels is ~1 img/s
-    forward = {layout: forward_rate(getattr(torchvision.models, GPU_MODEL)().eval().to(GPU), layout, batch, rounds)
+    batch, warmups, rounds = (256, 3, 10) if GPU == "cuda" else (2, 1, 2)  # a dry run: bf16 may be ~1 img/s
+    model = getattr(torchvision.models, GPU_MODEL)().eval().to(GPU)
+    forward = {layout: forward_rate(model, layout, batch, warmups, rounds)
                for layout in (torch.contiguous_format, torch.channels_last)}
     found, preprocess = find_images(images), Preprocess(default_preprocessing(GPU_MODEL))
     rates = {}
@@ -237,13 +238,13 @@ def gpu_limits(images: Path, count: int, workers: int) -> list[str]:
             f"| disk write bandwidth ({blocks * 64} MiB, fsync) | {write_rate:.0f} MB/s |"]
 
 
-def forward_rate(model: torch.nn.Module, layout: torch.memory_format, batch: int = 256, rounds: int = 10) -> float:
-    """Images a second through MODEL in bf16 on random inputs in LAYOUT over ROUNDS batches, after a warm-up of
-    three (one where ROUNDS is under 10)."""
+def forward_rate(model: torch.nn.Module, layout: torch.memory_format, batch: int = 256, warmups: int = 3,
+                 rounds: int = 10) -> float:
+    """Images a second through MODEL in bf16 on random inputs in LAYOUT over ROUNDS batches, after WARMUPS."""
     model = model.to(memory_format=layout)
     x = torch.randn(batch, 3, 224, 224, device=GPU).contiguous(memory_format=layout)
     with torch.inference_mode(), torch.autocast(GPU, dtype=torch.bfloat16):
-        for _ in range(3 if rounds >= 10 else 1):
+        for _ in range(warmups):
             model(x)
         _synchronize()
         started = time.perf_counter()
@@ -281,10 +282,11 @@ def main():
         elif not torch.cuda.is_available():
             raise SystemExit("--gpu: CUDA is not available on this machine (--dry-run runs its rows on the CPU).")
         args.skip_cpu, args.photos = True, 0
-    lines = [f"Machine: {machine()}", f"Images: {args.images} JPEGs of 500x375, {args.workers} DataLoader workers", ""]
+    lines = [f"Machine: {machine()}", f"DataLoader workers: {args.workers}", ""]
     if not args.skip_cpu:
         images = make_images(HERE / "data" / f"images-{args.images}", args.images)
-        lines += ["## CPU", ""] + cpu_rows(images, args.images, args.workers, args.repeats) + [""]
+        lines += ["## CPU", "", f"{args.images} JPEGs of 500x375.", ""]
+        lines += cpu_rows(images, args.images, args.workers, args.repeats) + [""]
     if args.photos:
         lines += ["## Camera photos", ""] + photo_rows(args.photos, args.photo_workers, args.repeats) + [""]
     if torch.cuda.is_available() or GPU == "cpu":
