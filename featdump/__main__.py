@@ -1,5 +1,5 @@
 """`python -m featdump` runs the command-line interface."""
 
-from featdump.faces.cli import main
+from featdump.faces.cli import console
 
-main(prog_name="featdump")
+console()

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import gc
 import json
+import sys
+from importlib.metadata import entry_points
 
 import h5py
 import pytest
 from click.testing import CliRunner
 
-from featdump.faces.cli import main
+from featdump.faces.cli import console, main
 from featdump.inputs.readers import input_kinds
 
 from .helpers import featdump_env, run_featdump, write_images
@@ -138,6 +141,19 @@ def test_unknown_weights_name(image_folder, tmp_path):
     result = invoke("extract", "-m", "resnet50", "-w", "IMAGENET1K_V9", "-l", "fc", image_folder, tmp_path / "o.h5")
     assert result.exit_code == 2
     assert "Unknown weights 'IMAGENET1K_V9' for resnet50" in result.output and "IMAGENET1K_V2" in result.output
+
+
+def test_the_command_exits_without_the_last_collection(monkeypatch):
+    (script,) = [entry for entry in entry_points(group="console_scripts") if entry.name == "featdump"]
+    assert script.value == "featdump.faces.cli:console"  # the installed `featdump`, as `python -m featdump`
+    monkeypatch.setattr(sys, "argv", ["featdump", "info", "/no/such/file.h5"])
+    try:
+        with pytest.raises(SystemExit) as exited:
+            console()
+        assert exited.value.code == 2  # main's exit code, through
+        assert gc.get_freeze_count() > 0  # Python's collection at exit passes the objects by
+    finally:
+        gc.unfreeze()
 
 
 @pytest.mark.slow  # the entry point as a real process

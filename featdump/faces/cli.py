@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import logging
 import shlex
@@ -89,6 +90,16 @@ def main(verbose: int, quiet: bool) -> None:
     Shell completion (bash): eval "$(_FEATDUMP_COMPLETE=bash_source featdump)"
     """
     setup_logging(logging.DEBUG if verbose else logging.WARNING if quiet else logging.INFO)
+
+
+def console() -> None:
+    """The `featdump` command: `main`, then an exit without Python's last garbage collection, which walks the
+    300,000-odd objects torch and torchvision leave (1.2 s of every command on a 2-core Zen 3). Every file a command
+    writes is closed before it returns, and HDF5 closes any left open at exit in any case."""
+    try:
+        main(prog_name="featdump")
+    finally:
+        gc.freeze()
 
 
 class _Checked(click.ParamType):
