@@ -9,8 +9,10 @@ import shlex
 import pytest
 import torch
 
+from featdump.faces.doctor import describe, recommendation
 from featdump.forward.hardware import Cpu, Gpu
-from featdump.job.trials import Configuration, Trial, offered, recommended
+from featdump.job.settings import Settings
+from featdump.job.trials import Configuration, Trial, offered, payback_rows, recommended
 
 from .helpers import read_output, run_featdump, write_images
 
@@ -72,6 +74,33 @@ def test_the_recommendation_is_the_fastest_the_proof_accepted():
     trials = [trial("fp32", "ran", 10.0), trial("bf16", "stopped by the proof", 30.0), trial("fp16", "ran", 12.0)]
     assert recommended(trials).configuration.precision == "fp16"
     assert recommended([trial("bf16", "failed", None)]) is None
+
+
+def test_a_later_first_batch_is_weighed_against_the_faster_rate():
+    eager = Trial(Configuration("cpu"), "ran", rows_per_second=24.0, warm_up_seconds=2.5)
+    compiled = Trial(Configuration("cpu", compile=True), "ran", rows_per_second=30.0, warm_up_seconds=26.5)
+    assert payback_rows(compiled, eager) == pytest.approx(24 / (1 / 24 - 1 / 30), abs=1)  # 2,880 rows
+    assert payback_rows(eager, compiled) is None  # it starts sooner
+    slower = Trial(Configuration("cpu", "bf16"), "ran", rows_per_second=3.0, warm_up_seconds=30.0)
+    assert payback_rows(slower, eager) is None  # it never pays back
+
+
+def test_the_recommendation_says_when_a_compile_pays_back_and_a_skip_has_no_rate():
+    trials = [Trial(Configuration("cpu"), "ran", rows_per_second=24.0, warm_up_seconds=2.5),
+              Trial(Configuration("cpu", compile=True), "ran", rows_per_second=30.0, warm_up_seconds=26.5, proved=True),
+              Trial(Configuration("cpu", "bf16"), "skipped", why="no native bf16 kernels on this CPU")]
+    base = Settings(model="resnet18", layers="avgpool", weights="none", batch_size=32, images=".", output="o.h5")
+    machine = {"cpu": {"name": "Zen 3", "cores": 2, "instruction_set": "AVX2"}, "gpus": [], "compiler": "g++",
+               "torch": "2", "torchvision": "0", "free_disk_bytes": 1 << 30, "disk_folder": "/tmp"}
+    result = {"featdump": "0", "machine": machine, "model": "resnet18", "layers": ["avgpool"], "weights": "none",
+              "batch_size": 32, "batches": 3, "trials": [trial.as_json() for trial in trials],
+              "recommended": recommendation(trials[1], trials, base)}
+    assert result["recommended"]["until_then"] == "cpu fp32" and result["recommended"]["pays_back_after_rows"] > 2800
+    lines = list(describe(result))
+    assert lines[-1].startswith("Its first batch ends 24.0 s later than cpu fp32's (building or loading its compiled")
+    assert "pays that back after about 2,88" in lines[-1]
+    skipped = next(line for line in lines if line.split()[:2] == ["cpu", "bf16"])
+    assert skipped.split()[2].startswith("skipped")  # no rate of 0.0 for what did not run
 
 
 @pytest.mark.parametrize("options", [["--try", "nosuch"], ["--batches", "1"]])

@@ -24,8 +24,19 @@ def examine(base: Settings, batches: int, asked: list[str] | None, folder: Path,
     return {"featdump": __version__, "machine": machine, "model": base.model, "layers": list(base.layers),
             "weights": base.weights, "batch_size": base.batch_size, "batches": batches,
             "trials": [trial.as_json() for trial in done],
-            "recommended": None if best is None else {"configuration": best.configuration.name,
-                                                      "command": trial_runs.command_line(best, base)}}
+            "recommended": None if best is None else recommendation(best, done, base)}
+
+
+def recommendation(best: trial_runs.Trial, done: list[trial_runs.Trial], base: Settings) -> dict:
+    """BEST's name and command; where its first batch ends later than the reference path's, the rows after which
+    it has paid that back (a shorter job is sooner done on the reference path)."""
+    reference = trial_runs.reference_trial(done)
+    payback = None if reference is None or reference is best else trial_runs.payback_rows(best, reference)
+    return {"configuration": best.configuration.name, "command": trial_runs.command_line(best, base),
+            "pays_back_after_rows": payback,
+            "first_batch_later_seconds": None if payback is None else
+            round(best.warm_up_seconds - reference.warm_up_seconds, 1),
+            "until_then": None if payback is None else reference.configuration.name}
 
 
 def describe(result: dict) -> Iterator[str]:
@@ -50,9 +61,21 @@ def describe(result: dict) -> Iterator[str]:
         outcome = trial["outcome"] + (" (proved)" if trial["proved"] else "")
         why = f": {trial['why']}" if trial["why"] else ""
         warm = f"; first batch after {trial['warm_up_seconds']} s" if trial["warm_up_seconds"] else ""
-        yield f"  {trial['configuration']:<22} {rate or 0:>8.1f} {time_against:>6}  {outcome}{warm}{why}"
+        shown_rate = f"{rate:.1f}" if rate else ""
+        yield f"  {trial['configuration']:<22} {shown_rate:>8} {time_against:>6}  {outcome}{warm}{why}"
     if result["recommended"] is None:
         yield "No configuration ran: see the outcomes above."
     else:
         yield f"Fastest the proof accepts: {result['recommended']['configuration']}:"
         yield f"  {result['recommended']['command']}"
+        if result["recommended"]["pays_back_after_rows"]:
+            yield _payback_line(result["recommended"])
+
+
+def _payback_line(recommended: dict) -> str:
+    later = recommended["first_batch_later_seconds"]
+    why = "building or loading its compiled package" if "compile" in recommended["configuration"] else \
+        "its start"
+    return (f"Its first batch ends {later} s later than {recommended['until_then']}'s ({why}); its rate pays that "
+            f"back after about {recommended['pays_back_after_rows']:,} images: a shorter job is sooner done with "
+            f"{recommended['until_then']}.")

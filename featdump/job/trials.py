@@ -9,6 +9,7 @@ first batch's warm-up are left out and reported apart): the rate a long job runs
 from __future__ import annotations
 
 import dataclasses
+import math
 import shlex
 import tempfile
 import time
@@ -180,6 +181,21 @@ def recommended(trials: list[Trial]) -> Trial | None:
     """The fastest trial the proof accepted."""
     timed = [trial for trial in trials if trial.accepted and trial.rows_per_second]
     return max(timed, key=lambda trial: trial.rows_per_second, default=None)
+
+
+def reference_trial(trials: list[Trial]) -> Trial | None:
+    """The trial of the reference path (the CPU, fp32, eager) where it ran."""
+    return next((trial for trial in trials if trial.configuration == Configuration("cpu") and trial.accepted), None)
+
+
+def payback_rows(trial: Trial, reference: Trial) -> int | None:
+    """The rows after which TRIAL's faster rate has won back its later first batch against REFERENCE's (a compile's
+    build, a GPU's start); None where it starts no later or runs no faster."""
+    if None in (trial.rows_per_second, trial.warm_up_seconds, reference.rows_per_second, reference.warm_up_seconds):
+        return None
+    later = trial.warm_up_seconds - reference.warm_up_seconds
+    saved_per_row = 1 / reference.rows_per_second - 1 / trial.rows_per_second
+    return math.ceil(later / saved_per_row) if later > 0 and saved_per_row > 0 else None
 
 
 def command_line(trial: Trial, base: Settings, images: str = "IMAGES", output: str = "OUT.h5") -> str:
