@@ -94,7 +94,7 @@ def main(verbose: int, quiet: bool) -> None:
 
 def console() -> None:
     """The `featdump` command: `main`, then an exit without Python's last garbage collection, which walks the
-    300,000-odd objects torch and torchvision leave (1.2 s of every command on a 2-core Zen 3). Every file a command
+    300,000-odd objects torch and torchvision leave (1-1.5 s of every command on a 2-core Zen 3). Every file a command
     writes is closed before it returns, and HDF5 closes any left open at exit in any case."""
     try:
         main(prog_name="featdump")
