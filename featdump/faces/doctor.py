@@ -36,7 +36,9 @@ def recommendation(best: trial_runs.Trial, done: list[trial_runs.Trial], base: S
             "pays_back_after_rows": payback,
             "first_batch_later_seconds": None if payback is None else
             round(best.warm_up_seconds - reference.warm_up_seconds, 1),
-            "until_then": None if payback is None else reference.configuration.name}
+            "until_then": None if payback is None else reference.configuration.name,
+            "later_because": None if payback is None else
+            "building or loading its compiled package" if best.configuration.compile else "its start"}
 
 
 def describe(result: dict) -> Iterator[str]:
@@ -73,9 +75,7 @@ def describe(result: dict) -> Iterator[str]:
 
 
 def _payback_line(recommended: dict) -> str:
-    later = recommended["first_batch_later_seconds"]
-    why = "building or loading its compiled package" if "compile" in recommended["configuration"] else \
-        "its start"
+    later, why = recommended["first_batch_later_seconds"], recommended["later_because"]
     return (f"Its first batch ends {later} s later than {recommended['until_then']}'s ({why}); its rate pays that "
             f"back after about {recommended['pays_back_after_rows']:,} images: a shorter job is sooner done with "
             f"{recommended['until_then']}.")
