@@ -103,6 +103,25 @@ def test_the_recommendation_says_when_a_compile_pays_back_and_a_skip_has_no_rate
     assert skipped.split()[2].startswith("skipped")  # no rate of 0.0 for what did not run
 
 
+@pytest.mark.parametrize("options, said", [(["-m", "nosuchmodel"], "Unknown model 'nosuchmodel'"),
+                                           (["-m", "resnet18", "-l", "layer9"], "layer9")])
+def test_a_wrong_model_or_layer_is_one_line_before_any_other_trial(tmp_path, options, said):
+    result = run_featdump("doctor", *options, "-b", "2", "--batches", "2", cwd=tmp_path)
+    assert result.returncode == 2 and said in result.stderr, result.stderr
+    assert result.stdout == "" and "doctor: cpu fp32 compile" not in result.stderr
+
+
+def test_doctor_fails_when_no_configuration_ran(tmp_path):
+    result = run_featdump("doctor", "-m", "resnet18", "-b", "2", "--batches", "2", "--try", "cuda", "--json",
+                          cwd=tmp_path)
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is here: cuda runs")
+    assert result.returncode == 1, result.stderr
+    assert json.loads(result.stdout)["recommended"] is None  # the JSON still says what was found
+    lines = run_featdump("doctor", "-m", "resnet18", "--try", "cuda", cwd=tmp_path).stdout.splitlines()
+    assert lines[-1] == "No configuration asked is on this machine (--try names a device or precision it lacks)."
+
+
 @pytest.mark.parametrize("options", [["--try", "nosuch"], ["--batches", "1"]])
 def test_doctor_refuses_what_it_cannot_measure_in_one_line(tmp_path, options):
     result = run_featdump("doctor", "-m", "resnet18", *options, cwd=tmp_path)

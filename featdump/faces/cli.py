@@ -523,9 +523,11 @@ def doctor(model: str, layers: str, weights: str, batch_size: int | None, batche
     result = examine(base, batches, words, Path.cwd(), report)
     if as_json:
         click.echo(json.dumps(result, indent=2))
-        return
-    for line in describe(result):
-        click.echo(line)
+    else:
+        for line in describe(result):
+            click.echo(line)
+    if result["recommended"] is None:  # nothing ran: a script must not read this as a recommendation
+        click.get_current_context().exit(1)
 
 
 @main.command()

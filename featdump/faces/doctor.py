@@ -65,7 +65,9 @@ def describe(result: dict) -> Iterator[str]:
         warm = f"; first batch after {trial['warm_up_seconds']} s" if trial["warm_up_seconds"] else ""
         shown_rate = f"{rate:.1f}" if rate else ""
         yield f"  {trial['configuration']:<22} {shown_rate:>8} {time_against:>6}  {outcome}{warm}{why}"
-    if result["recommended"] is None:
+    if not trials:
+        yield "No configuration asked is on this machine (--try names a device or precision it lacks)."
+    elif result["recommended"] is None:
         yield "No configuration ran: see the outcomes above."
     else:
         yield f"Fastest the proof accepts: {result['recommended']['configuration']}:"

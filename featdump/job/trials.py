@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from featdump.errors import FeatdumpError, ProofFailed
+from featdump.errors import FeatdumpError, ProofFailed, UsageProblem
 from featdump.forward import hardware
 from featdump.job.settings import Settings
 
@@ -154,6 +154,8 @@ def run_trial(trial: Trial, base: Settings, images: Path, work: Path) -> Trial:
         trial.outcome, trial.why = "stopped by the proof", str(error)
         return trial
     except FeatdumpError as error:
+        if isinstance(error, UsageProblem) and configuration == Configuration("cpu"):
+            raise  # the model, its weights or layers as asked: wrong in every configuration, said once
         trial.outcome, trial.why = "failed", str(error)
         return trial
     except (RuntimeError, torch.OutOfMemoryError) as error:  # a kernel this machine lacks, a compile that broke
