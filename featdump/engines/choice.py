@@ -4,6 +4,7 @@ scratch), or fanned out over a Ray cluster (`engines.ray`). The options of one m
 from __future__ import annotations
 
 from featdump.errors import UsageProblem
+from featdump.job.preflight import check_before_loading
 
 
 def run_extract(settings, progress, ray_address: str | None = None, shards: int | None = None, merge: bool = True):
@@ -14,6 +15,7 @@ def run_extract(settings, progress, ray_address: str | None = None, shards: int 
     if ray_address is None and not merge:
         raise UsageProblem("--no-merge leaves a --ray job's shards unmerged; without --ray there is one output (or, "
                            "under --shard K/N, one shard) and nothing to merge.")
+    check_before_loading(settings)
     if ray_address is not None:
         from featdump.engines.ray import extract_on_ray
 

@@ -12,31 +12,17 @@ a row for the loader."""
 
 from __future__ import annotations
 
-from pathlib import Path
+import importlib
 
-from featdump.errors import NoImages
-from featdump.inputs.folder import IMAGE_EXTENSIONS
-from featdump.inputs.imagelist import Encoded, ImageList
-from featdump.inputs.readers import Asked, read_images, stored_image
-from featdump.inputs.stores import Patience
-from featdump.locations import Location
+# Each name's module, imported when the name is first used: the package's modules import numpy, h5py and PIL,
+# which a command's help and `featdump.job.settings` do without.
+_HOMES = {"IMAGE_EXTENSIONS": "folder", "Encoded": "imagelist", "ImageList": "imagelist", "Patience": "stores",
+          "check_images": "finding", "find_images": "finding", "stored_image": "readers"}
 
-__all__ = ["IMAGE_EXTENSIONS", "Encoded", "ImageList", "Patience", "find_images", "stored_image"]
+__all__ = sorted(_HOMES)
 
 
-def find_images(source: Path | str, named: str = "IMAGES", patience: Patience | None = None,
-                array: str | None = None, image_column: str | None = None,
-                label_column: str | None = None, split: str | None = None) -> ImageList:
-    """The images of SOURCE: a folder walked recursively (following symlinks once), a .txt/.csv list file of
-    images or of tars, a .tar file, or a brace pattern or glob of tars; or the same at a URL (a store prefix read
-    as a folder, a list, tar URLs and their brace patterns joined with ::), read within PATIENCE; or a file of
-    image arrays (HDF5, NetCDF-4, .npy, .npz: `arrays`), its ARRAY (None: its only one); or Parquet tables of
-    encoded images (`tables`: a file, a folder or prefix, a pattern; IMAGE_COLUMN, LABEL_COLUMN, SPLIT). NoImages if
-    there are none, its message naming the argument or option SOURCE came from (NAMED: IMAGES, --pca-fit)."""
-    asked = Asked(named, patience or Patience(), array, image_column, label_column, split)  # Patience: its store
-    try:
-        return read_images(Location.of(source), asked)
-    except NoImages as error:
-        if named == "IMAGES" or str(error).startswith(named):
-            raise
-        raise NoImages(f"{named} {str(source)!r}: {error}") from error
+def __getattr__(name: str):
+    if name in _HOMES:
+        return getattr(importlib.import_module(f"featdump.inputs.{_HOMES[name]}"), name)
+    raise AttributeError(f"module 'featdump.inputs' has no attribute {name!r}")

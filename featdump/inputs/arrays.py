@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import sys
 import zipfile
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
@@ -23,7 +24,6 @@ from pathlib import Path, PurePosixPath
 
 import h5py
 import numpy as np
-from torch.utils.data import get_worker_info
 
 from featdump.errors import NoImages, UsageProblem
 from featdump.inputs.imagelist import Encoded, ImageList, Storage
@@ -276,11 +276,17 @@ _LENGTHS: dict[tuple, int | None] = {}
 _OPENED: dict[tuple[int, str, str | None], object] = {}  # (process, file, array): an h5py dataset or an ndarray
 
 
+def _in_loader_worker() -> bool:
+    """Whether this process is a DataLoader's worker (whose torch is imported by then: none is imported here)."""
+    data = sys.modules.get("torch.utils.data")
+    return data is not None and data.get_worker_info() is not None
+
+
 @contextlib.contextmanager
 def _array(path: Path, key: str | None) -> Iterator:
     """The array KEY of PATH: a loader worker opens it once and keeps it open (each its own handle: h5py's do not
     cross a fork); the main process opens it for the call and closes it again (the file stays the user's)."""
-    if get_worker_info() is None:
+    if not _in_loader_worker():
         opened = _open(path, key)
         try:
             yield opened

@@ -303,11 +303,16 @@ def input_kinds() -> str:
 
 def read_images(where: Location, asked: Asked) -> ImageList:
     """The images at WHERE, listed by the first reader that claims it; NoImages when none does."""
+    return reader_for(where, asked).read(where, asked)
+
+
+def reader_for(where: Location, asked: Asked) -> Reader:
+    """The first reader that claims WHERE, the options ASKED applying to it; NoImages when none does."""
     reader = next((reader for reader in readers() if reader.claims(where, asked)), None)
     _check_options_apply(reader, where, asked)
     if reader is None:
         raise NoImages(f"{asked.named} {where.text!r} does not exist (give {input_kinds()}).")
-    return reader.read(where, asked)
+    return reader
 
 
 def _check_options_apply(reader: Reader | None, where: Location, asked: Asked) -> None:

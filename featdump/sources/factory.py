@@ -7,13 +7,14 @@ import inspect
 import logging
 import os
 import sys
-
-import torch
-from torch import nn
+from typing import TYPE_CHECKING
 
 from featdump.errors import UsageProblem
 from featdump.sources import timm_models
 from featdump.sources.registry import Built, ModelClip, ModelRequest, Source
+
+if TYPE_CHECKING:  # torch is imported when a model is built, not for the help that lists this source
+    from torch import nn
 
 log = logging.getLogger("featdump")
 
@@ -43,9 +44,11 @@ def build(spec: str, seed: int) -> tuple[nn.Module, dict]:
     factory = import_object(spec, "--model")
     if not callable(factory):
         raise UsageProblem(f"--model {spec!r} is not callable: name a function or class returning an nn.Module.")
+    import torch
+
     torch.manual_seed(seed)
     module = factory()
-    if not isinstance(module, nn.Module):
+    if not isinstance(module, torch.nn.Module):
         raise UsageProblem(f"--model {spec!r} returned a {type(module).__name__}, not a torch.nn.Module.")
     return module, {"source": "factory", "factory": spec, "factory_file": _source_file(factory)}
 

@@ -5,13 +5,14 @@ from __future__ import annotations
 import hashlib
 import zipfile
 from pathlib import Path
-
-import torch
-from torch import nn
+from typing import TYPE_CHECKING
 
 from featdump.errors import InvalidWeights, UsageProblem, first_sentence
 from featdump.sources import timm_models
 from featdump.sources.registry import Built, ModelRequest, Source
+
+if TYPE_CHECKING:  # torch is imported when a model is built, not for the help that lists this source
+    from torch import nn
 
 MODEL_FILE_SUFFIXES = (".pt", ".pth", ".pt2", ".pkl", ".ckpt", ".bin")
 
@@ -36,12 +37,14 @@ def build(path_text: str, trust_pickle: bool) -> nn.Module:
             "its origin pass --trust-pickle; otherwise save a state_dict and use --model package.module:build "
             "--weights STATE_DICT."
         )
+    import torch
+
     try:
         module = torch.load(path, map_location="cpu", weights_only=False)
     except Exception as error:  # unpickling fails in many ways (missing classes, a bad file)
         raise InvalidWeights(f"Could not load the model in {path_text!r}: {first_sentence(error)}. Its classes "
                              "must be importable (run featdump where its code is).") from error
-    if not isinstance(module, nn.Module):
+    if not isinstance(module, torch.nn.Module):
         raise UsageProblem(f"{path_text!r} holds a {type(module).__name__}, not a whole model; a state_dict goes "
                            "with --weights, beside the --model that builds it.")
     return module

@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import contextlib
 from pathlib import Path
-
-import torch
-from torch import nn
+from typing import TYPE_CHECKING
 
 from featdump.errors import UnknownModel, UnsupportedModel, UsageProblem, WeightsUnavailable, first_sentence
 from featdump.sources.registry import Built, ModelClip, ModelRequest, Source, random_weights
 from featdump.sources.tokens import TokenRule
+
+if TYPE_CHECKING:  # torch is imported when a model is built, not for the help that lists this source
+    import torch
+    from torch import nn
 
 
 def _transformers():
@@ -76,6 +78,8 @@ def build(name: str, weights: str, seed: int) -> tuple[nn.Module, ImageProcessor
     try:
         with _quiet(transformers):
             if random_weights(weights):
+                import torch
+
                 torch.manual_seed(seed)
                 model, label = transformers.AutoModel.from_config(config), "none"
             else:
@@ -85,6 +89,8 @@ def build(name: str, weights: str, seed: int) -> tuple[nn.Module, ImageProcessor
                          ).from_pretrained(name)
     except OSError as error:
         raise WeightsUnavailable(_unavailable(name, error)) from error
+    from featdump.sources.hf_towers import vision_tower
+
     module = vision_tower(model)
     takes = getattr(module, "main_input_name", "pixel_values")
     if takes not in _IMAGE_INPUTS:
@@ -99,46 +105,6 @@ def build(name: str, weights: str, seed: int) -> tuple[nn.Module, ImageProcessor
 
 
 _IMAGE_INPUTS = ("pixel_values", "pixel_values_videos")  # what an image or video model's forward takes first
-
-
-def vision_tower(model: nn.Module) -> nn.Module:
-    """A multimodal model's (CLIP, SigLIP, ...) image side (`ImageFeatures`); a vision model as it is."""
-    if hasattr(model, "vision_model") and (hasattr(model, "text_model") or hasattr(model, "text_config")):
-        tower = model.vision_model
-        tower.config = getattr(tower, "config", None) or model.config.vision_config
-        return ImageFeatures(model, tower) if hasattr(model, "get_image_features") else tower
-    return model
-
-
-class ImageFeatures(nn.Module):
-    """A multimodal checkpoint's image side as one module, whose output (`-l @`) is what the model's
-    get_image_features gives: the unnormalised image embedding (CLIP's projected pooled output, SigLIP's pooled
-    output). The vision tower's modules keep their paths (embeddings, encoder, ...) beside the model's other
-    non-text modules (`visual_projection`, Kosmos-2's `image_to_text_projection`); the text side is neither run nor
-    moved."""
-
-    def __init__(self, model: nn.Module, tower: nn.Module):
-        super().__init__()
-        for name, child in tower.named_children():
-            self.add_module(name, child)
-        for name, parameter in tower.named_parameters(recurse=False):  # shared, so .to() moves the tower's too
-            self.register_parameter(name, parameter)
-        for name, buffer in tower.named_buffers(recurse=False):
-            self.register_buffer(name, buffer)
-        for name, child in model.named_children():  # what the image features use beside the tower (CLIP's
-            if name != "vision_model" and not name.startswith("text"):  # visual_projection, Kosmos-2's
-                self.add_module(name, child)  # image_to_text_projection): hooked, and moved with the tower
-        object.__setattr__(self, "_model", model)  # not a child: only its image side is this module's
-        self.config = tower.config
-        self.main_input_name = "pixel_values"  # what get_image_features takes (OWL-ViT's tower inherits input_ids)
-
-    def train(self, mode: bool = True) -> ImageFeatures:
-        self._model.train(mode)
-        return super().train(mode)
-
-    def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
-        features = self._model.get_image_features(pixel_values=pixel_values)
-        return features if isinstance(features, torch.Tensor) else features.pooler_output
 
 
 # Tokens before the patches, by model type, for the architectures whose layout is known: a class token, DeiT's

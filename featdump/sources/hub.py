@@ -15,8 +15,6 @@ import inspect
 import logging
 from pathlib import Path
 
-import torch
-
 from featdump.errors import UnknownModel, UsageProblem, WeightsUnavailable, first_sentence
 from featdump.sources.registry import Built, ModelRequest, Source
 
@@ -42,6 +40,8 @@ class HubSource(Source):
         spec = request.spec
         folder, entry = _located(self.bare(spec))
         self.check(spec)
+        import torch
+
         takes_pretrained = "pretrained" in inspect.signature(_entries(folder)[entry]).parameters
         if request.random:
             if not takes_pretrained:
@@ -93,6 +93,8 @@ def _cached(repo: str) -> Path:
     if owner_name.count("/") != 1:
         raise UsageProblem(f"--model hub:{repo}:...: name a GitHub repository as OWNER/NAME, or a local folder.")
     owner, name = owner_name.split("/")
+    import torch
+
     hub = Path(torch.hub.get_dir())
     found = sorted(hub.glob(f"{owner}_{name}_{ref or '*'}"))
     found = [folder for folder in found if (folder / "hubconf.py").is_file()]

@@ -5,13 +5,15 @@ from __future__ import annotations
 import difflib
 import logging
 
-import torch
-from torch import nn
+from typing import TYPE_CHECKING
 
 from featdump.errors import InvalidWeights, UnknownModel, UsageProblem, WeightsUnavailable, first_sentence
 from featdump.sources import timm_models
 from featdump.sources.registry import Built, ModelRequest, Source, default_weights, random_weights
 from featdump.sources.tokens import TokenRule
+
+if TYPE_CHECKING:  # torch is imported when a model is built, not for the help that lists this source
+    from torch import nn
 
 
 def _open_clip():
@@ -48,6 +50,8 @@ def build(arch: str, weights: str, seed: int) -> tuple[nn.Module, nn.Module, str
     else:
         raise InvalidWeights(f"Unknown weights {weights!r} for open_clip:{arch}: use DEFAULT, none, a checkpoint "
                              f"file, or one of {', '.join(tags) or '(none published)'}.")
+    import torch
+
     torch.manual_seed(seed)
     try:
         logging.disable(logging.WARNING)  # open_clip warns on the root logger that a random model is random

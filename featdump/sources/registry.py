@@ -6,10 +6,12 @@ the registry; a new source is one more module that registers itself."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-
-from torch import nn
+from typing import TYPE_CHECKING
 
 from featdump.sources.tokens import TokenRule
+
+if TYPE_CHECKING:  # torch is imported when a model is built, not for a command's help
+    from torch import nn
 
 
 @dataclass(frozen=True)

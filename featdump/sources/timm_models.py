@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-import torch
-from torch import nn
+from typing import TYPE_CHECKING
 
 from featdump.errors import UnknownModel, UsageProblem, WeightsUnavailable, first_sentence
 from featdump.sources.registry import Built, ModelRequest, Source, random_weights
 from featdump.sources.tokens import TokenRule
+
+if TYPE_CHECKING:  # torch is imported when a model is built, not for the help that lists this source
+    from torch import nn
 
 
 def _timm():
@@ -33,6 +35,8 @@ def build(name: str, weights: str, seed: int) -> tuple[nn.Module, nn.Module, str
     timm = _timm()
     check_name(name)
     if random_weights(weights):
+        import torch
+
         torch.manual_seed(seed)
         module, label = timm.create_model(name, pretrained=False), "none"
     else:

@@ -7,19 +7,17 @@ from __future__ import annotations
 
 import difflib
 import urllib.error
-
-import torch
-import torchvision
-from torch import nn
-from torchvision.models import get_model, get_model_weights, list_models
+from typing import TYPE_CHECKING
 
 from featdump.errors import InvalidWeights, UnknownModel, WeightsUnavailable, first_sentence
-from featdump.sources import detection_models, flow_models, quantized_models, segmentation_models, video_models
+from featdump.sources import quantized_models
 from featdump.sources.registry import Built, ModelClip, ModelRequest, Source, default_weights, random_weights
 from featdump.sources.tokens import TokenRule
+from featdump.sources.torchvision_names import names_by_task
 
-_PACKAGES = {"classification": "", "video": "video", "optical_flow": "optical_flow", "segmentation": "segmentation",
-             "detection": "detection", "quantization": "quantization"}  # task: its package in torchvision.models
+if TYPE_CHECKING:  # torchvision is imported when a model is built or its preprocessing read, not to check a name
+    from torch import nn
+
 _BUILT_WITH = {"quantization": {"quantize": True}}  # get_model's arguments beyond the weights, by task
 _BACKBONE_WEIGHTS = ("segmentation", "detection")  # tasks whose models would fetch their backbone's weights
 
@@ -31,21 +29,16 @@ def token_rule(module: nn.Module) -> TokenRule | None:
     return TokenRule.stated(1, getattr(module, "patch_size", None))
 
 
-def _names(task: str) -> list[str]:
-    package = _PACKAGES[task]
-    return list_models(module=getattr(torchvision.models, package) if package else torchvision.models)
-
-
 def every_model() -> list[str]:
     """Every name in torchvision.models.list_models(), each of one task."""
-    return [name for task in _PACKAGES for name in _names(task)]
+    return [name for names in names_by_task().values() for name in names]
 
 
 def task_of(name: str) -> str:
     """The task of torchvision model NAME (classification, video, optical_flow, segmentation, detection,
     quantization); UnknownModel, with the names it is close to, for a name torchvision does not have."""
-    for task in _PACKAGES:
-        if name in _names(task):
+    for task, names in names_by_task().items():
+        if name in names:
             return task
     names = every_model()
     close = difflib.get_close_matches(name, names, n=5, cutoff=0.5)
@@ -64,6 +57,10 @@ def preprocessing(name: str, module: nn.Module | None = None) -> nn.Module:
     """The preprocessing of NAME (built as MODULE), whatever weights are loaded: its DEFAULT weights' transforms,
     as its task takes them (a segmentation model's cropped to a square, a flow model's on pairs of frames, a
     detection model's images resized to its own square)."""
+    from torchvision.models import get_model_weights
+
+    from featdump.sources import detection_models, flow_models, segmentation_models
+
     task, transforms = task_of(name), get_model_weights(name).DEFAULT.transforms()
     if task == "detection":
         return detection_models.square_transform(name, module if module is not None else build(name, "none", 0)[0])
@@ -76,12 +73,21 @@ def preprocessing(name: str, module: nn.Module | None = None) -> nn.Module:
 
 def rows_within(name: str) -> tuple[str, ...]:
     """The modules of NAME whose outputs are rows of an image (a detection model's backbone); () for all."""
-    return detection_models.ROWS_WITHIN if task_of(name) == "detection" else ()
+    if task_of(name) != "detection":
+        return ()
+    from featdump.sources import detection_models
+
+    return detection_models.ROWS_WITHIN
 
 
 def build(name: str, weights: str, seed: int) -> tuple[nn.Module, str]:
     """(module, what was loaded) for 'none' (seeded random, nothing downloaded: not its backbone's weights
     either), DEFAULT or a weights enum name; as its task builds it (quantized: quantize=True)."""
+    import torch
+    from torchvision.models import get_model
+
+    from featdump.sources import flow_models
+
     task = task_of(name)
     options = dict(_BUILT_WITH.get(task, {}))
     wrap = flow_models.FlowPairs if task == "optical_flow" else (lambda module: module)
@@ -94,6 +100,8 @@ def build(name: str, weights: str, seed: int) -> tuple[nn.Module, str]:
 
 
 def weights_enum(name: str, weights: str):
+    from torchvision.models import get_model_weights
+
     enum_class = get_model_weights(name)
     if default_weights(weights):
         return enum_class.DEFAULT
@@ -108,6 +116,8 @@ def weights_enum(name: str, weights: str):
 
 def _pretrained(name: str, enum, options: dict) -> nn.Module:
     """The model with ENUM's weights, from torch's cache or downloaded; a clear error offline."""
+    from torchvision.models import get_model
+
     try:
         return get_model(name, weights=enum, **options)
     except (urllib.error.URLError, OSError) as error:
@@ -135,8 +145,12 @@ class TorchvisionSource(Source):
     def clip(self, spec: str) -> ModelClip | None:
         task = task_of(spec)
         if task == "video":
+            from featdump.sources import video_models
+
             return ModelClip(*video_models.clip_defaults(spec), takes_clips=True)
         if task == "optical_flow":
+            from featdump.sources import flow_models
+
             return ModelClip(flow_models.PAIR, None, takes_clips=True)
         return None
 

@@ -27,7 +27,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import torch
 
 from featdump.analysis.results import Results, computed_into, finished
 from featdump.analysis.stored import Stored, listed
@@ -231,6 +230,8 @@ def unit_scores(values: np.ndarray, axis: int | None, score: str) -> np.ndarray:
     flat = unit_maps(values, axis)
     if flat.shape[2] == 1:
         return flat[:, :, 0] if score == "max" else flat[:, :, 0].astype(np.float64)
+    import torch  # for the ranking's arithmetic; `info` reads this module's names without it
+
     maps = torch.from_numpy(flat)  # strided where the units are the last axis (tokens): reduced without a copy
     if score == "mean":
         return (maps.sum(dim=2, dtype=torch.float64) / flat.shape[2]).numpy()
@@ -273,6 +274,8 @@ def _best_of_slab(scores: np.ndarray, k: int, highest: bool) -> np.ndarray:
     equal, or a slab holding NaN, where `_first_smallest` chooses (a tie goes to the lower row; NaN comes last)."""
     if scores.shape[1] <= k:
         return np.broadcast_to(np.arange(scores.shape[1]), scores.shape)
+    import torch  # for the ranking's arithmetic; `info` reads this module's names without it
+
     values, found = torch.topk(torch.from_numpy(scores), k + 1, dim=1, largest=highest, sorted=True)
     values = values.numpy()
     if np.isnan(values).any():  # top-k ranks NaN above every number: in the highest, or where few numbers are left
