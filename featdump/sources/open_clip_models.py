@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import difflib
 import logging
-
 from typing import TYPE_CHECKING
 
 from featdump.errors import InvalidWeights, UnknownModel, UsageProblem, WeightsUnavailable, first_sentence
