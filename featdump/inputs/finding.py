@@ -7,7 +7,7 @@ from pathlib import Path
 
 from featdump.errors import NoImages
 from featdump.inputs.imagelist import ImageList
-from featdump.inputs.readers import Asked, read_images, reader_for
+from featdump.inputs.readers import Asked, check_here, read_images
 from featdump.inputs.stores import Patience
 from featdump.locations import Location
 
@@ -34,7 +34,5 @@ def check_images(source: Path | str, array: str | None = None, image_column: str
                  label_column: str | None = None, split: str | None = None) -> None:
     """NoImages (or a UsageProblem) at once where IMAGES SOURCE, on this machine, is nothing a reader reads or the
     options name a part it lacks; nothing is listed, and a URL is left to `find_images` (its store is asked once)."""
-    where = Location.of(source)
-    if not where.remote:
-        reader_for(where, Asked("IMAGES", Patience(), array, image_column, label_column, split))
+    check_here(Location.of(source), Asked("IMAGES", Patience(), array, image_column, label_column, split))
 

@@ -315,6 +315,13 @@ def reader_for(where: Location, asked: Asked) -> Reader:
     return reader
 
 
+def check_here(where: Location, asked: Asked) -> None:
+    """`reader_for`'s refusal of WHERE, where it lies on this machine: nothing is listed (a URL's store is asked once,
+    by the reader that reads it)."""
+    if not where.remote:
+        reader_for(where, asked)
+
+
 def _check_options_apply(reader: Reader | None, where: Location, asked: Asked) -> None:
     """UsageProblem when an option names a part of an input of another kind (a local file's array: a tar's and a
     URL's are not looked for)."""
