@@ -43,16 +43,13 @@ def extract(project, model: str, output, *options, **environment):
         return features, str(h5file.attrs["compiled"]), result.stderr
 
 
-@pytest.mark.slow  # inductor compiles for 10-20 s on 2 cores
-@pytest.mark.parametrize("model", ["tiny_models:cnn", "tiny_models:vit"])
-def test_compiled_features_equal_eager(project, tmp_path, model):
-    eager, eager_note, _ = extract(project, model, tmp_path / "eager.h5")
-    compiled, note, log = extract(project, model, tmp_path / "compiled.h5", "--compile", "--compile-cache",
-                                  tmp_path / "cache")
-    assert eager_note == "no" and note.startswith("yes: AOTInductor package"), note
+def assert_compiled_equals_eager(eager: dict, compiled: dict, note: str, log: str, output) -> None:
+    """A run built its AOTInductor package once (the short last batch padded), proved it against eager fp32 held to
+    AVX2, and stored what eager stores, to 1e-4 of each layer's largest value."""
+    assert note.startswith("yes: AOTInductor package"), note
     assert "Built the compiled forward in" in log and "compiled graph capture" in log
     assert "Recompiling" not in log  # the short last batch is padded: one compile per run
-    with h5py.File(tmp_path / "compiled.h5", "r") as h5file:  # proved against eager fp32, held to AVX2
+    with h5py.File(output, "r") as h5file:  # proved against eager fp32, held to AVX2
         (proof,) = json.loads(h5file.attrs["proof"])
     assert proof["configuration"] == "cpu, compile" and proof["proved"], proof
     assert all(layer["used"] < 1 for layer in proof["layers"].values()), proof
@@ -61,13 +58,30 @@ def test_compiled_features_equal_eager(project, tmp_path, model):
         assert float(np.abs(compiled[name] - values).max()) <= 1e-4 * scale, name
 
 
+@pytest.mark.slow  # inductor compiles for 10-20 s on 2 cores
+def test_a_compiled_vit_equals_eager(project, tmp_path):
+    """The tiny ViT's compiled run (the CNN's, with its in-place ops and reused module, is the first run of
+    test_later_runs_load_the_package_and_a_damaged_one_is_built_anew)."""
+    eager, eager_note, _ = extract(project, "tiny_models:vit", tmp_path / "eager.h5")
+    compiled, note, log = extract(project, "tiny_models:vit", tmp_path / "compiled.h5", "--compile",
+                                  "--compile-cache", tmp_path / "cache")
+    assert eager_note == "no"
+    assert_compiled_equals_eager(eager, compiled, note, log, tmp_path / "compiled.h5")
+
+
 @pytest.mark.slow
 def test_later_runs_load_the_package_and_a_damaged_one_is_built_anew(project, tmp_path):
+    """The CNN's package through its life: the first compiled run builds it and equals eager, the next loads it, a
+    damaged one is built again, and a factory whose code changed gets a package of its own."""
     cache = tmp_path / "shared-cache"
+    eager, eager_note, _ = extract(project, "tiny_models:cnn", tmp_path / "eager.h5")
+    assert eager_note == "no"
     seconds, features = [], []
     for run in range(2):
         values, note, log = extract(project, "tiny_models:cnn", tmp_path / f"run{run}.h5", "--compile",
                                     "--compile-cache", cache)
+        if run == 0:
+            assert_compiled_equals_eager(eager, values, note, log, tmp_path / "run0.h5")
         verb = "Built" if run == 0 else "Loaded"
         assert f"{verb} the compiled forward in" in log and note.startswith("yes: AOTInductor package"), log
         assert ("found for this traced graph: no export" in log) == (run == 1), log  # the export ran once
@@ -84,6 +98,15 @@ def test_later_runs_load_the_package_and_a_damaged_one_is_built_anew(project, tm
     assert not package.exists()  # removed: the next run builds it again
     _, note, log = extract(project, "tiny_models:cnn", tmp_path / "run3.h5", "--compile", "--compile-cache", cache)
     assert "Built the compiled forward in" in log and package.exists()
+    # The factory's code changed between two runs (its BatchNorm's eps): a new package, equal to the new eager.
+    eager, _, _ = extract(project, "tiny_models:cnn", tmp_path / "eager-changed.h5", TINY_BN_EPS="1e-4")
+    compiled, note, log = extract(project, "tiny_models:cnn", tmp_path / "changed.h5", "--compile", "--compile-cache",
+                                  cache, TINY_BN_EPS="1e-4")
+    assert "Built the compiled forward in" in log and note.startswith("yes: AOTInductor package"), log
+    assert len(list((cache / "aoti").glob("*.pt2"))) == 2
+    for name, values in eager.items():
+        scale = max(float(np.abs(values).max()), 1e-6)
+        assert float(np.abs(compiled[name] - values).max()) <= 1e-5 * scale, name
 
 
 @pytest.mark.slow
@@ -107,29 +130,29 @@ def test_an_array_s_tasks_sharing_a_cache_build_the_package_once(project, tmp_pa
 ])
 @pytest.mark.slow
 def test_a_model_that_does_not_compile_runs_eager_and_says_why(project, tmp_path, model, why):
+    """It ran eager, and its fp32 proof says it is the reference path itself, with no bound of 0 that fp32's
+    rounding would exceed infinitely."""
     eager, _, _ = extract(project, model, tmp_path / "eager.h5")
     features, note, log = extract(project, model, tmp_path / "out.h5", "--compile")
     assert f"--compile: running eager, {why}" in log
     assert note.startswith(f"no: {why}")
     np.testing.assert_array_equal(features["pool"], eager["pool"])
+    with h5py.File(tmp_path / "out.h5", "r") as h5file:
+        (proof,) = json.loads(h5file.attrs["proof"])
+    assert proof == {"configuration": "cpu", "reference": proof["reference"], "proved": False,
+                     "why": "the run is the reference path"}, proof
 
 
 @pytest.mark.slow  # 8 s or more of the quick suite on a 2-core Zen 3 (AVX2): kept to CI's full run
-@pytest.mark.parametrize("precision", ["bf16", "fp32"])
-def test_a_compile_that_fell_back_to_eager_is_recorded_as_eager_in_the_proof(project, tmp_path, precision):
-    """--compile on a model that does not trace: it ran eager, and its proof says so: "cpu, bf16", proved; in fp32
-    the reference path itself, with no bound of 0 that fp32's rounding would exceed infinitely."""
-    _, note, _ = extract(project, "tiny_models:untraceable", tmp_path / "out.h5", "--compile", "--precision",
-                         precision)
+def test_a_bf16_compile_that_fell_back_to_eager_is_recorded_as_eager_in_the_proof(project, tmp_path):
+    """--compile --precision bf16 on a model that does not trace: it ran eager, and its proof says so: "cpu,
+    bf16", proved (fp32's: test_a_model_that_does_not_compile_runs_eager_and_says_why)."""
+    _, note, _ = extract(project, "tiny_models:untraceable", tmp_path / "out.h5", "--compile", "--precision", "bf16")
     assert note.startswith("no: the model does not trace to a graph")
     with h5py.File(tmp_path / "out.h5", "r") as h5file:
         (proof,) = json.loads(h5file.attrs["proof"])
-    if precision == "bf16":
-        assert proof["configuration"] == "cpu, bf16" and proof["proved"], proof["configuration"]
-        assert all(layer["used"] < 1 for layer in proof["layers"].values()), proof
-    else:
-        assert proof == {"configuration": "cpu", "reference": proof["reference"], "proved": False,
-                         "why": "the run is the reference path"}, proof
+    assert proof["configuration"] == "cpu, bf16" and proof["proved"], proof["configuration"]
+    assert all(layer["used"] < 1 for layer in proof["layers"].values()), proof
 
 
 def test_memory_format_is_chosen_per_model():
@@ -181,21 +204,6 @@ def test_the_first_batch_check_is_tight_in_float32():
     assert tolerance("fp32") == 1e-5 and tolerance("bf16") == 5e-2 and tolerance("fp16") == 1e-2
     eager = {"bn": torch.ones(2, 8) * 10}
     assert relative_difference({"bn": eager["bn"] + 5e-4}, eager) > tolerance("fp32")  # eps 1e-5 -> 1e-4: 5e-5
-
-
-@pytest.mark.slow  # two AOTInductor builds
-def test_a_factory_changed_between_two_compiled_runs_gets_a_new_package(project, tmp_path):
-    cache = tmp_path / "cache"
-    _, note, log = extract(project, "tiny_models:cnn", tmp_path / "before.h5", "--compile", "--compile-cache", cache)
-    assert "Built the compiled forward in" in log, log
-    eager, _, _ = extract(project, "tiny_models:cnn", tmp_path / "eager.h5", TINY_BN_EPS="1e-4")
-    compiled, note, log = extract(project, "tiny_models:cnn", tmp_path / "after.h5", "--compile", "--compile-cache",
-                                  cache, TINY_BN_EPS="1e-4")
-    assert "Built the compiled forward in" in log and note.startswith("yes: AOTInductor package"), log
-    assert len(list((cache / "aoti").glob("*.pt2"))) == 2
-    for name, values in eager.items():
-        scale = max(float(np.abs(values).max()), 1e-6)
-        assert float(np.abs(compiled[name] - values).max()) <= 1e-5 * scale, name
 
 
 @pytest.mark.slow  # one AOTInductor build

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import random
 import subprocess
 import sys
@@ -196,11 +197,11 @@ while True:
 """
 
 
-@pytest.mark.slow  # a soak of kills of the HDF5 writer mid-append
+@pytest.mark.slow  # kills of the HDF5 writer mid-append: 5, or FEATDUMP_FAULT_TRIALS for a soak
 def test_sigkill_during_appends_never_breaks_the_next_run(tmp_path):
     output = tmp_path / "out.h5"
     rng = random.Random(7)
-    for _ in range(15):
+    for _ in range(int(os.environ.get("FEATDUMP_FAULT_TRIALS", "5"))):
         process = subprocess.Popen([sys.executable, "-c", KILLED_APPENDER, str(output)], env=featdump_env(),
                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         assert process.stdout.readline() == "appending\n"  # killed while appending, however slow the start
