@@ -74,6 +74,24 @@ def test_tf32_is_set_and_restored_without_a_warning_or_a_mix_of_apis():
         assert torch.backends.cuda.matmul.allow_tf32 is True
         devices.set_tf32(False)
         assert torch.backends.cuda.matmul.allow_tf32 is False
+    devices.set_tf32(True)  # torch's default, for the tests after this one
+
+
+def test_an_export_after_a_cuda_run_s_exact_float32_works_and_leaves_it_set():
+    """An fp32 CUDA run sets cuDNN to "ieee" through the new API; torch.export, later in the same process (doctor's
+    compile trial after its CUDA one, a warm worker), reads the legacy flags, which torch then refuses: featdump's
+    export makes them readable while it runs and puts them back."""
+    from featdump.forward.ahead import export
+
+    devices.set_tf32(False)
+    try:
+        model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.ReLU()).eval()
+        exported = export(torch.fx.symbolic_trace(model), torch.randn(2, 3, 8, 8))
+        assert "aten.conv2d" in exported.graph_module.code
+        if hasattr(torch.backends.cuda.matmul, "fp32_precision"):
+            assert torch.backends.cudnn.conv.fp32_precision == torch.backends.cudnn.rnn.fp32_precision == "ieee"
+    finally:
+        devices.set_tf32(True)  # torch's default, for the tests after this one
 
 
 @pytest.mark.parametrize("error", [

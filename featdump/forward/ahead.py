@@ -37,6 +37,7 @@ from pathlib import Path
 
 import torch
 
+from featdump.forward.device import cudnn_flags_readable
 from featdump.version import __version__
 
 log = logging.getLogger("featdump")
@@ -45,7 +46,7 @@ Lock = Callable[[Path, str], AbstractContextManager]  # a waiting lock: (path, w
 
 def export(graph: torch.nn.Module, inputs: torch.Tensor):
     """GRAPH exported (torch.export) for batches like INPUTS: what a package is built from, and keyed by."""
-    with torch.inference_mode(False), torch.no_grad():
+    with torch.inference_mode(False), torch.no_grad(), cudnn_flags_readable():
         return torch.export.export(graph, (inputs.clone(),), strict=False)
 
 

@@ -95,6 +95,26 @@ def exact_float32() -> Iterator[None]:
         torch.set_float32_matmul_precision(precision)
 
 
+@contextlib.contextmanager
+def cudnn_flags_readable() -> Iterator[None]:
+    """While it lasts, torch's own code that reads cuDNN's legacy flags (torch.export does, on any device) can: torch
+    raises there once `set_tf32` has set cuDNN's convolutions to "ieee" through the new API (an fp32 CUDA run
+    earlier in this process: doctor's trials, a warm worker, a script), so the flags are "tf32" while it lasts and
+    what they were after. It changes no arithmetic of a run: nothing computes on cuDNN meanwhile."""
+    if not _NEW_TF32_API:
+        yield
+        return
+    backends = (torch.backends.cudnn.conv, torch.backends.cudnn.rnn)
+    before = [backend.fp32_precision for backend in backends]
+    for backend in backends:
+        backend.fp32_precision = "tf32"
+    try:
+        yield
+    finally:
+        for backend, value in zip(backends, before):
+            backend.fp32_precision = value
+
+
 _NEW_TF32_API = hasattr(torch.backends.cuda.matmul, "fp32_precision")
 
 
