@@ -75,15 +75,8 @@ def exact_float32() -> Iterator[None]:
     """float32 products computed as float32 (no TF32 on CUDA, no reduced-precision kernels on the CPU) while it
     lasts; the settings before are put back."""
     if _NEW_TF32_API:
-        backends = (torch.backends.cuda.matmul, torch.backends.mkldnn.matmul)
-        before = [backend.fp32_precision for backend in backends]
-        for backend in backends:
-            backend.fp32_precision = "ieee"
-        try:
+        with _fp32_precision((torch.backends.cuda.matmul, torch.backends.mkldnn.matmul), "ieee"):
             yield
-        finally:
-            for backend, value in zip(backends, before):
-                backend.fp32_precision = value
         return
     tf32, precision = torch.backends.cuda.matmul.allow_tf32, torch.get_float32_matmul_precision()
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -104,15 +97,21 @@ def cudnn_flags_readable() -> Iterator[None]:
     if not _NEW_TF32_API:
         yield
         return
-    backends = (torch.backends.cudnn.conv, torch.backends.cudnn.rnn)
+    with _fp32_precision((torch.backends.cudnn.conv, torch.backends.cudnn.rnn), "tf32"):
+        yield
+
+
+@contextlib.contextmanager
+def _fp32_precision(backends: tuple, value: str) -> Iterator[None]:
+    """BACKENDS' `fp32_precision` (the new API) set to VALUE while it lasts, and put back after."""
     before = [backend.fp32_precision for backend in backends]
     for backend in backends:
-        backend.fp32_precision = "tf32"
+        backend.fp32_precision = value
     try:
         yield
     finally:
-        for backend, value in zip(backends, before):
-            backend.fp32_precision = value
+        for backend, kept in zip(backends, before):
+            backend.fp32_precision = kept
 
 
 _NEW_TF32_API = hasattr(torch.backends.cuda.matmul, "fp32_precision")
