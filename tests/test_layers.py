@@ -8,6 +8,7 @@ from torch import nn
 from torchvision.models import get_model
 
 from featdump.errors import AmbiguousLayer, UnknownLayer
+from featdump.forward import probe as probe_module
 from featdump.forward.layers import resolve
 from featdump.forward.probe import probe
 
@@ -71,6 +72,26 @@ def test_resnet18_probe_facts():
     assert infos["layer1.0.relu"].calls == 2
     assert infos["layer4.1.relu"].calls == 2
     assert infos["fc"].shapes == ((1000,),)
+
+
+@pytest.mark.parametrize("name, shape", [("resnet18", (3, 64, 64)), ("vit_b_16", (3, 224, 224)),
+                                         ("swin_v2_t", (3, 256, 256)), ("mobilenet_v3_small", (3, 64, 64))])
+def test_the_probe_on_the_meta_device_finds_what_real_zeros_find(name, shape):
+    model = get_model(name, weights=None).eval()
+    for batch in (2, 3):
+        on_meta = probe_module._recorded(model, shape, batch, (), on_meta=True)
+        for_real = probe_module._recorded(model, shape, batch, (), on_meta=False)
+        assert on_meta == for_real and on_meta[0]["layer1" if name.startswith("res") else ""]
+
+
+def test_a_model_that_does_not_run_on_the_meta_device_is_probed_for_real():
+    from torchvision.models.detection import fasterrcnn_mobilenet_v3_large_320_fpn
+
+    detector = fasterrcnn_mobilenet_v3_large_320_fpn(weights=None, weights_backbone=None).eval()
+    with pytest.raises(NotImplementedError):  # data-dependent shapes (torch.nonzero): no shape without values
+        probe_module._recorded(detector, (3, 64, 64), 2, (), on_meta=True)
+    records, _ = probe_module._record_calls(detector, (3, 64, 64), 2, ("backbone",))
+    assert records["backbone"] == [{None: None, "0": (2, 256, 10, 10), "1": (2, 256, 10, 10), "pool": (2, 256, 5, 5)}]
 
 
 def test_the_models_own_output_is_the_layer_at_and_patterns_never_select_it(tmp_path):

@@ -302,7 +302,17 @@ _PROBE_BATCHES = (2, 3)
 
 def _record_calls(model: nn.Module, input_shape: tuple[int, ...], batch: int, rows_within: tuple[str, ...] = ()):
     """({path: per call, {None: the shape of the output's (first) tensor, part name: its shape}},
-    {path: per call, the kind of output}) for one forward of BATCH zeros."""
+    {path: per call, the kind of output}) for one forward of BATCH zeros: on the meta device (shapes without
+    arithmetic), or, for a model that does not run there (a detector's data-dependent shapes), for real."""
+    try:
+        return _recorded(model, input_shape, batch, rows_within, on_meta=True)
+    except Exception as error:  # noqa: BLE001 - any failure on meta tensors is answered by the real forward
+        log.debug("Probing with real zeros: the model does not run on the meta device (%s).", first_sentence(error))
+    return _recorded(model, input_shape, batch, rows_within, on_meta=False)
+
+
+def _recorded(model: nn.Module, input_shape: tuple[int, ...], batch: int, rows_within: tuple[str, ...],
+              on_meta: bool):
     records: dict[str, list] = {path: [] for path, _ in model.named_modules()}  # "" first: the model itself
     kinds: dict[str, list] = {path: [] for path in records}
 
@@ -323,16 +333,29 @@ def _record_calls(model: nn.Module, input_shape: tuple[int, ...], batch: int, ro
         parameter = next(model.parameters(), None)
         device = parameter.device if parameter is not None else torch.device("cpu")
         with torch.inference_mode():
-            model(torch.zeros((batch, *input_shape), device=device))
+            if on_meta:
+                _forward_on_meta(model, (batch, *input_shape))
+            else:
+                model(torch.zeros((batch, *input_shape), device=device))
     except StopForward:
         pass
     except (RuntimeError, ValueError, TypeError, IndexError, AssertionError) as error:  # the model's own refusal
+        if on_meta:
+            raise
         raise ModelFailed(f"The model fails on a batch of {batch} inputs of shape {input_shape} (the size its "
                           f"preprocessing makes): {first_sentence(error)}.") from error
     finally:
         for handle in handles:
             handle.remove()
     return records, kinds
+
+
+def _forward_on_meta(model: nn.Module, shape: tuple[int, ...]) -> None:
+    """MODEL's forward of zeros of SHAPE with its parameters and buffers as meta tensors (no copy of the model, no
+    arithmetic: hooks see the shapes the real forward gives). Raises where the model cannot run so."""
+    held = {name: torch.empty_like(tensor, device="meta")
+            for name, tensor in (*model.named_parameters(), *model.named_buffers())}
+    torch.func.functional_call(model, held, (torch.zeros(shape, device="meta"),), strict=True)
 
 
 def _stop(module, args, output):
