@@ -49,6 +49,30 @@ def timed_featdump(*arguments: str, what: str) -> tuple[float, str]:
     return seconds, result.stderr
 
 
+# One child measured from a fresh parent, so that no other child's usage is counted.
+_MEASURE = """
+import resource, subprocess, sys
+done = subprocess.run([sys.executable, "-m", "featdump", *sys.argv[1:]], capture_output=True, text=True)
+usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+print(done.returncode, usage.ru_utime + usage.ru_stime, usage.ru_maxrss)
+sys.stderr.write(done.stderr)
+"""
+
+
+def measured(args: list[str], env: dict | None = None, checkout: Path = REPO, check: bool = True
+             ) -> tuple[float, float, str]:
+    """(CPU seconds: user + system, peak RSS in MiB, its stderr) of one `python -m featdump ARGS` in its own
+    process, CHECKOUT's featdump (run from its root), as the kernel counts them (`getrusage` of the child). CHECK:
+    exit naming the command when it fails."""
+    env = env or {**os.environ, "PYTHONPATH": str(checkout)}
+    done = subprocess.run([sys.executable, "-c", _MEASURE, *map(str, args)], capture_output=True, text=True, env=env,
+                          cwd=checkout, check=True)
+    code, seconds, kib = done.stdout.split()
+    if check and int(code):
+        raise SystemExit(f"featdump {' '.join(map(str, args))} failed:\n{done.stderr[-3000:]}")
+    return float(seconds), int(kib) / 1024, done.stderr
+
+
 def benchmark(name: str) -> list[str]:
     """`python -m benchmarks.NAME`: the command that runs benchmark NAME (from the repository's root)."""
     return [sys.executable, "-m", f"benchmarks.{name}"]

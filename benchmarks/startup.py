@@ -14,31 +14,13 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
 import numpy as np
 
-from benchmarks.common import REPO, machine, write_section
+from benchmarks.common import REPO, machine, measured, write_section
 from tests.makers.outputs import write_output
-
-# One child measured from a fresh parent, so that no other child's usage is counted.
-MEASURE = """
-import resource, subprocess, sys
-subprocess.run([sys.executable, "-m", "featdump", *sys.argv[1:]], capture_output=True)
-usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-print(usage.ru_utime + usage.ru_stime, usage.ru_maxrss)
-"""
-
-
-def measured(args: list[str], env: dict, checkout: Path) -> tuple[float, float]:
-    """(CPU seconds, peak RSS in MiB) of one `python -m featdump ARGS`, CHECKOUT's featdump (run from its root)."""
-    done = subprocess.run([sys.executable, "-c", MEASURE, *args], capture_output=True, text=True, env=env,
-                          cwd=checkout, check=True)
-    seconds, kib = done.stdout.split()
-    return float(seconds), int(kib) / 1024
 
 
 def cases(folder: Path) -> dict[str, list[str]]:
@@ -67,10 +49,11 @@ def main() -> None:
         folder = Path(scratch)
         env = {**os.environ, "PYTHONPATH": str(options.checkout), "XDG_CACHE_HOME": str(folder / "cache")}
         commands = cases(folder)
-        first = measured(commands["extract: unknown model"], env, options.checkout)  # lists and keeps the names
+        # the first run lists and keeps the names
+        first = measured(commands["extract: unknown model"], env, options.checkout, check=False)
         rows = [("extract: unknown model, names not yet kept", first[0], first[0], first[1])]
         for name, args in commands.items():
-            runs = [measured(args, env, options.checkout) for _ in range(options.repeats)]
+            runs = [measured(args, env, options.checkout, check=False)[:2] for _ in range(options.repeats)]
             cpu = [seconds for seconds, _ in runs]
             rows.append((name, statistics.median(cpu), max(cpu), max(memory for _, memory in runs)))
     lines = [f"Machine: {machine()}", f"Each the median of {options.repeats} runs (CPU: user + system).", "",

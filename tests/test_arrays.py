@@ -12,8 +12,9 @@ from PIL import Image
 
 import featdump
 from featdump.job.runner import extract
+from tests.makers.tiny_models import MODELS
 
-from .helpers import CrashAfterFirstBatch, peak_rss_mib, run_featdump, settings_for
+from .helpers import CrashAfterFirstBatch, peak_rss_mib, run_featdump, settings_for, user_project
 
 EXTRACT = ["extract", "-m", "resnet18", "-w", "none", "-l", "layer1,avgpool"]
 
@@ -215,3 +216,80 @@ def test_a_list_of_an_array_s_row_names_extracts_that_subset_alone_in_the_list_s
     (tmp_path / "beyond.txt").write_text("nsd_stimuli.hdf5/imgBrick/1\nnsd_stimuli.hdf5/imgBrick/8\n")
     refused = run_featdump(*EXTRACT, tmp_path / "beyond.txt", tmp_path / "beyond.h5")
     assert refused.returncode == 2 and "names row 8 of nsd_stimuli.hdf5/imgBrick, which holds 8" in refused.stderr
+
+
+SMALL = ["extract", "-m", "tiny_models:small", "--transform", "tiny_models:small_transform", "-l", "1,4"]
+
+
+@pytest.fixture
+def small_model(tmp_path):
+    """A folder holding the tiny models, importable while the test runs (featdump runs in this process)."""
+    (tmp_path / "project").mkdir()
+    with user_project(tmp_path / "project", "tiny_models", MODELS, {}) as folder:
+        yield folder
+
+
+def write_brick(path, pixels) -> None:
+    """PIXELS as PATH:imgBrick (made growable, or resized and rewritten)."""
+    with h5py.File(path, "a") as h5file:
+        if "imgBrick" not in h5file:
+            h5file.create_dataset("imgBrick", data=pixels, maxshape=(None, *pixels.shape[1:]), chunks=True)
+            return
+        held = h5file["imgBrick"]
+        held.resize(len(pixels), axis=0)
+        held[:] = pixels
+
+
+def stale_of(output) -> list[tuple[str, str]]:
+    with h5py.File(output, "r") as h5file:
+        if "stale" not in h5file:
+            return []
+        return list(zip(h5file["stale/paths"].asstr()[:], h5file["stale/reasons"].asstr()[:]))
+
+
+def test_a_grown_array_s_old_rows_stay_fresh_and_a_rewritten_row_is_stale_until_extracted_again(tmp_path, small_model):
+    pixels = images(10, size=(32, 32))
+    source, output = tmp_path / "nsd.hdf5", tmp_path / "out.h5"
+    write_brick(source, pixels[:6])
+    assert run_featdump(*SMALL, source, output).returncode == 0
+    first = featdump.load(output, "4").features
+    write_brick(source, pixels[:8])  # the study adds two images
+    grown = run_featdump(*SMALL, "--update", source, output)
+    assert grown.returncode == 0 and "2 new images" in grown.stderr, grown.stderr
+    assert stale_of(output) == [] and "stale" not in run_featdump("info", output).stdout
+    np.testing.assert_array_equal(featdump.load(output, "4").features[:6], first)
+    rewritten = pixels[:8].copy()
+    rewritten[3] = 255 - rewritten[3]  # an old row rewritten in place, the array as long as it was
+    write_brick(source, rewritten)
+    found = run_featdump(*SMALL, "--update", source, output)
+    assert found.returncode == 0, found.stderr
+    assert stale_of(output) == [("nsd.hdf5/imgBrick/3", "changed")]
+    again = run_featdump(*SMALL, "--update", source, output)  # the file unchanged since: row 3 is still stale
+    assert again.returncode == 0 and stale_of(output) == [("nsd.hdf5/imgBrick/3", "changed")], again.stderr
+    refused = run_featdump(*SMALL[:-1], "1,2,4", "--update", source, output)
+    assert refused.returncode == 2 and "1 of the rows" in refused.stderr and "imgBrick/3" in refused.stderr
+    write_brick(source, rewritten[:7])  # shrunk: row 7 is gone
+    assert run_featdump(*SMALL, "--update", source, output).returncode == 0
+    assert stale_of(output) == [("nsd.hdf5/imgBrick/3", "changed"), ("nsd.hdf5/imgBrick/7", "disappeared")]
+    write_brick(source, pixels[:8])  # row 3 as it was, row 7 back: nothing stale
+    assert run_featdump(*SMALL, "--update", source, output).returncode == 0 and stale_of(output) == []
+
+
+@pytest.mark.slow  # 20,000 rows extracted first
+def test_a_nothing_new_update_over_20000_array_rows_reads_no_row_and_stats_none(tmp_path, small_model, monkeypatch):
+    from featdump.inputs import arrays
+
+    rng = np.random.default_rng(0)
+    source, output = tmp_path / "nsd.hdf5", tmp_path / "out.h5"
+    write_brick(source, rng.integers(0, 256, (20_000, 8, 8, 3), dtype=np.uint8))
+    assert run_featdump(*SMALL, "-b", "512", source, output).returncode == 0
+
+    def refused(*args, **kwargs):
+        raise AssertionError("a per-row stat or read of the array during a nothing-new --update")
+
+    monkeypatch.setattr(arrays.ArrayImages, "stat", refused)
+    monkeypatch.setattr(arrays, "row_digests", refused)
+    monkeypatch.setattr(arrays.ArrayImages, "open_as_ready", refused)
+    nothing = run_featdump(*SMALL, "-b", "512", "--update", source, output)
+    assert nothing.returncode == 0 and "nothing new" in nothing.stderr.lower(), nothing.stderr
+    assert stale_of(output) == []

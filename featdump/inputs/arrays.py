@@ -117,8 +117,10 @@ def read_array(source: Path, array: str | None = None) -> ImageList:
                           np.arange(shape[0], dtype=np.int64), tuple(shape), str(dtype),
                           (stat.st_size, stat.st_mtime_ns))
     count = shape[0]
+    listing = {"array": prefix, "rows": int(count), "file_size": stat.st_size, "file_mtime_ns": stat.st_mtime_ns,
+               "row_version": ROW_VERSION}
     return ImageList(source.parent, tuple(f"{prefix}/{index}" for index in range(count)), (-1,) * count, (),
-                     storage)
+                     storage, listing)
 
 
 def listed_rows(listed: ImageList) -> ImageList | None:
@@ -227,22 +229,44 @@ class ArrayImages(Storage):
             return
         pixels = np.empty_like(values)
         pixels[order] = values
+        size = self.row_bytes
         for index, relative in enumerate(relatives):
-            yield index, Encoded(relative, self.row_stat, data=_netpbm(self.layout.image(pixels[index])))
+            yield index, Encoded(relative, (size, row_digest(pixels[index])),
+                                 data=_netpbm(self.layout.image(pixels[index])))
 
     @property
-    def row_stat(self) -> tuple[int, int]:
-        """What a row records of its input: its image's bytes and the array's length (a grown array's old rows are
-        the same rows; the file's size and time are in the job's digest)."""
-        return int(np.prod(self.shape[1:])) * np.dtype(self.dtype).itemsize, int(self.shape[0])
+    def row_bytes(self) -> int:
+        """The bytes of one row's image as the array stores it."""
+        return int(np.prod(self.shape[1:])) * np.dtype(self.dtype).itemsize
 
     def stat(self, root: Path, relative: str, position: int) -> tuple[int, int] | None:
-        """The row's stat now (`row_stat`, the array's length read once a file version), None when the array no
-        longer holds its index."""
+        """What a row records of its input now: its image's bytes and the digest of them (`row_digest`, the row read
+        again), None when the array no longer holds its index."""
+        index = int(self.indices[position])
         length = _length_now(Path(root) / self.file, self.key)
-        if length is None or int(self.indices[position]) >= length:
+        if length is None or index >= length:
             return None
-        return self.row_stat[0], int(self.shape[0])
+        return self.row_bytes, int(row_digests(Path(root) / self.file, self.key, np.array([index]))[0])
+
+    def stale(self, root: Path, paths: Sequence[str], positions: np.ndarray, recorded: np.ndarray, listed: dict,
+              suspects: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Rows gone: the array no longer holds their index. Rows changed: their bytes differ from the digest they
+        recorded, read again only when the file changed since the output LISTED it (a file whose size and time are
+        as listed is not read, but for the SUSPECTS, the rows recorded stale; a grown array's old rows are read and
+        found the same). Rows of outputs made before rows recorded digests are never found changed."""
+        path = Path(root) / self.file
+        length = _length_now(path, self.key)
+        indices = np.where(positions >= 0, self.indices[np.maximum(positions, 0)], -1) if len(self.indices) else \
+            np.full(len(positions), -1, dtype=np.int64)
+        gone = (positions < 0) | (indices >= (length if length is not None else 0))
+        changed = ~gone & (recorded[:, 0] >= 0) & (recorded[:, 0] != self.row_bytes)
+        unchanged_file = (listed.get("file_size"), listed.get("file_mtime_ns")) == self.file_stat
+        if listed.get("row_version") == ROW_VERSION:
+            looked_at = ~gone & ~changed & (recorded[:, 0] >= 0) & (suspects if unchanged_file else True)
+            checked = np.flatnonzero(looked_at)
+            if len(checked):
+                changed[checked] = row_digests(path, self.key, indices[checked]) != recorded[checked, 1]
+        return gone, changed
 
     def select(self, positions: Sequence[int]) -> ArrayImages:
         return replace(self, indices=self.indices[np.asarray(positions, dtype=np.int64)])
@@ -255,6 +279,30 @@ class ArrayImages(Storage):
         if sizes:
             digest.update(f"{self.file_stat}\0{self.shape}\n".encode())
         return digest.hexdigest()
+
+
+ROW_VERSION = "blake2b-64 of the row's bytes"  # what an array row records as its version (file_stats' 2nd column)
+_DIGEST_BLOCK = 64 << 20  # bytes of rows read at once to digest them again
+
+
+def row_digest(values: np.ndarray) -> int:
+    """The version an array row records: 64 bits of BLAKE2b over its bytes as stored, as a signed integer."""
+    return int.from_bytes(hashlib.blake2b(np.ascontiguousarray(values).tobytes(), digest_size=8).digest(), "little",
+                          signed=True)
+
+
+def row_digests(path: Path, key: str | None, indices: np.ndarray) -> np.ndarray:
+    """`row_digest` of the rows at INDICES of the array KEY of PATH (int64, in INDICES' order), read in sorted
+    blocks of about 64 MiB: memory bounded by the block, not the array."""
+    digests = np.empty(len(indices), dtype=np.int64)
+    order = np.argsort(indices, kind="stable")
+    with _array(path, key) as array:
+        step = max(1, _DIGEST_BLOCK // max(1, int(np.prod(array.shape[1:])) * array.dtype.itemsize))
+        for first in range(0, len(order), step):
+            chosen = order[first:first + step]
+            values = _read_rows(array, indices[chosen])
+            digests[chosen] = [row_digest(row) for row in values]
+    return digests
 
 
 def _length_now(path: Path, key: str | None) -> int | None:

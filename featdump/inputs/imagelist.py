@@ -124,6 +124,24 @@ class Storage:
     def stat(self, root: Path, relative: str, position: int) -> tuple[int, int] | None:
         raise NotImplementedError
 
+    def stale(self, root: Path, paths: Sequence[str], positions: np.ndarray, recorded: np.ndarray, listed: dict,
+              suspects: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Which of an output's rows went stale, as two boolean arrays over its rows: gone (no longer listed, or no
+        longer there) and changed (its input's (size, version) now differs from RECORDED's, (rows, 2) as each row
+        recorded it when read; a negative size: unknown, never changed). POSITIONS: each row's position in PATHS
+        (-1: none); LISTED: the listing the output recorded; SUSPECTS: the rows it records stale, to look at again
+        whatever the listing says. By default each input is stat'ed once."""
+        gone = positions < 0
+        now = np.array(recorded, dtype=np.int64, copy=True)
+        for row in np.flatnonzero(~gone).tolist():
+            position = int(positions[row])
+            found = self.stat(root, paths[position], position)
+            if found is None:
+                gone[row] = True
+            else:
+                now[row] = found
+        return gone, ~gone & (recorded[:, 0] >= 0) & (now != recorded).any(axis=1)
+
     def select(self, positions: Sequence[int]) -> Storage:
         raise NotImplementedError
 
@@ -260,6 +278,13 @@ class ImageList:
     def stat(self, position: int) -> tuple[int, int] | None:
         """Image POSITION's (size, mtime_ns) now, or None when it is gone."""
         return self.storage.stat(self.root, self.paths[position], position)
+
+    def stale(self, positions: np.ndarray, recorded: np.ndarray, listed: dict,
+              suspects: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Of an output's rows (POSITIONS: each one's position here, -1 where none; RECORDED: (rows, 2), what each
+        recorded of its input; LISTED: the listing the output recorded; SUSPECTS: the rows it records stale), those
+        gone and those changed (`Storage.stale`)."""
+        return self.storage.stale(self.root, self.paths, positions, recorded, listed, suspects)
 
     def digest(self, sizes: bool = True) -> str:
         """A hash of the paths (and sizes): changes when an image is added, removed (or replaced); for clips, of

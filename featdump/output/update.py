@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
+import operator
 import os
 import time
 from dataclasses import dataclass
@@ -141,18 +142,22 @@ def plan_update(output: Path, images: ImageList, fingerprint: dict, new_layers: 
             )
         fingerprints.check(held.attrs, output, fingerprint, ignore=(*fingerprints.UPDATE_IGNORES, *LAYER_KEYS))
         recorded = skips.read(held.file, held.committed.skipped)
-        present = set(images.paths)  # an input no longer listed keeps its entry: nothing would replace it
-        again = {index for index in skips.to_retry(recorded, _stat_by_path(images), retry_skipped)
-                 if recorded[index].path in present}
+        again = set(skips.to_retry(recorded, _stat_by_path(images), retry_skipped)) if recorded else set()
+        if again:
+            present = set(images.paths)  # an input no longer listed keeps its entry: nothing would replace it
+            again = {index for index in again if recorded[index].path in present}
         retried = [skip for index, skip in enumerate(recorded) if index in again]
         kept = [skip for index, skip in enumerate(recorded) if index not in again]
-        known = {os.fsdecode(name) for name in held.raw_paths()} | {skip.path for skip in kept}
-        new = new_images(images, known, tuple(held.classes), {(skip.path, skip.onset) for skip in retried})
-        stale = stale_rows(held, images)
+        stored = held.raw_paths()
+        positions = _positions_of_rows(stored, images)
+        unknown = _unknown_positions(images, stored, positions, {skip.path for skip in kept},
+                                     {(skip.path, skip.onset) for skip in retried})
+        new = new_images(images, unknown, tuple(held.classes))
         recorded_stale = [(path, reason) for path, reason in held.named_rows("stale", held.stale_count())]
+        stale = stale_rows(held, images, stored, positions, {path for path, _ in recorded_stale})
         base = held.committed
-        stored = list(held.fingerprint.get("layers", []))
-        rows = _row_images(held, images, output) if new_layers else None
+        stored_layers = list(held.fingerprint.get("layers", []))
+        rows = _row_images(held, images, output, stored, positions) if new_layers else None
     if new_layers and stale:
         raise UsageProblem(f"{len(stale)} of the rows of {str(output)!r} are stale (their image is gone or changed "
                            f"since: {stale[0][0]!r}, {stale[0][1]}), so the new layers "
@@ -163,12 +168,12 @@ def plan_update(output: Path, images: ImageList, fingerprint: dict, new_layers: 
     grown = None
     if new_layers:
         grown = {**grow_fingerprint, "images": rows.digest(), "image_count": len(rows), "grow_of": extends,
-                 "stored_layers": stored}
+                 "stored_layers": stored_layers}
     if retried:
         log.info("Reading again %d skipped input(s) (%s): %s.", len(retried),
                  "--retry-skipped" if retry_skipped else "changed since they were skipped",
                  ", ".join(skip.key for skip in retried[:3]) + (", ..." if len(retried) > 3 else ""))
-    return UpdatePlan(new, stale, base, staged, stored, list(new_layers), rows, grown, recorded_stale,
+    return UpdatePlan(new, stale, base, staged, stored_layers, list(new_layers), rows, grown, recorded_stale,
                       tuple(retried), tuple(kept) if retried else ())
 
 
@@ -180,27 +185,37 @@ def _stat_by_path(images: ImageList):
     return lambda path: images.stat(first[path]) if path in first else None
 
 
-def _row_images(held: Output, images: ImageList, output: Path) -> ImageList:
-    """The images of HELD's rows, in row order (to compute new layers for): the k-th row of a path is its k-th
-    image (a video's k-th clip; a tar member named twice, its k-th copy)."""
-    paths = [os.fsdecode(name) for name in held.raw_paths()]
-    chosen = _positions_of_rows(paths, images)
-    missing = [path for path, position in zip(paths, chosen) if position is None]
-    if missing:
+def _row_images(held: Output, images: ImageList, output: Path, stored: list[bytes],
+                positions: np.ndarray) -> ImageList:
+    """The images of HELD's rows (STORED: their paths; POSITIONS: theirs in IMAGES), in row order, to compute new
+    layers for: the k-th row of a path is its k-th image (a video's k-th clip; a tar member named twice, its k-th
+    copy)."""
+    missing = np.flatnonzero(positions < 0)
+    if len(missing):
         raise UsageProblem(f"{len(missing)} images of the rows of {str(output)!r} are not in the images given "
-                           f"({missing[0]!r}, ...), so the new layers cannot be computed for them; run the update "
-                           "over the folder the output was made from.")
-    return images.select(chosen, labels=list(held.labels()), classes=held.classes)
+                           f"({os.fsdecode(stored[missing[0]])!r}, ...), so the new layers cannot be computed for "
+                           "them; run the update over the folder the output was made from.")
+    return images.select(positions.tolist(), labels=list(held.labels()), classes=held.classes)
 
 
-def new_images(images: ImageList, known: set[str], classes: tuple[str, ...],
-               again: set[tuple[str, float | None]] = frozenset()) -> ImageList:
-    """The images whose paths are not in KNOWN, and the clips AGAIN names by (path, onset), labelled against
-    CLASSES (as a file stores them: UTF-8 text) extended by any new class folder (appended, so that labels
-    already written keep their meaning)."""
+def _unknown_positions(images: ImageList, stored: list[bytes], positions: np.ndarray, skipped: set[str],
+                       again: set[tuple[str, float | None]]) -> list[int]:
+    """The positions of IMAGES whose path is neither a stored row's (STORED, matched at POSITIONS) nor a kept
+    skipped input's (SKIPPED), and the clips AGAIN names by (path, onset). When the stored rows are the list's
+    first ones (a list that grew at its end), only the rest is looked at."""
     starts = images.clips.starts if images.clips is not None else None
-    kept = [position for position, path in enumerate(images.paths)
+    if not again and len(stored) == len(positions) and _is_prefix(positions):
+        tail = images.paths[len(stored):]
+        known = {os.fsdecode(name) for name in {os.fsencode(path) for path in tail}.intersection(stored)} | skipped
+        return [len(stored) + offset for offset, path in enumerate(tail) if path not in known]
+    known = {os.fsdecode(name) for name in stored} | skipped
+    return [position for position, path in enumerate(images.paths)
             if path not in known or (starts is not None and (path, starts[position]) in again)]
+
+
+def new_images(images: ImageList, kept: list[int], classes: tuple[str, ...]) -> ImageList:
+    """The images at positions KEPT, labelled against CLASSES (as a file stores them: UTF-8 text) extended by any
+    new class folder (appended, so that labels already written keep their meaning)."""
     if not images.classes:  # labels from a list file, a .cls member (or none): they stay as given
         return images.select(kept, classes=classes)
     new_classes = sorted({as_text(images.classes[images.labels[p]]) for p in kept if images.labels[p] >= 0}
@@ -211,28 +226,38 @@ def new_images(images: ImageList, known: set[str], classes: tuple[str, ...],
     return images.select(kept, labels, classes)
 
 
-def stale_rows(held: Output, images: ImageList) -> list[tuple[str, str]]:
-    """(path, why) for rows whose image is no longer in IMAGES, or whose size or modification time changed. The
-    k-th row of a path is the k-th image of that path (a tar may hold one member name twice)."""
-    rows = list(held.row_files())
-    stale = []
-    for (path, size, mtime), position in zip(rows, _positions_of_rows([path for path, _, _ in rows], images)):
-        found = images.stat(position) if position is not None else None
-        if found is None:
-            stale.append((path, "disappeared"))
-        elif size >= 0 and found != (size, mtime):
-            stale.append((path, "changed"))
-    return stale
+def stale_rows(held: Output, images: ImageList, stored: list[bytes], positions: np.ndarray,
+               recorded_stale: set[str] = frozenset()) -> list[tuple[str, str]]:
+    """(path, why) for the rows of HELD (STORED: their paths; POSITIONS: theirs in IMAGES) whose image is no longer
+    in IMAGES, or changed since it was read (its size or modification time; an array row's bytes), in row order.
+    RECORDED_STALE: the paths HELD records stale now, looked at again whatever else is known."""
+    recorded = held.file["file_stats"][:held.committed.rows].astype(np.int64)
+    listed = json.loads(as_text(held.attrs.get("image_listing", "{}")) or "{}")
+    named = {os.fsencode(path) for path in recorded_stale}
+    suspects = np.array([name in named for name in stored], dtype=bool) if named else np.zeros(len(stored), bool)
+    gone, changed = images.stale(positions, recorded, listed, suspects)
+    return [(os.fsdecode(stored[row]), "disappeared" if gone[row] else "changed")
+            for row in np.flatnonzero(gone | changed).tolist()]
 
 
-def _positions_of_rows(paths: list[str], images: ImageList) -> list[int | None]:
-    """The position in IMAGES of each row of PATHS (the k-th row of a path: its k-th image), None where there is
-    none."""
+def _positions_of_rows(stored: list[bytes], images: ImageList) -> np.ndarray:
+    """The position in IMAGES of each row of STORED (its path's exact bytes; the k-th row of a path: its k-th
+    image), -1 where there is none. Rows that are the list's first ones, in order (a list that grew at its end), are
+    matched without a table of paths."""
+    count = len(stored)
+    if count <= len(images) and all(map(operator.eq, stored, map(os.fsencode, images.paths[:count]))):
+        return np.arange(count, dtype=np.int64)
     present: dict[str, list[int]] = {}
     for position, path in enumerate(images.paths):
         present.setdefault(path, []).append(position)
-    return [present[path][k] if k < len(present.get(path, ())) else None
-            for path, k in zip(paths, occurrences(paths))]
+    paths = [os.fsdecode(name) for name in stored]
+    return np.array([present[path][k] if k < len(present.get(path, ())) else -1
+                     for path, k in zip(paths, occurrences(paths))], dtype=np.int64)
+
+
+def _is_prefix(positions: np.ndarray) -> bool:
+    """Whether POSITIONS are 0, 1, 2, ... (the stored rows are the list's first ones, in order)."""
+    return bool(np.array_equal(positions, np.arange(len(positions))))
 
 
 def discard_other_staging(output: Path, plan: UpdatePlan) -> None:
