@@ -100,6 +100,8 @@ def test_the_mean_score_and_the_cli(sharded, tmp_path):
     result = run_featdump("top", sharded / "cnn.h5", "-l", "layer1", "-k", "3", "--score", "mean", "-o",
                           tmp_path / "mean.h5")
     assert result.returncode == 0 and "Ranked 64 units of 1 layer into" in result.stderr, result.stderr
+    megabytes = 14 * 64 * 56 * 56 * 4 / 1e6  # layer1's rows: the progress line counts them, in MB
+    assert f"INFO: {int(megabytes)}/{int(megabytes)} MB (100%)" in result.stderr, result.stderr
     ranking = units.read_top(tmp_path / "mean.h5", ["layer1"])["layer1"]
     layer1 = featdump.load(sharded / "cnn.h5", "layer1").features
     assert_ranked_as_argsort(ranking, *reference(layer1, 0, "mean"), k=3)

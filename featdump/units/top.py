@@ -156,7 +156,7 @@ def _compute(stored: Stored, names: list[str], k: int, score: str, budget: int, 
     if done:
         log.info("Resuming: %d of %d layers ranked in %s already.", len(done), len(names), results.output)
     todo = [name for name in names if name not in done]
-    progress.start(sum(stored.size(name) for name in todo), 0, "MB")
+    progress.start(sum(stored.size(name) for name in todo) / 1e6, 0)  # megabytes, as each slab advances it
     for name in todo:
         ranking = rank_layer(stored, name, k, score, budget, progress)
         results.commit(GROUP, name, ranking.as_dict(), {"score": score, "k": k, "quantiles": np.array(QUANTILES)})
@@ -289,21 +289,17 @@ def _best_of_slab(scores: np.ndarray, k: int, highest: bool) -> np.ndarray:
 
 def _first_smallest(keys: np.ndarray, k: int) -> np.ndarray:
     """(units, K) indices, in slab order, of each unit's K smallest KEYS: those below the K-th smallest, then the
-    first of those equal to it (the lower rows win a tie, as the reference's stable sort has it)."""
-    kth = np.partition(keys, k - 1, axis=1)[:, k - 1:k]
-    chosen = keys <= kth
-    counts = chosen.sum(axis=1)
-    tied = np.flatnonzero(counts > k)  # units with more than K at or below their K-th: ties at it
-    if len(tied):
-        equal = keys[tied] == kth[tied]
-        wanted = k - (keys[tied] < kth[tied]).sum(axis=1, keepdims=True)
-        chosen[tied] = (keys[tied] < kth[tied]) | (equal & (np.cumsum(equal, axis=1) <= wanted))
-    short = np.flatnonzero(counts < k)  # a K-th that is NaN: all the numbers, then the first NaN rows
-    if len(short):
-        missing = np.isnan(keys[short])
-        numbers = (~missing).sum(axis=1, keepdims=True)
-        chosen[short] = ~missing | (missing & (np.cumsum(missing, axis=1) <= k - numbers))
-    return np.nonzero(chosen)[1].reshape(len(keys), k)
+    first of those equal to it (the lower rows win a tie, as the reference's stable sort has it), then, where fewer
+    than K are numbers, the first NaN rows. A unit at a time: memory of one unit's slab, not of all of them."""
+    chosen = np.empty((len(keys), k), dtype=np.int64)
+    for unit, row in enumerate(keys):
+        kth = np.partition(row, k - 1)[k - 1]
+        below = np.flatnonzero(row < kth)
+        picked = np.concatenate([below, np.flatnonzero(row == kth)[:k - len(below)]])
+        if len(picked) < k:  # a K-th that is NaN: every number, then the first NaN rows
+            picked = np.concatenate([np.flatnonzero(~np.isnan(row)), np.flatnonzero(np.isnan(row))[:k]])[:k]
+        chosen[unit] = np.sort(picked)
+    return chosen
 
 
 def _sample_blocks(rows: int, block: int) -> np.ndarray:
