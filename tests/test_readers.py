@@ -54,3 +54,23 @@ def test_classes_are_the_first_level_folders_when_every_image_lies_in_one():
 
     assert class_labels(["b/x.png", "a/y.png", "b/deep/z.png"]) == ((1, 0, 1), ("a", "b"))
     assert class_labels(["x.png", "a/y.png"]) == ((-1, -1), ())
+
+
+def test_a_long_folder_walk_says_how_far_it_got_and_when_it_is_done(tmp_path, caplog):
+    import logging
+
+    from featdump.inputs import folder
+
+    for index in range(2100):  # names are enough: the walk opens no file
+        (tmp_path / "photos" / f"{index // 700}").mkdir(parents=True, exist_ok=True)
+        (tmp_path / "photos" / f"{index // 700}" / f"{index:05d}.jpg").touch()
+    with caplog.at_level(logging.INFO, logger="featdump"):
+        images, videos = folder._walk(tmp_path / "photos", every_seconds=0.0)
+    assert len(images) == 2100 and not videos
+    said = [record.getMessage() for record in caplog.records]
+    assert any("images found so far" in line and "2048 images" in line for line in said), said
+    assert said[-1].startswith(f"Listed {tmp_path / 'photos'}: 2100 images in "), said
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="featdump"):
+        folder._walk(tmp_path / "photos")  # a quick walk says nothing
+    assert not caplog.records

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -11,6 +12,7 @@ from featdump.errors import NoImages
 from featdump.inputs.imagelist import ImageList
 from featdump.inputs.video import VIDEO_SUFFIXES, is_video_name
 
+LISTING_EVERY = 10.0  # seconds between the lines of a long folder walk
 IMAGE_EXTENSIONS = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff"})
 log = logging.getLogger("featdump")
 
@@ -61,15 +63,22 @@ def warn_videos_left_out(where: str, images: int, videos: list[str]) -> None:
                     videos[0])
 
 
-def _walk(root: Path) -> tuple[list[str], list[str]]:
-    """(images, videos) under ROOT, found in one walk, as POSIX paths relative to it."""
+def _walk(root: Path, every_seconds: float = LISTING_EVERY) -> tuple[list[str], list[str]]:
+    """(images, videos) under ROOT, found in one walk, as POSIX paths relative to it; a walk that takes longer
+    than EVERY_SECONDS says how far it got, every EVERY_SECONDS (a million files on a cold disk take minutes)."""
     images, videos = [], []
+    started = said = time.monotonic()
     for folder, name in _files(root):
         suffix = os.path.splitext(name)[1].lower()
         if suffix in IMAGE_EXTENSIONS:
             images.append((folder / name).as_posix())
         elif suffix in VIDEO_SUFFIXES:
             videos.append((folder / name).as_posix())
+        if len(images) % 1024 == 0 and time.monotonic() - said >= every_seconds:
+            said = time.monotonic()
+            log.info("Listing %s: %d images found so far (%.0f s), in %s.", root, len(images), said - started, folder)
+    if said > started:
+        log.info("Listed %s: %d images in %.0f s.", root, len(images), time.monotonic() - started)
     return images, videos
 
 
