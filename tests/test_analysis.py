@@ -4,6 +4,7 @@ kill, and on every kind of output (merged views, reduced layers, float16, a part
 
 from __future__ import annotations
 
+import math
 import shutil
 import signal
 import warnings
@@ -276,12 +277,31 @@ def test_rdm_and_cka_check_the_gpus_free_memory_before_they_start(study, tmp_pat
     monkeypatch.setattr(torch.cuda, "set_device", lambda device: None)
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (2**20, 80 * 2**30))
     monkeypatch.setattr(torch.backends.cudnn, "benchmark", False)
-    with pytest.raises(UsageProblem, match=r"An RDM over 12 images needs .* and cuda:0 has 1\.0 MB free: .*--device "
-                                           r"cpu"):
+    with pytest.raises(UsageProblem, match=r"An RDM over 12 images needs .* for its 1 12 x 12 matrix in float64 and "
+                                           r"its slabs, and cuda:0 has 1\.0 MB free \(room for 0 images\): .*"
+                                           r"--device cpu"):
         featdump.rdm(study / "out.h5", "layer1", device="cuda", to=tmp_path / "r.h5")
-    with pytest.raises(UsageProblem, match=r"CKA over 12 images needs .* and cuda:0 has 1\.0 MB free"):
+    with pytest.raises(UsageProblem, match=r"CKA over 12 images needs .* for its 3 12 x 12 matrices .* and cuda:0 has "
+                                           r"1\.0 MB free"):
         featdump.cka(study / "out.h5", layers="layer1", device="cuda", to=tmp_path / "c.h5")
     assert not list(tmp_path.iterdir())
+
+
+def test_rdm_and_cka_say_before_the_work_how_many_images_this_machine_s_memory_allows(study, tmp_path, caplog):
+    import logging
+
+    from featdump.forward.device import free_memory
+
+    with caplog.at_level(logging.INFO, logger="featdump"):
+        featdump.rdm(study / "out.h5", "layer1,avgpool", device="cpu", memory="64MB", to=tmp_path / "r.h5")
+        featdump.cka(study / "out.h5", layers="layer1,avgpool", device="cpu", memory="64MB", to=tmp_path / "c.h5")
+    said = [record.getMessage() for record in caplog.records if "room for up to" in record.getMessage()]
+    slabs = 64 * 10**6
+    for line, what, matrices in zip(said, ("2 RDMs", "CKA"), (2, 3)):  # an RDM per layer held; CKA's three
+        most = int(line.rsplit("room for up to ", 1)[1].split()[0])
+        assert line.startswith(f"{what} over 12 images: ") and f"for its {matrices} 12 x 12 matrices" in line, line
+        assert abs(most - math.isqrt((free_memory(torch.device("cpu")) - slabs) // (8 * matrices))) < most * 0.05
+    assert len(said) == 2, said
 
 
 def rows_with_bad_ones(rows: int, features: int) -> np.ndarray:

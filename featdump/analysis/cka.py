@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from featdump.analysis.choices import DEFAULT_MEMORY
-from featdump.analysis.gram import check_room, gram
+from featdump.analysis.gram import CKA_MATRICES, check_room, gram
 from featdump.analysis.rdm import megabytes
 from featdump.analysis.results import Results, finished
 from featdump.analysis.stored import Stored, listed
@@ -66,7 +66,7 @@ def cka(output: str | Path, other: str | Path | None = None, *, layers: list[str
     if len(kept) < needed:
         raise UsageProblem(f"{'Unbiased ' if unbiased else ''}CKA needs at least {needed} images"
                            f"{' both outputs hold' if second is not None else ''}; there are {len(kept)}.")
-    check_room(len(kept), budget, place, "CKA")
+    check_room(len(kept), budget, place, "CKA", CKA_MATRICES)
     labels = first.labels[rows_first]
     made_from = {"source": first.identity(), "other": second.identity() if second else None, "layers": names,
                  "other_layers": other_names, "rows": len(kept)}

@@ -23,6 +23,7 @@ named in `nonfinite`; `constant` and `zero` name rows on which correlation or co
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import queue
@@ -39,6 +40,7 @@ from featdump.forward.device import exact_float32, free_memory
 from featdump.output.space import human_bytes
 from featdump.output.views import read_span, sources
 
+log = logging.getLogger("featdump")
 _READ_BYTES = 16 * 1024**2  # a read call's size (rows x slab) when the chunks allow
 # Features per float32 product: its rounding grows with the length of the sums (here about 1e-7 relative at
 # 8192 features, 7e-6 at 200,704 of resnet18's layer1), and the products are summed in float64.
@@ -68,40 +70,45 @@ class Gram:
         return self.centred.shape[0]
 
     def uncentred(self) -> torch.Tensor:
-        """X X^T (a new N x N tensor)."""
-        gram = self.centred + self.shifts[:, None]
+        """X X^T, made in place of `centred` (no second N x N matrix: the statistics are spent)."""
+        gram = self.centred
+        gram += self.shifts[:, None]
         gram += self.shifts[None, :]
         gram += self.mean_square
         return gram
 
     def row_centred(self) -> torch.Tensor:
-        """(X - m 1^T)(X - m 1^T)^T, m each row's mean over its features: the covariances correlation takes."""
+        """(X - m 1^T)(X - m 1^T)^T, m each row's mean over its features: the covariances correlation takes; made
+        in place of `centred` (no second N x N matrix: the statistics are spent)."""
         features = self.features
         adjusted = self.shifts - self.mean_sum * self.row_sums / features  # sum_k (mu_k - mean(mu)) y_ik
         spread = self.mean_square - self.mean_sum ** 2 / features  # sum_k (mu_k - mean(mu))^2
-        gram = self.centred - torch.outer(self.row_sums, self.row_sums) / features
+        gram = self.centred.addr_(self.row_sums, self.row_sums, alpha=-1.0 / features)
         gram += adjusted[:, None]
         gram += adjusted[None, :]
         gram += spread
         return gram
 
 
-# N x N float64 matrices on the device at once: the Gram's statistics, one made from them (uncentred, row-centred)
-# and the result (an RDM; CKA's centring).
-MATRICES_AT_ONCE = 3
+CKA_MATRICES = 3  # N x N float64 matrices CKA holds at once: two layers' centred Grams and a product of them
 
 
-def check_room(rows: int, memory: int, device: torch.device, what: str) -> None:
-    """UsageProblem, with the numbers and the ways out, when WHAT over ROWS rows (its N x N matrices and slabs of
-    at most MEMORY bytes) cannot fit in what DEVICE has free: said before any work, not as an allocator's error."""
-    need = MATRICES_AT_ONCE * 8 * rows * rows + min(memory, 2 * SLAB_BYTES)
-    available = free_memory(device)
+def check_room(rows: int, memory: int, device: torch.device, what: str, matrices: int) -> None:
+    """Say before any work what WHAT over ROWS rows needs (MATRICES N x N float64 matrices, and slabs of at most
+    MEMORY bytes) and how many rows DEVICE's free memory allows; UsageProblem, with the numbers and the ways out,
+    when they do not fit: said before any work, not as an allocator's error."""
+    slabs = min(memory, 2 * SLAB_BYTES)
+    need, available = matrices * 8 * rows * rows + slabs, free_memory(device)
+    most = math.isqrt(max(0, available - slabs) // (8 * matrices))
+    held = f"{matrices} {rows} x {rows} matri{'x' if matrices == 1 else 'ces'} in float64 and its slabs"
     if need > available:
         raise UsageProblem(
-            f"{what} over {rows} images needs {human_bytes(need)} for its {rows} x {rows} matrices in float64 and "
-            f"its slabs, and {device} has {human_bytes(available)} free: use fewer images (a shorter output, or "
-            f"a merged view of part of it){' or the machine memory (--device cpu)' if device.type == 'cuda' else ''}"
+            f"{what} over {rows} images needs {human_bytes(need)} for its {held}, and {device} has "
+            f"{human_bytes(available)} free (room for {most} images): use fewer images (a shorter output, or a "
+            f"merged view of part of it){' or the machine memory (--device cpu)' if device.type == 'cuda' else ''}"
             ", or a smaller --memory.")
+    log.info("%s over %d images: %s for its %s; %s free on %s: room for up to %d images.", what, rows,
+             human_bytes(need), held, human_bytes(available), device, most)
 
 
 def piece_width(rows: int, memory: int) -> int:

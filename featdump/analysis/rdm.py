@@ -46,10 +46,10 @@ def undefined_rows(stats: Gram, metric: str) -> torch.Tensor:
 
 def dissimilarities(stats: Gram, metric: str) -> np.ndarray:
     """The N x N RDM of METRIC from a layer's Gram statistics (float64; zero on the diagonal, NaN in the rows and
-    columns of `undefined_rows`)."""
+    columns of `undefined_rows`), made in place of its N x N matrix (the statistics are spent)."""
     if metric == "euclidean":
         norms = torch.diagonal(stats.centred).clone()
-        result = stats.centred * -2.0
+        result = stats.centred.mul_(-2.0)
         result += norms[:, None]
         result += norms[None, :]
         result /= stats.features
@@ -81,7 +81,7 @@ def rdm(output: str | Path, layers: list[str] | str | None = None, *, metric: st
     stored = Stored.read(output)
     names = stored.select(listed(layers))
     budget, place = parse_bytes(memory), resolve_device(device)
-    check_room(stored.rows, budget, place, "An RDM")
+    check_room(stored.rows, budget, place, "An RDM" if len(names) == 1 else f"{len(names)} RDMs", len(names))
     results = None
     if to is not None:
         made_from = {"source": stored.identity(), "metric": metric, "layers": names}

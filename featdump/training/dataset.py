@@ -51,7 +51,7 @@ class FeatureDataset(torch.utils.data.IterableDataset):
         self.batch_size, self.shuffle, self.seed, self.drop_last = batch_size, shuffle, seed, drop_last
         self.tokens, self.dtype, self.start_batch, self.epoch = tokens, dtype, start_batch, 0
         self.rank, self.world = _rank_and_world(rank, world)
-        self.buffer_rows = buffer_rows if buffer_rows is not None else \
+        self.buffer_rows = buffer_rows if buffer_rows is not None else batch_size if not shuffle else \
             max(batch_size, BUFFER_BYTES // max(self.stored.sample_bytes, 1) // batch_size * batch_size)
 
     @property
@@ -86,14 +86,19 @@ class FeatureDataset(torch.utils.data.IterableDataset):
         worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
         plan = self.plan()
         stream = plan.stream(worker, workers, self.start_batch)
-        buffers = _Buffers(self.stored, plan.buffer)  # one window's arrays, reused by the next
         out = _Out(shared=info is not None, dtype=self.dtype)
+        # in file order with a window a batch (the default there), each window is read into arrays of its own and
+        # handed over as they are (one copy, as a plain read's); else one window's arrays, reused by the next
+        as_read = not self.shuffle and plan.buffer == self.batch_size and not out.shared
+        buffers = None if as_read else _Buffers(self.stored, plan.buffer)
         with _Files(self.stored) as files:
             current, batches = None, None
             for window, batch in stream:
                 if window is not current:
-                    current, batches = window, _WindowBatches(files, self.stored, plan, window, buffers)
-                yield batches.batch(batch, out)
+                    current = window
+                    batches = _WindowBatches(files, self.stored, plan, window,
+                                             buffers or _Buffers(self.stored, window.samples))
+                yield batches.whole(out) if as_read else batches.batch(batch, out)
 
 
 _LABELS = "/labels"
@@ -130,6 +135,13 @@ class _Files:
             held = self.open[part]
             found = self.datasets[(part, name)] = held["labels"] if name == _LABELS else held["features"][name]
         return found
+
+    def labels(self, part: int) -> np.ndarray:
+        """Part PART's labels, read whole the first time (8 bytes a row), kept while its file is open."""
+        key = (part, _LABELS + "/read")
+        if key not in self.datasets:
+            self.datasets[key] = self.dataset(part, _LABELS)[:self.stored.parts[part].rows]
+        return self.datasets[key]
 
     def read_rows(self, part: int, name: str, first: int, end: int, into: np.ndarray) -> None:
         """Rows FIRST..END of layer NAME of part PART into INTO: straight from the file's bytes where they lie raw
@@ -253,14 +265,21 @@ class _WindowBatches:
                 values[target] = layer.samples(dataset[first_row:end_row])[skip:skip + count]
         positions = np.arange(first_row * tokens + skip, first_row * tokens + skip + count)
         self.rows[target] = self.stored.parts[block.part].offset + positions // tokens
-        self.labels[target] = files.dataset(block.part, _LABELS)[first_row:end_row][positions // tokens - first_row]
+        self.labels[target] = files.labels(block.part)[first_row:end_row][positions // tokens - first_row]
         if self.token is not None:
             self.token[target] = positions % tokens + self.stored.layers[0].first_token
 
     def batch(self, index: int, out: _Out) -> dict:
         chosen = self.order[index * self.plan.batch_size:(index + 1) * self.plan.batch_size]
-        meta = {"row": self.rows, "label": self.labels, **({"token": self.token} if self.token is not None else {})}
-        return out.batch(self.values, chosen, meta)
+        return out.batch(self.values, chosen, self._meta())
+
+    def whole(self, out: _Out) -> dict:
+        """The window as one batch, its arrays handed over without a copy (arrays of its own, in file order)."""
+        return {"features": {name: out._converted(torch.from_numpy(array)) for name, array in self.values.items()},
+                **{key: torch.from_numpy(array) for key, array in self._meta().items()}}
+
+    def _meta(self) -> dict[str, np.ndarray]:
+        return {"row": self.rows, "label": self.labels, **({"token": self.token} if self.token is not None else {})}
 
 
 def _has_tokens(stored: StoredRows) -> bool:
