@@ -26,7 +26,7 @@ import h5py
 import numpy as np
 
 from featdump.errors import NoImages, UsageProblem
-from featdump.inputs.imagelist import Encoded, ImageList, Storage
+from featdump.inputs.imagelist import Encoded, ImageList, Storage, hash_lines
 
 HDF5_SUFFIXES = (".h5", ".hdf5", ".hdf", ".he5", ".nc", ".nc4")
 ARRAY_SUFFIXES = (*HDF5_SUFFIXES, ".npy", ".npz")
@@ -274,8 +274,7 @@ class ArrayImages(Storage):
     def digest(self, root: Path, paths: Sequence[str], labels: Sequence[int], sizes: bool) -> str:
         """A hash of the rows' names (and the file's size and time, the array's shape and dtype)."""
         digest = hashlib.sha256(f"array\0{self.file}\0{self.key}\0{self.dtype}\0{self.shape[1:]}\n".encode())
-        for relative, label in zip(paths, labels):
-            digest.update(f"{relative}\0{label}\n".encode("utf-8", "surrogateescape"))
+        hash_lines(digest, (f"{relative}\0{label}\n" for relative, label in zip(paths, labels)))
         if sizes:
             digest.update(f"{self.file_stat}\0{self.shape}\n".encode())
         return digest.hexdigest()

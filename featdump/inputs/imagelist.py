@@ -6,9 +6,10 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import io
+import itertools
 import math
 import os
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
@@ -108,6 +109,17 @@ class _NamedBytes(io.BytesIO):
         return repr(self.name)
 
 
+def hash_lines(digest, lines: Iterable[str], block: int = 65536) -> None:
+    """DIGEST updated with each of LINES (as UTF-8, a surrogate as the byte it stands for), BLOCK lines at a time:
+    the hash of one update a line, without a call a line."""
+    lines = iter(lines)
+    while True:
+        text = "".join(itertools.islice(lines, block))
+        if not text:
+            return
+        digest.update(text.encode("utf-8", "surrogateescape"))
+
+
 class Storage:
     """Where the images of a list lie, aligned with its paths: how to read one, stat one, hash them all. A kind of
     storage says how to open, stat, select and hash its rows; these defaults say the rest: a batch read one image
@@ -189,15 +201,16 @@ class Files(Storage):
     def digest(self, root: Path, paths: Sequence[str], labels: Sequence[int], sizes: bool) -> str:
         """A hash of the paths and labels (and file sizes: a stat per file)."""
         digest = hashlib.sha256()
-        for relative, label in zip(paths, labels):
-            size = ""
-            if sizes:
-                try:
-                    size = os.stat(root / relative).st_size
-                except OSError:
-                    size = -1
-            digest.update(f"{relative}\0{size}\0{label}\n".encode("utf-8", "surrogateescape"))
+        sized = (_size_of(root / relative) if sizes else "" for relative in paths)
+        hash_lines(digest, (f"{relative}\0{size}\0{label}\n" for relative, size, label in zip(paths, sized, labels)))
         return digest.hexdigest()
+
+
+def _size_of(path: Path) -> int:
+    try:
+        return os.stat(path).st_size
+    except OSError:
+        return -1
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ import numpy as np
 
 from featdump.errors import NoImages, StoreRefused
 from featdump.inputs.folder import IMAGE_EXTENSIONS, class_labels, images_or_videos
-from featdump.inputs.imagelist import Encoded, ImageList, Storage, Window
+from featdump.inputs.imagelist import Encoded, ImageList, Storage, Window, hash_lines
 from featdump.inputs.stores import (
     Patience,
     RangeReader,
@@ -136,9 +136,10 @@ class StoreObjects(Storage):
     def digest(self, root: str, paths: Sequence[str], labels: Sequence[int], sizes: bool) -> str:
         """A hash of the keys and labels (and each object's ETag, size and modification time)."""
         digest = hashlib.sha256()
-        for position, (relative, label) in enumerate(zip(paths, labels)):
-            identity = f"{self.etag[position]}\0{self.size[position]}\0{self.mtime[position]}" if sizes else ""
-            digest.update(f"{relative}\0{identity}\0{label}\n".encode("utf-8", "surrogateescape"))
+        identities = (f"{self.etag[position]}\0{self.size[position]}\0{self.mtime[position]}" if sizes else ""
+                      for position in range(len(paths)))
+        hash_lines(digest, (f"{relative}\0{identity}\0{label}\n"
+                            for relative, identity, label in zip(paths, identities, labels)))
         return digest.hexdigest()
 
 

@@ -25,7 +25,7 @@ from pathlib import Path, PurePosixPath
 import numpy as np
 
 from featdump.errors import NoImages, UsageProblem
-from featdump.inputs.imagelist import Encoded, ImageList, Storage
+from featdump.inputs.imagelist import Encoded, ImageList, Storage, hash_lines
 from featdump.inputs.stores import Patience, filesystem, store_path
 from featdump.inputs.tar_names import expand_braces
 from featdump.locations import Location
@@ -320,8 +320,7 @@ class TableRows(Storage):
     def digest(self, root, paths: Sequence[str], labels: Sequence[int], sizes: bool) -> str:
         """A hash of the rows' names and labels (and each file's size and version)."""
         digest = hashlib.sha256(f"table\0{self.column}\n".encode())
-        for relative, label in zip(paths, labels):
-            digest.update(f"{relative}\0{label}\n".encode("utf-8", "surrogateescape"))
+        hash_lines(digest, (f"{relative}\0{label}\n" for relative, label in zip(paths, labels)))
         if sizes:
             for index in sorted(set(self.file_of.tolist())):
                 table = self.files[index]

@@ -28,7 +28,7 @@ import numpy as np
 
 from featdump.errors import NoImages
 from featdump.inputs.folder import IMAGE_EXTENSIONS, images_or_videos
-from featdump.inputs.imagelist import Encoded, ImageList, Storage, Window
+from featdump.inputs.imagelist import Encoded, ImageList, Storage, Window, hash_lines
 from featdump.inputs.tar_names import TAR_SUFFIX
 from featdump.inputs.video import VIDEO_SUFFIXES, is_video_name
 from featdump.locations import Location
@@ -318,8 +318,7 @@ class TarMembers(Storage):
     def digest(self, root: Path, paths: Sequence[str], labels: Sequence[int], sizes: bool) -> str:
         """A hash of the member paths and labels (and each tar's name, size and mtime: no stat per member)."""
         digest = hashlib.sha256()
-        for relative, label in zip(paths, labels):
-            digest.update(f"{relative}\0{label}\n".encode("utf-8", "surrogateescape"))
+        hash_lines(digest, (f"{relative}\0{label}\n" for relative, label in zip(paths, labels)))
         if sizes:
             for index in sorted(set(self.tar.tolist())):
                 shard = self.tars[index]

@@ -23,7 +23,7 @@ import numpy as np
 
 from featdump.errors import NoImages, UsageProblem
 from featdump.inputs.folder import IMAGE_EXTENSIONS, class_labels
-from featdump.inputs.imagelist import Encoded, ImageList, Storage
+from featdump.inputs.imagelist import Encoded, ImageList, Storage, hash_lines
 from featdump.inputs.readers import Reader
 from featdump.inputs.stores import filesystem, store_path
 from featdump.locations import Location
@@ -121,8 +121,7 @@ class ZipMembers(Storage):
     def digest(self, root, paths: Sequence[str], labels: Sequence[int], sizes: bool) -> str:
         """A hash of the member paths and labels (and the archive's name, size and version)."""
         digest = hashlib.sha256(b"zip\n")
-        for relative, label in zip(paths, labels):
-            digest.update(f"{relative}\0{label}\n".encode("utf-8", "surrogateescape"))
+        hash_lines(digest, (f"{relative}\0{label}\n" for relative, label in zip(paths, labels)))
         if sizes:
             for size, crc in zip(self.size.tolist(), self.crc.tolist()):
                 digest.update(f"{size}\0{crc}\n".encode())

@@ -202,9 +202,10 @@ def write_paths(h5file: h5py.File, group: str, start: int, paths: list[str]) -> 
             names[count + index] = np.frombuffer(name, dtype=np.uint8)
 
 
-def raw_paths(h5file: h5py.File, group: str = "") -> list[bytes]:
-    """The exact bytes of every row's path (GROUP 'skipped/' for the skipped images)."""
-    paths = [text.encode("utf-8") for text in h5file[group + "paths"].asstr()[:]]
+def raw_paths(h5file: h5py.File, group: str = "", count: int | None = None) -> list[bytes]:
+    """The exact bytes of every row's path (GROUP 'skipped/' for the skipped images; the first COUNT)."""
+    held = h5file[group + "paths"]
+    paths = held[:count if count is not None else len(held)].tolist()  # the UTF-8 bytes as written
     raw = h5file.get(group + "raw_paths")
     if raw is not None:
         for row, name in zip(raw["rows"][:], raw["bytes"][:]):
@@ -361,7 +362,7 @@ class Output:
 
     def raw_paths(self, group: str = "") -> list[bytes]:
         """The committed rows' paths as their exact bytes."""
-        return raw_paths(self.file, group)[:self._count(group)]
+        return raw_paths(self.file, group, self._count(group))
 
     def labels(self):
         return self.file["labels"][:self.committed.rows]

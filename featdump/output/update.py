@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import logging
-import operator
 import os
 import time
 from dataclasses import dataclass
@@ -245,7 +244,7 @@ def _positions_of_rows(stored: list[bytes], images: ImageList) -> np.ndarray:
     image), -1 where there is none. Rows that are the list's first ones, in order (a list that grew at its end), are
     matched without a table of paths."""
     count = len(stored)
-    if count <= len(images) and all(map(operator.eq, stored, map(os.fsencode, images.paths[:count]))):
+    if count <= len(images) and b"\0".join(stored) == os.fsencode("\0".join(images.paths[:count])):  # no path holds NUL
         return np.arange(count, dtype=np.int64)
     present: dict[str, list[int]] = {}
     for position, path in enumerate(images.paths):
