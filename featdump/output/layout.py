@@ -9,7 +9,8 @@ and opening an output to read what it holds (info, show, load, merge and update 
     /raw_paths/rows, /raw_paths/bytes  the exact bytes of the names that are not UTF-8 (shown in /paths
                         with those bytes as \\xNN), by row
     /labels             (rows,) int64, attribute `classes`
-    /file_stats         (rows, 2) int64: each image's size and modification time (ns) when it was read
+    /file_stats         (rows, 2) int64: each image's size and version when it was read: a file's modification
+                        time (ns), an array row's digest of its bytes (`inputs.arrays.row_digest`)
     /stale/paths, /stale/reasons   rows whose image disappeared or changed, as found by the last --update
     /skipped/paths, /skipped/reasons   images that could not be used, and why (with /skipped/raw_paths)
     /image, /channel_64, ...   the datasets' named dimensions, /features/path and /features/label the rows'
