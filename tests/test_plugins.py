@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+import sys
 
 import pytest
 
@@ -96,3 +97,55 @@ def test_a_reader_and_a_source_installed_from_outside_are_used_with_no_featdump_
     assert rows.paths == ["set.colors/0", "set.colors/1", "set.colors/2"]
     assert rows.features.shape == (3, 3)
     assert [int(row.argmax()) for row in rows.features] == [0, 1, 2]  # red, green, blue after ImageNet's normalising
+
+
+BROKEN_ENTRY_POINTS = """[featdump.readers]
+lmdb = featdump_lmdb:LmdbReader
+
+[featdump.sources]
+lmdbnets = featdump_lmdb:LmdbSource
+"""
+
+
+@pytest.fixture
+def broken_plugin(tmp_path, monkeypatch):
+    """A package installed on the path whose reader and source need a dependency that is missing (`lmdb`)."""
+    from featdump import plugins
+    from featdump.inputs import readers
+    from featdump.sources import registry
+
+    site = tmp_path / "site"
+    (site / "featdump_lmdb-0.1.dist-info").mkdir(parents=True)
+    (site / "featdump_lmdb-0.1.dist-info" / "METADATA").write_text(
+        "Metadata-Version: 2.1\nName: featdump-lmdb\nVersion: 0.1\n")
+    (site / "featdump_lmdb-0.1.dist-info" / "entry_points.txt").write_text(BROKEN_ENTRY_POINTS)
+    (site / "featdump_lmdb.py").write_text("import lmdb_that_is_not_installed\n")
+    monkeypatch.syspath_prepend(str(site))
+    monkeypatch.setattr(readers, "READERS", ())  # loaded again, with the broken plugin
+    monkeypatch.setattr(registry, "_PLUGINS_LOADED", False)
+    monkeypatch.setattr(plugins, "_BROKEN", {})
+    yield tmp_path
+    sys.modules.pop("featdump_lmdb", None)
+
+
+def test_a_plugin_that_fails_to_load_is_left_out_with_one_warning_and_breaks_no_other_command(broken_plugin):
+    from .helpers import write_images
+
+    said = ("plugin 'lmdb' of package featdump-lmdb (ModuleNotFoundError: No module named "
+            "'lmdb_that_is_not_installed') is left out")
+    helped = run_featdump("extract", "--help")
+    assert helped.returncode == 0 and "extract [OPTIONS] IMAGES OUTPUT" in helped.stdout, helped.stderr
+    assert helped.stderr.count(said) == 1 and "Internal error" not in helped.stderr, helped.stderr
+    assert "source plugin 'lmdbnets' of package featdump-lmdb" in helped.stderr, helped.stderr
+    write_images(broken_plugin / "images", {"": 2}, size=(32, 24))
+    ran = run_featdump("extract", "-m", "resnet18", "-w", "none", "-l", "avgpool", broken_plugin / "images",
+                       broken_plugin / "out.h5")
+    assert ran.returncode == 0 and featdump.load(broken_plugin / "out.h5", "avgpool").features.shape == (2, 512, 1, 1)
+    (broken_plugin / "rows.lmdb").mkdir()  # the input the broken reader was for: nothing else reads it
+    refused = run_featdump("extract", "-m", "resnet18", "-w", "none", "-l", "avgpool", broken_plugin / "rows.lmdb",
+                           broken_plugin / "lmdb.h5")
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr, refused.stderr
+    assert "left out because it failed to load: 'lmdb' of package featdump-lmdb" in refused.stderr.splitlines()[-1]
+    unknown = run_featdump("extract", "-m", "lmdbnets:tiny", "-l", "avgpool", broken_plugin / "images",
+                           broken_plugin / "net.h5")
+    assert unknown.returncode == 2 and "'lmdbnets' of package featdump-lmdb" in unknown.stderr.splitlines()[-1]

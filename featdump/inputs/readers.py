@@ -281,6 +281,7 @@ class ListedURLs(Files):
 
 
 BUILT_IN: tuple[Reader, ...] = (Tables(), Tars(), Arrays(), OneVideo(), ListFile(), OneObject(), Prefix(), Folder())
+READERS_GROUP = "featdump.readers"
 READERS: tuple[Reader, ...] = ()  # every reader, by priority: the built-in ones and those of `featdump.readers`
 
 
@@ -289,9 +290,9 @@ def readers() -> tuple[Reader, ...]:
     `featdump.readers` (each a Reader class; featdump's zip archives come that way too), loaded once."""
     global READERS
     if not READERS:
-        from importlib.metadata import entry_points
+        from featdump import plugins as plugin_loading
 
-        plugins = [entry.load()() for entry in entry_points(group="featdump.readers")]
+        plugins = plugin_loading.load(READERS_GROUP, lambda kind: kind())
         READERS = tuple(sorted([*BUILT_IN, *plugins], key=lambda reader: reader.priority))
     return READERS
 
@@ -302,8 +303,14 @@ def input_kinds() -> str:
 
 
 def read_images(where: Location, asked: Asked) -> ImageList:
-    """The images at WHERE, listed by the first reader that claims it; NoImages when none does."""
-    return reader_for(where, asked).read(where, asked)
+    """The images at WHERE, listed by the first reader that claims it; NoImages when none does (naming the reader
+    plugins that failed to load, if any did)."""
+    from featdump import plugins
+
+    try:
+        return reader_for(where, asked).read(where, asked)
+    except NoImages as error:
+        raise plugins.noting_left_out(READERS_GROUP, error) from error.__cause__
 
 
 def reader_for(where: Location, asked: Asked) -> Reader:
@@ -318,8 +325,13 @@ def reader_for(where: Location, asked: Asked) -> Reader:
 def check_here(where: Location, asked: Asked) -> None:
     """`reader_for`'s refusal of WHERE, where it lies on this machine: nothing is listed (a URL's store is asked once,
     by the reader that reads it)."""
+    from featdump import plugins
+
     if not where.remote:
-        reader_for(where, asked)
+        try:
+            reader_for(where, asked)
+        except NoImages as error:
+            raise plugins.noting_left_out(READERS_GROUP, error) from error.__cause__
 
 
 def _check_options_apply(reader: Reader | None, where: Location, asked: Asked) -> None:

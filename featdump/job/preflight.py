@@ -5,12 +5,17 @@ torch, torchvision and a model's library; the run checks both again where it use
 
 from __future__ import annotations
 
+from featdump import plugins
+from featdump.errors import UsageProblem
 from featdump.inputs import check_images
 from featdump.job.settings import Settings
-from featdump.sources.registry import source_for
+from featdump.sources.registry import SOURCES_GROUP, source_for
 
 
 def check_before_loading(settings: Settings) -> None:
     """NoImages, UnknownModel or a UsageProblem for what SETTINGS name that cannot be read or built."""
     check_images(settings.images, settings.array, settings.image_column, settings.label_column, settings.split)
-    source_for(settings.model).check(settings.model)
+    try:
+        source_for(settings.model).check(settings.model)
+    except UsageProblem as error:
+        raise plugins.noting_left_out(SOURCES_GROUP, error) from error.__cause__

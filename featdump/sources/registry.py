@@ -115,6 +115,14 @@ def register(source: type[Source]) -> type[Source]:
 
 
 _PLUGINS_LOADED = False
+SOURCES_GROUP = "featdump.sources"
+
+
+def _checked_source(kind) -> type[Source]:
+    """KIND, an entry point's Source class, made once to check that it makes one (a plugin that cannot is left
+    out, not a failure of every command)."""
+    kind()
+    return kind
 
 
 def source_for(spec: str) -> Source:
@@ -133,10 +141,9 @@ def sources() -> list[Source]:
     global _PLUGINS_LOADED
     if not _PLUGINS_LOADED:
         _PLUGINS_LOADED = True
-        from importlib.metadata import entry_points
+        from featdump import plugins
 
-        for entry in entry_points(group="featdump.sources"):
-            kind = entry.load()
+        for kind in plugins.load(SOURCES_GROUP, _checked_source):
             if not any(isinstance(source, kind) for source in _SOURCES):
                 register(kind)
     if not _SOURCES:
