@@ -63,6 +63,11 @@ class NoImages(UsageProblem):
     """The image folder is missing or holds no image."""
 
 
+class ReaderFailed(UsageProblem):
+    """A reader raised something other than a row's unreadable bytes while reading a batch (a corrupt database, a
+    plugin's bug): the run stops, naming the reader and the input; the rows before the batch stay committed."""
+
+
 class StoreRefused(UsageProblem):
     """An object store refused access (credentials, permissions) or has no such bucket: no retry will help."""
 

@@ -149,3 +149,94 @@ def test_a_plugin_that_fails_to_load_is_left_out_with_one_warning_and_breaks_no_
     unknown = run_featdump("extract", "-m", "lmdbnets:tiny", "-l", "avgpool", broken_plugin / "images",
                            broken_plugin / "net.h5")
     assert unknown.returncode == 2 and "'lmdbnets' of package featdump-lmdb" in unknown.stderr.splitlines()[-1]
+
+
+FAILING = '''
+import hashlib
+import io
+
+from PIL import Image
+
+from featdump.inputs.imagelist import Encoded, ImageList, Storage
+from featdump.inputs.readers import Reader
+
+
+class Rows(Storage):
+    """Grey images; a row from FAILS_FROM on raises as a corrupt database does (not an OSError: not a row's skip)."""
+
+    def __init__(self, fails_from):
+        self.fails_from = fails_from
+
+    def open(self, root, relative, position):
+        if position >= self.fails_from:
+            raise RuntimeError("MDB_CORRUPTED: Located page was wrong type\\n(mdb_get)")
+        buffer = io.BytesIO()
+        Image.new("RGB", (32, 24), (position * 40, 90, 90)).save(buffer, format="PNG")
+        return Encoded(relative, (len(buffer.getvalue()), 0), data=buffer.getvalue())
+
+    def open_as_ready(self, root, relatives, positions):
+        for index, (relative, position) in enumerate(zip(relatives, positions)):
+            yield index, self.open(root, relative, position)
+
+    def stat(self, root, relative, position):
+        return 0, 0
+
+    def select(self, positions):
+        return self
+
+    def digest(self, root, paths, labels, sizes):
+        return hashlib.sha256(repr(list(paths)).encode()).hexdigest()
+
+
+class RowsFile(Reader):
+    priority = 15
+
+    def claims(self, where, asked):
+        return where.text.endswith(".rows")
+
+    def read(self, where, asked):
+        count, fails_from = (int(value) for value in where.path.read_text().split())
+        names = tuple(f"{where.name}/{index}" for index in range(count))
+        return ImageList(where.path.parent, names, (-1,) * count, (), Rows(fails_from))
+'''
+
+
+@pytest.fixture
+def failing_reader(tmp_path, monkeypatch):
+    """A package on the path whose reader reads `.rows` files and raises a RuntimeError from a row on."""
+    from featdump import plugins
+    from featdump.inputs import readers
+
+    site = tmp_path / "site"
+    (site / "rowsdb-0.1.dist-info").mkdir(parents=True)
+    (site / "rowsdb-0.1.dist-info" / "METADATA").write_text("Metadata-Version: 2.1\nName: rowsdb\nVersion: 0.1\n")
+    (site / "rowsdb-0.1.dist-info" / "entry_points.txt").write_text("[featdump.readers]\nrows = rowsdb:RowsFile\n")
+    (site / "rowsdb.py").write_text(FAILING)
+    monkeypatch.syspath_prepend(str(site))
+    monkeypatch.setattr(readers, "READERS", ())
+    monkeypatch.setattr(plugins, "_BROKEN", {})
+    yield tmp_path
+    sys.modules.pop("rowsdb", None)
+
+
+@pytest.mark.parametrize("fails_from", [0, 4])
+def test_a_reader_s_failure_in_a_loader_worker_is_one_line_and_leaves_no_empty_partial(failing_reader, fails_from):
+    source, output = failing_reader / "set.rows", failing_reader / "out.h5"
+    source.write_text(f"8 {fails_from}")
+    result = run_featdump("extract", "-m", "resnet18", "-w", "none", "-l", "avgpool", "-b", "2", source, output)
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    last = result.stderr.strip().splitlines()[-1]
+    assert f"The reader of {failing_reader} (rowsdb.Rows) failed on 'set.rows/{fails_from}' (a batch of 2): " \
+           "RuntimeError: MDB_CORRUPTED: Located page was wrong type (mdb_get)." in last, result.stderr
+    partial = failing_reader / "out.h5.partial"
+    assert not output.exists()
+    if fails_from == 0:  # nothing read: nothing left behind
+        assert not partial.exists()
+    else:  # the batches before it are committed: a partial to resume, never an empty one
+        assert read_committed(partial) == fails_from
+
+
+def read_committed(path) -> int:
+    from .helpers import committed_rows
+
+    return committed_rows(path)

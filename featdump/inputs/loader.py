@@ -18,7 +18,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from featdump.errors import FeatdumpError
+from featdump.errors import FeatdumpError, ReaderFailed
 from featdump.inputs import Encoded, ImageList
 from featdump.inputs.decode import JPEG_EXTENSIONS, describe_failure, open_rgb, plain_jpeg
 from featdump.inputs.imagelist import UNKNOWN_STAT, stat_as_read
@@ -97,6 +97,8 @@ class ImageDataset(Dataset):
                 items[index] = self._decoded(positions[index], encoded)
         except FeatdumpError as error:
             return [Item(position, fatal=error) for position in positions]
+        except Exception as error:  # noqa: BLE001 - a reader's own failure: one line for the user, not a traceback
+            return [Item(position, fatal=reader_failed(self.images, positions, error)) for position in positions]
         return items
 
     def _decoded(self, position: int, encoded: Encoded | Exception) -> Item:
@@ -112,6 +114,16 @@ class ImageDataset(Dataset):
         except Exception as error:  # any decoding failure is recorded, not raised
             item.failure = describe_failure(error)
         return item
+
+
+def reader_failed(images: ImageList, positions: list[int], error: Exception) -> ReaderFailed:
+    """ERROR, raised by IMAGES' storage reading the batch at POSITIONS, as one line naming the reader (its storage's
+    class) and the input."""
+    storage = type(images.storage)
+    message = " ".join(str(error).split())  # one line, whatever the reader's message holds
+    return ReaderFailed(f"The reader of {images.root} ({storage.__module__}.{storage.__qualname__}) failed on "
+                        f"{images.row_key(positions[0])!r} (a batch of {len(positions)}): {type(error).__name__}: "
+                        f"{message or 'no message'}. Check that input, or the package that reads it.")
 
 
 def collate(items: list[Item]) -> Batch:

@@ -89,6 +89,10 @@ def fill(writer: FeatureWriter, images: ImageList, settings: Settings, model: Mo
         if not keep_empty and writer.committed.rows == 0:
             raise nothing_read(settings.images, settings.output, writer.discard(), images.noun)
         return writer.finish()
+    except BaseException:
+        if writer.holds_nothing():  # stopped before any image was done: no empty file passed off as resumable
+            writer.discard()
+        raise
     finally:
         record.remove()  # only a kill leaves it, for info to report the job as stopped
         progress.close()

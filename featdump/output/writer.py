@@ -91,6 +91,10 @@ class FeatureWriter:
     def committed_skipped(self) -> int:
         return self.committed.skipped
 
+    def holds_nothing(self) -> bool:
+        """Whether the file holds nothing a resume would keep: no image done (written or skipped), no PCA fit."""
+        return bool(self._file.id.valid) and self.committed.images == 0 and "pca" not in self._file
+
     # -- writing ---------------------------------------------------------------------------------
 
     def append(
