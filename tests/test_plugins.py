@@ -190,6 +190,7 @@ class Rows(Storage):
 
 class RowsFile(Reader):
     priority = 15
+    kind = "rows files (.rows)"
 
     def claims(self, where, asked):
         return where.text.endswith(".rows")
@@ -240,3 +241,15 @@ def read_committed(path) -> int:
     from .helpers import committed_rows
 
     return committed_rows(path)
+
+
+def test_an_installed_plugin_is_in_the_help_and_messages_but_not_in_featdump_s_docs(failing_reader):
+    from featdump.faces import kinds
+    from featdump.inputs.readers import input_kinds
+
+    docs = (REPO / "docs" / "inputs.md").read_text()
+    assert kinds.generated("inputs") in docs and "rows files" not in kinds.generated("inputs")
+    assert "rows files (.rows)" in input_kinds()  # what the help of a process started now lists
+    refused = run_featdump("extract", "-m", "resnet18", "-l", "avgpool", failing_reader / "none",
+                           failing_reader / "o.h5")
+    assert refused.returncode == 2 and "rows files (.rows)" in refused.stderr, refused.stderr
