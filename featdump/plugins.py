@@ -28,15 +28,15 @@ class Broken:
 _BROKEN: dict[str, list[Broken]] = {}  # group: the plugins of it left out, once it was loaded
 
 
-def load(group: str, make: Callable[[object], object]) -> list:
-    """MAKE(what each entry point of GROUP loads) for each one that loads and makes; the others are left out, each
-    with one warning."""
+def load(group: str, make: Callable[[str, object], object]) -> list:
+    """MAKE(its name, what it loads) for each entry point of GROUP that loads and makes; the others are left out,
+    each with one warning."""
     from importlib.metadata import entry_points
 
     made, broken = [], []
     for entry in entry_points(group=group):
         try:
-            made.append(make(entry.load()))
+            made.append(make(entry.name, entry.load()))
         except Exception as error:  # noqa: BLE001 - whatever a plugin raises, it is left out and said
             package = entry.dist.name if entry.dist is not None else "unknown"
             broken.append(Broken(entry.name, package, f"{type(error).__name__}: {error}"))

@@ -53,6 +53,8 @@ BAD = {
     "image_column": ("", ""),
     "label_column": ("", ""),
     "split": ("", ""),
+    "reader": ("", ""),
+    "reader_option": ("novalue", "novalue"),
 }
 FREE_TEXT = {"weights"}  # any text is a weights name or a checkpoint path, checked when the model loads
 

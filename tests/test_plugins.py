@@ -158,20 +158,21 @@ import io
 from PIL import Image
 
 from featdump.inputs.imagelist import Encoded, ImageList, Storage
-from featdump.inputs.readers import Reader
+from featdump.inputs.readers import Reader, ReaderOption
 
 
 class Rows(Storage):
-    """Grey images; a row from FAILS_FROM on raises as a corrupt database does (not an OSError: not a row's skip)."""
+    """Plain images (red from the row, green and blue GREY); a row from FAILS_FROM on raises as a corrupt database
+    does (not an OSError: not a row's skip)."""
 
-    def __init__(self, fails_from):
-        self.fails_from = fails_from
+    def __init__(self, fails_from, grey=90):
+        self.fails_from, self.grey = fails_from, grey
 
     def open(self, root, relative, position):
         if position >= self.fails_from:
             raise RuntimeError("MDB_CORRUPTED: Located page was wrong type\\n(mdb_get)")
         buffer = io.BytesIO()
-        Image.new("RGB", (32, 24), (position * 40, 90, 90)).save(buffer, format="PNG")
+        Image.new("RGB", (32, 24), (position * 40, self.grey, self.grey)).save(buffer, format="PNG")
         return Encoded(relative, (len(buffer.getvalue()), 0), data=buffer.getvalue())
 
     def open_as_ready(self, root, relatives, positions):
@@ -191,6 +192,7 @@ class Rows(Storage):
 class RowsFile(Reader):
     priority = 15
     kind = "rows files (.rows)"
+    options = (ReaderOption("grey", int, "the green and blue of every image, 0-255"),)
 
     def claims(self, where, asked):
         return where.text.endswith(".rows")
@@ -198,7 +200,7 @@ class RowsFile(Reader):
     def read(self, where, asked):
         count, fails_from = (int(value) for value in where.path.read_text().split())
         names = tuple(f"{where.name}/{index}" for index in range(count))
-        return ImageList(where.path.parent, names, (-1,) * count, (), Rows(fails_from))
+        return ImageList(where.path.parent, names, (-1,) * count, (), Rows(fails_from, asked.option(self, "grey", 90)))
 '''
 
 
@@ -253,3 +255,32 @@ def test_an_installed_plugin_is_in_the_help_and_messages_but_not_in_featdump_s_d
     refused = run_featdump("extract", "-m", "resnet18", "-l", "avgpool", failing_reader / "none",
                            failing_reader / "o.h5")
     assert refused.returncode == 2 and "rows files (.rows)" in refused.stderr, refused.stderr
+
+
+def test_reader_by_name_and_the_options_it_declares_reach_it_others_refused_in_one_line(failing_reader):
+    from .helpers import write_images
+
+    source = failing_reader / "set.rows"
+    source.write_text("4 99")
+    run = ["extract", "-m", "resnet18", "-w", "none", "-l", "avgpool", "--reader", "rows"]
+    assert run_featdump(*run, source, failing_reader / "plain.h5").returncode == 0
+    bright = run_featdump(*run, "--reader-option", "grey=250", source, failing_reader / "bright.h5")
+    assert bright.returncode == 0, bright.stderr
+    plain, lit = (featdump.load(failing_reader / name, "avgpool").features for name in ("plain.h5", "bright.h5"))
+    assert plain.shape == lit.shape == (4, 512, 1, 1) and not (plain == lit).all()  # the option reached the reader
+    write_images(failing_reader / "images", {"": 2}, size=(32, 24))
+    refusals = {
+        ("--reader-option", "grey=bright"): "--reader-option grey=bright: give a whole number (the green and blue "
+                                            "of every image, 0-255).",
+        ("--reader-option", "shade=3"): "--reader-option shade: the rows reader of IMAGES",
+        ("--reader", "tiff"): "--reader tiff: no reader of that name; the readers: ",
+    }
+    for given, said in refusals.items():
+        refused = run_featdump(*run[:-2], *given, source, failing_reader / "no.h5")
+        assert refused.returncode == 2 and said in refused.stderr.splitlines()[-1], refused.stderr
+    folder = run_featdump(*run[:-2], "--reader-option", "grey=3", failing_reader / "images", failing_reader / "no.h5")
+    assert folder.returncode == 2 and "the folder reader of IMAGES" in folder.stderr and "(it takes none)" in \
+        folder.stderr, folder.stderr
+    wrong = run_featdump(*run[:-2], "--reader", "array", failing_reader / "images", failing_reader / "no.h5")
+    assert wrong.returncode == 2 and "--reader array does not read IMAGES" in wrong.stderr, wrong.stderr
+    assert not (failing_reader / "no.h5").exists() and not (failing_reader / "no.h5.partial").exists()

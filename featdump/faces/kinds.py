@@ -25,8 +25,8 @@ def own(kind) -> bool:
 
 def input_table() -> str:
     """Every reader of featdump's own, in the order they are asked: what it reads and an IMAGES it claims."""
-    rows = [f"| {reader.kind} | `{reader.example}` |" for reader in readers() if own(reader)]
-    return "\n".join(["| IMAGES | example |", "| --- | --- |", *rows])
+    rows = [f"| {reader.kind} | `{reader.name}` | `{reader.example}` |" for reader in readers() if own(reader)]
+    return "\n".join(["| IMAGES | --reader | example |", "| --- | --- | --- |", *rows])
 
 
 def model_table() -> str:

@@ -27,9 +27,40 @@ from featdump.locations import Location
 
 
 @dataclass(frozen=True)
+class ReaderOption:
+    """An option a reader declares and receives (`Asked.option`): its NAME (`--reader-option NAME=VALUE`; a built-in
+    one has a flag of its own, `--image-column`), its TYPE (str, int, float or bool) and its HELP."""
+
+    name: str
+    type: type = str
+    help: str = ""
+
+    def value(self, text: str):
+        """TEXT as this option's TYPE; UsageProblem in one line where it is not one."""
+        if self.type is bool and text.strip().lower() in ("1", "true", "yes", "on", "0", "false", "no", "off"):
+            return text.strip().lower() in ("1", "true", "yes", "on")
+        try:
+            if self.type is bool:
+                raise ValueError(text)
+            return self.type(text)
+        except ValueError as error:
+            wanted = {int: "a whole number", float: "a number", bool: "true or false"}.get(self.type, "text")
+            raise UsageProblem(f"--reader-option {self.name}={text}: give {wanted} "
+                               f"({self.help or 'as the reader states'}).") from error
+
+
+ARRAY = ReaderOption("array", str, "the array of a file of arrays to read (--array)")
+IMAGE_COLUMN = ReaderOption("image_column", str, "the column of encoded images (--image-column)")
+LABEL_COLUMN = ReaderOption("label_column", str, "the column of integer labels (--label-column)")
+SPLIT = ReaderOption("split", str, "the split of a Hugging Face layout (--split)")
+_TABLE_OPTIONS = ("image_column", "label_column", "split")
+
+
+@dataclass(frozen=True)
 class Asked:
     """What the job asks of its input beyond where it is: the argument or option it came from (NAMED: IMAGES,
-    --pca-fit, for messages), the store's PATIENCE, a file of arrays' ARRAY, a table's columns."""
+    --pca-fit, for messages), the store's PATIENCE, a file of arrays' ARRAY, a table's columns, the READER asked
+    for by name (None: the first that claims it) and the READER_OPTIONS given (NAME=VALUE, as typed)."""
 
     named: str = "IMAGES"
     patience: Patience | None = None
@@ -37,16 +68,38 @@ class Asked:
     image_column: str | None = None
     label_column: str | None = None
     split: str | None = None  # a Hugging Face layout's split
+    reader: str | None = None
+    reader_options: tuple[str, ...] = ()
+
+    def given(self) -> dict[str, str]:
+        """Every reader option set, by name: the built-in flags' and each --reader-option's (as text)."""
+        flags = {"array": self.array, "image_column": self.image_column, "label_column": self.label_column,
+                 "split": self.split}
+        given = {name: value for name, value in flags.items() if value is not None}
+        for text in self.reader_options:
+            name, _, value = text.partition("=")
+            given[name.strip()] = value
+        return given
+
+    def option(self, reader: Reader, name: str, default=None):
+        """The value of READER's declared option NAME as given (typed as it declares), else DEFAULT."""
+        declared = {option.name: option for option in reader.options}
+        text = self.given().get(name)
+        return default if text is None or name not in declared else declared[name].value(text)
 
 
 class Reader:
     """One kind of input: whether it claims a Location (readers are asked by PRIORITY, lowest first: a list file
     claims any local file, a prefix any URL, so they come late), its rows, and a row's bytes read back for `show`.
-    A reader outside featdump registers through the entry point group `featdump.readers` (a Reader class)."""
+    A reader outside featdump registers through the entry point group `featdump.readers` (a Reader class; its NAME,
+    for --reader, the entry point's unless it states one). It declares the OPTIONS it takes (`ReaderOption`), and
+    reads their values with `asked.option(self, NAME)`; an option it does not declare is refused before it reads."""
 
+    name = ""  # what --reader calls it
     priority = 50
     kind = "an input"  # what it reads, as the help, the docs and a message list it
     example = "IMAGES"  # an IMAGES argument it claims, for the docs
+    options: tuple[ReaderOption, ...] = ()
 
     def claims(self, where: Location, asked: Asked) -> bool:
         raise NotImplementedError
@@ -62,6 +115,8 @@ class Reader:
 class Tables(Reader):
     """Parquet tables of encoded images: a file, a folder or prefix of them, a pattern (`tables`)."""
 
+    name = "parquet"
+    options = (ARRAY, IMAGE_COLUMN, LABEL_COLUMN, SPLIT)
     priority = 10
     kind = ("Parquet tables of encoded images: a .parquet file, a folder of them or a dataset's `data/`, "
             'hf://datasets/ORG/NAME (`--split`)')
@@ -81,6 +136,8 @@ class Tables(Reader):
 class Tars(Reader):
     """A .tar, a brace pattern or glob of tars, here or at URLs joined with ::."""
 
+    name = "tar"
+    options = (ARRAY,)
     priority = 20
     kind = "tar shards in the webdataset layout: a .tar, a quoted brace pattern or glob, tar URLs joined with ::"
     example = "'shards/{00000..00099}.tar'"
@@ -111,6 +168,8 @@ def named_tar_urls(text: str) -> list[str] | None:
 class Arrays(Reader):
     """A file of image arrays (HDF5, NetCDF-4, .npy, .npz), its ARRAY (`arrays`)."""
 
+    name = "array"
+    options = (ARRAY,)
     priority = 30
     kind = "a file of image arrays: HDF5, NetCDF-4, .npy, .npz (`--array`), a row per index"
     example = "nsd_stimuli.hdf5"
@@ -125,6 +184,7 @@ class Arrays(Reader):
 class OneVideo(Reader):
     """One video file: its clips are the rows."""
 
+    name = "video"
     priority = 40
     kind = "a video file, its clips the rows"
     example = "film.mp4"
@@ -139,6 +199,7 @@ class OneVideo(Reader):
 class ListFile(Reader):
     """A .txt or .csv list of images (or of tars), here or at a URL; any other local file is refused by it."""
 
+    name = "list"
     priority = 50
     kind = "a list file: .txt (a path a line) or .csv (`path`, `label`) of images, tars or an array's rows"
     example = "images.txt"
@@ -166,6 +227,7 @@ class ListFile(Reader):
 class OneObject(Reader):
     """One image at a URL."""
 
+    name = "object"
     priority = 60
     kind = "one image at a URL"
     example = "s3://bucket/cat.jpg"
@@ -184,6 +246,7 @@ class OneObject(Reader):
 class Prefix(Reader):
     """A store prefix, read as a folder."""
 
+    name = "prefix"
     priority = 70
     kind = "a store prefix, read as a folder"
     example = "s3://bucket/images/"
@@ -198,6 +261,7 @@ class Prefix(Reader):
 class Folder(Reader):
     """A folder walked recursively (following symlinks once)."""
 
+    name = "folder"
     priority = 80
     kind = "a folder, walked recursively (first-level class folders give labels)"
     example = "./images"
@@ -292,9 +356,22 @@ def readers() -> tuple[Reader, ...]:
     if not READERS:
         from featdump import plugins as plugin_loading
 
-        plugins = plugin_loading.load(READERS_GROUP, lambda kind: kind())
+        plugins = plugin_loading.load(READERS_GROUP, _named_plugin)
         READERS = tuple(sorted([*BUILT_IN, *plugins], key=lambda reader: reader.priority))
     return READERS
+
+
+def _named_plugin(name: str, kind) -> Reader:
+    """Entry point NAME's reader, made; named NAME for --reader unless its class states a name."""
+    reader = kind()
+    if not reader.name:
+        reader.name = name
+    return reader
+
+
+def reader_names() -> str:
+    """The names --reader takes, in the order the readers are asked."""
+    return ", ".join(reader.name for reader in readers() if reader.name)
 
 
 def input_kinds() -> str:
@@ -314,12 +391,29 @@ def read_images(where: Location, asked: Asked) -> ImageList:
 
 
 def reader_for(where: Location, asked: Asked) -> Reader:
-    """The first reader that claims WHERE, the options ASKED applying to it; NoImages when none does."""
-    reader = next((reader for reader in readers() if reader.claims(where, asked)), None)
+    """The reader --reader names, or the first that claims WHERE, the options ASKED applying to it; NoImages when
+    none does (or the one named does not)."""
+    if asked.reader is not None:
+        reader = _named_reader(asked.reader)
+        if not reader.claims(where, asked):
+            raise NoImages(f"--reader {asked.reader} does not read {asked.named} {where.text!r}: it reads "
+                           f"{reader.kind}.")
+    else:
+        reader = next((reader for reader in readers() if reader.claims(where, asked)), None)
     _check_options_apply(reader, where, asked)
     if reader is None:
         raise NoImages(f"{asked.named} {where.text!r} does not exist (give {input_kinds()}).")
     return reader
+
+
+def _named_reader(name: str) -> Reader:
+    from featdump import plugins
+
+    named = {reader.name: reader for reader in readers() if reader.name}
+    if name not in named:
+        raise plugins.noting_left_out(READERS_GROUP, UsageProblem(
+            f"--reader {name}: no reader of that name; the readers: {', '.join(sorted(named))}."))
+    return named[name]
 
 
 def check_here(where: Location, asked: Asked) -> None:
@@ -335,15 +429,27 @@ def check_here(where: Location, asked: Asked) -> None:
 
 
 def _check_options_apply(reader: Reader | None, where: Location, asked: Asked) -> None:
-    """UsageProblem when an option names a part of an input of another kind (a local file's array: a tar's and a
-    URL's are not looked for)."""
-    if (asked.image_column is not None or asked.label_column is not None or asked.split is not None) and \
-            not isinstance(reader, Tables):
-        raise UsageProblem(f"--image-column, --label-column and --split name parts of Parquet tables; {asked.named} "
-                           f"{where.text!r} is none.")
-    if asked.array is not None and not where.remote and not isinstance(reader, (Tables, Tars, Arrays)):
-        raise UsageProblem(f"--array {asked.array} names an array of a file of arrays (HDF5, NetCDF-4, .npy, .npz); "
-                           f"{asked.named} {where.text!r} is none.")
+    """UsageProblem when an option is set that the reader of WHERE does not declare (a local file's array: a tar's
+    and a URL's are not looked for), or a --reader-option is no NAME=VALUE or no value of its type."""
+    declared = {option.name: option for option in (reader.options if reader is not None else ())}
+    for text in asked.reader_options:
+        if "=" not in text or not text.partition("=")[0].strip():
+            raise UsageProblem(f"--reader-option {text!r}: give NAME=VALUE (an option the reader declares).")
+    for name, value in asked.given().items():
+        if name in declared:
+            declared[name].value(value)  # its type checked before any listing
+        elif name == "array" and where.remote:
+            continue
+        elif name in _TABLE_OPTIONS:
+            raise UsageProblem(f"--image-column, --label-column and --split name parts of Parquet tables; "
+                               f"{asked.named} {where.text!r} is none.")
+        elif name == "array":
+            raise UsageProblem(f"--array {asked.array} names an array of a file of arrays (HDF5, NetCDF-4, .npy, "
+                               f".npz); {asked.named} {where.text!r} is none.")
+        else:
+            takes = ", ".join(declared) or "none"
+            raise UsageProblem(f"--reader-option {name}: the {reader.name if reader else 'no'} reader of "
+                               f"{asked.named} {where.text!r} takes no such option (it takes {takes}).")
 
 
 def stored_image(root: str, relative: str) -> bytes | None:

@@ -36,6 +36,7 @@ _METHODS = {zipfile.ZIP_STORED: "stored", zipfile.ZIP_DEFLATED: "deflated"}
 class Zips(Reader):
     """A .zip of images, here or at a URL."""
 
+    name = "zip"
     priority = 25  # after tables and tars, before a list file (which claims any local file)
     kind = "a .zip of images, here or at a URL, read member by member (labels from its first folders)"
     example = "stimuli.zip"

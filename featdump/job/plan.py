@@ -43,7 +43,8 @@ def job_rows(settings: Settings) -> ImageList:
     """The rows of the whole job SETTINGS describes (every shard's): its images, or its videos' clips."""
     return warm.shared("rows", dependencies.run_key(settings), lambda: as_rows(
         find_images(settings.images, patience=Patience(settings.store_patience), array=settings.array,
-                    image_column=settings.image_column, label_column=settings.label_column, split=settings.split),
+                    image_column=settings.image_column, label_column=settings.label_column, split=settings.split,
+                    reader=settings.reader, reader_options=settings.reader_option),
         settings.clip, settings.fps,
         settings.clip_every, clip_of(settings.model), settings.clip_anchor, settings.clip_pad, settings.clip_origin))
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from featdump.errors import BadOption
+from featdump.inputs.readers import reader_names
 from featdump.inputs.stores import DEFAULT_PATIENCE
 from featdump.inputs.video import ANCHORS, PADS
 from featdump.job.dependencies import COMPILED, FIT, LAYOUT, LISTING, MODEL, VALUES
@@ -51,6 +52,11 @@ def _pca_fit_syntax(text: str) -> None:
 def _not_empty(spec: str) -> None:
     if not spec.strip():
         raise BadOption("'model' must name a model, e.g. resnet50, timm:NAME or package.module:callable.")
+
+
+def _name_value(text: str) -> None:
+    if "=" not in text or not text.partition("=")[0].strip():
+        raise BadOption(f"--reader-option {text!r}: give NAME=VALUE, an option the reader declares.")
 
 
 def _cache_folder(text: str) -> None:
@@ -114,6 +120,15 @@ class Settings:
         help="IMAGES are Parquet tables in Hugging Face's layout (train-00000-of-00002.parquet, "
              "default/validation/0000.parquet): the split to read; a folder of several splits is refused without "
              "it.  [default: the one split there is]", changes=LISTING)
+    reader: str | None = option(
+        kind=str, optional=True, metavar="NAME", syntax=_not_empty,
+        help=lambda: f"The reader of IMAGES, by name: {reader_names()}.  [default: the first that claims IMAGES]",
+        changes=LISTING)
+    reader_option: tuple[str, ...] = option(
+        (), kind=tuple, metavar="NAME=VALUE", syntax=_name_value,
+        items='options of the reader, e.g. ["map_size=1GB"]',
+        help="An option the reader declares (a plugin's own; featdump's readers take theirs as --array, "
+             "--image-column, --label-column and --split); repeatable.  [default: none]", changes=LISTING)
     clip: int | None = option(
         kind=int, optional=True, minimum=1, metavar="N",
         help="Videos: frames per clip, a row each.  [default: the model's own (a torchvision video model's weights "

@@ -118,8 +118,8 @@ _PLUGINS_LOADED = False
 SOURCES_GROUP = "featdump.sources"
 
 
-def _checked_source(kind) -> type[Source]:
-    """KIND, an entry point's Source class, made once to check that it makes one (a plugin that cannot is left
+def _checked_source(name: str, kind) -> type[Source]:
+    """KIND, entry point NAME's Source class, made once to check that it makes one (a plugin that cannot is left
     out, not a failure of every command)."""
     kind()
     return kind
