@@ -74,3 +74,13 @@ def test_a_long_folder_walk_says_how_far_it_got_and_when_it_is_done(tmp_path, ca
     with caplog.at_level(logging.INFO, logger="featdump"):
         folder._walk(tmp_path / "photos")  # a quick walk says nothing
     assert not caplog.records
+
+
+def test_a_folder_of_arrow_files_is_told_how_to_read_it(tmp_path):
+    saved = tmp_path / "saved"
+    (saved / "train").mkdir(parents=True)
+    (saved / "train" / "data-00000-of-00001.arrow").write_bytes(b"ARROW1")
+    (saved / "train" / "state.json").write_text("{}")
+    with pytest.raises(NoImages, match=r"It holds Arrow files \(data-00000-of-00001.arrow\), as Hugging Face's "
+                                       r"Dataset.save_to_disk writes: write the dataset as Parquet"):
+        read_images(Location.of(str(saved)), Asked())

@@ -32,10 +32,21 @@ def read_folder(root: Path) -> ImageList:
                         (".h5", ".hdf5", ".hdf", ".nc", ".npy", ".npz"))
         if arrays:  # a study's stimuli kept as an array (NSD's nsd_stimuli.hdf5): the file is IMAGES
             hint += f" It holds {', '.join(arrays[:3])}: for images kept as an array, pass the file itself."
+        hint += _arrow_hint(root)
         raise NoImages(f"No images in {str(root)!r} (looked for {extensions}, in any case, in all subfolders; and "
                        f"for videos: {videos}).{hint}")
     labels, classes = class_labels(paths)
     return ImageList(root, tuple(paths), labels, classes)
+
+
+def _arrow_hint(root: Path) -> str:
+    """A hint for a folder that `datasets`' save_to_disk wrote (Arrow files, state.json): no reader of featdump's
+    reads it yet."""
+    arrow = sorted(path.name for path in root.rglob("*.arrow"))[:2]
+    if not arrow:
+        return ""
+    return (f" It holds Arrow files ({', '.join(arrow)}), as Hugging Face's Dataset.save_to_disk writes: write the "
+            "dataset as Parquet (Dataset.to_parquet) and pass that file or folder, or install a reader for it.")
 
 
 def class_labels(paths: Sequence[str]) -> tuple[tuple[int, ...], tuple[str, ...]]:
