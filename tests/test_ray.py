@@ -211,3 +211,47 @@ def test_a_node_s_own_variables_are_not_overridden_by_the_driver_s(monkeypatch):
     passed = store_environment()
     assert passed["AWS_ENDPOINT_URL"] == "http://127.0.0.1:8333"
     assert not {"FEATDUMP_SCRATCH", "FEATDUMP_CPUS", "FEATDUMP_PCA_MEMORY_GB"} & set(passed)
+
+
+def test_a_gpu_task_s_share_comes_from_the_gpu_nodes_and_an_unplaceable_one_is_refused_at_once():
+    """A CPU-only head counts for nothing in a GPU task's share of CPUs; a task no node can run is refused before
+    any is submitted, naming what it asks and what the nodes have."""
+    from featdump.engines.ray import task_resources
+    from featdump.errors import UsageProblem
+
+    head, small = {"CPU": 2.0}, {"CPU": 1.0, "GPU": 1.0}  # the issue's cluster: it hung asking for 3 CPUs
+    assert task_resources([head, small], "cuda", None) == {"num_gpus": 1, "num_cpus": 1}
+    kuberay = [{"CPU": 8.0}, *[{"CPU": 8.0, "GPU": 1.0}] * 3]  # KubeRay's default head, workers of 8 CPUs, 1 GPU
+    assert task_resources(kuberay, "auto", None) == {"num_gpus": 1, "num_cpus": 8}
+    assert task_resources([head, {"CPU": 16.0, "GPU": 4.0}], "cuda", None) == {"num_gpus": 1, "num_cpus": 4}
+    assert task_resources([head, small], "cpu", 1) == {"num_cpus": 2}
+    with pytest.raises(UsageProblem, match=r"No node of the Ray cluster can run a shard's task, which asks for 1 "
+                                           r"gpus, 9 cpus: the nodes have 8 CPUs and 0 GPUs; 8 CPUs and 1 GPUs"):
+        task_resources(kuberay[:2], "cuda", 8)
+    with pytest.raises(UsageProblem, match=r"--device cuda: the Ray cluster has no GPU \(the nodes have 2 CPUs"):
+        task_resources([head], "cuda", None)
+
+
+@pytest.mark.slow  # a real Ray cluster of two nodes
+def test_a_gpu_task_on_a_cluster_whose_head_has_no_gpu_is_placed(monkeypatch):
+    """`ray start --head` on a CPU machine (2 CPUs) and a node of 1 CPU and 1 GPU (faked: Ray counts it as told): a
+    shard's task asks for what the GPU node has, and runs there (it waited forever before)."""
+    from ray.cluster_utils import Cluster
+
+    from featdump.engines import ray as engine
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")  # the suite hides CUDA (""), which Ray refuses a GPU under
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "num_gpus": 0,
+                                                            "include_dashboard": False})
+    try:
+        cluster.add_node(num_cpus=1, num_gpus=1)
+        ray.init(address=cluster.address, log_to_driver=False)
+        cluster.wait_for_nodes()
+        resources = engine._task_resources(ray, settings_for(".", "out.h5", device="cuda", num_workers=None))
+        assert resources == {"num_gpus": 1, "num_cpus": 1}
+        placed = ray.remote(lambda: len(ray.get_gpu_ids())).options(**resources).remote()
+        assert ray.get(placed, timeout=120) == 1
+        assert engine._slots(ray, resources) == 1
+    finally:
+        ray.shutdown()
+        cluster.shutdown()

@@ -142,24 +142,51 @@ def _ray():
 
 
 def _task_resources(ray, settings: Settings) -> dict:
-    """What one shard's task asks for: on a CUDA device (or auto on a cluster that has GPUs) a GPU and its share of
-    the cluster's CPUs (or the loader workers asked for and the main process), so that its loader is sized by what
-    it was given, not by its node; else CPUs: the loader workers asked for and the main process, or one."""
-    resources = ray.cluster_resources()
-    gpus, cpus = resources.get("GPU", 0), resources.get("CPU", 0)
-    if settings.device.startswith("cuda") or (settings.device == "auto" and gpus):
-        if not gpus:
-            raise UsageProblem(f"--device {settings.device}: the Ray cluster has no GPU.")
-        share = settings.num_workers + 1 if settings.num_workers is not None else max(1, int(cpus // gpus))
-        return {"num_gpus": 1, "num_cpus": share}
-    return {"num_cpus": (settings.num_workers or 0) + 1}
+    """What one shard's task asks for, from the cluster's live nodes (`task_resources`)."""
+    return task_resources(_node_resources(ray), settings.device, settings.num_workers)
+
+
+def _node_resources(ray) -> list[dict]:
+    """Each live node's resources (CPU, GPU, ...), as Ray counts them."""
+    return [dict(node.get("Resources", {})) for node in ray.nodes() if node.get("Alive", True)]
+
+
+def task_resources(nodes: list[dict], device: str, num_workers: int | None) -> dict:
+    """What one shard's task asks for on a cluster of NODES (each node's resources): on a CUDA device (or auto on
+    a cluster that has GPUs) a GPU and its node's share of CPUs (the fewest CPUs a GPU among the nodes that have
+    GPUs: a CPU-only head counts for nothing), or the loader workers asked for and the main process; else CPUs:
+    the workers asked for and the main process, or one. UsageProblem at once, naming what a task asks and what the
+    nodes offer, when no node can run one (Ray would leave it waiting forever)."""
+    gpu_nodes = [node for node in nodes if node.get("GPU", 0) >= 1]
+    if device.startswith("cuda") or (device == "auto" and gpu_nodes):
+        if not gpu_nodes:
+            raise UsageProblem(f"--device {device}: the Ray cluster has no GPU ({_offered(nodes)}).")
+        share = num_workers + 1 if num_workers is not None else \
+            max(1, min(int(node.get("CPU", 0) // node["GPU"]) for node in gpu_nodes))
+        asked = {"num_gpus": 1, "num_cpus": share}
+    else:
+        asked = {"num_cpus": (num_workers or 0) + 1}
+    if not any(_fits(asked, node) for node in nodes):
+        wanted = ", ".join(f"{value} {key.removeprefix('num_')}" for key, value in asked.items())
+        raise UsageProblem(f"No node of the Ray cluster can run a shard's task, which asks for {wanted}: "
+                           f"{_offered(nodes)}. Ask for fewer loader workers (-j), or add a node that has them.")
+    return asked
+
+
+def _fits(asked: dict, node: dict) -> bool:
+    return node.get("CPU", 0) >= asked.get("num_cpus", 0) and node.get("GPU", 0) >= asked.get("num_gpus", 0)
+
+
+def _offered(nodes: list[dict]) -> str:
+    """The nodes' CPUs and GPUs, in words."""
+    return "the nodes have " + "; ".join(f"{node.get('CPU', 0):g} CPUs and {node.get('GPU', 0):g} GPUs"
+                                         for node in nodes) if nodes else "the cluster has no live node"
 
 
 def _slots(ray, resources: dict) -> int:
-    """How many shard tasks the cluster runs at once."""
-    available = ray.cluster_resources()
-    return max(1, min(int(available.get("GPU" if key == "num_gpus" else "CPU", 0) // value)
-                      for key, value in resources.items()))
+    """How many shard tasks the cluster runs at once: on each node, as many as its CPUs and GPUs hold."""
+    return max(1, sum(min(int(node.get("GPU" if key == "num_gpus" else "CPU", 0) // value)
+                          for key, value in resources.items()) for node in _node_resources(ray)))
 
 
 def _wait_for(ray, pending: dict, board, progress: Progress, count: int) -> tuple[int, int]:
