@@ -222,3 +222,32 @@ def test_the_split_of_a_file_is_read_from_hugging_face_s_names():
     assert split_of("default/test/0000.parquet") == "test"
     assert split_of("default/partial-train/0003.parquet") == "train"
     assert split_of("tables/one.parquet") is None
+
+
+@pytest.mark.parametrize("name, split", [
+    ("train.parquet", "train"), ("test.parquet", "test"), ("my_train.parquet", "train"), ("training.parquet", "train"),
+    ("train-2.parquet", "train"), ("valid.parquet", "validation"), ("val.parquet", "validation"),
+    ("dev_set.parquet", "validation"), ("eval.parquet", "test"), ("testing.parquet", "test"),
+    ("splits/validation/part1.parquet", "validation"), ("contest.parquet", None), ("latest.parquet", None),
+    ("trains.parquet", None), ("images.parquet", None),
+])
+def test_split_words_in_plain_names_are_read_as_datasets_reads_them(name, split):
+    from featdump.inputs.tables import split_of
+
+    assert split_of(name) == split
+
+
+def test_plainly_named_split_files_are_never_mixed_and_split_chooses_one(tmp_path):
+    """Dataset.to_parquet's train.parquet (6 rows) and test.parquet (2) in one folder: refused without --split,
+    each split read alone with it (--split val names validation, as `datasets` has it)."""
+    data = encoded_images(8, seed=7)
+    for name, rows in (("train", data[:6]), ("test", data[6:])):
+        (written,) = write_dataset(tmp_path / "saved", rows, shards=1, start=0 if name == "train" else 6)
+        written.rename(written.with_name(f"{name}.parquet"))
+    refused = run_featdump(*EXTRACT, tmp_path / "saved", tmp_path / "mixed.h5")
+    assert refused.returncode == 2 and "holds the splits test (1 file), train (1 file)" in refused.stderr
+    assert len(rows_of(tmp_path / "saved", tmp_path / "train.h5", "--split", "train").paths) == 6
+    assert [path.split("/")[0] for path in rows_of(tmp_path / "saved", tmp_path / "test.h5", "--split",
+                                                   "test").paths] == ["test.parquet"] * 2
+    none = run_featdump(*EXTRACT, "--split", "val", tmp_path / "saved", tmp_path / "none.h5")
+    assert none.returncode == 2 and "holds no split 'validation'" in none.stderr, none.stderr

@@ -156,18 +156,28 @@ def _files_of(source: str):
 
 
 _SPLIT_FILE = re.compile(r"^(?P<split>[A-Za-z][\w.]*?)-\d{5}-of-\d{5}(-[0-9a-f]+)?\.parquet$", re.IGNORECASE)
-SPLIT_FOLDERS = ("train", "validation", "valid", "val", "test", "dev")
+# The words `datasets` takes for a split in a file's or folder's name (its data_files patterns), as that split.
+SPLIT_WORDS = {"train": "train", "training": "train", "validation": "validation", "valid": "validation",
+               "val": "validation", "dev": "validation", "test": "test", "testing": "test", "eval": "test",
+               "evaluation": "test"}
+_SPLIT_WORD = re.compile(r"(?:^|[-._ 0-9])(" + "|".join(sorted(SPLIT_WORDS, key=len, reverse=True)) +
+                         r")(?=[-._ 0-9]|$)", re.IGNORECASE)
 
 
 def split_of(path: str) -> str | None:
-    """The split a Parquet file of Hugging Face's layout belongs to (`train-00000-of-00002.parquet`,
-    `default/validation/0000.parquet`, `default/partial-train/0000.parquet`), or None."""
+    """The split a Parquet file belongs to, as `datasets` finds it: Hugging Face's shard names
+    (`train-00000-of-00002.parquet`), a split's word in the file's name (`train.parquet`, `my_test.parquet`,
+    `training-2.parquet`) or in a folder's (`default/validation/0000.parquet`, `default/partial-train/0000.parquet`),
+    the word as its split (`valid`, `val` and `dev`: validation; `eval`: test); else None."""
     parts = PurePosixPath(path).parts
     named = _SPLIT_FILE.match(parts[-1])
     if named:
-        return named["split"]
-    folder = parts[-2].removeprefix("partial-") if len(parts) > 1 else ""
-    return folder if folder.lower() in SPLIT_FOLDERS else None
+        return SPLIT_WORDS.get(named["split"].lower(), named["split"])
+    for name in (PurePosixPath(parts[-1]).stem, *(part.removeprefix("partial-") for part in reversed(parts[:-1]))):
+        word = _SPLIT_WORD.search(name)
+        if word:
+            return SPLIT_WORDS[word.group(1).lower()]
+    return None
 
 
 def _of_split(paths: list[str], split: str | None, source: str) -> list[str]:
@@ -183,6 +193,7 @@ def _of_split(paths: list[str], split: str | None, source: str) -> list[str]:
             raise UsageProblem(f"IMAGES {source!r} holds the splits {_listed(splits)}: choose one with --split NAME "
                                "(rows of several splits in one output are rarely what a study wants).")
         return paths
+    split = SPLIT_WORDS.get(split.lower(), split)  # --split val is validation, as `datasets` has it
     chosen = [path for path in paths if split_of(path) == split]
     if not chosen:
         raise NoImages(f"IMAGES {source!r} holds no split {split!r}" + (
