@@ -251,3 +251,21 @@ def test_plainly_named_split_files_are_never_mixed_and_split_chooses_one(tmp_pat
                                                    "test").paths] == ["test.parquet"] * 2
     none = run_featdump(*EXTRACT, "--split", "val", tmp_path / "saved", tmp_path / "none.h5")
     assert none.returncode == 2 and "holds no split 'validation'" in none.stderr, none.stderr
+
+
+def test_every_layout_of_tables_the_docs_name_is_read_and_hidden_folders_are_passed_by(tmp_path):
+    """The converted Parquet layout (default/{train,test}/0000.parquet), given itself or its default/; a clone whose
+    data/ holds split folders; a folder of shards beside a hidden .ipynb_checkpoints copy."""
+    data = encoded_images(6, seed=9)
+    for split, rows, start in (("train", data[:4], 0), ("test", data[4:], 4)):
+        (written,) = write_dataset(tmp_path / "converted" / "default" / split, rows, shards=1, start=start)
+        written.rename(written.with_name("0000.parquet"))
+    for source in (tmp_path / "converted", tmp_path / "converted" / "default"):
+        refused = run_featdump(*EXTRACT, source, tmp_path / "mixed.h5")
+        assert refused.returncode == 2 and "holds the splits test (1 file), train (1 file)" in refused.stderr, \
+            refused.stderr
+    assert len(rows_of(tmp_path / "converted" / "default", tmp_path / "test.h5", "--split", "test").paths) == 2
+    shards = write_dataset(tmp_path / "shards", data, shards=2)
+    (tmp_path / "shards" / ".ipynb_checkpoints").mkdir()
+    (tmp_path / "shards" / ".ipynb_checkpoints" / shards[0].name).write_bytes(shards[0].read_bytes())
+    assert len(rows_of(tmp_path / "shards", tmp_path / "shards.h5").paths) == 6  # not the hidden copy's rows

@@ -49,17 +49,24 @@ def names_tables(source: str) -> bool:
 
 
 def folder_of_tables(path: Path) -> bool:
-    """Whether PATH is a folder holding Parquet files and no folder (of images), or a clone of a Hugging Face
-    dataset: its tables under data/ beside files that are no images (README.md) and hidden folders (.git)."""
+    """Whether PATH is a folder of Parquet tables: it holds some, directly or in folders (split folders,
+    `default/{train,test}/0000.parquet`; a clone of a Hugging Face dataset, its tables under data/ beside
+    README.md), and no image; hidden files and folders (.git, .ipynb_checkpoints) are passed by. The walk stops at
+    the first image (a folder of images is told at once)."""
     if not path.is_dir():
         return False
-    if any(path.glob(f"*{TABLE_SUFFIX}")) and not any(child.is_dir() for child in path.iterdir()):
-        return True
-    data = path / "data"
-    return data.is_dir() and any(data.rglob(f"*{TABLE_SUFFIX}")) and all(
-        child == data or child.name.startswith(".") or (child.is_file() and child.suffix.lower() not in
-                                                        (".jpg", ".jpeg", ".png", ".webp", ".bmp"))
-        for child in path.iterdir())
+    found = False
+    for _, subfolders, files in os.walk(path):
+        subfolders[:] = [name for name in subfolders if not name.startswith(".")]
+        for name in files:
+            suffix = os.path.splitext(name)[1].lower()
+            if suffix in _IMAGE_SUFFIXES and not name.startswith("."):
+                return False
+            found = found or (suffix == TABLE_SUFFIX and not name.startswith("."))
+    return found
+
+
+_IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".webp", ".bmp", ".tif", ".tiff")
 
 
 def prefix_of_tables(prefix: str, patience: Patience) -> bool:
@@ -146,7 +153,8 @@ def _files_of(source: str):
         if any(mark in path for mark in "*?["):
             found += sorted(fs.glob(path))
         elif fs.isdir(path):
-            found += sorted(item for item in fs.find(path) if item.lower().endswith(TABLE_SUFFIX))
+            found += sorted(item for item in fs.find(path) if item.lower().endswith(TABLE_SUFFIX) and not any(
+                part.startswith(".") for part in PurePosixPath(item[len(path):]).parts))  # .ipynb_checkpoints
         elif fs.exists(path):
             found.append(path)
         else:
