@@ -216,6 +216,10 @@ def test_a_list_of_an_array_s_row_names_extracts_that_subset_alone_in_the_list_s
     (tmp_path / "beyond.txt").write_text("nsd_stimuli.hdf5/imgBrick/1\nnsd_stimuli.hdf5/imgBrick/8\n")
     refused = run_featdump(*EXTRACT, tmp_path / "beyond.txt", tmp_path / "beyond.h5")
     assert refused.returncode == 2 and "names row 8 of nsd_stimuli.hdf5/imgBrick, which holds 8" in refused.stderr
+    (tmp_path / "twice.txt").write_text("".join(f"nsd_stimuli.hdf5/imgBrick/{row}\n" for row in (3, 5, 3, 5, 3)))
+    twice = run_featdump(*EXTRACT, tmp_path / "twice.txt", tmp_path / "twice.h5")
+    assert twice.returncode == 2 and "names row 3 of nsd_stimuli.hdf5/imgBrick twice (3 repeats in all): name " \
+        "each row once" in twice.stderr and not (tmp_path / "twice.h5").exists(), twice.stderr
 
 
 SMALL = ["extract", "-m", "tiny_models:small", "--transform", "tiny_models:small_transform", "-l", "1,4"]

@@ -141,6 +141,13 @@ def listed_rows(listed: ImageList) -> ImageList | None:
                            "that array's rows, FILE/ARRAY/INDEX.")
     whole = read_array(source, array)
     indices = [int(entry[-1]) for entry in parts]
+    repeated = len(indices) - len(set(indices))
+    if repeated:
+        seen: set[int] = set()
+        first = next(index for index in indices if index in seen or seen.add(index))
+        raise UsageProblem(f"The list names row {first} of {source.name}{'/' + array if array else ''} twice "
+                           f"({repeated} repeat{'s' * (repeated > 1)} in all): name each row once (two rows of one "
+                           "image would fall in a training fold and its held-out fold alike).")
     beyond = [index for index in indices if index >= len(whole)]
     if beyond:
         raise UsageProblem(f"The list names row {beyond[0]} of {source.name}{'/' + array if array else ''}, which "
