@@ -269,3 +269,28 @@ def test_every_layout_of_tables_the_docs_name_is_read_and_hidden_folders_are_pas
     (tmp_path / "shards" / ".ipynb_checkpoints").mkdir()
     (tmp_path / "shards" / ".ipynb_checkpoints" / shards[0].name).write_bytes(shards[0].read_bytes())
     assert len(rows_of(tmp_path / "shards", tmp_path / "shards.h5").paths) == 6  # not the hidden copy's rows
+
+
+def stale_rows_of(output) -> list[tuple[str, str]]:
+    import h5py
+
+    with h5py.File(output, "r") as h5file:
+        if "stale" not in h5file:
+            return []
+        return list(zip(h5file["stale/paths"].asstr()[:], h5file["stale/reasons"].asstr()[:]))
+
+
+def test_a_table_saved_again_with_rows_appended_keeps_its_old_rows_and_a_rewritten_row_is_stale(tmp_path):
+    """A dataset saved again as one Parquet file with two rows more: --update adds the two, no old row stale; a row
+    whose image is replaced is stale, the others not."""
+    data = encoded_images(6, seed=11)
+    (table,) = write_dataset(tmp_path / "saved", data[:4], shards=1, layout="plain")
+    assert run_featdump(*EXTRACT, table, tmp_path / "out.h5").returncode == 0
+    write_dataset(tmp_path / "saved", data, shards=1, layout="plain")  # the same file name, rows appended
+    grown = run_featdump(*EXTRACT, "--update", table, tmp_path / "out.h5")
+    assert grown.returncode == 0 and "2 new images" in grown.stderr, grown.stderr
+    assert stale_rows_of(tmp_path / "out.h5") == []
+    replaced = [*data[:1], *encoded_images(1, seed=12), *data[2:]]
+    write_dataset(tmp_path / "saved", replaced, shards=1, layout="plain")
+    assert run_featdump(*EXTRACT, "--update", table, tmp_path / "out.h5").returncode == 0
+    assert stale_rows_of(tmp_path / "out.h5") == [(f"{table.name}/1", "changed")]

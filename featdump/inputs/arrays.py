@@ -26,7 +26,7 @@ import h5py
 import numpy as np
 
 from featdump.errors import NoImages, UsageProblem
-from featdump.inputs.imagelist import Encoded, ImageList, Storage, hash_lines
+from featdump.inputs.imagelist import ROW_VERSION, Encoded, ImageList, Storage, content_digest, hash_lines
 
 HDF5_SUFFIXES = (".h5", ".hdf5", ".hdf", ".he5", ".nc", ".nc4")
 ARRAY_SUFFIXES = (*HDF5_SUFFIXES, ".npy", ".npz")
@@ -287,14 +287,12 @@ class ArrayImages(Storage):
         return digest.hexdigest()
 
 
-ROW_VERSION = "blake2b-64 of the row's bytes"  # what an array row records as its version (file_stats' 2nd column)
 _DIGEST_BLOCK = 64 << 20  # bytes of rows read at once to digest them again
 
 
 def row_digest(values: np.ndarray) -> int:
-    """The version an array row records: 64 bits of BLAKE2b over its bytes as stored, as a signed integer."""
-    return int.from_bytes(hashlib.blake2b(np.ascontiguousarray(values).tobytes(), digest_size=8).digest(), "little",
-                          signed=True)
+    """The version an array row records: `content_digest` of its bytes as stored."""
+    return content_digest(np.ascontiguousarray(values).tobytes())
 
 
 def row_digests(path: Path, key: str | None, indices: np.ndarray) -> np.ndarray:

@@ -109,6 +109,15 @@ class _NamedBytes(io.BytesIO):
         return repr(self.name)
 
 
+ROW_VERSION = "blake2b-64 of the row's bytes"  # what a row of an array or a table records as its version
+
+
+def content_digest(data: bytes) -> int:
+    """The version a row of an array or a table records (file_stats' second column): 64 bits of BLAKE2b over its
+    bytes, as a signed integer. A row whose bytes are the same is the same row, whatever else its file holds."""
+    return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little", signed=True)
+
+
 def hash_lines(digest, lines: Iterable[str], block: int = 65536) -> None:
     """DIGEST updated with each of LINES (as UTF-8, a surrogate as the byte it stands for), BLOCK lines at a time:
     the hash of one update a line, without a call a line."""

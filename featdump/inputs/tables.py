@@ -25,7 +25,7 @@ from pathlib import Path, PurePosixPath
 import numpy as np
 
 from featdump.errors import NoImages, UsageProblem
-from featdump.inputs.imagelist import Encoded, ImageList, Storage, hash_lines
+from featdump.inputs.imagelist import ROW_VERSION, Encoded, ImageList, Storage, content_digest, hash_lines
 from featdump.inputs.stores import Patience, filesystem, store_path
 from featdump.inputs.tar_names import expand_braces
 from featdump.locations import Location
@@ -140,7 +140,8 @@ def read_tables(source: str, image_column: str | None = None, label_column: str 
     if not names:
         raise NoImages(f"IMAGES {source!r}: its Parquet files hold no row.")
     storage = TableRows(tuple(files), chosen, *_row_places(files))
-    return ImageList(root, tuple(names), tuple(labels), tuple(classes or ()), storage)
+    listing = {"tables": {table.name: [table.size, table.version] for table in files}, "row_version": ROW_VERSION}
+    return ImageList(root, tuple(names), tuple(labels), tuple(classes or ()), storage, listing)
 
 
 def _files_of(source: str):
@@ -329,8 +330,32 @@ class TableRows(Storage):
                 yield index, _encoded(root, table, relatives[index], values[int(self.place[positions[index]])])
 
     def stat(self, root, relative: str, position: int) -> tuple[int, int] | None:
-        table = self.files[int(self.file_of[position])]
-        return table.size, _stamp(table.version)  # as listed for this job
+        """What the row records of its image now (`_encoded`: its bytes' length and digest), read again; None when
+        it cannot be read."""
+        found = self.open(root, relative, position)
+        return None if isinstance(found, Exception) else found.file_stat
+
+    def stale(self, root, paths: Sequence[str], positions: np.ndarray, recorded: np.ndarray, listed: dict,
+              suspects: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Rows gone: no longer listed. Rows changed: their bytes differ from the digest they recorded, read again
+        only from files whose size or version changed since the output LISTED them (a file rewritten with rows
+        appended, as a dataset saved again is, keeps its old rows), and the SUSPECTS (rows recorded stale). Outputs
+        made before rows recorded digests: a row changed when its file did (what they recorded)."""
+        if listed.get("row_version") != ROW_VERSION:
+            return Storage.stale(self, root, paths, positions, recorded, listed, suspects)
+        gone = positions < 0
+        was = listed.get("tables", {})
+        moved = np.array([was.get(table.name) != [table.size, table.version] for table in self.files] or [False])
+        files = self.file_of[np.maximum(positions, 0)] if len(self.file_of) else np.zeros(len(positions), np.int32)
+        looked_at = np.flatnonzero(~gone & (recorded[:, 0] >= 0) & (moved[files] | suspects))
+        changed = np.zeros(len(positions), dtype=bool)
+        for first in range(0, len(looked_at), 256):
+            rows = looked_at[first:first + 256]
+            chosen = positions[rows].tolist()
+            for index, found in self.open_as_ready(root, [paths[p] for p in chosen], chosen):
+                now = found.file_stat if isinstance(found, Encoded) else None
+                changed[rows[index]] = now is None or tuple(now) != tuple(recorded[rows[index]])
+        return gone, changed
 
     def select(self, positions: Sequence[int]) -> TableRows:
         chosen = np.asarray(positions, dtype=np.int64)
@@ -411,7 +436,7 @@ def _encoded(root, table: TableFile, relative: str, value) -> Encoded | Exceptio
     Hugging Face's datasets resolves it) where the row holds a path and no bytes."""
     data = value.get("bytes") if isinstance(value, dict) else value
     if data:
-        return Encoded(relative, (table.size, _stamp(table.version)), data=bytes(data))
+        return Encoded(relative, (len(data), content_digest(bytes(data))), data=bytes(data))
     own = value.get("path") if isinstance(value, dict) else None
     if not own:
         return ValueError("its row holds no image bytes and no path")
