@@ -12,7 +12,7 @@ import pytest
 from click.testing import CliRunner
 
 from featdump.faces.cli import console, main
-from featdump.inputs.readers import input_kinds
+from featdump.inputs.readers import reader_names
 
 from .helpers import featdump_env, run_featdump, write_images
 
@@ -98,7 +98,8 @@ def test_reused_module_without_call(image_folder, tmp_path):
 def test_missing_image_folder(tmp_path):
     result = invoke("extract", "-m", "resnet18", "-l", "fc", tmp_path / "nope", tmp_path / "o.h5")
     assert result.exit_code == 2
-    assert f"Error: IMAGES '{tmp_path / 'nope'}' does not exist (give {input_kinds()})" in result.output
+    assert f"Error: IMAGES '{tmp_path / 'nope'}' does not exist (the readers: {reader_names()}; `featdump extract " \
+        "--help` says what each reads)." in result.output
 
 
 def test_empty_image_folder(tmp_path):
@@ -209,7 +210,8 @@ def test_unreadable_checkpoint_and_missing_info_file(image_folder, tmp_path):
     (["extract", "-m", "resnet18", "-l", "avgpool", "-b", "0", "{images}", "{tmp}/o.h5"],
      "'batch_size' must be at least 1, not 0. On the command line: --batch-size."),
     (["extract", "-m", "resnet18", "-l", "avgpool", "{tmp}/nowhere", "{tmp}/o.h5"],
-     "IMAGES '{tmp}/nowhere' does not exist (give " + input_kinds().replace("{", "{{").replace("}", "}}") + ")."),
+     "IMAGES '{tmp}/nowhere' does not exist (the readers: " + reader_names() + "; `featdump extract --help` says "
+     "what each reads)."),
     (["extract", "-c", "{tmp}/none.toml", "{images}", "{tmp}/o.h5"],
      "Invalid value for '-c' / '--config': File '{tmp}/none.toml' does not exist. See `featdump extract --help`."),
     (["extract", "-m", "resnet18", "-w", "none", "-l", "avgpool", "{images}", "{tmp}/missing/o.h5"],

@@ -402,7 +402,8 @@ def reader_for(where: Location, asked: Asked) -> Reader:
         reader = next((reader for reader in readers() if reader.claims(where, asked)), None)
     _check_options_apply(reader, where, asked)
     if reader is None:
-        raise NoImages(f"{asked.named} {where.text!r} does not exist (give {input_kinds()}).")
+        raise NoImages(f"{asked.named} {where.text!r} does not exist (the readers: {reader_names()}; "
+                       "`featdump extract --help` says what each reads).")
     return reader
 
 
