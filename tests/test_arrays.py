@@ -275,6 +275,8 @@ def test_a_grown_array_s_old_rows_stay_fresh_and_a_rewritten_row_is_stale_until_
     write_brick(source, rewritten[:7])  # shrunk: row 7 is gone
     assert run_featdump(*SMALL, "--update", source, output).returncode == 0
     assert stale_of(output) == [("nsd.hdf5/imgBrick/3", "changed"), ("nsd.hdf5/imgBrick/7", "disappeared")]
+    described = run_featdump("info", output).stdout  # counted by array and reason, a few names each
+    assert "  nsd.hdf5/imgBrick: 1 changed (3)\n  nsd.hdf5/imgBrick: 1 disappeared (7)\n" in described, described
     write_brick(source, pixels[:8])  # row 3 as it was, row 7 back: nothing stale
     assert run_featdump(*SMALL, "--update", source, output).returncode == 0 and stale_of(output) == []
 

@@ -112,7 +112,9 @@ def test_update_reports_stale_rows_and_refuses_another_configuration(tmp_path):
     assert result.returncode == 0, result.stderr
     assert "2 rows are stale" in result.stderr
     info = run_featdump("info", output)
-    assert f"{written[0]}: disappeared" in info.stdout and f"{written[1]}: changed" in info.stdout
+    gone, changed = (written[index].rsplit("/", 1) for index in (0, 1))  # counted by folder, a few names each
+    assert f"  {gone[0]}: 1 disappeared ({gone[1]})" in info.stdout, info.stdout
+    assert f"  {changed[0]}: 1 changed ({changed[1]})" in info.stdout, info.stdout
     assert len(rows_by_path(output)) == 6  # their rows stay
 
     other = run_featdump(*update_args(images, output, "--seed", "3"))
@@ -130,7 +132,8 @@ def test_an_update_with_no_new_image_records_the_stale_rows_it_reports(tmp_path)
         assert result.returncode == 0 and "1 rows are stale" in result.stderr, result.stderr
         with h5py.File(output, "r", locking=False) as h5file:
             assert [name.decode() for name in h5file["stale/paths"][:]] == [written[2]]
-        assert f"{written[2]}: changed" in run_featdump("info", output).stdout
+        folder, name = written[2].rsplit("/", 1)
+        assert f"  {folder}: 1 changed ({name})" in run_featdump("info", output).stdout
     np.save(tmp_path / "y.npy", np.arange(4.0)[:, None])
     encoded = run_featdump("encode", output, tmp_path / "y.npy", "--folds", "2", "-o", tmp_path / "enc.h5")
     assert encoded.returncode == 0 and "1 rows of" in encoded.stderr and "are stale" in encoded.stderr, \

@@ -126,9 +126,29 @@ def _file_info(output: Output) -> dict:
         "update": _update_info(output.path),
         "stale": output.stale_count(),
         "stale_examples": output.named_rows("stale", _SHOWN),
+        "stale_groups": _stale_groups(output),
         "provenance": {key: text_of(attrs[key]) for key in _PROVENANCE if key in attrs},
         "proof": output.proofs,
     }
+
+
+def _stale_groups(output) -> list[list]:
+    """The stale rows counted by folder (an array's rows: by array) and reason, the first few names of each:
+    [folder, reason, count, examples], most first."""
+    import collections
+
+    if "stale" not in output.file:
+        return []
+    paths, reasons = output.file["stale/paths"].asstr()[:], output.file["stale/reasons"].asstr()[:]
+    counts: collections.Counter = collections.Counter()
+    examples: dict[tuple[str, str], list[str]] = {}
+    for path, reason in zip(paths, reasons):
+        folder, _, name = path.rpartition("/")
+        key = (folder or ".", reason)
+        counts[key] += 1
+        if len(examples.setdefault(key, [])) < 3:
+            examples[key].append(name)
+    return [[folder, reason, count, examples[(folder, reason)]] for (folder, reason), count in counts.most_common()]
 
 
 def _update_info(path: Path) -> dict | None:
@@ -311,8 +331,9 @@ def describe(output: Path) -> list[str]:
     if info["stale"]:
         lines.append(f"stale:      {info['stale']} rows whose image disappeared or changed since it was read "
                      "(kept; --overwrite recomputes)")
-        lines += [f"  {name}: {reason}" for name, reason in info["stale_examples"]]
-    for name, count in (("skipped", info["skipped"]), ("stale", info["stale"])):
+        lines += [f"  {folder}: {count} {reason} ({', '.join(examples)}{', ...' if count > len(examples) else ''})"
+                  for folder, reason, count, examples in info["stale_groups"]]
+    for name, count in (("skipped", info["skipped"]),):
         if count > _SHOWN:
             lines.append(f"  ({count - _SHOWN} more {name}: h5py f['{name}/paths'], f['{name}/reasons'])")
     lines += _proof_lines(info["proof"])
