@@ -215,7 +215,7 @@ def test_a_hub_layout_of_several_splits_is_refused_naming_them_and_split_chooses
 
 
 def test_the_split_of_a_file_is_read_from_hugging_face_s_names():
-    from featdump.inputs.tables import split_of
+    from featdump.inputs.splits import split_of
 
     assert split_of("data/train-00000-of-00040.parquet") == "train"
     assert split_of("data/validation-00001-of-00002-2c1a8f0e.parquet") == "validation"
@@ -232,7 +232,7 @@ def test_the_split_of_a_file_is_read_from_hugging_face_s_names():
     ("trains.parquet", None), ("images.parquet", None),
 ])
 def test_split_words_in_plain_names_are_read_as_datasets_reads_them(name, split):
-    from featdump.inputs.tables import split_of
+    from featdump.inputs.splits import split_of
 
     assert split_of(name) == split
 

@@ -17,7 +17,6 @@ import dataclasses
 import hashlib
 import json
 import os
-import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path, PurePosixPath
@@ -26,6 +25,7 @@ import numpy as np
 
 from featdump.errors import NoImages, UsageProblem
 from featdump.inputs.imagelist import ROW_VERSION, Encoded, ImageList, Storage, content_digest, hash_lines
+from featdump.inputs.splits import of_split
 from featdump.inputs.stores import Patience, filesystem, store_path
 from featdump.inputs.tar_names import expand_braces
 from featdump.locations import Location
@@ -112,7 +112,7 @@ def read_tables(source: str, image_column: str | None = None, label_column: str 
     fs, root, paths = _files_of(str(source))
     if not paths:
         raise NoImages(f"IMAGES {source!r}: no Parquet file there.")
-    paths = _of_split(paths, split, source)
+    paths = of_split(paths, split, source)
     parquet = _pyarrow()
     files, names, labels, own_paths, classes = [], [], [], [], None
     chosen = None
@@ -162,56 +162,6 @@ def _files_of(source: str):
             raise NoImages(f"IMAGES {pattern!r} does not exist.")
     root = os.path.commonpath([PurePosixPath(path).parent.as_posix() for path in found]) if found else ""
     return fs, Location.of(source).at(root).native, found
-
-
-_SPLIT_FILE = re.compile(r"^(?P<split>[A-Za-z][\w.]*?)-\d{5}-of-\d{5}(-[0-9a-f]+)?\.parquet$", re.IGNORECASE)
-# The words `datasets` takes for a split in a file's or folder's name (its data_files patterns), as that split.
-SPLIT_WORDS = {"train": "train", "training": "train", "validation": "validation", "valid": "validation",
-               "val": "validation", "dev": "validation", "test": "test", "testing": "test", "eval": "test",
-               "evaluation": "test"}
-_SPLIT_WORD = re.compile(r"(?:^|[-._ 0-9])(" + "|".join(sorted(SPLIT_WORDS, key=len, reverse=True)) +
-                         r")(?=[-._ 0-9]|$)", re.IGNORECASE)
-
-
-def split_of(path: str) -> str | None:
-    """The split a Parquet file belongs to, as `datasets` finds it: Hugging Face's shard names
-    (`train-00000-of-00002.parquet`), a split's word in the file's name (`train.parquet`, `my_test.parquet`,
-    `training-2.parquet`) or in a folder's (`default/validation/0000.parquet`, `default/partial-train/0000.parquet`),
-    the word as its split (`valid`, `val` and `dev`: validation; `eval`: test); else None."""
-    parts = PurePosixPath(path).parts
-    named = _SPLIT_FILE.match(parts[-1])
-    if named:
-        return SPLIT_WORDS.get(named["split"].lower(), named["split"])
-    for name in (PurePosixPath(parts[-1]).stem, *(part.removeprefix("partial-") for part in reversed(parts[:-1]))):
-        word = _SPLIT_WORD.search(name)
-        if word:
-            return SPLIT_WORDS[word.group(1).lower()]
-    return None
-
-
-def _of_split(paths: list[str], split: str | None, source: str) -> list[str]:
-    """The PATHS of SPLIT; without SPLIT, all of them where they hold one split (UsageProblem naming the splits
-    where they hold several: a Hub dataset's folder holds train, validation and test)."""
-    splits: dict[str, int] = {}
-    for path in paths:
-        found = split_of(path)
-        if found is not None:
-            splits[found] = splits.get(found, 0) + 1
-    if split is None:
-        if len(splits) > 1:
-            raise UsageProblem(f"IMAGES {source!r} holds the splits {_listed(splits)}: choose one with --split NAME "
-                               "(rows of several splits in one output are rarely what a study wants).")
-        return paths
-    split = SPLIT_WORDS.get(split.lower(), split)  # --split val is validation, as `datasets` has it
-    chosen = [path for path in paths if split_of(path) == split]
-    if not chosen:
-        raise NoImages(f"IMAGES {source!r} holds no split {split!r}" + (
-            f"; it holds {_listed(splits)}." if splits else "; its files are in no split of Hugging Face's layout."))
-    return chosen
-
-
-def _listed(splits: dict[str, int]) -> str:
-    return ", ".join(f"{name} ({count} file{'s' if count > 1 else ''})" for name, count in sorted(splits.items()))
 
 
 def _relative(root, path: str) -> str:
