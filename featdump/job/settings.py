@@ -12,7 +12,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from featdump.errors import BadOption
-from featdump.inputs.readers import reader_names
 from featdump.inputs.stores import DEFAULT_PATIENCE
 from featdump.inputs.video import ANCHORS, PADS
 from featdump.job.dependencies import COMPILED, FIT, LAYOUT, LISTING, MODEL, VALUES
@@ -52,6 +51,12 @@ def _pca_fit_syntax(text: str) -> None:
 def _not_empty(spec: str) -> None:
     if not spec.strip():
         raise BadOption("'model' must name a model, e.g. resnet50, timm:NAME or package.module:callable.")
+
+
+def _reader_names() -> str:
+    from featdump.inputs.readers import reader_names  # the readers' modules: for extract's help, not featdump's
+
+    return reader_names()
 
 
 def _name_value(text: str) -> None:
@@ -122,7 +127,7 @@ class Settings:
              "it.  [default: the one split there is]", changes=LISTING)
     reader: str | None = option(
         kind=str, optional=True, metavar="NAME", syntax=_not_empty,
-        help=lambda: f"The reader of IMAGES, by name: {reader_names()}.  [default: the first that claims IMAGES]",
+        help=lambda: f"The reader of IMAGES, by name: {_reader_names()}.  [default: the first that claims IMAGES]",
         changes=LISTING)
     reader_option: tuple[str, ...] = option(
         (), kind=tuple, metavar="NAME=VALUE", syntax=_name_value,
