@@ -4,13 +4,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from featdump.errors import UsageProblem
 from featdump.inputs.stores import Patience
-
-if TYPE_CHECKING:
-    from featdump.inputs.readers import Reader
 
 
 @dataclass(frozen=True)
@@ -68,8 +64,9 @@ class Asked:
             given[name.strip()] = value
         return given
 
-    def option(self, reader: Reader, name: str, default=None):
-        """The value of READER's declared option NAME as given (typed as it declares), else DEFAULT."""
+    def option(self, reader, name: str, default=None):
+        """The value of READER's (a `readers.Reader`) declared option NAME as given (typed as it declares), else
+        DEFAULT."""
         declared = {option.name: option for option in reader.options}
         text = self.given().get(name)
         return default if text is None or name not in declared else declared[name].value(text)
