@@ -25,7 +25,7 @@ OTHER = {
     "model": "resnet34", "layers": ("fc",), "images": "elsewhere", "output": "elsewhere.h5", "weights": "w.pt",
     "seed": 1, "transform": "tinyvit:small", "trust_pickle": True, "batch_size": 2, "num_workers": 1,
     "device": "auto", "array": "imgBrick", "image_column": "image", "label_column": "kind", "split": "test",
-    "reader": "folder", "reader_option": ("grey=3",),
+    "reader": "folder", "reader_option": ("grey=3",), "image_root": "photos",
     "clip": 4, "fps": 2.0,
     "clip_every": 1.5, "clip_origin": 0.5, "clip_anchor": "end", "clip_pad": "repeat", "dtype": "float16",
     "reduce": ("flatten",), "pca_fit": "4", "compression": "lzf", "precision": "bf16", "decode": "cpu",

@@ -54,6 +54,7 @@ BAD = {
     "label_column": ("", ""),
     "split": ("", ""),
     "reader": ("", ""),
+    "image_root": ("", ""),
     "reader_option": ("novalue", "novalue"),
 }
 FREE_TEXT = {"weights"}  # any text is a weights name or a checkpoint path, checked when the model loads

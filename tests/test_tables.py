@@ -294,3 +294,26 @@ def test_a_table_saved_again_with_rows_appended_keeps_its_old_rows_and_a_rewritt
     write_dataset(tmp_path / "saved", replaced, shards=1, layout="plain")
     assert run_featdump(*EXTRACT, "--update", table, tmp_path / "out.h5").returncode == 0
     assert stale_rows_of(tmp_path / "out.h5") == [(f"{table.name}/1", "changed")]
+
+
+def test_relative_paths_lie_under_image_root_or_the_table_s_folder_or_the_working_folder(tmp_path):
+    """Rows holding `images/NNNN.png` and no bytes, the images elsewhere than the table: read from --image-root; from
+    the working folder where they are not beside the table (as `datasets` resolves them); named in one skip line
+    where they are in neither."""
+    data = encoded_images(3, seed=13)
+    as_files(data, tmp_path / "project" / "images")
+    names = sorted(path.name for path in (tmp_path / "project" / "images").iterdir())
+    table = pa.table({"image": [{"bytes": None, "path": f"images/{name}"} for name in names]})
+    (tmp_path / "tables").mkdir()
+    pq.write_table(table, tmp_path / "tables" / "rows.parquet")
+    files = rows_of(tmp_path / "project" / "images", tmp_path / "files.h5")
+    rooted = rows_of(tmp_path / "tables" / "rows.parquet", tmp_path / "rooted.h5", "--image-root",
+                     tmp_path / "project")
+    np.testing.assert_array_equal(rooted.features, files.features)
+    here = run_featdump(*EXTRACT, tmp_path / "tables" / "rows.parquet", tmp_path / "here.h5", cwd=tmp_path / "project")
+    assert here.returncode == 0 and "(0 skipped)" in here.stderr, here.stderr
+    nowhere = run_featdump(*EXTRACT, tmp_path / "tables" / "rows.parquet", tmp_path / "none.h5", cwd=tmp_path)
+    assert nowhere.returncode != 0 and "--image-root DIR names the folder" in nowhere.stderr, nowhere.stderr
+    folder = run_featdump(*EXTRACT, "--image-root", tmp_path, tmp_path / "project" / "images", tmp_path / "no.h5")
+    assert folder.returncode == 2 and "--image-root names the folder of Parquet tables' image paths" in \
+        folder.stderr, folder.stderr

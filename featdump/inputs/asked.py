@@ -36,7 +36,8 @@ ARRAY = ReaderOption("array", str, "the array of a file of arrays to read (--arr
 IMAGE_COLUMN = ReaderOption("image_column", str, "the column of encoded images (--image-column)")
 LABEL_COLUMN = ReaderOption("label_column", str, "the column of integer labels (--label-column)")
 SPLIT = ReaderOption("split", str, "the split of a Hugging Face layout (--split)")
-TABLE_OPTIONS = ("image_column", "label_column", "split")
+IMAGE_ROOT = ReaderOption("image_root", str, "the folder rows' relative image paths lie under (--image-root)")
+TABLE_OPTIONS = ("image_column", "label_column", "split", "image_root")
 
 
 @dataclass(frozen=True)
@@ -53,11 +54,12 @@ class Asked:
     split: str | None = None  # a Hugging Face layout's split
     reader: str | None = None
     reader_options: tuple[str, ...] = ()
+    image_root: str | None = None  # the folder a table's relative image paths lie under
 
     def given(self) -> dict[str, str]:
         """Every reader option set, by name: the built-in flags' and each --reader-option's (as text)."""
         flags = {"array": self.array, "image_column": self.image_column, "label_column": self.label_column,
-                 "split": self.split}
+                 "split": self.split, "image_root": self.image_root}
         given = {name: value for name, value in flags.items() if value is not None}
         for text in self.reader_options:
             name, _, value = text.partition("=")

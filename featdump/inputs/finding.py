@@ -15,7 +15,7 @@ from featdump.locations import Location
 def find_images(source: Path | str, named: str = "IMAGES", patience: Patience | None = None,
                 array: str | None = None, image_column: str | None = None,
                 label_column: str | None = None, split: str | None = None, reader: str | None = None,
-                reader_options: tuple[str, ...] = ()) -> ImageList:
+                reader_options: tuple[str, ...] = (), image_root: str | None = None) -> ImageList:
     """The images of SOURCE: a folder walked recursively (following symlinks once), a .txt/.csv list file of
     images or of tars, a .tar file, or a brace pattern or glob of tars; or the same at a URL (a store prefix read
     as a folder, a list, tar URLs and their brace patterns joined with ::), read within PATIENCE; or a file of
@@ -24,7 +24,7 @@ def find_images(source: Path | str, named: str = "IMAGES", patience: Patience | 
     reader by name (None: the first that claims SOURCE), READER_OPTIONS its NAME=VALUE options. NoImages if there
     are none, its message naming the argument or option SOURCE came from (NAMED: IMAGES, --pca-fit)."""
     asked = Asked(named, patience or Patience(), array, image_column, label_column, split, reader,
-                  tuple(reader_options))  # Patience: its store
+                  tuple(reader_options), image_root)  # Patience: its store
     try:
         return read_images(Location.of(source), asked)
     except NoImages as error:
@@ -35,9 +35,9 @@ def find_images(source: Path | str, named: str = "IMAGES", patience: Patience | 
 
 def check_images(source: Path | str, array: str | None = None, image_column: str | None = None,
                  label_column: str | None = None, split: str | None = None, reader: str | None = None,
-                 reader_options: tuple[str, ...] = ()) -> None:
+                 reader_options: tuple[str, ...] = (), image_root: str | None = None) -> None:
     """NoImages (or a UsageProblem) at once where IMAGES SOURCE, on this machine, is nothing a reader reads or the
     options name a part it lacks; nothing is listed, and a URL is left to `find_images` (its store is asked once)."""
     check_here(Location.of(source), Asked("IMAGES", Patience(), array, image_column, label_column, split, reader,
-                                          tuple(reader_options)))
+                                          tuple(reader_options), image_root))
 

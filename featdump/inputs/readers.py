@@ -13,7 +13,16 @@ from pathlib import Path, PurePosixPath
 
 from featdump.errors import NoImages, UsageProblem
 from featdump.inputs.arrays import is_array_file, listed_rows, read_array, read_array_row
-from featdump.inputs.asked import ARRAY, IMAGE_COLUMN, LABEL_COLUMN, SPLIT, TABLE_OPTIONS, Asked, ReaderOption
+from featdump.inputs.asked import (
+    ARRAY,
+    IMAGE_COLUMN,
+    IMAGE_ROOT,
+    LABEL_COLUMN,
+    SPLIT,
+    TABLE_OPTIONS,
+    Asked,
+    ReaderOption,
+)
 from featdump.inputs.folder import IMAGE_EXTENSIONS, read_folder
 from featdump.inputs.imagelist import Encoded, Files, ImageList
 from featdump.inputs.listfile import LIST_SUFFIXES, check_list_name, list_entries
@@ -55,7 +64,7 @@ class Tables(Reader):
     """Parquet tables of encoded images: a file, a folder or prefix of them, a pattern (`tables`)."""
 
     name = "parquet"
-    options = (ARRAY, IMAGE_COLUMN, LABEL_COLUMN, SPLIT)
+    options = (ARRAY, IMAGE_COLUMN, LABEL_COLUMN, SPLIT, IMAGE_ROOT)
     priority = 10
     kind = ("Parquet tables of encoded images: a .parquet file, a folder of them or a dataset's `data/`, "
             'hf://datasets/ORG/NAME (`--split`)')
@@ -69,7 +78,8 @@ class Tables(Reader):
         return folder_of_tables(where.path)
 
     def read(self, where, asked):
-        return read_tables(where.text, asked.image_column, asked.label_column, asked.split)
+        return read_tables(where.text, asked.image_column, asked.label_column, asked.split,
+                           asked.option(self, "image_root"))
 
 
 class Tars(Reader):
@@ -381,8 +391,9 @@ def _check_options_apply(reader: Reader | None, where: Location, asked: Asked) -
         elif name == "array" and where.remote:
             continue
         elif name in TABLE_OPTIONS:
-            raise UsageProblem(f"--image-column, --label-column and --split name parts of Parquet tables; "
-                               f"{asked.named} {where.text!r} is none.")
+            flags = "--image-root names the folder of Parquet tables' image paths" if name == "image_root" else \
+                "--image-column, --label-column and --split name parts of Parquet tables"
+            raise UsageProblem(f"{flags}; {asked.named} {where.text!r} is none.")
         elif name == "array":
             raise UsageProblem(f"--array {asked.array} names an array of a file of arrays (HDF5, NetCDF-4, .npy, "
                                f".npz); {asked.named} {where.text!r} is none.")

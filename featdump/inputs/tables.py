@@ -106,7 +106,7 @@ class TableFile:
 
 
 def read_tables(source: str, image_column: str | None = None, label_column: str | None = None,
-                split: str | None = None) -> ImageList:
+                split: str | None = None, image_root: str | None = None) -> ImageList:
     """The rows of the Parquet files SOURCE names (of SPLIT, in Hugging Face's layout), a row an image (see the
     module's docstring)."""
     fs, root, paths = _files_of(str(source))
@@ -139,7 +139,7 @@ def read_tables(source: str, image_column: str | None = None, label_column: str 
     names = [f"{name}/{own.lstrip('/')}" if own else name for name, own in zip(names, own_paths)]  # no "//"
     if not names:
         raise NoImages(f"IMAGES {source!r}: its Parquet files hold no row.")
-    storage = TableRows(tuple(files), chosen, *_row_places(files))
+    storage = TableRows(tuple(files), chosen, *_row_places(files), image_root, os.getcwd())
     listing = {"tables": {table.name: [table.size, table.version] for table in files}, "row_version": ROW_VERSION}
     return ImageList(root, tuple(names), tuple(labels), tuple(classes or ()), storage, listing)
 
@@ -255,6 +255,8 @@ class TableRows(Storage):
     file_of: np.ndarray
     group_of: np.ndarray
     place: np.ndarray
+    image_root: str | None = None  # --image-root: the folder a row's relative path (and no bytes) lies under
+    working_folder: str = "."  # the command's, where it listed (a loader worker's may differ)
 
     def open(self, root, relative: str, position: int) -> Encoded:
         return next(self.open_as_ready(root, [relative], [position]))[1]
@@ -277,7 +279,8 @@ class TableRows(Storage):
                     yield index, error
                 continue
             for index in indices:
-                yield index, _encoded(root, table, relatives[index], values[int(self.place[positions[index]])])
+                yield index, _encoded(root, table, relatives[index], values[int(self.place[positions[index]])],
+                                      self.image_root or None, self.working_folder)
 
     def stat(self, root, relative: str, position: int) -> tuple[int, int] | None:
         """What the row records of its image now (`_encoded`: its bytes' length and digest), read again; None when
@@ -381,24 +384,30 @@ def _record_batches(root, name: str, group: int, column: str) -> Iterator:
                                       use_threads=False)
 
 
-def _encoded(root, table: TableFile, relative: str, value) -> Encoded | Exception:
-    """A row's image: its bytes, or the file its path names (absolute, or relative to the table's folder, as
-    Hugging Face's datasets resolves it) where the row holds a path and no bytes."""
+def _encoded(root, table: TableFile, relative: str, value, image_root: str | None = None,
+             working_folder: str = ".") -> Encoded | Exception:
+    """A row's image: its bytes, or the file its path names where the row holds a path and no bytes: absolute (or a
+    URL) as it is; relative, under IMAGE_ROOT (--image-root), else the first of the table's folder and the
+    command's WORKING_FOLDER (where Hugging Face's datasets resolves it) where it lies."""
     data = value.get("bytes") if isinstance(value, dict) else value
     if data:
         return Encoded(relative, (len(data), content_digest(bytes(data))), data=bytes(data))
     own = value.get("path") if isinstance(value, dict) else None
     if not own:
         return ValueError("its row holds no image bytes and no path")
-    where = Location.of(root).join(table.name).parent.join(own)  # an absolute path or a URL: itself
+    bases = [Location.of(image_root)] if image_root else \
+        [Location.of(root).join(table.name).parent, Location.of(working_folder)]
+    places = [base.join(own) for base in bases]  # an absolute path or a URL: itself
+    where = next((place for place in places if place.file_here is not None), places[0])  # a URL: the first
     try:
         fs, path = _fs_and_path(str(where))
         with fs.open(path, "rb") as handle:
             data = handle.read()
         info = fs.info(path)
     except OSError as error:
-        return OSError(f"its row holds no image bytes, and the file its path names, {where}, could not be read "
-                       f"({error.strerror or error})")
+        tried = " nor ".join(str(place) for place in places)
+        return OSError(f"its row holds no image bytes, and the file its path names, {tried}, could not be read "
+                       f"({error.strerror or error}); --image-root DIR names the folder its path is relative to")
     return Encoded(relative, (int(info.get("size") or len(data)), _stamp(str(_version(info)))), data=data)
 
 

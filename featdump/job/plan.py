@@ -44,7 +44,7 @@ def job_rows(settings: Settings) -> ImageList:
     return warm.shared("rows", dependencies.run_key(settings), lambda: as_rows(
         find_images(settings.images, patience=Patience(settings.store_patience), array=settings.array,
                     image_column=settings.image_column, label_column=settings.label_column, split=settings.split,
-                    reader=settings.reader, reader_options=settings.reader_option),
+                    reader=settings.reader, reader_options=settings.reader_option, image_root=settings.image_root),
         settings.clip, settings.fps,
         settings.clip_every, clip_of(settings.model), settings.clip_anchor, settings.clip_pad, settings.clip_origin))
 

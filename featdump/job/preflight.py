@@ -15,7 +15,7 @@ from featdump.sources.registry import SOURCES_GROUP, source_for
 def check_before_loading(settings: Settings) -> None:
     """NoImages, UnknownModel or a UsageProblem for what SETTINGS name that cannot be read or built."""
     check_images(settings.images, settings.array, settings.image_column, settings.label_column, settings.split,
-                 settings.reader, settings.reader_option)
+                 settings.reader, settings.reader_option, settings.image_root)
     try:
         source_for(settings.model).check(settings.model)
     except UsageProblem as error:

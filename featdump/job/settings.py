@@ -125,6 +125,11 @@ class Settings:
         help="IMAGES are Parquet tables in Hugging Face's layout (train-00000-of-00002.parquet, "
              "default/validation/0000.parquet): the split to read; a folder of several splits is refused without "
              "it.  [default: the one split there is]", changes=LISTING)
+    image_root: str | None = option(
+        kind=str, optional=True, metavar="DIR", syntax=_not_empty,
+        help="IMAGES are Parquet tables whose rows hold an image's relative path and no bytes: the folder those "
+             "paths lie under.  [default: the table's folder, else the working folder, where the file is]",
+        changes=LISTING)
     reader: str | None = option(
         kind=str, optional=True, metavar="NAME", syntax=_not_empty,
         help=lambda: f"The reader of IMAGES, by name: {_reader_names()}.  [default: the first that claims IMAGES]",
