@@ -254,6 +254,9 @@ def test_clip_rows_feed_the_reader_and_an_rdm(videos, tmp_path):
     assert rows == list(range(len(content["paths"]))) == list(range(9))  # every clip row once (tiny.mkv: one)
     rdm = featdump.rdm(output, device="cpu")["avgpool"]
     assert rdm.shape == (9, 9) and np.allclose(np.diag(rdm), 0.0, atol=1e-6)
+    again = run_featdump("extract", "-m", "resnet18", "-w", "none", "-l", "avgpool", "--fps", "2", videos, output)
+    assert again.returncode == 0 and f"Nothing new: {output} already holds 9 clips (0 skipped)" in again.stderr, \
+        again.stderr  # a clip job's rows are clips, said as such
 
 
 def test_folds_of_clips_keep_each_video_together_or_cut_it_in_stretches_of_time():

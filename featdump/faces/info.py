@@ -112,7 +112,7 @@ def _file_info(output: Output) -> dict:
         "seed": int(attrs["seed"]) if "seed" in attrs else None,
         "complete": output.complete,
         "rows": committed.rows,
-        "row": "clip" if "clip_start" in output.file else "image",  # what a row is
+        "row": output.noun,  # what a row is
         "images_done": committed.images,
         "image_count": fingerprint.get("image_count"),
         "layers": {name: _layer(output, name) for name in output.layers},

@@ -46,8 +46,8 @@ class Summary:
     def of_finished(cls, output: Path, seconds: float) -> Summary:
         """A finished output this run found done (a shard of a re-submitted array)."""
         with Output.open(output) as finished:
-            committed = finished.committed
-        return cls(output, committed.rows, committed.skipped, 0, 0, seconds, output.stat().st_size)
+            committed, noun = finished.committed, finished.noun
+        return cls(output, committed.rows, committed.skipped, 0, 0, seconds, output.stat().st_size, noun=noun)
 
     def line(self) -> str:
         if self.layers_added:

@@ -316,6 +316,11 @@ class Output:
         return self.file.attrs
 
     @property
+    def noun(self) -> str:
+        """What a row is, as messages name it: a clip (of a video job) or an image."""
+        return "clip" if "clip_start" in self.file else "image"
+
+    @property
     def committed(self) -> Committed:
         return Committed.of(self.file)
 
