@@ -185,8 +185,9 @@ def test_paths_the_two_sides_do_not_share_are_refused_unless_common(study, tmp_p
     result = run_featdump("encode", study["file"], table, "--common", "-l", "narrow", "--alphas", "1,10",
                           "-o", tmp_path / "e.h5")
     assert result.returncode == 0, result.stderr
-    assert "--common: 2 of" in result.stderr and "87 rows name no image of the output and 5 of its 90 images " \
-        "have no row there: using the 85 both have." in result.stderr  # what --common left out, counted
+    assert "--common: 2 of" in result.stderr and "87 rows name no image of the output ('extra/1.jpg', ...) and 5 " \
+        f"of its 90 images have no row there ({study['paths'][0]!r}, ...): using the 85 both have." in result.stderr
+    # what --common left out: counted, and one of each side named
     with h5py.File(tmp_path / "e.h5", "r") as h5file:
         assert len(h5file["fold"]) == 85 and h5file["readouts/narrow/predicted"].shape == (85, 1)
         assert [name.decode() for name in h5file["paths"][:]] == study["paths"][5:]

@@ -151,9 +151,13 @@ def match_rows(stored: Stored, paths: list[str], common: bool, where: str,
         raise UsageProblem(f"{missing} of {str(stored.path)!r}'s {stored.rows} images have no row in {where!r}, and "
                            f"{extra} of its {len(paths)} rows name no image of the output; pass --common "
                            f"(common=True) to use the {len(rows)} images both have.")
-    if missing or extra:  # --common: what it left out, counted (a 1-based index slip drops one row silently)
-        log.warning("--common: %d of %r's %d rows name no image of the output and %d of its %d images have no row "
-                    "there: using the %d both have.", extra, where, len(paths), missing, stored.rows, len(rows))
+    if missing or extra:  # --common: what it left out, counted and one of each named (a 1-based index slip)
+        unmatched = next((key for key in keys if key not in matched), None)
+        unnamed = next((key for key in stored_keys if key not in place), None)
+        log.warning("--common: %d of %r's %d rows name no image of the output%s and %d of its %d images have no row "
+                    "there%s: using the %d both have.", extra, where, len(paths),
+                    f" ({unmatched!r}, ...)" if unmatched is not None else "", missing, stored.rows,
+                    f" ({unnamed!r}, ...)" if unnamed is not None else "", len(rows))
     return np.array(rows, dtype=np.int64), np.array([place[stored_keys[row]] for row in rows], dtype=np.int64)
 
 
