@@ -185,7 +185,7 @@ def test_info_tells_a_top_file_and_names_the_one_beside_an_output(tmp_path):
     write_output(tmp_path / "out.h5", {"pooled": np.arange(24, dtype=np.float32).reshape(6, 4)})
     featdump.top(tmp_path / "out.h5", k=2)
     told = CliRunner().invoke(main, ["info", str(tmp_path / "out.top.h5")])
-    assert told.exit_code == 0 and "featdump top: each unit's 2 highest and lowest images" in told.output
+    assert told.exit_code == 0 and "featdump top: each unit's 2 highest and lowest rows" in told.output
     assert "  pooled: 4 units" in told.output
     beside = CliRunner().invoke(main, ["info", str(tmp_path / "out.h5")])
     assert f"top:        {tmp_path / 'out.top.h5'}" in beside.output, beside.output

@@ -248,7 +248,7 @@ def _matrix_lines(results: dict) -> list[str]:
     """What `featdump info` says of an RDMS.h5 or CKA.h5."""
     lines = [f"file:       {results['file']}",
              f"complete:   {'yes' if results['state'] == 'complete' else 'no (run the same command to resume)'}",
-             f"images:     {results['images']}"]
+             f"rows:       {results['images']} (images, or clips of videos)"]
     if results["result"] == "rdm":
         lines += [f"result:     featdump rdm: {results['metric']} RDMs of {len(results['layers'])} layers",
                   "layers:"] + [f"  {name}" for name in results["layers"]]
@@ -264,9 +264,9 @@ def _top_lines(results: dict) -> list[str]:
     """What `featdump info` says of a TOP.h5."""
     return [f"file:       {results['file']}",
             f"complete:   {'yes' if results['state'] == 'complete' else 'no (run the same command to resume)'}",
-            f"images:     {results['images']}",
-            f"result:     featdump top: each unit's {results['k']} highest and lowest images ({results['score']} over "
-            "its positions), its histogram and its images at quantiles", "layers:"] + \
+            f"rows:       {results['images']} (images, or clips of videos)",
+            f"result:     featdump top: each unit's {results['k']} highest and lowest rows ({results['score']} over "
+            "its positions), its histogram and its rows at quantiles", "layers:"] + \
         [f"  {name}: {units} units" for name, units in results["layers"].items()] + \
         [f"read:       featdump.top({results['file']!r}) or h5py f['top/LAYER/rows']"]
 
