@@ -344,3 +344,17 @@ def test_a_shard_an_engine_set_is_named_after_it(monkeypatch):
     assert parse_shard("3/8").source == "--shard"
     monkeypatch.setenv(SOURCE_VARIABLE, "--ray's task")  # what the Ray engine's task sets
     assert parse_shard("3/8").source == "--ray's task"
+
+
+def test_a_shard_of_an_output_at_a_url_is_said_as_a_url(tmp_path, caplog):
+    import logging
+
+    from featdump.inputs import find_images
+    from featdump.job.shards import parse_shard, plan_shard
+
+    from .helpers import write_images
+
+    write_images(tmp_path / "images", {"": 4}, size=(16, 12))
+    with caplog.at_level(logging.INFO, logger="featdump"):
+        plan_shard(parse_shard("0/2"), "s3://r10/run/out.h5", None, find_images(tmp_path / "images"))
+    assert "into s3://r10/run/out.shard-0-of-2.h5." in caplog.text, caplog.text  # not "s3:/r10"

@@ -12,6 +12,7 @@ from datetime import timedelta
 from pathlib import Path
 
 from featdump.errors import BadOption, RanksDidNotFinish, UsageProblem
+from featdump.locations import Location
 from featdump.output.shard_files import shard_path
 
 log = logging.getLogger("featdump")
@@ -109,12 +110,14 @@ def plan_shard(shard: Shard, output: Path, pattern: str | None, images) -> Shard
     """The part of IMAGES (an ImageList) SHARD owns, and the file it goes to."""
     start, stop = part_bounds(shard, images)
     path = shard.path(output, pattern)
+    where = Location.of(output)
+    shown = where.parent.join(path.name) if where.remote else path  # a URL's shard as a URL (not "s3:/...")
     if start < stop:
         log.info("Shard %d of %d (from %s): %ss %d to %d of %d, into %s.", shard.index, shard.count,
-                 shard.source, images.noun, start, stop - 1, len(images), path)
+                 shard.source, images.noun, start, stop - 1, len(images), shown)
     else:
         log.info("Shard %d of %d (from %s): no %ss (%d %ss for %d shards), into %s.", shard.index, shard.count,
-                 shard.source, images.noun, len(images), images.noun, shard.count, path)
+                 shard.source, images.noun, len(images), images.noun, shard.count, shown)
     extra = {"shard": [shard.index, shard.count], "all_images": images.digest(sizes=False),
              "all_image_count": len(images)}
     return ShardPlan(path, images.part(start, stop), extra)
