@@ -45,6 +45,9 @@ def resolve(dotted: str):
 def test_every_featdump_name_the_pages_mention_exists():
     mentioned = {f"featdump{match}" for page in PAGES for match in _NAME.findall(page.read_text())}
     mentioned = {name.rstrip(".") for name in mentioned if not name.endswith((".h5", ".log", ".py"))}
+    groups = {name for name in mentioned if f'"{name}"' in (REPO / "pyproject.toml").read_text()}
+    assert groups == {"featdump.readers", "featdump.sources"}  # entry point groups, named as pyproject.toml does
+    mentioned -= groups
     assert "featdump.srp_matrix" in mentioned
     missing = []
     for name in sorted(mentioned):
