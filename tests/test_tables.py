@@ -317,3 +317,26 @@ def test_relative_paths_lie_under_image_root_or_the_table_s_folder_or_the_workin
     folder = run_featdump(*EXTRACT, "--image-root", tmp_path, tmp_path / "project" / "images", tmp_path / "no.h5")
     assert folder.returncode == 2 and "--image-root names the folder of Parquet tables' image paths" in \
         folder.stderr, folder.stderr
+
+
+def test_an_output_made_before_rows_recorded_digests_keeps_its_rule(tmp_path):
+    """An output whose rows recorded their file's size and version (before rows recorded their bytes' digest): an
+    update over the same file finds nothing stale; over the file saved again, every old row (as it said then)."""
+    import os
+
+    import h5py
+
+    from featdump.inputs.tables import _stamp
+
+    data = encoded_images(4, seed=14)
+    (table,) = write_dataset(tmp_path / "saved", data[:3], shards=1, layout="plain")
+    assert run_featdump(*EXTRACT, table, tmp_path / "out.h5").returncode == 0
+    found = os.stat(table)
+    with h5py.File(tmp_path / "out.h5", "r+") as h5file:  # as such an output holds them
+        h5file["file_stats"][:3] = [[found.st_size, _stamp(str(found.st_mtime))]] * 3
+        del h5file.attrs["image_listing"]
+    same = run_featdump(*EXTRACT, "--update", table, tmp_path / "out.h5")
+    assert same.returncode == 0 and stale_rows_of(tmp_path / "out.h5") == [], same.stderr
+    write_dataset(tmp_path / "saved", data, shards=1, layout="plain")
+    assert run_featdump(*EXTRACT, "--update", table, tmp_path / "out.h5").returncode == 0
+    assert [reason for _, reason in stale_rows_of(tmp_path / "out.h5")] == ["changed"] * 3

@@ -294,12 +294,13 @@ class TableRows(Storage):
         only from files whose size or version changed since the output LISTED them (a file rewritten with rows
         appended, as a dataset saved again is, keeps its old rows), and the SUSPECTS (rows recorded stale). Outputs
         made before rows recorded digests: a row changed when its file did (what they recorded)."""
-        if listed.get("row_version") != ROW_VERSION:
-            return Storage.stale(self, root, paths, positions, recorded, listed, suspects)
         gone = positions < 0
+        files = self.file_of[np.maximum(positions, 0)] if len(self.file_of) else np.zeros(len(positions), np.int32)
+        if listed.get("row_version") != ROW_VERSION:  # rows recorded their file's (size, version), as listed then
+            now = np.array([(table.size, _stamp(table.version)) for table in self.files] or [(0, 0)], dtype=np.int64)
+            return gone, ~gone & (recorded[:, 0] >= 0) & (now[files] != recorded).any(axis=1)
         was = listed.get("tables", {})
         moved = np.array([was.get(table.name) != [table.size, table.version] for table in self.files] or [False])
-        files = self.file_of[np.maximum(positions, 0)] if len(self.file_of) else np.zeros(len(positions), np.int32)
         looked_at = np.flatnonzero(~gone & (recorded[:, 0] >= 0) & (moved[files] | suspects))
         changed = np.zeros(len(positions), dtype=bool)
         for first in range(0, len(looked_at), 256):
