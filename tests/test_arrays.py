@@ -299,3 +299,15 @@ def test_a_nothing_new_update_over_20000_array_rows_reads_no_row_and_stats_none(
     nothing = run_featdump(*SMALL, "-b", "512", "--update", source, output)
     assert nothing.returncode == 0 and "nothing new" in nothing.stderr.lower(), nothing.stderr
     assert stale_of(output) == []
+
+
+def test_a_row_s_stat_is_its_bytes_and_their_digest_read_again_and_none_past_the_end(tmp_path):
+    from featdump.inputs.arrays import read_array, row_digest
+
+    pixels = images(4, size=(8, 8))
+    write_brick(tmp_path / "nsd.hdf5", pixels)
+    listed = read_array(tmp_path / "nsd.hdf5")
+    assert listed.stat(2) == (8 * 8 * 3, row_digest(pixels[2]))
+    assert [encoded.file_stat for _, encoded in listed.open_as_ready([2])] == [listed.stat(2)]  # as a run records
+    write_brick(tmp_path / "nsd.hdf5", pixels[:2])
+    assert listed.stat(2) is None and listed.stat(1) == (8 * 8 * 3, row_digest(pixels[1]))

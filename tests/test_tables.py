@@ -340,3 +340,14 @@ def test_an_output_made_before_rows_recorded_digests_keeps_its_rule(tmp_path):
     write_dataset(tmp_path / "saved", data, shards=1, layout="plain")
     assert run_featdump(*EXTRACT, "--update", table, tmp_path / "out.h5").returncode == 0
     assert [reason for _, reason in stale_rows_of(tmp_path / "out.h5")] == ["changed"] * 3
+
+
+def test_a_table_row_s_stat_is_its_bytes_length_and_digest_as_a_run_records_it(tmp_path):
+    from featdump.inputs.imagelist import content_digest
+    from featdump.inputs.tables import read_tables
+
+    data = encoded_images(3, seed=15)
+    (table,) = write_dataset(tmp_path / "saved", data, shards=1, layout="plain")
+    listed = read_tables(str(table))
+    assert listed.stat(1) == (len(data[1]), content_digest(data[1]))
+    assert [encoded.file_stat for _, encoded in listed.open_as_ready([1])] == [listed.stat(1)]
