@@ -13,7 +13,7 @@ from pathlib import Path
 
 from featdump.errors import BadOption, RanksDidNotFinish, UsageProblem
 from featdump.locations import Location
-from featdump.output.shard_files import shard_path
+from featdump.output.shard_files import shard_path, shard_pattern
 
 log = logging.getLogger("featdump")
 
@@ -110,8 +110,8 @@ def plan_shard(shard: Shard, output: Path, pattern: str | None, images) -> Shard
     """The part of IMAGES (an ImageList) SHARD owns, and the file it goes to."""
     start, stop = part_bounds(shard, images)
     path = shard.path(output, pattern)
-    where = Location.of(output)
-    shown = where.parent.join(path.name) if where.remote else path  # a URL's shard as a URL (not "s3:/...")
+    relative = shard_pattern(output, pattern).format(k=shard.index, n=shard.count)
+    shown = Location.of(output).parent.join(relative)  # where `path` is, a URL's shard as a URL (not "s3:/...")
     if start < stop:
         log.info("Shard %d of %d (from %s): %ss %d to %d of %d, into %s.", shard.index, shard.count,
                  shard.source, images.noun, start, stop - 1, len(images), shown)
