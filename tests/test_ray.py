@@ -255,3 +255,22 @@ def test_a_gpu_task_on_a_cluster_whose_head_has_no_gpu_is_placed(monkeypatch):
     finally:
         ray.shutdown()
         cluster.shutdown()
+
+
+def test_the_driver_s_check_of_a_merged_output_says_ray_planned_the_shards(tmp_path, caplog):
+    """A finished --ray job run again: the driver's look at its merged output logs its plan of a shard as Ray's,
+    not as a --shard the user gave."""
+    import logging
+
+    from featdump.engines import ray as engine
+
+    write_images(tmp_path / "images", {"": 4}, size=(32, 24))
+    run = ["extract", "-m", "resnet18", "-w", "none", "-l", "avgpool", "-b", "4", "-j", "0", "--device", "cpu"]
+    for index in range(2):
+        made = run_featdump(*run, "--shard", f"{index}/2", tmp_path / "images", tmp_path / "out.h5")
+        assert made.returncode == 0, made.stderr
+    assert run_featdump("merge", tmp_path / "out.h5").returncode == 0
+    with caplog.at_level(logging.INFO, logger="featdump"):
+        rows = engine._merged_already(settings_for(tmp_path / "images", tmp_path / "out.h5"), 2)
+    assert rows == 4 and "(from --ray --shards)" in caplog.text and "(from --shard)" not in caplog.text, caplog.text
+    assert engine.SOURCE_VARIABLE not in os.environ  # put back as it was

@@ -10,6 +10,7 @@ at the end."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
@@ -225,6 +226,20 @@ def _cancel(ray, pending: dict) -> None:
         ray.cancel(ref, force=True)
 
 
+@contextlib.contextmanager
+def _shards_said_as(source: str):
+    """Within: a shard's log line says SOURCE made it (the variable put back after)."""
+    before = os.environ.get(SOURCE_VARIABLE)
+    os.environ[SOURCE_VARIABLE] = source
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(SOURCE_VARIABLE, None)
+        else:
+            os.environ[SOURCE_VARIABLE] = before
+
+
 def _merged_already(settings: Settings, count: int) -> int | None:
     """The rows of the job's merged output when it is finished and made by this same command (judged as one
     process judges its output; another command's is refused, OutputExists), at once: no shard is read or merged
@@ -235,7 +250,8 @@ def _merged_already(settings: Settings, count: int) -> int | None:
     found = place_of(output).finished(Patience(settings.store_patience))
     if found is None:
         return None
-    expected = runner.fingerprint_of(dataclasses.replace(settings, shard=f"0/{count}"))
+    with _shards_said_as("--ray --shards"):  # the driver's plan of a shard: not the user's --shard
+        expected = runner.fingerprint_of(dataclasses.replace(settings, shard=f"0/{count}"))
     if expected is None:
         return None
     updating.judge_finished(str(output), fingerprints.merged_held(found.fingerprint), found.complete,
