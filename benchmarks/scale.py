@@ -126,6 +126,15 @@ def file_rows(count: int, folder: Path, env: dict) -> list[tuple[str, float, flo
             ("--update, nothing new (files)", *measured([*run, "--update"], env, folder)[:2])]
 
 
+def measured_in_a_folder(kind, size: int, checkout: Path) -> list[tuple[str, float, float]]:
+    """KIND's figures (`array_rows`, `file_rows`) at SIZE, in a scratch folder holding the tiny models, CHECKOUT's
+    featdump on the path."""
+    with tempfile.TemporaryDirectory() as scratch:
+        folder = Path(scratch)
+        (folder / "tiny_models.py").write_text(MODELS)
+        return kind(size, folder, {**os.environ, "PYTHONPATH": f"{checkout}{os.pathsep}{folder}"})
+
+
 def table(size: int, figures: list[tuple[str, float, float]]) -> list[str]:
     lines = [f"| {size:,} rows | CPU s | µs a row | peak MiB |", "| --- | ---: | ---: | ---: |"]
     for name, cpu, memory in figures:
@@ -145,20 +154,11 @@ def main() -> None:
                         help="Measure the featdump of this checkout (another commit's, for a before and after).")
     options = parser.parse_args()
     lines = [f"Machine: {machine()}", "Each command in its own process (CPU: user + system).", ""]
-    for size in [int(value) for value in options.rows.split(",") if value]:
-        with tempfile.TemporaryDirectory() as scratch:
-            folder = Path(scratch)
-            (folder / "tiny_models.py").write_text(MODELS)
-            env = {**os.environ, "PYTHONPATH": f"{options.checkout}{os.pathsep}{folder}"}
-            lines += [*table(size, array_rows(size, folder, env)), ""]
-            print("\n".join(lines[-14:]), flush=True)
-    for size in [int(value) for value in options.files.split(",") if value]:
-        with tempfile.TemporaryDirectory() as scratch:
-            folder = Path(scratch)
-            (folder / "tiny_models.py").write_text(MODELS)
-            env = {**os.environ, "PYTHONPATH": f"{options.checkout}{os.pathsep}{folder}"}
-            lines += [*table(size, file_rows(size, folder, env)), ""]
-            print("\n".join(lines[-5:]), flush=True)
+    for kind, sizes in ((array_rows, options.rows), (file_rows, options.files)):
+        for size in [int(value) for value in sizes.split(",") if value]:
+            table_lines = table(size, measured_in_a_folder(kind, size, options.checkout))
+            lines += [*table_lines, ""]
+            print("\n".join(table_lines), flush=True)
     print("\n".join(lines))
     if options.write_results:
         write_section("scale", "\n".join(lines))
