@@ -46,7 +46,7 @@ def test_the_site_holds_each_unit_s_top_images_in_order_and_a_rerun_writes_nothi
     assert bars == len(ranked["layer1"].histogram[7]) and "below " in page  # every image counted, tails too
     assert len(list((site / "site" / "units" / "avgpool").glob("*.html"))) == 512
     gone = featdump.load(site / "out.h5", "avgpool").paths.index("dogs/img_004.jpg")
-    assert not (site / "site" / "thumbs" / f"{gone}.jpg").exists()
+    assert all(row != gone for _, row, _ in _pictures_shown(site / "site"))  # no picture drawn of a gone image
     unit = next(unit for unit in range(64) if gone in ranked["layer1"].rows[unit])
     missing = (site / "site" / "units" / "layer1" / f"{unit}.html").read_text()
     assert f'data-row="{gone}"><div class="pic missing">missing</div>' in missing
@@ -93,3 +93,107 @@ def test_the_index_finds_a_unit_its_page_shows_its_top_images_and_a_key_moves_on
         assert not errors, errors
     finally:
         browser.quit()
+
+
+def _solid_images(root, paths, seed):
+    """A plain colour per image (its own, from SEED) at each of PATHS under ROOT: {path: colour}."""
+    from PIL import Image
+
+    colours = {}
+    for index, path in enumerate(paths):
+        colour = np.random.default_rng([seed, index]).integers(0, 256, 3)
+        (root / path).parent.mkdir(parents=True, exist_ok=True)
+        Image.new("RGB", (40, 30), tuple(int(c) for c in colour)).save(root / path, quality=95)
+        colours[path] = colour
+    return colours
+
+
+def _pictures_shown(site_folder):
+    """(page, row, thumbnail) of every picture the site's unit pages show."""
+    import re
+
+    for page in sorted((site_folder / "units").rglob("*.html")):
+        for row, name in re.findall(r'data-row="(\d+)"><div class="pic"><img src="../../thumbs/([0-9a-f]+\.jpg)"',
+                                    page.read_text()):
+            yield page, int(row), site_folder / "thumbs" / name
+
+
+def test_two_outputs_whose_rows_differ_in_one_folder_show_each_row_s_own_picture_and_a_changed_image_as_such(
+        tmp_path):
+    """Two outputs whose row N is another image (the same paths under other folders, in another order) written
+    into one site folder, one after the other: every picture the second's pages show is of its own row (its colour),
+    the first's thumbnails are gone, the log says the folder held another output's atlas; an image rewritten since
+    the output read it is shown as changed, not drawn."""
+    from PIL import Image
+
+    from featdump.faces.atlas import atlas
+    from tests.makers.outputs import write_output
+
+    paths = [f"{'ab'[row % 2]}/{row:04d}.jpg" for row in range(12)]
+    colours = {}
+    for name, seed in (("first", 1), ("second", 2)):
+        colours[name] = _solid_images(tmp_path / name, paths, seed)
+        values = np.random.default_rng(seed).standard_normal((12, 3)).astype(np.float32)
+        write_output(tmp_path / f"{name}.h5", {"pooled": values}, root=str(tmp_path / name))
+    atlas(tmp_path / "first.h5", tmp_path / "site", k=4)
+    first_thumbs = set((tmp_path / "site" / "thumbs").iterdir())
+    atlas(tmp_path / "second.h5", tmp_path / "site", k=4)
+    shown = list(_pictures_shown(tmp_path / "site"))
+    assert len(shown) == 3 * (4 + 4 + 5)  # every unit's top, bottom and quantile images
+    for page, row, thumbnail in shown:
+        drawn = np.asarray(Image.open(thumbnail).convert("RGB"), dtype=float).mean(axis=(0, 1))
+        assert np.abs(drawn - colours["second"][paths[row]]).max() < 6, (page, row)
+    assert not first_thumbs & set((tmp_path / "site" / "thumbs").iterdir())  # none of the first's kept
+    (tmp_path / "second" / paths[0]).write_bytes((tmp_path / "first" / paths[0]).read_bytes())  # changed since
+    atlas(tmp_path / "second.h5", tmp_path / "site", k=12)
+    pages = [page.read_text() for page in (tmp_path / "site" / "units").rglob("*.html")]
+    assert all('data-row="0"><div class="pic missing">changed since</div>' in page for page in pages)
+    assert all(row != 0 for _, row, _ in _pictures_shown(tmp_path / "site"))
+
+
+def test_top_and_atlas_serve_each_other_whatever_the_layers_and_k(tmp_path):
+    """top of two layers with k 16, then atlas of one with k 8; top of one layer, then of three; top -k 9, then
+    atlas's default 16: each succeeds, a ranking of more layers or a larger k serves the smaller ask without a pass
+    (equal to a stable argsort's first k), a layer not ranked yet is added to the file, no message names an option
+    the command lacks."""
+    from click.testing import CliRunner
+
+    from featdump.faces.cli import main
+    from featdump.units import top as units
+    from tests.makers.outputs import write_output
+
+    rng = np.random.default_rng(4)
+    layers = {name: rng.standard_normal((40, 6)).astype(np.float32) for name in ("l1", "l2", "l3")}
+    write_output(tmp_path / "out.h5", layers)
+    out, ranked_file, site = str(tmp_path / "out.h5"), tmp_path / "out.top.h5", str(tmp_path / "site")
+    for commands in ([["top", out, "-l", "l1,l2", "-k", "16"], ["atlas", out, "-l", "l2", "-k", "8", "-o", site]],
+                     [["top", out, "-l", "l3"], ["top", out, "-l", "l1,l2,l3"], ["top", out, "-l", "l2"]],
+                     [["top", out, "-k", "9"], ["atlas", out, "-o", site]]):
+        ranked_file.unlink(missing_ok=True)
+        for command in commands:
+            result = CliRunner().invoke(main, command)
+            assert result.exit_code == 0 and "--overwrite" not in result.output, (command, result.output)
+    with units.open_to_read(ranked_file) as h5file:
+        assert sorted(h5file["top"]) == ["l1", "l2", "l3"]
+    rows = np.arange(40)
+    for name, values in layers.items():
+        for k in (4, 16):
+            ranking = featdump.top(out, name, k=k)[name]  # served by the file (k 16), no pass
+            for unit in range(6):
+                np.testing.assert_array_equal(ranking.rows[unit], np.lexsort((rows, -values[:, unit]))[:k])
+                np.testing.assert_array_equal(ranking.bottom_rows[unit], np.lexsort((rows, values[:, unit]))[:k])
+
+
+def test_a_ranking_of_another_score_is_refused_naming_an_option_the_command_has(tmp_path):
+    from click.testing import CliRunner
+
+    from featdump.faces.cli import main
+    from tests.makers.outputs import write_output
+
+    write_output(tmp_path / "out.h5", {"pooled": np.random.default_rng(1).standard_normal((20, 3))})
+    assert CliRunner().invoke(main, ["top", str(tmp_path / "out.h5"), "--score", "mean"]).exit_code == 0
+    refused = CliRunner().invoke(main, ["atlas", str(tmp_path / "out.h5"), "-o", str(tmp_path / "site")])
+    assert refused.exit_code != 0 and "score differ" in refused.output and "--overwrite" in refused.output
+    again = CliRunner().invoke(main, ["atlas", str(tmp_path / "out.h5"), "-o", str(tmp_path / "site"),
+                                      "--overwrite"])
+    assert again.exit_code == 0, again.output

@@ -127,12 +127,12 @@ def computed_into(results: Results | None, progress, compute: Callable[[], T], a
             results.close()
 
 
-def finished(output: Path, made_from: dict) -> bool:
-    """Whether OUTPUT is a finished result made from MADE_FROM (the same command again: nothing to do); False when
-    there is none; OutputExists naming what differs when it is another's."""
+def made_from_of(output: Path) -> dict | None:
+    """What the finished result OUTPUT was made from; None when there is none; OutputExists when OUTPUT is some
+    other file."""
     output = Path(output)
     if not output.exists():
-        return False
+        return None
     try:
         with open_to_read(output) as h5file:
             before = json.loads(h5file.attrs.get("made_from", "{}")) if h5file.attrs.get("complete", False) else None
@@ -140,7 +140,16 @@ def finished(output: Path, made_from: dict) -> bool:
         before = None
     if before is None:
         raise OutputExists(f"Output {str(output)!r} already exists and is not a finished result of featdump rdm, "
-                           "cka, probe or encode; pass --overwrite to replace it.")
+                           "cka, probe, encode or top; pass --overwrite to replace it.")
+    return before
+
+
+def finished(output: Path, made_from: dict) -> bool:
+    """Whether OUTPUT is a finished result made from MADE_FROM (the same command again: nothing to do); False when
+    there is none; OutputExists naming what differs when it is another's."""
+    before = made_from_of(output)
+    if before is None:
+        return False
     if before != made_from:
         changed = sorted(key for key in set(before) | set(made_from) if before.get(key) != made_from.get(key))
         raise OutputExists(f"Output {str(output)!r} already exists, made from other files or settings "

@@ -2,18 +2,24 @@
 layers and their units (searchable, paged), a page per unit with its top and bottom images as the model saw them,
 the value under each, where a map's maximum lies, the unit's histogram over all images and the classes its top
 images come from; the arrow keys move between units. Plain files: it opens from file:// and from a bucket, with no
-server and no network (the data the index searches is a script, not a fetch). Thumbnails are made once per image;
-a rerun writes only the files whose content changed.
+server and no network (the data the index searches is a script, not a fetch). A thumbnail is named by what it
+shows (the image's path and the version the output recorded of it, and how the model saw it), so a folder reused for
+another output, or for the same one re-extracted in another order, never shows one image for another; an image
+changed since the output read it is shown as changed, not drawn. A rerun writes only the files whose content
+changed, and removes the pages and thumbnails no unit shows any more.
 
-    DIR/index.html, DIR/atlas.js (the units), DIR/style.css
+    DIR/index.html, DIR/atlas.js (the units), DIR/style.css, DIR/site.json (the output it shows)
     DIR/units/LAYER/UNIT.html
-    DIR/thumbs/ROW.jpg
+    DIR/thumbs/KEY.jpg
 """
 
 from __future__ import annotations
 
+import hashlib
 import html
 import json
+import logging
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,7 +32,9 @@ from featdump.output.layout import Output
 from featdump.output.netcdf import axis_kinds
 from featdump.units.top import QUANTILES, Ranking, top
 
+log = logging.getLogger("featdump")
 THUMB = 128  # pixels, square
+CHANGED = "changed"  # a row whose image differs from the one the output read: shown as such, not drawn
 STYLE = """body{font-family:sans-serif;margin:1.5em;color:#222}a{color:#05c}
 .grid{display:flex;flex-wrap:wrap;gap:8px}.cell{width:128px;font-size:11px;text-align:center}
 .pic{position:relative;width:128px;height:128px;background:#eee}.pic img{width:128px;height:128px;display:block}
@@ -45,42 +53,55 @@ class Written:
 
 
 def atlas(output: str | Path, folder: str | Path, layers: list[str] | str | None = None, k: int = 16,
-          memory: str = "1GB") -> Written:
+          memory: str = "1GB", overwrite: bool = False) -> Written:
     """The site of OUTPUT's LAYERS (all by default) in FOLDER: the ranking made or read (`units.top`, beside
-    OUTPUT), each unit's histogram, the thumbnails and the pages."""
+    OUTPUT; OVERWRITE: made again), each unit's histogram, the thumbnails and the pages."""
     output, folder = Path(output), Path(folder)
     stored = Stored.read(output)
-    ranked = top(output, layers, k=k, memory=memory)
+    ranked = top(output, layers, k=k, memory=memory, overwrite=overwrite)
     with Output.open(output) as opened:
         geometry = json.loads(opened.attrs.get("image_geometry", "{}"))
         shapes = {name: (opened.features(name).shape[1:], dict(opened.features(name).attrs)) for name in ranked}
-    site = _Site(folder)
+        versions = opened.file["file_stats"][:stored.rows]
+    site = _Site(folder, stored)
     rows = sorted({int(row) for ranking in ranked.values() for row in (*ranking.rows.ravel(),
                                                                        *ranking.bottom_rows.ravel(),
                                                                        *ranking.quantile_rows.ravel())})
-    present = {row for row in rows if site.thumbnail(row, stored, geometry)}
+    pictures = {row: site.thumbnail(row, versions[row], geometry) for row in rows}
     entries = []
     for name, ranking in ranked.items():
         grid = _grid(*shapes[name])
         for unit in range(len(ranking.rows)):
             site.write(f"units/{_slug(name)}/{unit}.html",
-                       _unit_page(stored, name, unit, ranking, grid, present, len(ranking.rows)))
+                       _unit_page(stored, name, unit, ranking, grid, pictures, len(ranking.rows)))
             entries.append({"layer": name, "unit": unit, "top": float(ranking.values[unit, 0]),
                             "href": f"units/{_slug(name)}/{unit}.html"})
     site.write("atlas.js", "window.ATLAS = " + json.dumps({"output": str(output), "units": entries}) + ";\n")
     site.write("style.css", STYLE)
     site.write("index.html", _index_page(output, {name: len(r.rows) for name, r in ranked.items()}))
+    site.write("site.json", json.dumps(site.shows, sort_keys=True))
+    site.remove_unused()
     return Written(folder, site.changed, site.unchanged)
 
 
 class _Site:
-    """The site's folder: a file is written only where its content changed; a thumbnail only once."""
+    """The site's folder: a file is written only where its content changed; a thumbnail once for what it shows;
+    what this run did not write or keep is removed at the end (a unit no longer shown, a picture of another
+    output's)."""
 
-    def __init__(self, folder: Path):
-        self.folder, self.changed, self.unchanged = folder, 0, 0
+    def __init__(self, folder: Path, stored: Stored):
+        self.folder, self.stored, self.changed, self.unchanged = folder, stored, 0, 0
+        self.kept: set[Path] = set()
+        self.shows = {"output": str(stored.path.resolve()), "run": stored.fingerprint, "rows": stored.rows}
+        before = _shown_before(folder)
+        if before is not None and before != self.shows:
+            log.info("%s held the atlas of %s (%d rows): made again for %s; a picture is named by its image, so "
+                     "none of the other's is shown for one of these.", folder, before.get("output"),
+                     before.get("rows", 0), self.shows["output"])
 
     def write(self, relative: str, text: str) -> None:
         path = self.folder / relative
+        self.kept.add(path)
         data = text.encode()
         if path.exists() and path.read_bytes() == data:
             self.unchanged += 1
@@ -89,21 +110,65 @@ class _Site:
         path.write_bytes(data)
         self.changed += 1
 
-    def thumbnail(self, row: int, stored: Stored, geometry: dict) -> bool:
-        """thumbs/ROW.jpg of the image as the model saw it, made once; False where the image is gone."""
+    def thumbnail(self, row: int, recorded: np.ndarray, geometry: dict) -> str | None:
+        """The name of row ROW's thumbnail (the image as the model saw it), made where it is not there yet;
+        CHANGED where the image's file differs from the one the output read (RECORDED: its size and version);
+        None where it is gone."""
         from PIL import Image
 
-        path = self.folder / "thumbs" / f"{row}.jpg"
-        if path.exists():
-            return True
+        stored = self.stored
+        if _changed_since(stored.root, stored.paths[row], recorded):
+            return CHANGED
         start = float(stored.clip_starts[row]) if stored.clip_starts is not None else None
-        seen = image_as_seen(stored.root, stored.paths[row], geometry, start)
-        if seen is None:
-            return False
-        path.parent.mkdir(parents=True, exist_ok=True)
-        Image.fromarray(seen).resize((THUMB, THUMB)).save(path, quality=88)
-        self.changed += 1
-        return True
+        name = _picture_name(stored, row, recorded, geometry, start)
+        path = self.folder / "thumbs" / name
+        if not path.exists():
+            seen = image_as_seen(stored.root, stored.paths[row], geometry, start)
+            if seen is None:
+                return None
+            path.parent.mkdir(parents=True, exist_ok=True)
+            Image.fromarray(seen).resize((THUMB, THUMB)).save(path, quality=88)
+            self.changed += 1
+        self.kept.add(path)
+        return name
+
+    def remove_unused(self) -> None:
+        """Remove the pages and thumbnails this run neither wrote nor kept."""
+        for part in ("units", "thumbs"):
+            for path in sorted((self.folder / part).rglob("*")) if (self.folder / part).is_dir() else []:
+                if path.is_file() and path not in self.kept:
+                    path.unlink()
+                    self.changed += 1
+
+
+def _shown_before(folder: Path) -> dict | None:
+    """What the site in FOLDER showed (its site.json), None where there is none (or a site made before it was
+    recorded)."""
+    try:
+        return json.loads((folder / "site.json").read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _picture_name(stored: Stored, row: int, recorded: np.ndarray, geometry: dict, start: float | None) -> str:
+    """A thumbnail's file name, from what it shows: where the image lies, its path (its bytes, as stored), the
+    version the output recorded of it (size and time, or a digest of its bytes), the clip's start and how the
+    model saw it."""
+    shown = [stored.root, os.fsencode(stored.paths[row]).hex(), [int(value) for value in recorded], start,
+             geometry]
+    return hashlib.blake2b(json.dumps(shown, sort_keys=True).encode(), digest_size=12).hexdigest() + ".jpg"
+
+
+def _changed_since(root: str, relative: str, recorded: np.ndarray) -> bool:
+    """Whether the file of a row (a plain file under a local ROOT) differs now from the one the output read
+    (RECORDED: its size and modification time; a negative size: not known)."""
+    if int(recorded[0]) < 0 or "://" in str(root):
+        return False
+    try:
+        found = os.stat(os.path.join(os.fsencode(root), os.fsencode(relative)))
+    except OSError:
+        return False  # gone, or not a file (a member of a tar, a row of an array): read back as it is kept
+    return (found.st_size, found.st_mtime_ns) != (int(recorded[0]), int(recorded[1]))
 
 
 def _grid(shape: tuple[int, ...], attributes: dict) -> tuple[int, int] | None:
@@ -118,28 +183,35 @@ def _slug(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]", "_", name)
 
 
-def _cell(stored: Stored, row: int, value: float, position: int, grid, present: set[int], label: str = "") -> str:
-    """One image of a unit's page: its thumbnail (or "missing"), the maximum's box, its value and path."""
+def _cell(stored: Stored, row: int, value: float, position: int, grid, pictures: dict, label: str = "") -> str:
+    """One image of a unit's page: its thumbnail (or "missing", or "changed"), the maximum's box, its value, its
+    file's name and class."""
     title = html.escape(stored.paths[row])
-    if row not in present:
-        picture = '<div class="pic missing">missing</div>'
+    picture_name = pictures.get(row)
+    if picture_name is None or picture_name == CHANGED:
+        shown = "missing" if picture_name is None else "changed since"
+        picture = f'<div class="pic missing">{shown}</div>'
     else:
         box = ""
         if grid is not None and position >= 0:
             y, x = divmod(int(position), grid[1])
             box = (f'<div class="box" style="left:{100 * x / grid[1]:.2f}%;top:{100 * y / grid[0]:.2f}%;'
                    f'width:{100 / grid[1]:.2f}%;height:{100 / grid[0]:.2f}%"></div>')
-        picture = f'<div class="pic"><img src="../../thumbs/{row}.jpg" alt="{title}">{box}</div>'
+        picture = f'<div class="pic"><img src="../../thumbs/{picture_name}" alt="{title}">{box}</div>'
+    label_of = int(stored.labels[row])
+    kind = f'<div class="class">{html.escape(stored.classes[label_of])}</div>' if 0 <= label_of < len(
+        stored.classes) else ""
+    name = html.escape(stored.paths[row].rsplit("/", 1)[-1])
     return (f'<div class="cell" data-row="{row}">{picture}<div class="value">{label}{value:.4g}</div>'
-            f'<div title="{title}">row {row}</div></div>')
+            f'<div class="name" title="{title} (row {row})">{name}</div>{kind}</div>')
 
 
-def _unit_page(stored: Stored, name: str, unit: int, ranking: Ranking, grid, present: set[int], units: int) -> str:
-    top_cells = "".join(_cell(stored, int(row), float(value), int(position), grid, present) for row, value, position
+def _unit_page(stored: Stored, name: str, unit: int, ranking: Ranking, grid, pictures: dict, units: int) -> str:
+    top_cells = "".join(_cell(stored, int(row), float(value), int(position), grid, pictures) for row, value, position
                         in zip(ranking.rows[unit], ranking.values[unit], ranking.positions[unit]))
-    bottom_cells = "".join(_cell(stored, int(row), float(value), -1, grid, present) for row, value
+    bottom_cells = "".join(_cell(stored, int(row), float(value), -1, grid, pictures) for row, value
                            in zip(ranking.bottom_rows[unit], ranking.bottom_values[unit]))
-    spectrum_cells = "".join(_cell(stored, int(row), float(value), -1, grid, present, f"{quantile:.0%}: ")
+    spectrum_cells = "".join(_cell(stored, int(row), float(value), -1, grid, pictures, f"{quantile:.0%}: ")
                              for quantile, row, value in zip(QUANTILES, ranking.quantile_rows[unit],
                                                              ranking.quantile_values[unit]))
     bars = _histogram(ranking.histogram[unit], ranking.edges[unit])
@@ -160,13 +232,21 @@ def _unit_page(stored: Stored, name: str, unit: int, ranking: Ranking, grid, pre
             "});</script>")
     return (f'<!doctype html><html><head><meta charset="utf-8"><title>{html.escape(name)} unit {unit}</title>'
             f'<link rel="stylesheet" href="../../style.css"></head><body><p>{links}</p>'
-            f'<h1>{html.escape(name)}, unit {unit}</h1>{classes}'
+            f'<h1>{html.escape(name)}, unit {unit}</h1><p id="value">{_what_the_value_is(grid)}</p>{classes}'
             f'<h2>Highest</h2><div class="grid" id="top">{top_cells}</div>'
             f'<h2>Lowest</h2><div class="grid" id="bottom">{bottom_cells}</div>'
             f'<h2>Across its range</h2><div class="grid" id="quantiles">{spectrum_cells}</div>'
             f'<h2>Over all {stored.rows} images</h2><div class="hist" id="histogram">{bars}</div>'
             f'<p>{float(ranking.bottom_values[unit, 0]):.4g} to {float(ranking.values[unit, 0]):.4g}</p>'
             f'{keys}</body></html>')
+
+
+def _what_the_value_is(grid) -> str:
+    if grid is not None:
+        return (f"Under each image: the unit's maximum over its {grid[0]} x {grid[1]} positions (the box marks "
+                "where it lies); then the image's file and class.")
+    return "Under each image: the unit's value (its maximum over its positions, where it has several); then the " \
+        "image's file and class."
 
 
 def _histogram(counts: np.ndarray, edges: np.ndarray) -> str:

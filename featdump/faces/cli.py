@@ -570,7 +570,8 @@ def top(output: str, layers: str | None, k: int, score: str, memory: str, to: Pa
 @click.option("-k", "k", default=16, show_default=True, type=click.IntRange(min=1),
               help="Images shown per unit, at the top and at the bottom.")
 @click.option("--memory", default="1GB", show_default=True, help="Memory for the slab of rows read at once.")
-def atlas(output: Path, folder: Path, layers: str | None, k: int, memory: str) -> None:
+@click.option("--overwrite", is_flag=True, help="Rank again into OUTPUT.top.h5 though it holds another ranking.")
+def atlas(output: Path, folder: Path, layers: str | None, k: int, memory: str, overwrite: bool) -> None:
     """A static site of what each unit of OUTPUT's layers answers to: an index (searchable, paged) and a page per
     unit with its top and bottom images as the model saw them, their values, where a map's maximum lies, its
     histogram and its top images' classes; the arrow keys move between units. Plain files: open DIR/index.html
@@ -583,6 +584,6 @@ def atlas(output: Path, folder: Path, layers: str | None, k: int, memory: str) -
     from featdump.faces.atlas import atlas as build
 
     started = time.perf_counter()
-    written = build(output, folder, layers, k=k, memory=memory)
+    written = build(output, folder, layers, k=k, memory=memory, overwrite=overwrite)
     click.echo(f"Wrote {written.changed} files ({written.unchanged} unchanged) of {written.folder / 'index.html'} "
                f"in {time.perf_counter() - started:.1f} s.", err=True)

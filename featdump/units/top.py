@@ -8,9 +8,10 @@ over the whole layer: ties go to the lower row, NaN scores come last.
 The same pass keeps each unit's spectrum: a histogram of its scores over every row, in BINS bins between the lowest
 and highest score of a seeded sample of SAMPLE rows (read first) and one bin below and one above them for the rest
 (a NaN score in none); and, at each of QUANTILES, the sample's image at that quantile of the unit's scores (a
-sample of 1,024 rows, read in blocks of consecutive rows, puts it within about 1.4% of rank, one standard error, of
-the layer's own). Written to TOP.h5 (beside the output by default) a layer at a time, so a killed pass resumes
-at the first layer not written.
+sample of 1,024 rows drawn one by one, whatever the file's order, puts it within about 1.4% of rank, one standard
+error, of the layer's own). Written to TOP.h5 (beside the output by default) a layer at a time, so a killed pass
+resumes at the first layer not written. A ranking serves any smaller ask: fewer layers, a smaller K; a layer not in
+it yet is added to it.
 
     /top/LAYER/rows, values, positions      (units, K): highest first
     /top/LAYER/bottom_rows, bottom_values   (units, K): lowest first
@@ -20,6 +21,7 @@ at the first layer not written.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import warnings
 from concurrent.futures import ThreadPoolExecutor
@@ -28,9 +30,9 @@ from pathlib import Path
 
 import numpy as np
 
-from featdump.analysis.results import Results, computed_into, finished
+from featdump.analysis.results import Results, computed_into, made_from_of
 from featdump.analysis.stored import Stored, listed
-from featdump.errors import BadOption, UsageProblem
+from featdump.errors import BadOption, OutputExists, UsageProblem
 from featdump.inputs.stores import Patience
 from featdump.job.channels import channel_axis
 from featdump.output import remote
@@ -45,9 +47,10 @@ GROUP = "top"
 SCORES = ("max", "mean")
 DEFAULT_K = 16
 BINS = 32  # a histogram's bins between the sample's lowest and highest score (and one each side for the rest)
-SAMPLE = 1024  # rows drawn (seeded) to place the bins and the quantile images
-SAMPLE_BLOCK = 16  # ... in blocks of this many consecutive rows (fewer where a slab holds fewer)
-SAMPLE_READERS = 16  # ... this many blocks read at once (direct reads: a disk serves them together)
+SAMPLE = 1024  # rows drawn (seeded, each on its own) to place the bins and the quantile images
+SAMPLING = "rows"  # ... drawn one by one (a file sorted by class is no cluster sample); recorded with the ranking
+SAMPLE_READERS = 16  # ... this many rows read at once (direct reads: a disk serves them together)
+SERVES_SMALLER = ("k", "layers")  # what a ranking may hold more of than asked and still serve the ask
 QUANTILES = (0.1, 0.25, 0.5, 0.75, 0.9)
 FIELDS = ("rows", "values", "positions", "bottom_rows", "bottom_values", "histogram", "edges", "quantile_rows",
           "quantile_values")
@@ -71,6 +74,14 @@ class Ranking:
 
     def as_dict(self) -> dict[str, np.ndarray]:
         return {key: getattr(self, key) for key in FIELDS}
+
+    def first(self, k: int) -> Ranking:
+        """This ranking of each unit's first K (a stable sort's first K of more are its K)."""
+        if self.rows.shape[1] <= k:
+            return self
+        return dataclasses.replace(self, rows=self.rows[:, :k], values=self.values[:, :k],
+                                   positions=self.positions[:, :k], bottom_rows=self.bottom_rows[:, :k],
+                                   bottom_values=self.bottom_values[:, :k])
 
     def to_xarray(self, paths: list[str] | None = None):
         """This ranking as an xarray Dataset: (unit, rank) rows and values (and, given the output's PATHS, the
@@ -116,19 +127,54 @@ def top(output: str | Path, layers: list[str] | str | None = None, *, k: int = D
     names = stored.select(listed(layers))
     budget, place = parse_bytes(memory), Path(to) if to is not None else default_place(output)
     made_from = {"source": stored.identity(), "k": k, "score": score, "layers": names, "bins": BINS,
-                 "sample": SAMPLE, "quantiles": list(QUANTILES)}
-    if not overwrite and finished(place, made_from):
-        log.info("%s is finished already, made by this same command: nothing to do.", place)
+                 "sample": SAMPLE, "sampling": SAMPLING, "quantiles": list(QUANTILES)}
+    held = None if overwrite else _held(place, made_from)
+    if held is not None and held["k"] >= k and set(names) <= set(held["layers"]):
+        log.info("%s ranks these layers already (%d images a unit): nothing to do.", place, held["k"])
         ranked = read_top(place, names)
     else:
-        results = Results.open(place, made_from, stored.paths, stored.labels, stored.classes, overwrite)
+        made_from = _grown(made_from, held)
+        if held is not None:
+            log.info("%s ranks %s (%d images a unit): ranking %s into it (%d images a unit).", place,
+                     ", ".join(held["layers"]), held["k"], ", ".join(made_from["layers"]), made_from["k"])
+        kept = read_top(place, held["layers"]) if held is not None and held["k"] == made_from["k"] else {}
+        results = Results.open(place, made_from, stored.paths, stored.labels, stored.classes,
+                               overwrite or held is not None)
         progress = progress or NoProgress()
-        ranked = computed_into(results, progress,
-                               lambda: _compute(stored, names, k, score, budget, results, progress),
-                               {"k": k, "score": score, "layers": names})
+        ranked = computed_into(results, progress, lambda: _compute(stored, made_from["layers"], made_from["k"],
+                                                                   score, budget, results, progress, kept),
+                               {"k": made_from["k"], "score": score, "layers": made_from["layers"]})
+    ranked = {name: ranked[name].first(k) for name in names}
     if as_xarray:
         return {name: ranking.to_xarray(list(stored.paths)) for name, ranking in ranked.items()}
     return ranked
+
+
+def _held(place: Path, made_from: dict) -> dict | None:
+    """What the finished ranking at PLACE was made from, where it ranks the same output the same way (whatever its
+    K and layers); None where there is none, or where an earlier featdump's method made it (ranked again).
+    OutputExists where it ranks another output, or by another score."""
+    before = made_from_of(place)
+    if before is None:
+        return None
+    asked = sorted(key for key in ("source", "score") if before.get(key) != made_from[key])
+    if asked:
+        raise OutputExists(f"{str(place)!r} already exists, a ranking of other files or settings "
+                           f"({', '.join(asked)} differ); pass --overwrite to replace it.")
+    method = [key for key in made_from if key not in SERVES_SMALLER and before.get(key) != made_from[key]]
+    if method:
+        log.info("%s was ranked by an earlier featdump (its %s differ): ranked again.", place, ", ".join(method))
+        return None
+    return before
+
+
+def _grown(made_from: dict, held: dict | None) -> dict:
+    """MADE_FROM widened to serve what HELD (the ranking there) served too: the larger K, HELD's layers then the
+    new ones."""
+    if held is None:
+        return made_from
+    layers = [*held["layers"], *(name for name in made_from["layers"] if name not in held["layers"])]
+    return {**made_from, "k": max(made_from["k"], held["k"]), "layers": layers}
 
 
 def _top_in_store(url: str, layers, k: int, score: str, memory, to, overwrite: bool, progress, as_xarray: bool):
@@ -150,7 +196,12 @@ def read_top(place: Path, names: list[str]) -> dict[str, Ranking]:
 
 
 def _compute(stored: Stored, names: list[str], k: int, score: str, budget: int, results: Results,
-             progress: Progress) -> dict[str, Ranking]:
+             progress: Progress, kept: dict[str, Ranking]) -> dict[str, Ranking]:
+    """Each of NAMES ranked into RESULTS: those a killed pass committed read back, those KEPT (a finished ranking's
+    layers being added to) committed as they are, the others computed."""
+    for name, ranking in kept.items():
+        if not results.has(GROUP, name):
+            results.commit(GROUP, name, ranking.as_dict(), {"score": score, "k": k, "quantiles": np.array(QUANTILES)})
     done = {name: Ranking(**{key: results.read(f"{GROUP}/{name}", key) for key in FIELDS})
             for name in names if results.has(GROUP, name)}
     if done:
@@ -302,25 +353,25 @@ def _first_smallest(keys: np.ndarray, k: int) -> np.ndarray:
     return chosen
 
 
-def _sample_blocks(rows: int, block: int) -> np.ndarray:
-    """The first rows of the SAMPLE // BLOCK blocks of BLOCK consecutive rows the sample reads (a few reads spread
-    over the layer, not a thousand: a cold disk serves a block as fast as a row); seeded, sorted."""
-    blocks = -(-rows // block)
-    chosen = np.random.default_rng(0).choice(blocks, size=min(blocks, SAMPLE // block), replace=False)
-    return np.sort(chosen).astype(np.int64) * block
+def sample_rows(rows: int) -> np.ndarray:
+    """The SAMPLE rows (all of them where fewer) the spectrum is placed by: each drawn on its own, seeded, so that
+    the sample does not follow the file's order (a file sorted by class is no cluster sample); sorted."""
+    return np.sort(np.random.default_rng(0).choice(rows, size=min(rows, SAMPLE), replace=False)).astype(np.int64)
 
 
-def _sample_scores(dataset, rows: int, starts: np.ndarray, block: int, axis: int | None, score: str,
-                   step: int) -> np.ndarray:
-    """(sample rows, units) scores of the blocks of BLOCK rows at STARTS, read SAMPLE_READERS at a time (reads a
-    disk serves at once; no more rows held than a slab's STEP)."""
-    at_once = max(1, min(SAMPLE_READERS, step // block))
+def _sample_scores(dataset, chosen: np.ndarray, axis: int | None, score: str, step: int) -> np.ndarray:
+    """(sample rows, units) scores of the rows CHOSEN, read SAMPLE_READERS at a time (reads a disk serves at
+    once), consecutive rows in one read; no more rows held than a slab's STEP."""
+    at_once = max(1, min(SAMPLE_READERS, step))
+    longest = max(1, step // at_once)
+    runs = [part for run in np.split(chosen, np.flatnonzero(np.diff(chosen) != 1) + 1)
+            for part in np.split(run, range(longest, len(run), longest))]
     scores = []
     with ThreadPoolExecutor(max_workers=at_once) as readers:
-        for group in range(0, len(starts), at_once):
-            blocks = readers.map(lambda start: read_span(dataset, int(start), min(rows, int(start) + block)),
-                                 starts[group:group + at_once])
-            scores.extend(unit_scores(values, axis, score) for values in blocks)
+        for group in range(0, len(runs), at_once):
+            read = readers.map(lambda run: read_span(dataset, int(run[0]), int(run[-1]) + 1),
+                               runs[group:group + at_once])
+            scores.extend(unit_scores(values, axis, score) for values in read)
     return np.concatenate(scores)
 
 
@@ -330,10 +381,8 @@ class _Spectrum:
     QUANTILES (ties: the lower row)."""
 
     def __init__(self, dataset, rows: int, axis: int | None, score: str, step: int):
-        block = max(1, min(SAMPLE_BLOCK, step))  # a block read within the slab's memory
-        starts = _sample_blocks(rows, block)
-        self.sample_rows = np.concatenate([np.arange(start, min(rows, start + block)) for start in starts])
-        self.sample = _sample_scores(dataset, rows, starts, block, axis, score, step).T.astype(np.float64)
+        self.sample_rows = sample_rows(rows)
+        self.sample = _sample_scores(dataset, self.sample_rows, axis, score, step).T.astype(np.float64)
         with np.errstate(invalid="ignore"), warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)  # a unit all NaN in the sample: its bins from 0 to 1
             low, high = np.nanmin(self.sample, axis=1), np.nanmax(self.sample, axis=1)
