@@ -61,6 +61,7 @@ def test_the_index_finds_a_unit_its_page_shows_its_top_images_and_a_key_moves_on
     from selenium.webdriver.chrome.service import Service
     from selenium.webdriver.common.by import By
     from selenium.webdriver.common.keys import Keys
+    from selenium.webdriver.support.ui import Select, WebDriverWait
 
     options = webdriver.ChromeOptions()
     options.binary_location = CHROMIUM
@@ -71,10 +72,32 @@ def test_the_index_finds_a_unit_its_page_shows_its_top_images_and_a_key_moves_on
     try:
         browser.get((site / "site" / "index.html").as_uri())
         assert "576 units" in browser.find_element(By.ID, "page").text  # 64 + 512, paged by 100
-        assert len(browser.find_elements(By.CSS_SELECTOR, "#units li")) == 100
+        tiles = browser.find_elements(By.CSS_SELECTOR, "#units a.tile")
+        assert len(tiles) == 100
+        first = tiles[0].find_elements(By.TAG_NAME, "img")
+        assert 1 <= len(first) <= 9
+        WebDriverWait(browser, 10).until(lambda _: all(browser.execute_script(
+            "return arguments[0].complete && arguments[0].naturalWidth", image) == 128 for image in first))
+        ranked_all = featdump.top(site / "out.h5", k=4)
+        by_top = [tile.find_element(By.CLASS_NAME, "caption").text for tile in tiles]
+        live = [(name, unit) for name, ranking in ranked_all.items() for unit in range(len(ranking.rows))
+                if ranking.values[unit, 0] != ranking.bottom_values[unit, 0]]
+        expected = sorted(live, key=lambda item: -ranked_all[item[0]].values[item[1], 0])
+        assert by_top[:20] == [f"{name} / unit {unit}" for name, unit in expected[:20]]  # highest top value first
+        Select(browser.find_element(By.ID, "order")).select_by_value("share")
+        shares = [tile.find_element(By.CLASS_NAME, "about").text for tile in
+                  browser.find_elements(By.CSS_SELECTOR, "#units a.tile")]
+        assert shares[0].endswith(("100% cats", "100% dogs")) and shares != by_top
+        Select(browser.find_element(By.ID, "class")).select_by_visible_text("dogs")
+        abouts = [tile.find_element(By.CLASS_NAME, "about").text for tile in
+                  browser.find_elements(By.CSS_SELECTOR, "#units a.tile")]
+        assert abouts and all(about.endswith(" dogs") for about in abouts)  # units mostly of dogs' images
+        Select(browser.find_element(By.ID, "class")).select_by_visible_text("every class")
+        Select(browser.find_element(By.ID, "layer")).select_by_value("layer1")
+        assert "64 units" in browser.find_element(By.ID, "page").text
         browser.find_element(By.ID, "search").send_keys("layer1 12")
-        links = browser.find_elements(By.CSS_SELECTOR, "#units a")
-        assert [link.text for link in links] == ["layer1 / unit 12"]
+        links = browser.find_elements(By.CSS_SELECTOR, "#units a.tile")
+        assert [link.find_element(By.CLASS_NAME, "caption").text for link in links] == ["layer1 / unit 12"]
         links[0].click()
         assert browser.title == "layer1 unit 12"
         ranked = featdump.top(site / "out.h5", k=4)["layer1"]
@@ -83,6 +106,8 @@ def test_the_index_finds_a_unit_its_page_shows_its_top_images_and_a_key_moves_on
         values = [float(cell.find_element(By.CLASS_NAME, "value").text) for cell in cells]
         assert values == sorted(values, reverse=True)
         np.testing.assert_allclose(values, ranked.values[12], rtol=1e-3)
+        assert all(cell.find_element(By.CLASS_NAME, "class").text in ("cats", "dogs") for cell in cells)
+        assert "maximum over its 56 x 56 positions" in browser.find_element(By.ID, "value").text
         images = browser.find_elements(By.CSS_SELECTOR, "#top img")
         assert images and all(browser.execute_script("return arguments[0].naturalWidth", image) == 128
                               for image in images)  # thumbnails load from file://
@@ -197,3 +222,27 @@ def test_a_ranking_of_another_score_is_refused_naming_an_option_the_command_has(
     again = CliRunner().invoke(main, ["atlas", str(tmp_path / "out.h5"), "-o", str(tmp_path / "site"),
                                       "--overwrite"])
     assert again.exit_code == 0, again.output
+
+
+def test_the_index_data_marks_dead_units_and_names_each_unit_s_main_class_and_top_pictures(tmp_path):
+    """atlas.js: a unit whose every value is equal is dead; each tile points at its first top images' thumbnails
+    (named once) and the class most of its top images are of, with their share."""
+    import json
+
+    from featdump.faces.atlas import atlas
+    from tests.makers.outputs import write_output
+
+    paths = [f"{'ab'[row % 2]}/{row:04d}.jpg" for row in range(10)]
+    _solid_images(tmp_path / "images", paths, 3)
+    values = np.zeros((10, 3), dtype=np.float32)
+    values[:, 0] = np.arange(10) % 2 * 10 + np.arange(10)  # class b's rows highest
+    values[:, 2] = np.arange(10)
+    write_output(tmp_path / "out.h5", {"pooled": values}, root=str(tmp_path / "images"))
+    atlas(tmp_path / "out.h5", tmp_path / "site", k=4)
+    data = json.loads((tmp_path / "site" / "atlas.js").read_text().removeprefix("window.ATLAS = ").rstrip(";\n"))
+    assert [unit["dead"] for unit in data["units"]] == [0, 1, 0]
+    assert data["classes"] == ["a", "b"] and (data["units"][0]["cls"], data["units"][0]["share"]) == (1, 1.0)
+    page = tmp_path / "site" / "units" / "pooled" / "0.html"
+    top_pictures = [thumb.name for shown, _, thumb in _pictures_shown(tmp_path / "site") if shown == page][:4]
+    assert [data["thumbs"][index] for index in data["units"][0]["pics"]] == top_pictures
+    assert all((tmp_path / "site" / "thumbs" / name).exists() for name in data["thumbs"])

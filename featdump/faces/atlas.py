@@ -40,7 +40,11 @@ STYLE = """body{font-family:sans-serif;margin:1.5em;color:#222}a{color:#05c}
 .pic{position:relative;width:128px;height:128px;background:#eee}.pic img{width:128px;height:128px;display:block}
 .box{position:absolute;border:2px solid #f30;box-sizing:border-box}.missing{line-height:128px;color:#999}
 .hist{display:flex;align-items:flex-end;height:60px;gap:1px}.hist div{background:#58a;width:8px}
-td,th{padding:2px 8px;text-align:left}"""
+td,th{padding:2px 8px;text-align:left}
+.tiles{display:flex;flex-wrap:wrap;gap:10px}.tile{width:150px;text-decoration:none;color:#222;font-size:11px}
+.tile .pics{display:grid;grid-template-columns:repeat(3,50px);grid-auto-rows:50px;background:#eee;width:150px;
+height:150px}.tile .pics img{width:50px;height:50px;display:block}.tile.dead{opacity:.45}
+.caption{font-weight:bold;margin-top:2px}"""
 
 
 @dataclass(frozen=True)
@@ -68,15 +72,14 @@ def atlas(output: str | Path, folder: str | Path, layers: list[str] | str | None
                                                                        *ranking.bottom_rows.ravel(),
                                                                        *ranking.quantile_rows.ravel())})
     pictures = {row: site.thumbnail(row, versions[row], geometry) for row in rows}
-    entries = []
+    tiles = _Tiles(stored, pictures)
     for name, ranking in ranked.items():
         grid = _grid(*shapes[name])
         for unit in range(len(ranking.rows)):
             site.write(f"units/{_slug(name)}/{unit}.html",
                        _unit_page(stored, name, unit, ranking, grid, pictures, len(ranking.rows)))
-            entries.append({"layer": name, "unit": unit, "top": float(ranking.values[unit, 0]),
-                            "href": f"units/{_slug(name)}/{unit}.html"})
-    site.write("atlas.js", "window.ATLAS = " + json.dumps({"output": str(output), "units": entries}) + ";\n")
+            tiles.add(name, unit, ranking)
+    site.write("atlas.js", "window.ATLAS = " + json.dumps(tiles.data(output)) + ";\n")
     site.write("style.css", STYLE)
     site.write("index.html", _index_page(output, {name: len(r.rows) for name, r in ranked.items()}))
     site.write("site.json", json.dumps(site.shows, sort_keys=True))
@@ -171,6 +174,48 @@ def _changed_since(root: str, relative: str, recorded: np.ndarray) -> bool:
     return (found.st_size, found.st_mtime_ns) != (int(recorded[0]), int(recorded[1]))
 
 
+class _Tiles:
+    """The index's data: a tile per unit (its layer, number, top value, its first top images' thumbnails, the class
+    most of its top images come from and their share, whether it is dead: every value equal), the thumbnails named
+    once in a list the tiles point into."""
+
+    SHOWN = 9  # top images on a unit's tile
+
+    def __init__(self, stored: Stored, pictures: dict):
+        self.stored, self.pictures = stored, pictures
+        self.thumbs: dict[str, int] = {}
+        self.units: list[dict] = []
+
+    def add(self, name: str, unit: int, ranking: Ranking) -> None:
+        rows = [int(row) for row in ranking.rows[unit]]
+        shown = [self.pictures.get(row) for row in rows]
+        shown = [picture for picture in shown if picture not in (None, CHANGED)][:self.SHOWN]
+        main, share = self._main_class(rows)
+        self.units.append({"layer": name, "unit": unit, "top": _finite(ranking.values[unit, 0]),
+                           "href": f"units/{_slug(name)}/{unit}.html",
+                           "pics": [self.thumbs.setdefault(picture, len(self.thumbs)) for picture in shown],
+                           "cls": main, "share": share,
+                           "dead": int(ranking.values[unit, 0] == ranking.bottom_values[unit, 0])})
+
+    def _main_class(self, rows: list[int]) -> tuple[int, float]:
+        """The class most of ROWS are of (the lower one in a tie) and their share of ROWS; (-1, 0) unlabelled."""
+        labels = np.asarray([int(self.stored.labels[row]) for row in rows])
+        labels = labels[labels >= 0]
+        if not self.stored.classes or not len(labels):
+            return -1, 0.0
+        counts = np.bincount(labels)
+        return int(counts.argmax()), round(float(counts.max()) / len(rows), 4)
+
+    def data(self, output: Path) -> dict:
+        return {"output": str(output), "classes": list(self.stored.classes), "thumbs": list(self.thumbs),
+                "units": self.units}
+
+
+def _finite(value) -> float | None:
+    value = float(value)
+    return value if np.isfinite(value) else None
+
+
 def _grid(shape: tuple[int, ...], attributes: dict) -> tuple[int, int] | None:
     """(H, W) of a layer whose rows are maps (channel, y, x): where a position lies; None otherwise."""
     kinds = axis_kinds(shape, attributes)
@@ -259,37 +304,77 @@ def _histogram(counts: np.ndarray, edges: np.ndarray) -> str:
 
 
 def _index_page(output: Path, layers: dict[str, int]) -> str:
+    """The index: a grid of units, each a tile of its top images (loaded as the page scrolls to them), paged by
+    PAGE; sorted by top value, by how much its top images come from one class, or by unit (dead units last in
+    each); filtered by layer, class and words."""
     rows = "".join(f"<tr><td>{html.escape(name)}</td><td>{count}</td></tr>" for name, count in layers.items())
-    script = """<script>
-var PAGE = 100, page = 0;
+    choices = "".join(f'<option value="{html.escape(name)}">{html.escape(name)}</option>' for name in layers)
+    return (f'<!doctype html><html><head><meta charset="utf-8"><title>featdump atlas of {html.escape(output.name)}'
+            f'</title><link rel="stylesheet" href="style.css"><script src="atlas.js"></script></head><body>'
+            f'<h1>{html.escape(output.name)}</h1><table><tr><th>layer</th><th>units</th></tr>{rows}</table>'
+            '<p><input id="search" placeholder="layer or unit (layer4 12)" size="30"> '
+            f'<select id="layer"><option value="">every layer</option>{choices}</select> '
+            '<select id="class"><option value="">every class</option></select> '
+            '<select id="order"><option value="top">highest top value</option>'
+            '<option value="share">most of one class</option><option value="unit">unit</option></select> '
+            '<button id="less">&larr;</button> <span id="page"></span> <button id="more">&rarr;</button></p>'
+            f'<div id="units" class="tiles"></div><script>{INDEX_SCRIPT}</script></body></html>')
+
+
+INDEX_SCRIPT = """
+var PAGE = 100, page = 0, A = window.ATLAS;
+function chosen(id) { return document.getElementById(id).value; }
+A.classes.forEach(function (name, i) {
+  var option = document.createElement('option'); option.value = i; option.textContent = name;
+  document.getElementById('class').appendChild(option);
+});
+if (!A.classes.length) {
+  document.getElementById('class').style.display = 'none';
+  document.querySelector('#order option[value=share]').remove();
+}
+A.units.forEach(function (u, i) { u.index = i; });
 function shown() {
-  var words = document.getElementById('search').value.trim().toLowerCase().split(/\\s+/).filter(Boolean);
-  return window.ATLAS.units.filter(function (u) {
+  var words = chosen('search').trim().toLowerCase().split(/\\s+/).filter(Boolean);
+  var layer = chosen('layer'), kind = chosen('class'), order = chosen('order');
+  var found = A.units.filter(function (u) {
     var text = (u.layer + ' ' + u.unit + ' ' + u.layer + '/' + u.unit).toLowerCase();
-    return words.every(function (w) { return text.indexOf(w) >= 0; });
+    return (!layer || u.layer === layer) && (kind === '' || u.cls === Number(kind)) &&
+      words.every(function (w) { return text.indexOf(w) >= 0; });
   });
+  var key = {top: function (u) { return u.top === null ? Infinity : -u.top; },
+             share: function (u) { return -u.share; }, unit: function (u) { return u.index; }}[order];
+  return found.sort(function (a, b) { return (a.dead - b.dead) || (key(a) - key(b)) || (a.index - b.index); });
+}
+function tile(u) {
+  var link = document.createElement('a'), pics = document.createElement('div'), caption = document.createElement('div');
+  link.href = u.href; link.className = 'tile' + (u.dead ? ' dead' : '');
+  pics.className = 'pics';
+  u.pics.forEach(function (p) {
+    var img = document.createElement('img'); img.loading = 'lazy'; img.src = 'thumbs/' + A.thumbs[p]; img.alt = '';
+    pics.appendChild(img);
+  });
+  caption.className = 'caption';
+  caption.textContent = u.layer + ' / unit ' + u.unit;
+  var about = document.createElement('div');
+  about.className = 'about';
+  about.textContent = u.dead ? 'dead: every value ' + u.top :
+    'top ' + (u.top === null ? 'NaN' : u.top.toPrecision(4)) +
+    (u.cls >= 0 ? ', ' + Math.round(100 * u.share) + '% ' + A.classes[u.cls] : '');
+  link.appendChild(pics); link.appendChild(caption); link.appendChild(about);
+  return link;
 }
 function draw() {
   var found = shown(), list = document.getElementById('units');
   var pages = Math.max(1, Math.ceil(found.length / PAGE));
   page = Math.min(page, pages - 1);
   list.innerHTML = '';
-  found.slice(page * PAGE, (page + 1) * PAGE).forEach(function (u) {
-    var item = document.createElement('li'), link = document.createElement('a');
-    link.href = u.href; link.textContent = u.layer + ' / unit ' + u.unit;
-    item.appendChild(link); item.appendChild(document.createTextNode(' (top ' + u.top.toPrecision(4) + ')'));
-    list.appendChild(item);
-  });
+  found.slice(page * PAGE, (page + 1) * PAGE).forEach(function (u) { list.appendChild(tile(u)); });
   document.getElementById('page').textContent = 'page ' + (page + 1) + ' of ' + pages + ', ' + found.length + ' units';
 }
-document.getElementById('search').addEventListener('input', function () { page = 0; draw(); });
+[['search', 'input'], ['layer', 'change'], ['class', 'change'], ['order', 'change']].forEach(function (pair) {
+  document.getElementById(pair[0]).addEventListener(pair[1], function () { page = 0; draw(); });
+});
 document.getElementById('more').addEventListener('click', function () { page += 1; draw(); });
 document.getElementById('less').addEventListener('click', function () { page = Math.max(0, page - 1); draw(); });
 draw();
-</script>"""
-    return (f'<!doctype html><html><head><meta charset="utf-8"><title>featdump atlas of {html.escape(output.name)}'
-            f'</title><link rel="stylesheet" href="style.css"><script src="atlas.js"></script></head><body>'
-            f'<h1>{html.escape(output.name)}</h1><table><tr><th>layer</th><th>units</th></tr>{rows}</table>'
-            '<p><input id="search" placeholder="layer or unit (layer4 12)" size="40"> '
-            '<button id="less">&larr;</button> <span id="page"></span> <button id="more">&rarr;</button></p>'
-            f'<ol id="units"></ol>{script}</body></html>')
+"""
