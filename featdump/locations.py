@@ -54,6 +54,11 @@ class Location:
         return self.protocol not in ("http", "https")
 
     @property
+    def takes_uploads(self) -> bool:
+        """Whether objects can be written at it: a store's URL; not a plain web server's (http, https)."""
+        return self.remote and self.protocol not in ("http", "https")
+
+    @property
     def path(self) -> Path:
         """The local path (a `file://` URL's too); ValueError at a URL."""
         if self.remote:

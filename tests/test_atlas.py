@@ -246,3 +246,27 @@ def test_the_index_data_marks_dead_units_and_names_each_unit_s_main_class_and_to
     top_pictures = [thumb.name for shown, _, thumb in _pictures_shown(tmp_path / "site") if shown == page][:4]
     assert [data["thumbs"][index] for index in data["units"][0]["pics"]] == top_pictures
     assert all((tmp_path / "site" / "thumbs" / name).exists() for name in data["thumbs"])
+
+
+def test_a_token_layer_s_maximum_is_boxed_on_its_patch_and_tied_lowest_images_are_said_to_be_ties(tmp_path):
+    """A ViT-like layer of 1 + 4 x 4 tokens: the top image's box lies on the patch of its maximum's token (none for
+    the class token); a unit that is 0 for most images says that at least that share ties at its lowest value, and
+    that the images shown are the first in file order; the histogram's axes are named."""
+    from featdump.faces.atlas import atlas
+    from tests.makers.outputs import write_output
+
+    paths = [f"{'ab'[row % 2]}/{row:04d}.jpg" for row in range(20)]
+    _solid_images(tmp_path / "images", paths, 5)
+    tokens = np.zeros((20, 17, 2), dtype=np.float32)
+    tokens[:, 6, 0] = np.arange(20)  # unit 0's maximum on token 6: patch 5 of the 4 x 4 grid (row 1, column 1)
+    tokens[15:, 0, 1] = np.arange(1, 6)  # unit 1: 0 for 15 of 20 images, its maximum on the class token
+    write_output(tmp_path / "out.h5", {"tokens": tokens}, root=str(tmp_path / "images"))
+    atlas(tmp_path / "out.h5", tmp_path / "site", k=3)
+    page = (tmp_path / "site" / "units" / "tokens" / "0.html").read_text()
+    top_cell = page.split('id="top">')[1].split('class="cell"')[1]
+    assert 'class="box" style="left:25.00%;top:25.00%;width:25.00%;height:25.00%"' in top_cell
+    assert "maximum over its 17 tokens" in page and 'id="axes">x: the unit' in page
+    zeros = (tmp_path / "site" / "units" / "tokens" / "1.html").read_text()
+    highest = zeros.split('id="top">')[1].split("<h2>")[0]
+    assert highest.count('class="cell"') == 3 and 'class="box"' not in highest  # the class token: no patch
+    assert "at least 75% of the images have the lowest value, 0: those shown are the first" in zeros

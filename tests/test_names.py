@@ -65,4 +65,9 @@ def test_every_name_gets_its_row_and_exact_bytes_back(tmp_path):
     assert [c.decode() if isinstance(c, bytes) else c for c in classes] == ["cl\\xe0ss", "plain"]
     info = run_featdump("info", output)
     assert info.returncode == 0 and "skipped:    4" in info.stdout
+    from featdump.faces.atlas import atlas
+
+    atlas(output, tmp_path / "site", k=len(ODD_NAMES))  # every row on every unit's page, drawn from its bytes
+    page = (tmp_path / "site" / "units" / "avgpool" / "0.html").read_text()
+    assert page.count('<div class="pic"><img') == 2 * len(ODD_NAMES) + 5 and "missing" not in page
 

@@ -551,15 +551,15 @@ def top(output: str, layers: str | None, k: int, score: str, memory: str, to: Pa
     Example:
       featdump top feats.h5 -l layer4,avgpool -k 16
     """
-    from featdump.units.top import default_place
     from featdump.units.top import top as rank
+    from featdump.units.top import written_to
 
     started = time.perf_counter()
     ranked = rank(output, layers, k=k, score=score, memory=memory, to=to, overwrite=overwrite,
                   progress=progress_for("MB"))
     units = sum(len(ranking.rows) for ranking in ranked.values())
     click.echo(f"Ranked {units} units of {len(ranked)} layer{'s' * (len(ranked) != 1)} into "
-               f"{to or default_place(output)} in {time.perf_counter() - started:.1f} s.", err=True)
+               f"{written_to(output, to)} in {time.perf_counter() - started:.1f} s.", err=True)
 
 
 @main.command()

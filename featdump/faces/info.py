@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -76,8 +77,10 @@ def _results(path: Path) -> dict | None:
                         "columns": [text_of(name) for name in matrix.attrs["columns"]], "cka": matrix[:].tolist()}
             if top.GROUP in h5file:
                 ranked = h5file[top.GROUP]
+                source = json.loads(h5file.attrs["made_from"]).get("source", {}).get("file", "OUTPUT")
                 return {**state, "result": "top", "layers": {name: len(ranked[name]["rows"]) for name in ranked},
-                        "k": int(h5file.attrs.get("k", 0)), "score": text_of(h5file.attrs.get("score"))}
+                        "k": int(h5file.attrs.get("k", 0)), "score": text_of(h5file.attrs.get("score")),
+                        "source": source}
             if not is_readouts(h5file):
                 return None
             kind, names, scores = layer_scores(h5file)
@@ -268,7 +271,8 @@ def _top_lines(results: dict) -> list[str]:
             f"result:     featdump top: each unit's {results['k']} highest and lowest rows ({results['score']} over "
             "its positions), its histogram and its rows at quantiles", "layers:"] + \
         [f"  {name}: {units} units" for name, units in results["layers"].items()] + \
-        [f"read:       featdump.top({results['file']!r}) or h5py f['top/LAYER/rows']"]
+        [f"read:       featdump.top({results['source']!r}, k={results['k']}) (the output it ranks) or h5py "
+         "f['top/LAYER/rows']"]
 
 
 def _result_lines(path: Path, results: dict) -> list[str]:

@@ -75,6 +75,11 @@ class InStore:
         """StoreRefused when the store will not take the output (its bucket missing, writing refused)."""
         remote.check_writable(self.url, patience)
 
+    @property
+    def takes_uploads(self) -> bool:
+        """Whether objects can be written beside it: a store; not a plain web server (http, https)."""
+        return self.location.takes_uploads
+
     def beside(self, name: str) -> str:
         """The URL of the object NAME beside this output in the store."""
         return str(self.location.parent.join(name))

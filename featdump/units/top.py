@@ -52,6 +52,7 @@ SAMPLING = "rows"  # ... drawn one by one (a file sorted by class is no cluster 
 SAMPLE_READERS = 16  # ... this many rows read at once (direct reads: a disk serves them together)
 SERVES_SMALLER = ("k", "layers")  # what a ranking may hold more of than asked and still serve the ask
 QUANTILES = (0.1, 0.25, 0.5, 0.75, 0.9)
+ROUNDING = 1e-9  # a score this near (relatively) the sample's lowest or highest is in the first or last bin
 FIELDS = ("rows", "values", "positions", "bottom_rows", "bottom_values", "histogram", "edges", "quantile_rows",
           "quantile_values")
 
@@ -108,6 +109,17 @@ def default_place(output: str | Path) -> Path | str:
     output at a URL)."""
     name = str(output).rstrip("/").rsplit("/", 1)[-1].removesuffix(".h5") + ".top.h5"
     return place_of(output).beside(name)
+
+
+def written_to(output: str | Path, to: str | Path | None = None) -> Path | str:
+    """Where `top` writes OUTPUT's ranking: TO; else beside OUTPUT (in its store), or, for an OUTPUT on a web
+    server (which takes no uploads), beside its copy on the local scratch disk."""
+    place = place_of(output)
+    if to is not None:
+        return to
+    if isinstance(place, InStore) and not place.takes_uploads:
+        return default_place(place.scratch_twin(None))
+    return default_place(output)
 
 
 def top(output: str | Path, layers: list[str] | str | None = None, *, k: int = DEFAULT_K, score: str = "max",
@@ -181,9 +193,13 @@ def _top_in_store(url: str, layers, k: int, score: str, memory, to, overwrite: b
     """`top` of the finished output at URL: read from its copy on the local scratch disk (downloaded once, kept for
     a rerun), written to TO or, by default, beside the copy and then uploaded beside URL (URL.top.h5)."""
     local = place_of(url).local_copy()
+    uploaded = to is None and place_of(url).takes_uploads
+    if to is None and not uploaded:
+        log.info("%s is on a web server, which takes no uploads: the ranking is written beside its local copy, %s "
+                 "(or give -o).", url, written_to(url))
     ranked = top(local, layers, k=k, score=score, memory=memory, to=to, overwrite=overwrite, progress=progress,
                  as_xarray=as_xarray)
-    if to is None:
+    if uploaded:
         remote.upload(default_place(local), default_place(url), Patience())
         log.info("Ranked %s into %s.", url, default_place(url))
     return ranked
@@ -396,6 +412,8 @@ class _Spectrum:
         step = max(1, 2**20 // max(1, len(scores)))
         low, high = self.edges[:, :1], self.edges[:, -1:]
         width = (high - low) / BINS
+        slack = ROUNDING * (np.abs(low) + np.abs(high))  # a mean summed in another slab's shape rounds otherwise
+        floor, ceiling = low - slack, high + slack
         for start in range(0, scores.shape[1], step):
             part = scores[:, start:start + step]
             missing = np.isnan(part) if np.isnan(part).any() else None  # NaN: in no bin
@@ -406,8 +424,8 @@ class _Spectrum:
             if missing is not None:
                 inside[missing] = 0
             places = inside.astype(np.int64) + 1  # bins 1..BINS; 0 below the sample's lowest, BINS + 1 above
-            places[part < low] = 0
-            places[part > high] = BINS + 1
+            places[part < floor] = 0
+            places[part > ceiling] = BINS + 1
             places += np.arange(len(scores))[:, None] * (BINS + 2)  # each unit's own bins
             counted = places.ravel() if missing is None else places[~missing]
             self.counts += np.bincount(counted, minlength=self.counts.size).reshape(self.counts.shape)
