@@ -15,18 +15,19 @@ from .helpers import REPO, featdump_env, run_featdump
 PLUGIN = '''
 import hashlib
 import io
+import os
 
 import numpy as np
 from PIL import Image
 from torch import nn
 
-from featdump.inputs.imagelist import Encoded, ImageList, open_each
+from featdump.inputs.imagelist import Encoded, ImageList, Storage, open_each
 from featdump.inputs.readers import Reader
 from featdump.sources.registry import Built, Source
 
 
-class Swatches:
-    """Each row a solid colour a line of the .colors file names (r,g,b)."""
+class Swatches(Storage):
+    """Each row a solid colour a line of the .colors file names (r,g,b); a row's version is its colour."""
 
     def __init__(self, colours):
         self.colours = colours
@@ -34,13 +35,14 @@ class Swatches:
     def open(self, root, relative, position):
         buffer = io.BytesIO()
         Image.new("RGB", (64, 48), self.colours[position]).save(buffer, format="PNG")
-        return Encoded(relative, (len(buffer.getvalue()), 0), data=buffer.getvalue())
+        return Encoded(relative, self.stat(root, relative, position), data=buffer.getvalue())
 
     def open_as_ready(self, root, relatives, positions):
         return open_each(self, root, relatives, positions)
 
     def stat(self, root, relative, position):
-        return 0, 0
+        red, green, blue = self.colours[position]
+        return 0, red << 16 | green << 8 | blue
 
     def select(self, positions):
         return Swatches([self.colours[position] for position in positions])
@@ -62,9 +64,20 @@ class ColourFile(Reader):
         return where.text.endswith(".colors")
 
     def read(self, where, asked):
-        colours = [tuple(int(v) for v in line.split(",")) for line in where.path.read_text().split()]
+        colours = parsed(where.path)
         names = tuple(f"{where.name}/{index}" for index in range(len(colours)))
         return ImageList(where.path.parent, names, (-1,) * len(colours), (), Swatches(colours))
+
+    def read_back(self, root, relative):
+        name, _, index = relative.rpartition("/")
+        path = os.path.join(root, name)
+        if not name.endswith(".colors") or not os.path.isfile(path):
+            return None
+        return Swatches(parsed(path)).open(root, relative, int(index)).data
+
+
+def parsed(path):
+    return [tuple(int(v) for v in line.split(",")) for line in open(path).read().split()]
 
 
 class Flat(Source):

@@ -178,6 +178,21 @@ class Storage:
         return {}
 
 
+def changed_on_reading(storage: Storage, root, paths: Sequence[str], positions: np.ndarray, recorded: np.ndarray,
+                       rows: np.ndarray) -> np.ndarray:
+    """Which of ROWS (of an output: POSITIONS, each one's position in PATHS; RECORDED, (rows, 2), what each recorded
+    of its input) read now as other bytes than they recorded (or cannot be read): a boolean array over every row,
+    read 256 rows at a time."""
+    changed = np.zeros(len(positions), dtype=bool)
+    for first in range(0, len(rows), 256):
+        chosen_rows = rows[first:first + 256]
+        chosen = positions[chosen_rows].tolist()
+        for index, found in storage.open_as_ready(root, [paths[p] for p in chosen], chosen):
+            now = found.file_stat if isinstance(found, Encoded) else None
+            changed[chosen_rows[index]] = now is None or tuple(now) != tuple(recorded[chosen_rows[index]])
+    return changed
+
+
 def open_each(storage: Storage, root: Path, relatives: Sequence[str],
               positions: Sequence[int]) -> Iterator[tuple[int, Encoded | Exception]]:
     """(index, bytes) of each image (a file's are read when it is decoded), or why it cannot be read, in turn."""

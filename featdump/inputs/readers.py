@@ -11,7 +11,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
-from featdump.errors import NoImages, UsageProblem
+from featdump.errors import FeatdumpError, NoImages, ReaderFailed, UsageProblem
 from featdump.inputs.arrays import is_array_file, listed_rows, read_array, read_array_row
 from featdump.inputs.asked import (
     ARRAY,
@@ -333,10 +333,20 @@ def read_images(where: Location, asked: Asked) -> ImageList:
     plugins that failed to load, if any did)."""
     from featdump import plugins
 
+    reader = None
     try:
-        return reader_for(where, asked).read(where, asked)
+        reader = reader_for(where, asked)
+        return reader.read(where, asked)
     except NoImages as error:
         raise plugins.noting_left_out(READERS_GROUP, error) from error.__cause__
+    except (FeatdumpError, OSError):
+        raise
+    except Exception as error:  # a reader's own failure (a plugin's parse of a junk input): one line naming it
+        message = " ".join(str(error).split()) or "no message"
+        named = "A" if reader is None else f"The {reader.name or type(reader).__name__}"
+        raise ReaderFailed(f"{named} reader could not list {asked.named} "
+                           f"{where.text!r}: {type(error).__name__}: {message}. Check that input, or the package "
+                           "that reads it.") from error
 
 
 def reader_for(where: Location, asked: Asked) -> Reader:

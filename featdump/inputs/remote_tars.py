@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
 from featdump.errors import NoImages, UsageProblem
-from featdump.inputs.imagelist import Encoded, ImageList
+from featdump.inputs.imagelist import Encoded, ImageList, content_digest
 from featdump.inputs.objects import object_identity, only_image, video_where_it_lies
 from featdump.inputs.stores import Patience, describe, fetch_all, fetch_as_ready, filesystem, store_path
 from featdump.inputs.tars import DamagedTar, TarMembers, TarScan, TarShard, scan_tar_file, tar_image_list
@@ -215,4 +215,5 @@ class RemoteTarMembers(TarMembers):
             return data
         if len(data) < offset + size:
             return DamagedTar(f"{self.tars[tar].name} ends before this member's bytes (changed after it was listed)")
-        return Encoded(relative, (size, self.tars[tar].mtime_ns), data=data[offset:offset + size])
+        member = data[offset:offset + size]
+        return Encoded(relative, (size, content_digest(member)), data=member)

@@ -24,7 +24,15 @@ from pathlib import Path, PurePosixPath
 import numpy as np
 
 from featdump.errors import NoImages, UsageProblem
-from featdump.inputs.imagelist import ROW_VERSION, Encoded, ImageList, Storage, content_digest, hash_lines
+from featdump.inputs.imagelist import (
+    ROW_VERSION,
+    Encoded,
+    ImageList,
+    Storage,
+    changed_on_reading,
+    content_digest,
+    hash_lines,
+)
 from featdump.inputs.splits import of_split
 from featdump.inputs.stores import Patience, filesystem, store_path
 from featdump.inputs.tar_names import expand_braces
@@ -302,14 +310,7 @@ class TableRows(Storage):
         was = listed.get("tables", {})
         moved = np.array([was.get(table.name) != [table.size, table.version] for table in self.files] or [False])
         looked_at = np.flatnonzero(~gone & (recorded[:, 0] >= 0) & (moved[files] | suspects))
-        changed = np.zeros(len(positions), dtype=bool)
-        for first in range(0, len(looked_at), 256):
-            rows = looked_at[first:first + 256]
-            chosen = positions[rows].tolist()
-            for index, found in self.open_as_ready(root, [paths[p] for p in chosen], chosen):
-                now = found.file_stat if isinstance(found, Encoded) else None
-                changed[rows[index]] = now is None or tuple(now) != tuple(recorded[rows[index]])
-        return gone, changed
+        return gone, changed_on_reading(self, root, paths, positions, recorded, looked_at)
 
     def select(self, positions: Sequence[int]) -> TableRows:
         chosen = np.asarray(positions, dtype=np.int64)

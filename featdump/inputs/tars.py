@@ -28,7 +28,16 @@ import numpy as np
 
 from featdump.errors import NoImages
 from featdump.inputs.folder import IMAGE_EXTENSIONS, images_or_videos
-from featdump.inputs.imagelist import Encoded, ImageList, Storage, Window, hash_lines
+from featdump.inputs.imagelist import (
+    ROW_VERSION,
+    Encoded,
+    ImageList,
+    Storage,
+    Window,
+    changed_on_reading,
+    content_digest,
+    hash_lines,
+)
 from featdump.inputs.tar_names import TAR_SUFFIX
 from featdump.inputs.video import VIDEO_SUFFIXES, is_video_name
 from featdump.locations import Location
@@ -255,6 +264,11 @@ def tar_image_list(root: Path | str, shards: list[TarShard], scans: list[TarScan
         without_image += scan.without_image
     _log_left_out(ignored, without_image)
     members = [position for position, size in enumerate(sizes) if size >= 0]
+    if not members and damage:  # nothing but damage: no tar at all (a junk file), refused before any model loads
+        (index, offset), reason = next(iter(damage.items()))
+        raise NoImages(f"No images in the {len(shards)} tar file{'s' * (len(shards) != 1)} from {first!r}: "
+                       f"{Location.of(root).join(shards[index].name)} is damaged at byte {offset} ({reason}); is "
+                       "it a tar?")
     kept = set(members[i] for i in images_or_videos([names[p] for p in members], f"The tars from {first!r}"))
     chosen = [position for position, size in enumerate(sizes) if size < 0 or position in kept]
     names, labels, tar_of, offsets, sizes = ([values[p] for p in chosen]
@@ -264,7 +278,8 @@ def tar_image_list(root: Path | str, shards: list[TarShard], scans: list[TarScan
                        f"KEY.EXT with EXT one of {', '.join(sorted(ext.lstrip('.') for ext in _ROW_SUFFIXES))}).")
     located = storage(tuple(shards), np.asarray(tar_of, np.int32), np.asarray(offsets, np.int64),
                       np.asarray(sizes, np.int64), damage, tuple(left_out))
-    return ImageList(root, tuple(names), tuple(labels), (), located)
+    listing = {"tars": {shard.name: [shard.size, shard.mtime_ns] for shard in shards}, "row_version": ROW_VERSION}
+    return ImageList(root, tuple(names), tuple(labels), (), located, listing)
 
 
 def _log_left_out(ignored: collections.Counter, without_image: int) -> None:
@@ -298,10 +313,31 @@ class TarMembers(Storage):
         data = os.pread(_tar_descriptor(root / shard.name, shard), size, offset)
         if len(data) != size:
             raise DamagedTar(f"{shard.name} ends before this member's bytes (truncated after it was listed)")
-        return Encoded(relative, (size, shard.mtime_ns), data=data)
+        return Encoded(relative, (size, content_digest(data)), data=data)
 
-    def stat(self, root: Path, relative: str, position: int) -> tuple[int, int] | None:
-        return int(self.size[position]), self.tars[int(self.tar[position])].mtime_ns  # as listed for this job
+    def stat(self, root, relative: str, position: int) -> tuple[int, int] | None:
+        """What the member records of itself now (its size and the digest of its bytes), read again; None when it
+        cannot be read."""
+        found = next(iter(self.open_as_ready(root, [relative], [position])))[1]
+        return None if isinstance(found, Exception) else found.file_stat
+
+    def stale(self, root, paths: Sequence[str], positions: np.ndarray, recorded: np.ndarray, listed: dict,
+              suspects: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Rows gone: no longer listed. Rows changed: their bytes differ from the digest they recorded, read again
+        only from tars whose size or time changed since the output LISTED them (a tar with members appended keeps
+        its old ones) and the SUSPECTS (rows recorded stale). Outputs made before members recorded digests: a row
+        changed when its tar did (what they recorded: the member's size and its tar's time)."""
+        gone = positions < 0
+        at = np.maximum(positions, 0)
+        tars = self.tar[at] if len(self.tar) else np.zeros(len(positions), np.int32)
+        times = np.array([shard.mtime_ns for shard in self.tars] or [0], dtype=np.int64)
+        if listed.get("row_version") != ROW_VERSION:
+            now = np.stack([self.size[at] if len(self.size) else np.zeros(len(at), np.int64), times[tars]], axis=1)
+            return gone, ~gone & (recorded[:, 0] >= 0) & (now != recorded).any(axis=1)
+        was = listed.get("tars", {})
+        moved = np.array([was.get(shard.name) != [shard.size, shard.mtime_ns] for shard in self.tars] or [False])
+        looked_at = np.flatnonzero(~gone & (recorded[:, 0] >= 0) & (moved[tars] | suspects))
+        return gone, changed_on_reading(self, root, paths, positions, recorded, looked_at)
 
     def select(self, positions: Sequence[int]) -> TarMembers:
         chosen = np.asarray(positions, dtype=np.int64)
