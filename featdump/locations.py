@@ -86,6 +86,11 @@ class Location:
         return self.path if not self.remote and self.path.is_file() else None
 
     @property
+    def folder_here(self) -> Path | None:
+        """The folder on this machine it names; None when there is none (nothing there, a file, or a URL)."""
+        return self.path if not self.remote and self.path.is_dir() else None
+
+    @property
     def bare(self) -> str:
         """The URL without its protocol (`s3://b/k` -> `b/k`); a path's text."""
         return self.text.split("://", 1)[1] if self.remote else self.text

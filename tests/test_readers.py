@@ -81,6 +81,6 @@ def test_a_folder_of_arrow_files_is_told_how_to_read_it(tmp_path):
     (saved / "train").mkdir(parents=True)
     (saved / "train" / "data-00000-of-00001.arrow").write_bytes(b"ARROW1")
     (saved / "train" / "state.json").write_text("{}")
-    with pytest.raises(NoImages, match=r"It holds Arrow files \(data-00000-of-00001.arrow\), as Hugging Face's "
-                                       r"Dataset.save_to_disk writes: write the dataset as Parquet"):
+    with pytest.raises(NoImages, match=r"It holds Arrow files in '.*saved/train', as Hugging Face's "
+                                       r"Dataset.save_to_disk writes: pass the folder save_to_disk wrote"):
         read_images(Location.of(str(saved)), Asked())

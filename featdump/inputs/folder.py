@@ -40,13 +40,14 @@ def read_folder(root: Path) -> ImageList:
 
 
 def _arrow_hint(root: Path) -> str:
-    """A hint for a folder that `datasets`' save_to_disk wrote (Arrow files, state.json): no reader of featdump's
-    reads it yet."""
-    arrow = sorted(path.name for path in root.rglob("*.arrow"))[:2]
-    if not arrow:
+    """A hint for a folder holding what `datasets`' save_to_disk wrote deeper down (Arrow files): the folder it
+    wrote is read as a saved dataset."""
+    saved = sorted({path.parent for path in root.rglob("*.arrow")})[:2]
+    if not saved:
         return ""
-    return (f" It holds Arrow files ({', '.join(arrow)}), as Hugging Face's Dataset.save_to_disk writes: write the "
-            "dataset as Parquet (Dataset.to_parquet) and pass that file or folder, or install a reader for it.")
+    return (f" It holds Arrow files in {', '.join(repr(str(folder)) for folder in saved)}, as Hugging Face's "
+            "Dataset.save_to_disk writes: pass the folder save_to_disk wrote (the one holding state.json, or a "
+            "DatasetDict's dataset_dict.json).")
 
 
 def class_labels(paths: Sequence[str]) -> tuple[tuple[int, ...], tuple[str, ...]]:

@@ -128,7 +128,7 @@ def read_tables(source: str, image_column: str | None = None, label_column: str 
         with fs.open(path, "rb") as handle:
             table = parquet.ParquetFile(handle)
             schema = table.schema_arrow
-            chosen = chosen or _image_column(schema, image_column, path)
+            chosen = chosen or images_column(schema, image_column, path)
             label = label_column or ("label" if "label" in schema.names else None)
             if label_column is not None and label_column not in schema.names:
                 raise UsageProblem(f"--label-column {label_column}: {path} has no such column; it has "
@@ -141,7 +141,7 @@ def read_tables(source: str, image_column: str | None = None, label_column: str 
         files.append(TableFile(relative, int(info.get("size") or 0), str(_version(info)),
                                tuple(table.metadata.row_group(g).num_rows for g in range(table.num_row_groups))))
         count = table.metadata.num_rows
-        labels += _labels(read, label, count)
+        labels += labels_of(read, label, count)
         own_paths += _own_paths(read, chosen, count)
         names += [f"{relative}/{row}" for row in range(count)]
     names = [f"{name}/{own.lstrip('/')}" if own else name for name, own in zip(names, own_paths)]  # no "//"
@@ -181,7 +181,7 @@ def _version(info: dict) -> object:
     return info.get("mtime") or info.get("LastModified") or info.get("ETag") or info.get("etag") or ""
 
 
-def _image_column(schema, named: str | None, path: str) -> str:
+def images_column(schema, named: str | None, path: str) -> str:
     """The column holding the images' bytes: NAMED, else the one struct of bytes and path, else the one binary."""
     import pyarrow as pa
 
@@ -224,7 +224,7 @@ def _class_names(schema, label: str | None) -> list[str] | None:
     return [str(name) for name in names] if names else None
 
 
-def _labels(read, label: str | None, count: int) -> list[int]:
+def labels_of(read, label: str | None, count: int) -> list[int]:
     if read is None or label is None:
         return [-1] * count
     values = read.column(label).to_pylist()
