@@ -74,3 +74,30 @@ def test_a_cached_github_repository_is_read_offline_and_its_weights_fail_in_one_
     assert missing.returncode == 2 and "holds no copy of someone/elsewhere" in missing.stderr, missing.stderr
     unknown = run_featdump("list-layers", "hub:facebookresearch/tinyhub:nosuch")
     assert unknown.returncode != 0 and "has no entry point 'nosuch'" in unknown.stderr, unknown.stderr
+
+
+def test_an_entry_point_without_pretrained_takes_a_checkpoint_and_lists_its_layers(tmp_path):
+    """The request is typed: a checkpoint to follow, or only the layers (list-layers), is no `--weights none` to an
+    entry point that takes no `pretrained` argument: it is built as it builds itself, then the checkpoint loaded;
+    its layers listed."""
+    (tmp_path / "repo").mkdir()
+    (tmp_path / "repo" / "hubconf.py").write_text(HUBCONF)
+    write_images(tmp_path / "images", {"": 2})
+    trained = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.ReLU())
+    torch.nn.init.constant_(trained[0].weight, 0.01)
+    torch.save(trained.state_dict(), tmp_path / "trained.pt")
+    spec = f"hub:{tmp_path / 'repo'}:fixed"
+    made = run_featdump("extract", "-m", spec, "-w", tmp_path / "trained.pt", "-l", "0", "--transform",
+                        "featdump.testing.models:small_transform", tmp_path / "images", tmp_path / "out.h5")
+    assert made.returncode == 0, made.stderr
+    rows = featdump.load(tmp_path / "out.h5", "0")
+    from PIL import Image
+
+    from featdump.testing.models import small_transform
+
+    with torch.no_grad():
+        for path, row in zip(rows.paths, rows.features):
+            expected = trained[0](small_transform()(Image.open(tmp_path / "images" / path).convert("RGB"))[None])[0]
+            np.testing.assert_allclose(row, expected.numpy(), rtol=1e-5, atol=1e-6)
+    listed = run_featdump("list-layers", spec)
+    assert listed.returncode == 0 and "Conv2d" in listed.stdout, listed.stderr + listed.stdout

@@ -15,7 +15,7 @@ def layer_listing(model: str, depth: int | None = None, as_json: bool = False, t
     from featdump.sources.models import load_model
 
     lines: list[str] = []
-    loaded = load_model(model, weights="none", transform=transform, trust_pickle=trust_pickle)
+    loaded = load_model(model, transform=transform, trust_pickle=trust_pickle, structure_only=True)
     shape = preprocess_for(loaded).input_shape  # a video model's: one clip of its own frames
     infos = [info for info in probe(loaded.module, shape, loaded.rows_within, loaded.stated_axes)
              if depth is None or info.depth <= depth]

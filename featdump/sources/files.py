@@ -26,6 +26,9 @@ def build(path_text: str, trust_pickle: bool) -> nn.Module:
     if not path.is_file():
         raise UsageProblem(f"Model file {path_text!r} does not exist.")
     kind = _archive_kind(path)
+    if kind == "torch.export archive":
+        raise UsageProblem(f"{path_text!r} is a program torch.export.save wrote: pass --model export:{path_text} (its "
+                           "module paths restored by torch.export.unflatten).")
     if kind:
         raise UsageProblem(
             f"{path_text!r} is a {kind}: hooks cannot see inside it. Build the nn.Module in Python instead "

@@ -43,7 +43,10 @@ class HubSource(Source):
         import torch
 
         takes_pretrained = "pretrained" in inspect.signature(_entries(folder)[entry]).parameters
-        if request.random:
+        if request.wanted in ("checkpoint", "structure") and not takes_pretrained:
+            module = self._own(folder, entry, spec, {}, request.wanted)
+            label = "none" if request.wanted == "structure" else "the entry point's own, then the checkpoint"
+        elif request.random:
             if not takes_pretrained:
                 raise UsageProblem(f"--model {spec}: its entry point takes no `pretrained` argument, so featdump "
                                    "cannot ask it for a random network: leave out --weights none (its own weights).")
@@ -51,14 +54,7 @@ class HubSource(Source):
             module = torch.hub.load(str(folder), entry, source="local", trust_repo=True, pretrained=False)
             label = "none"
         elif request.default:
-            try:
-                keywords = {"pretrained": True} if takes_pretrained else {}
-                module = torch.hub.load(str(folder), entry, source="local", trust_repo=True, **keywords)
-            except Exception as error:  # an entry point's download fails in many ways; offline is the common one
-                raise WeightsUnavailable(f"--model {spec}: its entry point could not load its weights "
-                                         f"({first_sentence(error)}). Weights a hub model downloads are read from "
-                                         "torch.hub's cache (TORCH_HOME) when present; pass --weights none for a "
-                                         "random network.") from error
+            module = self._own(folder, entry, spec, {"pretrained": True} if takes_pretrained else {}, "default")
             label = "the entry point's own"
         else:
             raise UsageProblem(f"--model {spec}: --weights takes DEFAULT or none for a hub model (its entry point "
@@ -71,6 +67,25 @@ class HubSource(Source):
         source = {"source": "hub", "hub_repo": self.bare(spec).rsplit(":", 1)[0], "hub_entry": entry,
                   "hubconf": hashlib.sha256((folder / "hubconf.py").read_bytes()).hexdigest()[:16]}
         return Built(module.eval(), label, source)
+
+
+    @staticmethod
+    def _own(folder: Path, entry: str, spec: str, keywords: dict, wanted: str):
+        """The entry point's module as it builds it (its own weights, KEYWORDS given), or WeightsUnavailable in
+        one line saying what was WANTED."""
+        import torch
+
+        try:
+            return torch.hub.load(str(folder), entry, source="local", trust_repo=True, **keywords)
+        except Exception as error:  # an entry point's download fails in many ways; offline is the common one
+            why = {"default": "; pass --weights none for a random network",
+                   "checkpoint": ": its entry point takes no `pretrained` argument, so it is built with its own "
+                                 "weights before the checkpoint replaces them",
+                   "structure": ": its entry point takes no `pretrained` argument, so its layers are listed from "
+                                "the network it builds with its own weights"}[wanted]
+            raise WeightsUnavailable(f"--model {spec}: its entry point could not load its weights "
+                                     f"({first_sentence(error)}). Weights a hub model downloads are read from "
+                                     f"torch.hub's cache (TORCH_HOME) when present{why}.") from error
 
 
 def _located(name: str) -> tuple[Path, str]:

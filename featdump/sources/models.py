@@ -68,16 +68,18 @@ def default_preprocessing(name: str) -> nn.Module:
 
 
 def load_model(model: str, weights: str = "DEFAULT", seed: int = 0, transform: str | None = None,
-               trust_pickle: bool = False) -> LoadedModel:
+               trust_pickle: bool = False, structure_only: bool = False) -> LoadedModel:
     """Build --model MODEL with WEIGHTS (DEFAULT, an enum name, 'none' or a checkpoint path), in eval mode, by the
-    source that claims it (`registry`).
+    source that claims it (`registry`); STRUCTURE_ONLY: any weights serve, none downloaded (list-layers).
 
     With weights 'none' the network is built right after `torch.manual_seed(seed)`, so the same random
     network can be rebuilt anywhere. TRANSFORM ('package.module:callable') replaces the preprocessing.
     """
-    checkpoint = Path(weights) if _looks_like_path(weights) else None
-    built = source_for(model).build(ModelRequest(spec=model, weights="none" if checkpoint else weights, seed=seed,
-                                                 transform=transform, trust_pickle=trust_pickle))
+    checkpoint = Path(weights) if _looks_like_path(weights) and not structure_only else None
+    wanted = "structure" if structure_only else "checkpoint" if checkpoint else ""
+    built = source_for(model).build(ModelRequest(spec=model, weights="none" if checkpoint or structure_only else
+                                                 weights, seed=seed, transform=transform, trust_pickle=trust_pickle,
+                                                 wanted=wanted))
     label, source, preprocessing = built.weights, built.source, built.preprocessing
     if checkpoint is not None:
         load_checkpoint(built.module, checkpoint)

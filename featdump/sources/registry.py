@@ -40,20 +40,37 @@ class Built:
     stated_axes: dict = field(default_factory=dict)
 
 
+WANTED = ("default", "random", "named", "checkpoint", "structure")
+
+
 @dataclass(frozen=True, kw_only=True)
 class ModelRequest:
     """What a job asks a source to build: the --model SPEC, its --weights (DEFAULT: the source's own, none: random
-    weights of SEED, or a name the source knows), a --transform, and whether a pickled model may be loaded."""
+    weights of SEED, or a name the source knows), a --transform, and whether a pickled model may be loaded. WANTED
+    says which of these the weights are, as torchvision's weights enums tell its models: the source's own
+    (`default`), random (`random`), weights the source names (`named`), a network whose weights a checkpoint
+    replaces after it is built (`checkpoint`: WEIGHTS is none), or only its structure, any weights, none downloaded
+    (`structure`, as list-layers asks: WEIGHTS is none)."""
 
     spec: str
     weights: str = "DEFAULT"
     seed: int = 0
     transform: str | None = None
     trust_pickle: bool = False
+    wanted: str = ""  # one of WANTED; "" : told by WEIGHTS (default, random or named)
+
+    def __post_init__(self) -> None:
+        if not self.wanted:
+            told = "default" if default_weights(self.weights) else "random" if random_weights(self.weights) \
+                else "named"
+            object.__setattr__(self, "wanted", told)
+        if self.wanted not in WANTED:
+            raise ValueError(f"ModelRequest(wanted={self.wanted!r}): one of {', '.join(WANTED)}")
 
     @property
     def random(self) -> bool:
-        """-w none: a network of random weights (seeded by SEED)."""
+        """-w none, a checkpoint to follow, or only the structure: a network of random weights (seeded by SEED)
+        serves (a source that cannot build one tells the three apart by WANTED)."""
         return random_weights(self.weights)
 
     @property
