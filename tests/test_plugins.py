@@ -267,7 +267,7 @@ def test_an_installed_plugin_is_in_the_help_and_messages_but_not_in_featdump_s_d
     assert "rows files (.rows)" in input_kinds()  # what the help of a process started now lists
     refused = run_featdump("extract", "-m", "resnet18", "-l", "avgpool", failing_reader / "none",
                            failing_reader / "o.h5")
-    assert refused.returncode == 2 and "the readers: parquet, rows, tar" in refused.stderr, refused.stderr
+    assert refused.returncode == 2 and "the readers: parquet, saved, rows, tar" in refused.stderr, refused.stderr
 
 
 def test_reader_by_name_and_the_options_it_declares_reach_it_others_refused_in_one_line(failing_reader):

@@ -318,7 +318,7 @@ def test_errors_are_per_row_and_non_finite_only_where_the_reference_is_finite():
 def test_a_row_beyond_its_own_bound_stays_beyond_it_however_many_rows_are_proved():
     """Each row is judged by its own emulation: rows proved besides it (farther in the emulation) do not loosen its
     test, so --proof 256 is never more lenient than --proof 8 on the same rows."""
-    from featdump.job.proof import _nearest_row
+    from featdump.job.proof_measures import nearest_row as _nearest_row
 
     error, limit = _nearest_row([0.05, 0.01], [0.01, 0.01], ["bf16"], "float32")
     assert (error, limit) == (0.05, pytest.approx(3 * 0.01 + 2**-8)) and error > limit

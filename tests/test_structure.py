@@ -79,8 +79,10 @@ def importers_of(package: str) -> list[str]:
 
 
 def test_only_the_cli_imports_click():
-    """The CLI, and the readers' conformance kit that drives it as a user does (click's test runner)."""
-    assert importers_of("click") == ["featdump.faces.cli", "featdump.testing.readers"]
+    """The CLI (its group, its commands, its analysis commands), and the readers' conformance kit that drives it as
+    a user does (click's test runner)."""
+    assert importers_of("click") == ["featdump.faces.analysis_commands", "featdump.faces.cli",
+                                     "featdump.faces.group", "featdump.testing.readers"]
 
 
 def test_only_the_ray_engine_imports_ray():
@@ -206,3 +208,18 @@ def test_a_benchmark_writes_its_own_section_of_the_results_and_nothing_else(tmp_
     text = results.read_text()
     assert text.count("<!-- run: begin") == 1 and "| newer |" in text and "| new |" not in text
     assert "tars' table" in text and text.endswith("## Notes by hand\n\nkept\n") and text.startswith("# Benchmark")
+
+
+def test_the_house_keeps_its_sizes():
+    """No module over 450 lines, at most two over 400, no function over 60: a module that grows past them is split
+    by concept (as faces/cli.py into the group, its commands and the analysis commands)."""
+    sizes = {path.relative_to(PACKAGE.parent).as_posix(): len(path.read_text().splitlines())
+             for path in PACKAGE.rglob("*.py")}
+    assert not {name: lines for name, lines in sizes.items() if lines > 450}
+    largest = sorted(sizes.items(), key=lambda item: -item[1])[:4]
+    assert len([name for name, lines in sizes.items() if lines > 400]) <= 2, largest
+    long_functions = [(path.name, node.name, node.end_lineno - node.lineno + 1) for path in PACKAGE.rglob("*.py")
+                      for node in ast.walk(ast.parse(path.read_text()))
+                      if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+                      and node.end_lineno - node.lineno + 1 > 60]
+    assert not long_functions

@@ -22,7 +22,7 @@ from featdump.inputs.gpu_decode import to_device_inputs
 from featdump.inputs.loader import ImageDataset, collate
 from featdump.inputs.preprocess import Preprocess
 from featdump.inputs.tar_names import expand_braces
-from featdump.inputs.tars import scan_tar
+from featdump.inputs.tar_scan import scan_tar
 from featdump.output.merge import merge
 
 from .helpers import committed_rows, read_output, run_featdump, start_featdump, write_images

@@ -29,7 +29,8 @@ from featdump.inputs.listfile import LIST_SUFFIXES, check_list_name, list_entrie
 from featdump.inputs.objects import check_access, only_image, read_object, read_prefix, video_where_it_lies
 from featdump.inputs.remote_tars import PATTERN_SEPARATOR, read_remote_tars
 from featdump.inputs.stores import Patience, fetch_all, fetch_as_ready
-from featdump.inputs.tables import folder_of_tables, names_tables, prefix_of_tables, read_table_row, read_tables
+from featdump.inputs.table_names import folder_of_tables, names_tables, prefix_of_tables
+from featdump.inputs.tables import read_table_row, read_tables
 from featdump.inputs.tar_names import TAR_SUFFIX, check_not_compressed, check_tar_names, expand_braces, named_tars
 from featdump.inputs.tars import read_stored, read_tars
 from featdump.inputs.video import is_video_file, is_video_name

@@ -32,7 +32,8 @@ from featdump.errors import NoImages, UsageProblem
 from featdump.inputs.imagelist import Encoded, ImageList, content_digest
 from featdump.inputs.objects import object_identity, only_image, video_where_it_lies
 from featdump.inputs.stores import Patience, describe, fetch_all, fetch_as_ready, filesystem, store_path
-from featdump.inputs.tars import DamagedTar, TarMembers, TarScan, TarShard, scan_tar_file, tar_image_list
+from featdump.inputs.tar_scan import DamagedTar, TarScan, scan_tar_file
+from featdump.inputs.tars import TarMembers, TarShard, tar_image_list
 from featdump.inputs.video import is_video_name
 
 PATTERN_SEPARATOR = "::"

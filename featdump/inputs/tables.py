@@ -19,7 +19,7 @@ import json
 import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
-from pathlib import Path, PurePosixPath
+from pathlib import PurePosixPath
 
 import numpy as np
 
@@ -34,11 +34,10 @@ from featdump.inputs.imagelist import (
     hash_lines,
 )
 from featdump.inputs.splits import of_split
-from featdump.inputs.stores import Patience, filesystem, store_path
+from featdump.inputs.stores import filesystem, store_path
+from featdump.inputs.table_names import TABLE_SUFFIX
 from featdump.inputs.tar_names import expand_braces
 from featdump.locations import Location
-
-TABLE_SUFFIX = ".parquet"
 
 
 def _pyarrow():
@@ -48,50 +47,6 @@ def _pyarrow():
         raise UsageProblem("Parquet tables need the package pyarrow, which is not installed: pip install "
                            "'featdump[parquet]'.") from error
     return parquet
-
-
-def names_tables(source: str) -> bool:
-    """Whether SOURCE (a path, a pattern or a URL) names Parquet files by its name: it ends in .parquet, or is a
-    dataset at hf://."""
-    return str(source).lower().endswith(TABLE_SUFFIX) or Location.of(source).protocol == "hf"
-
-
-def folder_of_tables(path: Path) -> bool:
-    """Whether PATH is a folder of Parquet tables: it holds some, directly or in folders (split folders,
-    `default/{train,test}/0000.parquet`; a clone of a Hugging Face dataset, its tables under data/ beside
-    README.md), and no image; hidden files and folders (.git, .ipynb_checkpoints) are passed by. The walk stops at
-    the first image (a folder of images is told at once)."""
-    if not path.is_dir():
-        return False
-    found = False
-    for _, subfolders, files in os.walk(path):
-        subfolders[:] = [name for name in subfolders if not name.startswith(".")]
-        for name in files:
-            suffix = os.path.splitext(name)[1].lower()
-            if suffix in _IMAGE_SUFFIXES and not name.startswith("."):
-                return False
-            found = found or (suffix == TABLE_SUFFIX and not name.startswith("."))
-    return found
-
-
-_IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".webp", ".bmp", ".tif", ".tiff")
-
-
-def prefix_of_tables(prefix: str, patience: Patience) -> bool:
-    """Whether the store PREFIX (ending in /) holds Parquet files directly: one listing, within PATIENCE (a store
-    that stays away stops the job as its listing of images would)."""
-    if not prefix.endswith("/"):
-        return False
-    fs = filesystem(prefix, patience)
-    fs.invalidate_cache()
-
-    def listed() -> list[str]:
-        try:
-            return fs.ls(store_path(prefix), detail=False)
-        except FileNotFoundError:
-            return []
-
-    return any(str(name).lower().endswith(TABLE_SUFFIX) for name in patience.call(listed, f"Listing {prefix}"))
 
 
 def _fs_and_path(location: str):

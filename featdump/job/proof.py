@@ -35,6 +35,15 @@ from featdump.inputs.loader import collate
 from featdump.inputs.preprocess import Preprocess
 from featdump.job import tolerances
 from featdump.job.channels import MIN_ROWS, ChannelMeans, ChannelScales
+from featdump.job.proof_measures import (  # noqa: F401  (row_errors: the proof's measure, named here too)
+    Judged,
+    by_channel,
+    chosen_of,
+    finite_max,
+    nearest_row,
+    plain,
+    row_errors,
+)
 from featdump.job.sampling import Sample
 
 log = logging.getLogger("featdump")
@@ -210,8 +219,8 @@ class Proof:
             scale = float(np.abs(expected_row).max(initial=0.0))
             if scale == 0.0 or not (np.isfinite(got_row).all() and np.isfinite(base_row).all()):
                 continue
-            means.add(_by_channel((got_row - base_row) / scale, shape, axis))
-            scales.add(_by_channel(got_row / scale, shape, axis), _by_channel(base_row / scale, shape, axis))
+            means.add(by_channel((got_row - base_row) / scale, shape, axis))
+            scales.add(by_channel(got_row / scale, shape, axis), by_channel(base_row / scale, shape, axis))
 
     def _recompute(self, positions: list[int], emulation: Emulation) -> dict[str, np.ndarray]:
         """The rows of the images at POSITIONS on the reference path, or in EMULATION, by layer, in float64."""
@@ -229,15 +238,16 @@ class Proof:
             captured = capture.run(inputs.float().contiguous())
         return {name: values.double().flatten(1).numpy() for name, values in captured.items()}
 
-    def judged(self, name: str) -> _Judged:
+    def judged(self, name: str) -> Judged:
         """Layer NAME's evidence against its bounds (`tolerances`), each row by its own emulation."""
         evidence = self.evidence[name]
-        largest = _nearest_row(evidence.largest, evidence.emulated_largest, self.parts, self.storage, evidence.fixed)
-        whole = _nearest_row(evidence.whole, evidence.emulated_whole, self.parts, self.storage, evidence.fixed)
+        largest = nearest_row(evidence.largest, evidence.emulated_largest, self.parts, self.storage, evidence.fixed)
+        whole = nearest_row(evidence.whole, evidence.emulated_whole, self.parts, self.storage, evidence.fixed)
         shift, shift_bound, channel = _nearest_channel(evidence)
         fit = evidence.fixed if any(evidence.fixed) else [True] * len(evidence.fixed)  # a resumed run: its rows
-        emulated = max(_finite_max(_of(evidence.emulated_largest, fit)), _finite_max(_of(evidence.emulated_whole, fit)))
-        return _Judged(largest, whole, (shift, shift_bound, channel), _nearest_scale(evidence, self.parts), emulated)
+        emulated = max(finite_max(chosen_of(evidence.emulated_largest, fit)),
+                       finite_max(chosen_of(evidence.emulated_whole, fit)))
+        return Judged(largest, whole, (shift, shift_bound, channel), _nearest_scale(evidence, self.parts), emulated)
 
     def _judge(self) -> None:
         precision, ceiling = tolerances.precision_of(self.parts), tolerances.ceiling(self.parts)
@@ -281,17 +291,17 @@ class Proof:
         layers = {}
         for name, evidence in self.evidence.items():
             judged = self.judged(name)
-            layers[name] = {"largest": _plain(max(evidence.largest)),
-                            "median": _plain(float(np.median(evidence.largest))),
-                            "nearest": _plain(judged.largest[0]), "bound": judged.largest[1],
-                            "whole": _plain(max(evidence.whole)), "whole_nearest": _plain(judged.whole[0]),
+            layers[name] = {"largest": plain(max(evidence.largest)),
+                            "median": plain(float(np.median(evidence.largest))),
+                            "nearest": plain(judged.largest[0]), "bound": judged.largest[1],
+                            "whole": plain(max(evidence.whole)), "whole_nearest": plain(judged.whole[0]),
                             "whole_bound": judged.whole[1],
-                            "emulated": _plain(_finite_max(evidence.emulated_largest)),
-                            "emulated_whole": _plain(_finite_max(evidence.emulated_whole)),
-                            "channel_shift": judged.shift[0], "shift_bound": _plain(judged.shift[1]),
-                            "channel_scale": judged.scale[0], "scale_bound": _plain(judged.scale[1]),
+                            "emulated": plain(finite_max(evidence.emulated_largest)),
+                            "emulated_whole": plain(finite_max(evidence.emulated_whole)),
+                            "channel_shift": judged.shift[0], "shift_bound": plain(judged.shift[1]),
+                            "channel_scale": judged.scale[0], "scale_bound": plain(judged.scale[1]),
                             "scale_factor": judged.scale[3],
-                            "used": _plain(judged.used)}
+                            "used": plain(judged.used)}
         return {"configuration": self.configuration, "reference": REFERENCE, "proved": bool(self.proved),
                 "emulated": tolerances.emulated(self.parts), "tolerance": max(
                     (layer["bound"] for layer in layers.values()), default=0.0),
@@ -299,45 +309,6 @@ class Proof:
                 "rows": self.images.noun, "images": self.proved, "seed": self.sample.seed,
                 "fit_rows": sum(next(iter(self.evidence.values())).fixed) if self.evidence else 0,
                 "seconds": round(self.seconds, 2), "layers": layers}
-
-
-@dataclass(frozen=True)
-class _Judged:
-    """One layer's tests: (error, bound) of the row nearest its bound for the largest element's and the whole row's
-    errors; (value, bound, channel) of the channel nearest its bound for the mean shift and the scale (with its factor);
-    and the
-    emulation's farthest row (either error), which the precision's ceiling caps."""
-
-    largest: tuple[float, float]
-    whole: tuple[float, float]
-    shift: tuple[float, float, int]
-    scale: tuple[float, float, int, float]
-    emulated: float
-
-    @property
-    def used(self) -> float:
-        """The largest fraction of a bound any test used."""
-        return max(_fraction(*self.largest), _fraction(*self.whole), _fraction(*self.shift[:2]),
-                   _fraction(*self.scale[:2]))
-
-
-def _fraction(value: float, limit: float) -> float:
-    return 0.0 if limit == np.inf else value / limit if limit > 0 else np.inf if value > 0 else 0.0
-
-
-def _nearest_row(errors: list[float], emulated: list[float], parts: list[str], storage: str,
-                 fixed: list[bool] | None = None) -> tuple[float, float]:
-    """(error, bound) of the row nearest its own bound (or farthest past it): each row's bound from its own
-    emulation's error (a watched row, unemulated, from the farthest emulated row's), so that more rows proved never
-    loosen the test of one. The precision's ceiling caps the bounds of the FIXED rows (every run proves them: the
-    fit is judged there); a drawn row is held to its own emulation alone, so that no draw decides the fit."""
-    fallback = _finite_max(emulated)
-    fixed = [True] * len(emulated) if fixed is None else fixed
-    bounds = [tolerances.bound(parts, own if np.isfinite(own) else fallback, storage, capped=is_fixed)
-              for own, is_fixed in zip(emulated, fixed)]
-    fractions = [_fraction(error, limit) for error, limit in zip(errors, bounds)]
-    row = int(np.argmax(fractions))
-    return errors[row], bounds[row]
 
 
 def _nearest_scale(evidence: _Evidence, parts: list[str]) -> tuple[float, float, int, float]:
@@ -361,36 +332,6 @@ def _nearest_scale(evidence: _Evidence, parts: list[str]) -> tuple[float, float,
     return float(effects[channel]), float(bounds[channel]), channel, factor
 
 
-def _by_channel(difference: np.ndarray, shape: tuple[int, ...], axis: int | None) -> np.ndarray:
-    """One row's DIFFERENCE (flat) as (channels, entries): AXIS of SHAPE first; every entry its own channel when
-    AXIS is None."""
-    if axis is None or len(shape) <= 1:
-        return difference.reshape(-1, 1)
-    return np.moveaxis(difference.reshape(shape), axis, 0).reshape(shape[axis], -1)
-
-
-def row_errors(got: np.ndarray, reference: np.ndarray, whole: bool = False) -> list[float]:
-    """Per row: max |GOT - REFERENCE| / max |REFERENCE| (WHOLE: ||GOT - REFERENCE|| / ||REFERENCE||, the L2 norms);
-    inf where GOT is non-finite and the reference is finite (values non-finite in both, alike, count as equal)."""
-    errors = []
-    for got_row, reference_row in zip(got, reference):
-        finite = np.isfinite(reference_row)
-        if not np.isfinite(got_row[finite]).all():
-            errors.append(float("inf"))
-            continue
-        alike = ~finite & ((got_row == reference_row) | (np.isnan(got_row) & np.isnan(reference_row)))
-        if not (finite | alike).all():
-            errors.append(float("inf"))
-            continue
-        difference, kept = got_row[finite] - reference_row[finite], reference_row[finite]
-        if whole:
-            errors.append(float(np.linalg.norm(difference)) / max(float(np.linalg.norm(kept)), 1e-30))
-        else:
-            errors.append(float(np.abs(difference).max(initial=0.0)) / max(float(np.abs(kept).max(initial=0.0)),
-                                                                             1e-30))
-    return errors
-
-
 def _nearest_channel(evidence: _Evidence) -> tuple[float, float, int]:
     """The channel whose mean shift (run - emulation) is nearest its bound (or farthest past it): its |shift|, its
     bound (SHIFT_MULTIPLE of the emulation's standard error of that channel, + SHIFT_FLOOR; inf before MIN_ROWS
@@ -404,14 +345,3 @@ def _nearest_channel(evidence: _Evidence) -> tuple[float, float, int]:
     return float(shifts[channel]), float(bounds[channel]), channel
 
 
-def _of(values: list[float], chosen: list[bool]) -> list[float]:
-    return [value for value, keep in zip(values, chosen) if keep]
-
-
-def _finite_max(values: list[float]) -> float:
-    finite = [value for value in values if np.isfinite(value)]
-    return max(finite, default=0.0)
-
-
-def _plain(value: float) -> float | str:
-    return value if np.isfinite(value) else "inf"

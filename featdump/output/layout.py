@@ -63,9 +63,6 @@ def partial_path(output: Path) -> Path:
     return output.with_name(output.name + ".partial")
 
 
-# -- creating ------------------------------------------------------------------------------------
-
-
 def create_layout(h5file: h5py.File, attributes: dict, classes, feature_group=None) -> None:
     """Every dataset but the features (FEATURE_GROUP(group) makes those), the attributes, zero counters."""
     for key, value in attributes.items():

@@ -34,7 +34,6 @@ from featdump.output.layout import (
     copy_coordinates,
     create_named_rows,
     name_dimensions,
-    occurrences,
     partial_path,
     raw_paths,
     text_array,
@@ -42,6 +41,7 @@ from featdump.output.layout import (
     write_rows,
 )
 from featdump.output.repair import discard_uncommitted
+from featdump.output.row_matching import positions_of_rows, unknown_positions
 from featdump.output.skipped import Skip
 from featdump.output.writer import close_quietly, fsync_path, write_error
 
@@ -148,8 +148,8 @@ def plan_update(output: Path, images: ImageList, fingerprint: dict, new_layers: 
         retried = [skip for index, skip in enumerate(recorded) if index in again]
         kept = [skip for index, skip in enumerate(recorded) if index not in again]
         stored = held.raw_paths()
-        positions = _positions_of_rows(stored, images)
-        unknown = _unknown_positions(images, stored, positions, {skip.path for skip in kept},
+        positions = positions_of_rows(stored, images)
+        unknown = unknown_positions(images, stored, positions, {skip.path for skip in kept},
                                      {(skip.path, skip.onset) for skip in retried})
         new = new_images(images, unknown, tuple(held.classes))
         recorded_stale = [(path, reason) for path, reason in held.named_rows("stale", held.stale_count())]
@@ -197,21 +197,6 @@ def _row_images(held: Output, images: ImageList, output: Path, stored: list[byte
     return images.select(positions.tolist(), labels=list(held.labels()), classes=held.classes)
 
 
-def _unknown_positions(images: ImageList, stored: list[bytes], positions: np.ndarray, skipped: set[str],
-                       again: set[tuple[str, float | None]]) -> list[int]:
-    """The positions of IMAGES whose path is neither a stored row's (STORED, matched at POSITIONS) nor a kept
-    skipped input's (SKIPPED), and the clips AGAIN names by (path, onset). When the stored rows are the list's
-    first ones (a list that grew at its end), only the rest is looked at."""
-    starts = images.clips.starts if images.clips is not None else None
-    if not again and len(stored) == len(positions) and _is_prefix(positions):
-        tail = images.paths[len(stored):]
-        known = {os.fsdecode(name) for name in {os.fsencode(path) for path in tail}.intersection(stored)} | skipped
-        return [len(stored) + offset for offset, path in enumerate(tail) if path not in known]
-    known = {os.fsdecode(name) for name in stored} | skipped
-    return [position for position, path in enumerate(images.paths)
-            if path not in known or (starts is not None and (path, starts[position]) in again)]
-
-
 def new_images(images: ImageList, kept: list[int], classes: tuple[str, ...]) -> ImageList:
     """The images at positions KEPT, labelled against CLASSES (as a file stores them: UTF-8 text) extended by any
     new class folder (appended, so that labels already written keep their meaning)."""
@@ -237,35 +222,6 @@ def stale_rows(held: Output, images: ImageList, stored: list[bytes], positions: 
     gone, changed = images.stale(positions, recorded, listed, suspects)
     return [(os.fsdecode(stored[row]), "disappeared" if gone[row] else "changed")
             for row in np.flatnonzero(gone | changed).tolist()]
-
-
-def _positions_of_rows(stored: list[bytes], images: ImageList) -> np.ndarray:
-    """The position in IMAGES of each row of STORED (its path's exact bytes; the k-th row of a path: its k-th
-    image), -1 where there is none. Rows that are the list's first ones, in order (a list that grew at its end), are
-    matched without a table of paths."""
-    count = len(stored)
-    if count <= len(images) and _same_paths(stored, images.paths):
-        return np.arange(count, dtype=np.int64)
-    present: dict[str, list[int]] = {}
-    for position, path in enumerate(images.paths):
-        present.setdefault(path, []).append(position)
-    paths = [os.fsdecode(name) for name in stored]
-    return np.array([present[path][k] if k < len(present.get(path, ())) else -1
-                     for path, k in zip(paths, occurrences(paths))], dtype=np.int64)
-
-
-def _same_paths(stored: list[bytes], paths: tuple[str, ...], block: int = 65536) -> bool:
-    """Whether STORED are the first of PATHS, in order: compared a block at a time as one joined string each (no
-    path holds a NUL), not a call a row."""
-    for first in range(0, len(stored), block):
-        if b"\0".join(stored[first:first + block]) != os.fsencode("\0".join(paths[first:first + block])):
-            return False
-    return True
-
-
-def _is_prefix(positions: np.ndarray) -> bool:
-    """Whether POSITIONS are 0, 1, 2, ... (the stored rows are the list's first ones, in order)."""
-    return bool(np.array_equal(positions, np.arange(len(positions))))
 
 
 def discard_other_staging(output: Path, plan: UpdatePlan) -> None:
