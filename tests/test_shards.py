@@ -51,6 +51,16 @@ def test_shards_are_contiguous_disjoint_and_covering(total, count):
     assert max(sizes) - min(sizes) <= 1
 
 
+def test_a_shard_of_an_output_at_a_url_is_a_url_beside_it_and_a_local_one_a_path_beside_it():
+    from pathlib import Path
+
+    from featdump.output.shard_files import shard_path
+
+    assert shard_path("s3://r10/run/out.h5", 0, 4) == "s3://r10/run/out.shard-0-of-4.h5"  # not "s3:/r10/..."
+    assert shard_path("s3://r10/run/out.h5", 3, 4, "parts/p-{k}-of-{n}.h5") == "s3://r10/run/parts/p-3-of-4.h5"
+    assert shard_path(Path("/data/out.h5"), 1, 2) == Path("/data/out.shard-1-of-2.h5")
+
+
 def test_shard_from_a_kubernetes_indexed_job():
     pod = {"JOB_COMPLETION_INDEX": "5", "FEATDUMP_SHARDS": "64"}
     shard = detect_shard(pod)

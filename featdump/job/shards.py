@@ -12,8 +12,7 @@ from datetime import timedelta
 from pathlib import Path
 
 from featdump.errors import BadOption, RanksDidNotFinish, UsageProblem
-from featdump.locations import Location
-from featdump.output.shard_files import shard_path, shard_pattern
+from featdump.output.shard_files import shard_path
 
 log = logging.getLogger("featdump")
 
@@ -33,7 +32,7 @@ class Shard:
         """[start, stop) of this part of TOTAL items: contiguous, disjoint, covering, sizes differing by <= 1."""
         return self.index * total // self.count, (self.index + 1) * total // self.count
 
-    def path(self, output: Path, pattern: str | None = None) -> Path:
+    def path(self, output: Path | str, pattern: str | None = None) -> Path | str:
         return shard_path(output, self.index, self.count, pattern)
 
 
@@ -109,9 +108,7 @@ class ShardPlan:
 def plan_shard(shard: Shard, output: Path, pattern: str | None, images) -> ShardPlan:
     """The part of IMAGES (an ImageList) SHARD owns, and the file it goes to."""
     start, stop = part_bounds(shard, images)
-    path = shard.path(output, pattern)
-    relative = shard_pattern(output, pattern).format(k=shard.index, n=shard.count)
-    shown = Location.of(output).parent.join(relative)  # where `path` is, a URL's shard as a URL (not "s3:/...")
+    path = shown = shard.path(output, pattern)  # a URL's shard as a URL
     if start < stop:
         log.info("Shard %d of %d (from %s): %ss %d to %d of %d, into %s.", shard.index, shard.count,
                  shard.source, images.noun, start, stop - 1, len(images), shown)

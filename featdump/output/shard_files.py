@@ -8,6 +8,7 @@ import re
 from pathlib import Path
 
 from featdump.errors import BadOption, ShardProblem
+from featdump.locations import Location
 
 
 def shard_pattern(output: Path, pattern: str | None = None) -> str:
@@ -22,9 +23,10 @@ def shard_pattern(output: Path, pattern: str | None = None) -> str:
     return f"{output.stem}.shard-{{k}}-of-{{n}}{output.suffix or '.h5'}"
 
 
-def shard_path(output: Path, index: int, count: int, pattern: str | None = None) -> Path:
-    """Where shard INDEX of COUNT of OUTPUT is written."""
-    return Path(output).parent / shard_pattern(output, pattern).format(k=index, n=count)
+def shard_path(output: Path | str, index: int, count: int, pattern: str | None = None) -> Path | str:
+    """Where shard INDEX of COUNT of OUTPUT is written: a path beside a local OUTPUT, a URL beside one at a URL (as
+    its Location joins it: `s3://b/run/out.shard-0-of-4.h5`, never a path "s3:/b/...")."""
+    return Location.of(output).parent.join(shard_pattern(output, pattern).format(k=index, n=count)).native
 
 
 def shard_count(output: Path, pattern: str | None = None) -> int:
