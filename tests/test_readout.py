@@ -516,3 +516,21 @@ def test_the_alphas_grid_from_a_list_a_range_or_numbers_and_a_bad_one_refused():
     for bad in ("", "0,1", "a:b:c", "-1"):
         with pytest.raises(BadOption, match="give positive numbers"):
             parse_alphas(bad)
+
+
+def test_an_image_with_several_rows_keeps_them_in_one_fold(tmp_path, caplog):
+    """An output naming 10 of its 30 images twice (a list that named them twice): encode deals images, not rows, to
+    the folds, so no row is held out while its copy trains; said in one line."""
+    import logging
+
+    from tests.makers.outputs import write_output
+
+    rng = np.random.default_rng(0)
+    paths = [f"a/{index:03d}.jpg" for index in range(30)] + [f"a/{index:03d}.jpg" for index in range(10)]
+    write_output(tmp_path / "twice.h5", {"pooled": rng.standard_normal((40, 5)).astype(np.float32)}, paths=paths)
+    table = write_table(tmp_path / "targets.csv", paths[:30], {"y": rng.standard_normal(30)})
+    with caplog.at_level(logging.INFO, logger="featdump"):
+        readout = featdump.encode(tmp_path / "twice.h5", table, ["pooled"], folds=4, device="cpu")["pooled"]
+    np.testing.assert_array_equal(readout.fold[:10], readout.fold[30:])
+    assert sorted(np.bincount(readout.fold).tolist()) == [10, 10, 10, 10]  # balanced by rows
+    assert "10 images have more than one row: each one's rows are kept in one fold." in caplog.text

@@ -10,7 +10,8 @@ first clip's; an encoding model's balanced by rows, the longest videos first, wi
 less than half the rows of the largest); with fewer, each video's clips, ordered by onset, are cut into K contiguous
 stretches of time, one per fold. Then a fold trains on the other folds' rows less those of the same video within the gap
 (seconds) of one of its held-out rows, on both sides (`training_rows`): no neighbouring TRs straddle training and
-test.
+test. The rows of an image an output holds more than once (a list that names it twice) are kept together the same
+way, as a video's: no row is held out while its copy trains.
 """
 
 from __future__ import annotations

@@ -117,6 +117,18 @@ def _videos(stored: Stored, table: Targets, folds: int) -> np.ndarray | None:
     return videos
 
 
+def _images(stored: Stored, table: Targets) -> np.ndarray | None:
+    """Each used row's image (an index) where an image has several rows (a list naming it twice), so that its rows
+    share a fold: none trains on its own held-out copy; None where every image has one row."""
+    paths = [stored.paths[row] for row in table.rows]
+    images, counts = np.unique(np.asarray(paths, dtype=object), return_inverse=True, return_counts=True)[1:]
+    repeated = int((counts > 1).sum())
+    if not repeated:
+        return None
+    log.info("%d images have more than one row: each one's rows are kept in one fold.", repeated)
+    return images
+
+
 def _delay_shifts(stored: Stored, table: Targets, delays) -> tuple[list[int], float | None, np.ndarray | None]:
     """(the delays in steps, the step in seconds, each delay's source file row per used row: among all the file's
     rows, whether they have a target or not) of DELAYS; ([], None, None) without delays."""
@@ -183,7 +195,8 @@ def _read_out(kind: str, stored: Stored, table: Targets, asked: _Asked) -> dict[
     steps, step, shifts = _delay_shifts(stored, table, asked.delays)
     grid, budget, place = parse_alphas(asked.alphas), parse_bytes(asked.memory), resolve_device(asked.device)
     videos = _videos(stored, table, folds)
-    fold = assign_folds(table.count, folds, seed, table.classes, videos,
+    groups = videos if videos is not None else _images(stored, table)
+    fold = assign_folds(table.count, folds, seed, table.classes, groups,
                         None if videos is None else np.asarray(stored.clip_starts)[table.rows])
     gap, training = _gapped(stored, table, fold, videos, steps, step, asked.gap)
     sparse = sparse_classes(table.classes, table.columns, folds) if table.classes is not None else []
