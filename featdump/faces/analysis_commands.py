@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from featdump.analysis.choices import DEFAULT_MEMORY, METRICS
+from featdump.analysis.choices import COMPARISONS, DEFAULT_MEMORY, METRICS, RESAMPLES
 from featdump.faces import sayings
 from featdump.faces.group import click_option, main
 from featdump.faces.terminal import progress_for
@@ -222,3 +222,47 @@ def atlas(output: Path, folder: Path, layers: str | None, k: int, memory: str, o
     written = build(output, folder, layers, k=k, memory=memory, overwrite=overwrite)
     click.echo(f"Wrote {written.changed} files ({written.unchanged} unchanged) of {written.folder / 'index.html'} "
                f"in {time.perf_counter() - started:.1f} s.", err=True)
+
+
+@main.command()
+@click.argument("rdms", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.argument("data", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("-l", "--layers", help="Layers (names or patterns; comma-separated).  [default: all]")
+@click.option("--method", type=click.Choice(COMPARISONS), default="corr", show_default=True,
+              help="How a layer's RDM is compared with a subject's, as rsatoolbox names it.")
+@click.option("--bootstrap", "resample", type=click.Choice(RESAMPLES), default="subjects", show_default=True,
+              help="What the bootstrap draws with replacement: subjects, images, both, or none (no interval).")
+@click.option("--samples", default=1000, show_default=True, type=click.IntRange(min=2), help="Bootstrap samples.")
+@click.option("--seed", default=0, show_default=True, type=int, help="The bootstrap's seed.")
+@click.option("--fdr", is_flag=True, help="Correct the pairs' p by Benjamini-Hochberg's FDR (else Bonferroni).")
+@click.option("--common", is_flag=True, help="Compare over the images both files name (else they must match).")
+@click.option("--indices", type=click.Path(dir_okay=False, path_type=Path),
+              help="Also write each resample's subject and image indices here (.npz).")
+@click.option("--plot", type=click.Path(dir_okay=False, path_type=Path),
+              help="Also draw the layers' scores, intervals, the ceiling and the differing pairs (.png).")
+@click.option("-o", "--out", "to", required=True, type=click.Path(dir_okay=False, path_type=Path),
+              help="The table to write (.csv): a row per layer; the pairs' tests in OUT.pairs.csv beside it.")
+def compare(rdms: Path, data: Path, layers: str | None, method: str, resample: str, samples: int, seed: int,
+            fdr: bool, common: bool, indices: Path | None, plot: Path | None, to: Path) -> None:
+    """Which of RDMS' layers explains the data RDMs in DATA best, and how sure: each layer's mean comparison over
+    subjects, its bootstrap interval and test against zero, the noise ceiling, and tests between every pair of
+    layers. RDMS: a `featdump rdm` file, or an output (its RDMs computed beside it first); DATA: HDF5 or .npz
+    holding `rdms` (subjects x N x N) and `paths`.
+
+    \b
+    Example:
+      featdump compare rdms.h5 v4.npz --method spearman --bootstrap both -o v4.csv
+    """
+    from featdump.analysis.compare import compare as run
+
+    started = time.perf_counter()
+    result = run(rdms, data, layers, method=method, resample=resample, samples=samples, seed=seed, fdr=fdr,
+                 common=common, to=to, indices=indices)
+    if plot is not None:
+        from featdump.faces.compared import draw
+
+        draw(result, plot, method)
+    best = int(result.scores.argmax())
+    click.echo(f"Compared {len(result.layers)} layers with {result.subjects} subjects over {result.images} images "
+               f"into {to} in {time.perf_counter() - started:.1f} s: best {result.layers[best]} "
+               f"({result.scores[best]:.3f}; ceiling {result.ceiling[0]:.3f} to {result.ceiling[1]:.3f}).", err=True)

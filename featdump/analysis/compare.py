@@ -1,0 +1,264 @@
+"""Compare: which layer's RDM explains data RDMs best, and how sure: each layer's RDM (a `featdump rdm` file, or
+computed from an output on the way) compared with data RDMs (a subject each) over the images both name, as
+rsatoolbox compares them (`analysis.comparisons`): the mean over subjects, the noise ceiling (lower and upper
+bound), a confidence interval by bootstrap over subjects, images or both, a test of each layer against zero and
+tests between every pair of layers, corrected for their number (Bonferroni, or Benjamini-Hochberg's FDR).
+
+DATA is an HDF5 or .npz file holding `rdms` ((subjects, N, N), or (subjects, N(N-1)/2) condensed as scipy's
+`squareform` writes them) and `paths` (the N images, as the output names them). A resample draws subjects and
+images with replacement (seeded; its indices can be written out); an image drawn twice makes no pair with itself
+(NaN, left out), as rsatoolbox's `subsample_pattern` has it. The interval is the bootstrap distribution's 2.5 and
+97.5 percentiles; the tests are rsatoolbox's t-tests on the bootstrap's mean and covariance (degrees of freedom:
+subjects - 1, images - 1, or the smaller of the two)."""
+
+from __future__ import annotations
+
+import csv
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from featdump.analysis.choices import RESAMPLES
+from featdump.analysis.comparisons import METHODS, compared, noise_ceiling, upper_triangle
+from featdump.analysis.stored import listed
+from featdump.errors import BadOption, UsageProblem
+from featdump.output.layout import open_to_read, text_of
+
+log = logging.getLogger("featdump")
+RESAMPLED = RESAMPLES
+TABLE = ("layer", "score", "low", "high", "ceiling_low", "ceiling_high", "p_zero", "n_images", "n_subjects")
+PAIRS = ("first", "second", "difference", "p", "p_corrected", "correction", "significant")
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """Each layer's score (the mean over subjects), its interval, its test against zero, the noise ceiling, the
+    bootstrap's evaluations (samples, layers) and the tests between the layers."""
+
+    layers: list[str]
+    scores: np.ndarray
+    low: np.ndarray
+    high: np.ndarray
+    p_zero: np.ndarray
+    ceiling: tuple[float, float]
+    evaluations: np.ndarray
+    pairs: list[dict]
+    images: int
+    subjects: int
+
+
+def compare(rdms: str | Path, data: str | Path, layers: list[str] | str | None = None, *, method: str = "corr",
+            resample: str = "subjects", samples: int = 1000, seed: int = 0, fdr: bool = False, common: bool = False,
+            to: str | Path | None = None, indices: str | Path | None = None) -> Comparison:
+    """RDMS' layers (a `featdump rdm` file; an output's RDMs are computed beside it first) compared with the data
+    RDMs in DATA by METHOD; resampled (RESAMPLE) SAMPLES times from SEED; written to TO (.csv: a row per layer, and
+    TO's pairs beside it) and the resamples' INDICES (.npz) when given."""
+    if method not in METHODS:
+        raise BadOption(f"--method {method!r}: use one of {', '.join(METHODS)} (corr_cov and cosine_cov are not "
+                        "built yet).")
+    if resample not in RESAMPLED:
+        raise BadOption(f"--bootstrap {resample!r}: use one of {', '.join(RESAMPLED)}.")
+    names, paths, models = _model_rdms(Path(rdms), listed(layers))
+    data_paths, subjects = _data_rdms(Path(data))
+    mine, theirs = _matched(paths, data_paths, common, Path(rdms), Path(data))
+    models, subjects = models[:, mine][:, :, mine], subjects[:, theirs][:, :, theirs]
+    result = _compared(names, models, subjects, method, resample, samples, seed, fdr, indices)
+    if to is not None:
+        write_table(Path(to), result)
+    return result
+
+
+def _model_rdms(path: Path, layers: list[str] | None) -> tuple[list[str], list[str], np.ndarray]:
+    """(layer names, the images' paths, (layers, N, N)) of LAYERS (all: None) of a `featdump rdm` file, or of the
+    RDMs of every layer of the output PATH (correlation distance), computed into PATH.rdms.h5 beside it (resumable,
+    read again by the next command)."""
+    with open_to_read(path) as h5file:
+        held = "rdms" in h5file
+    if not held:
+        from featdump.analysis.rdm import rdm
+
+        beside = path.with_name(path.name.removesuffix(".h5") + ".rdms.h5")
+        log.info("%s holds features: the RDMs of its layers (correlation distance) are computed into %s first "
+                 "(all of them, once: the next compare reads them).", path, beside)
+        rdm(path, None, to=beside)
+        path = beside
+    with open_to_read(path) as h5file:
+        names = [name for name in h5file["rdms"] if layers is None or _chosen(name, layers)]
+        order = [text_of(name) for name in h5file.attrs.get("layers", [])]
+        names = sorted(names, key=lambda name: order.index(name) if name in order else len(order))
+        if not names:
+            raise UsageProblem(f"{str(path)!r} holds no RDM of {', '.join(layers or [])}; it holds "
+                               f"{', '.join(h5file['rdms'])}.")
+        return names, list(h5file["paths"].asstr()[:]), np.stack([h5file["rdms"][name][:] for name in names])
+
+
+def _chosen(name: str, layers: list[str]) -> bool:
+    from fnmatch import fnmatchcase
+
+    return any(fnmatchcase(name, layer.strip()) for layer in layers)
+
+
+def _data_rdms(path: Path) -> tuple[list[str], np.ndarray]:
+    """(the images' paths, (subjects, N, N)) of the data file PATH (HDF5 or .npz: `rdms` and `paths`)."""
+    try:
+        if path.suffix == ".npz":
+            with np.load(path, allow_pickle=False) as held:
+                rdms, paths = held["rdms"], [str(name) for name in held["paths"]]
+        else:
+            with open_to_read(path) as h5file:
+                rdms = h5file["rdms"][:]
+                paths = [name.decode() if isinstance(name, bytes) else str(name) for name in h5file["paths"][:]]
+    except (OSError, KeyError, ValueError) as error:
+        raise UsageProblem(f"DATA {str(path)!r}: no data RDMs read ({error}); give an HDF5 or .npz file holding "
+                           "`rdms` (subjects x N x N, or condensed) and `paths` (the N images).") from error
+    rdms = np.asarray(rdms, dtype=np.float64)
+    if rdms.ndim == 2:  # condensed, as scipy's squareform writes them
+        size = int(round((1 + np.sqrt(1 + 8 * rdms.shape[1])) / 2))
+        rows, columns = np.triu_indices(size, k=1)
+        full = np.zeros((len(rdms), size, size))
+        full[:, rows, columns] = rdms
+        rdms = full + full.transpose(0, 2, 1)
+    if rdms.ndim != 3 or rdms.shape[1] != rdms.shape[2] or rdms.shape[1] != len(paths):
+        raise UsageProblem(f"DATA {str(path)!r}: its rdms are {rdms.shape} for {len(paths)} paths; give (subjects, "
+                           "N, N) for N paths.")
+    if len(rdms) < 2:
+        raise UsageProblem(f"DATA {str(path)!r} holds one subject's RDM: a noise ceiling needs two at least.")
+    return paths, rdms
+
+
+def _matched(paths: list[str], data_paths: list[str], common: bool, rdms: Path, data: Path):
+    """The positions in PATHS and in DATA_PATHS of the images both name, in DATA_PATHS' order; UsageProblem when
+    they differ and not COMMON (naming an example of each side), or when fewer than 3 are shared."""
+    where = {path: position for position, path in enumerate(paths)}
+    theirs = [position for position, path in enumerate(data_paths) if path in where]
+    mine = [where[data_paths[position]] for position in theirs]
+    only_mine = len(paths) - len(mine)
+    only_theirs = len(data_paths) - len(theirs)
+    if (only_mine or only_theirs) and not common:
+        example_mine = next((path for path in paths if path not in set(data_paths)), None)
+        example_theirs = next((path for path in data_paths if path not in where), None)
+        raise UsageProblem(f"{str(rdms)!r} and DATA {str(data)!r} name other images: {only_mine} only in the first "
+                           f"({example_mine!r}, ...), {only_theirs} only in DATA ({example_theirs!r}, ...); pass "
+                           "--common to compare over the images both name.")
+    if len(mine) < 3:
+        raise UsageProblem(f"{str(rdms)!r} and DATA {str(data)!r} share {len(mine)} images: an RDM needs 3.")
+    if only_mine or only_theirs:
+        log.info("--common: %d images both name; %d only in %s, %d only in %s are left out.", len(mine), only_mine,
+                 rdms, only_theirs, data)
+    return np.asarray(mine), np.asarray(theirs)
+
+
+def _compared(names: list[str], models: np.ndarray, data: np.ndarray, method: str, resample: str, samples: int,
+              seed: int, fdr: bool, indices: str | Path | None) -> Comparison:
+    model_vectors, data_vectors = upper_triangle(models), upper_triangle(data)
+    scores = np.array([np.mean(compared(vector[None], data_vectors, method)) for vector in model_vectors])
+    ceiling = noise_ceiling(data_vectors, method)
+    subjects, images = draws(resample, samples, len(data), data.shape[1], seed)
+    if indices is not None:
+        np.savez(indices, subjects=subjects, images=images)
+    evaluations = np.array([_evaluated(models, data, method, chosen, shown)
+                            for chosen, shown in zip(subjects, images)]).reshape(len(subjects), len(names))
+    low, high = (np.percentile(evaluations, [2.5, 97.5], axis=0) if len(evaluations) else
+                 (np.full(len(names), np.nan), np.full(len(names), np.nan)))
+    dof = _dof(resample, len(data), data.shape[1])
+    return Comparison(names, scores, low, high, zero_tests(evaluations, dof), ceiling, evaluations,
+                      pair_tests(names, evaluations, dof, fdr), data.shape[1], len(data))
+
+
+def draws(resample: str, samples: int, subjects: int, images: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """(samples, SUBJECTS) and (samples, IMAGES) indices of each resample (drawn with replacement where RESAMPLE
+    says, else all in order; the images sorted, as rsatoolbox's subsample_pattern orders them)."""
+    rng = np.random.default_rng(seed)
+    count = 0 if resample == "none" else samples
+    chosen = rng.integers(0, subjects, (count, subjects)) if resample in ("subjects", "both") else \
+        np.broadcast_to(np.arange(subjects), (count, subjects))
+    shown = np.sort(rng.integers(0, images, (count, images)), axis=1) if resample in ("images", "both") else \
+        np.broadcast_to(np.arange(images), (count, images))
+    return np.asarray(chosen), np.asarray(shown)
+
+
+def _evaluated(models: np.ndarray, data: np.ndarray, method: str, chosen: np.ndarray, shown: np.ndarray) -> list:
+    """Each layer's mean comparison with the data of one resample: subjects CHOSEN, images SHOWN (an image drawn
+    twice makes no pair with itself)."""
+    sample = _resampled(data[chosen], shown)
+    vectors = upper_triangle(sample)
+    return [float(np.mean(compared(model[None], vectors, method)))
+            for model in upper_triangle(_resampled(models, shown))]
+
+
+def _resampled(matrices: np.ndarray, shown: np.ndarray) -> np.ndarray:
+    matrices = matrices.astype(np.float64, copy=True)
+    diagonal = np.arange(matrices.shape[1])
+    matrices[:, diagonal, diagonal] = np.nan
+    return matrices[:, shown][:, :, shown]
+
+
+def _dof(resample: str, subjects: int, images: int) -> int:
+    return {"subjects": subjects - 1, "images": images - 1}.get(resample, min(subjects, images) - 1)
+
+
+def zero_tests(evaluations: np.ndarray, dof: int) -> np.ndarray:
+    """Each layer's one-sided p of a score above 0: a t-test of the bootstrap's mean over its variance (rsatoolbox's
+    `t_test_0`); NaN without a bootstrap."""
+    from scipy import stats
+
+    if len(evaluations) < 2:
+        return np.full(evaluations.shape[1], np.nan)
+    means, variances = np.nanmean(evaluations, axis=0), np.var(evaluations, axis=0, ddof=1)
+    return 1 - stats.t.cdf(means / np.sqrt(np.maximum(variances, np.finfo(float).eps)), dof)
+
+
+def pair_tests(names: list[str], evaluations: np.ndarray, dof: int, fdr: bool) -> list[dict]:
+    """Every pair of layers: the difference of their bootstrap means, its two-sided p (rsatoolbox's `t_tests`: the
+    bootstrap covariance of the difference), and p corrected for the number of pairs (Bonferroni, or FDR)."""
+    from scipy import stats
+
+    if len(evaluations) < 2 or len(names) < 2:
+        return []
+    means, covariance = np.nanmean(evaluations, axis=0), np.atleast_2d(np.cov(evaluations.T))
+    pairs = []
+    for first in range(len(names) - 1):
+        for second in range(first + 1, len(names)):
+            variance = covariance[first, first] + covariance[second, second] - 2 * covariance[first, second]
+            difference = float(means[first] - means[second])
+            t = difference / np.sqrt(max(variance, np.finfo(float).eps))
+            pairs.append({"first": names[first], "second": names[second], "difference": difference,
+                          "p": float(2 * (1 - stats.t.cdf(abs(t), dof)))})
+    corrected = _fdr([pair["p"] for pair in pairs]) if fdr else [min(1.0, pair["p"] * len(pairs)) for pair in pairs]
+    for pair, p in zip(pairs, corrected):
+        pair.update(p_corrected=float(p), correction="fdr" if fdr else "bonferroni", significant=bool(p < 0.05))
+    return pairs
+
+
+def _fdr(p_values: list[float]) -> np.ndarray:
+    """Benjamini-Hochberg's adjusted p values."""
+    p = np.asarray(p_values)
+    order = np.argsort(p)
+    ranked = p[order] * len(p) / np.arange(1, len(p) + 1)
+    adjusted = np.minimum.accumulate(ranked[::-1])[::-1]
+    out = np.empty_like(p)
+    out[order] = np.minimum(adjusted, 1.0)
+    return out
+
+
+def write_table(to: Path, result: Comparison) -> None:
+    """TO (.csv): a row per layer (TABLE's columns); its pairs in TO's name with .pairs.csv (PAIRS' columns);
+    each written whole, then moved into place."""
+    rows = [{"layer": name, "score": score, "low": low, "high": high, "ceiling_low": result.ceiling[0],
+             "ceiling_high": result.ceiling[1], "p_zero": p, "n_images": result.images,
+             "n_subjects": result.subjects}
+            for name, score, low, high, p in zip(result.layers, result.scores, result.low, result.high, result.p_zero)]
+    _write_csv(to, TABLE, rows)
+    _write_csv(to.with_name(to.name.removesuffix(".csv") + ".pairs.csv"), PAIRS, result.pairs)
+
+
+def _write_csv(path: Path, columns: tuple[str, ...], rows: list[dict]) -> None:
+    partial = path.with_name(path.name + ".partial")
+    with open(partial, "w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=columns)
+        writer.writeheader()
+        writer.writerows(rows)
+    os.replace(partial, path)

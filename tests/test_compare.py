@@ -1,0 +1,146 @@
+"""`featdump compare` (`featdump.analysis.compare`): layers' RDMs against data RDMs, equal to rsatoolbox on the same
+RDMs (each comparison, the noise ceiling, every bootstrap sample given the same indices), and right on data with a
+known answer: a planted layer is the best, above its noisier neighbour with p < 0.05, within the ceiling; a layer of
+noise is not above zero; identical subjects have a ceiling of 1."""
+
+from __future__ import annotations
+
+import csv
+
+import numpy as np
+import pytest
+
+import featdump
+from featdump.analysis.compare import compare
+
+from .helpers import run_featdump
+
+IMAGES, SUBJECTS = 24, 6
+rsatoolbox = pytest.importorskip("rsatoolbox")
+
+
+def correlation_rdm(features: np.ndarray) -> np.ndarray:
+    return 1 - np.corrcoef(features)
+
+
+@pytest.fixture(scope="module")
+def study(tmp_path_factory):
+    """An output of three layers over 24 images (one planted: the data's pattern and a little noise; its neighbour:
+    more noise; one of noise alone), their RDMs (`featdump rdm`), and six subjects' RDMs of the same pattern."""
+    from tests.makers.outputs import write_output
+
+    folder = tmp_path_factory.mktemp("compare")
+    rng = np.random.default_rng(0)
+    pattern = rng.standard_normal((IMAGES, 40))
+    layers = {"planted": pattern + 0.3 * rng.standard_normal((IMAGES, 40)),
+              "neighbour": pattern + 1.5 * rng.standard_normal((IMAGES, 40)),
+              "noise": rng.standard_normal((IMAGES, 40))}
+    paths = [f"img/{index:03d}.jpg" for index in range(IMAGES)]
+    write_output(folder / "out.h5", {name: values.astype(np.float32) for name, values in layers.items()}, paths=paths)
+    featdump.rdm(folder / "out.h5", to=folder / "rdms.h5")
+    subjects = np.stack([correlation_rdm(pattern + 0.8 * rng.standard_normal((IMAGES, 40)))
+                         for _ in range(SUBJECTS)])
+    np.savez(folder / "data.npz", rdms=subjects, paths=np.array(paths))
+    return folder
+
+
+def _rsatoolbox_rdms(matrices: np.ndarray):
+    return rsatoolbox.rdm.RDMs(np.stack([rsatoolbox.rdm.RDMs(matrix[None]).get_vectors()[0] for matrix in matrices]))
+
+
+@pytest.mark.parametrize("method", ["corr", "spearman", "tau-a", "cosine"])
+def test_scores_and_the_noise_ceiling_equal_rsatoolbox_s(study, method):
+    import warnings
+
+    from rsatoolbox.inference import boot_noise_ceiling
+    from rsatoolbox.rdm import compare as their_compare
+
+    result = compare(study / "rdms.h5", study / "data.npz", method=method, resample="none")
+    data = _rsatoolbox_rdms(np.load(study / "data.npz")["rdms"])
+    models = featdump.rdm(study / "out.h5", to=study / "rdms.h5")
+    for name, score in zip(result.layers, result.scores):
+        theirs = np.mean(their_compare(_rsatoolbox_rdms(models[name][None]), data, method))
+        assert score == pytest.approx(theirs, abs=1e-10)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ceiling = boot_noise_ceiling(data, method=method)
+    np.testing.assert_allclose(result.ceiling, ceiling, atol=1e-10, rtol=0)
+
+
+@pytest.mark.parametrize("resample", ["subjects", "images", "both"])
+def test_every_bootstrap_sample_equals_rsatoolbox_s_given_the_same_indices(study, tmp_path, resample):
+    from rsatoolbox.rdm import compare as their_compare
+
+    result = compare(study / "rdms.h5", study / "data.npz", method="corr", resample=resample, samples=20, seed=3,
+                     indices=tmp_path / "indices.npz")
+    drawn = np.load(tmp_path / "indices.npz")
+    data = _rsatoolbox_rdms(np.load(study / "data.npz")["rdms"])
+    data.pattern_descriptors["index"] = np.arange(IMAGES)
+    models = featdump.rdm(study / "out.h5", to=study / "rdms.h5")
+    for sample, (subjects, images) in enumerate(zip(drawn["subjects"], drawn["images"])):
+        theirs = data.subsample("index", subjects)
+        if resample != "subjects":
+            theirs = theirs.subsample_pattern("index", images)
+        for layer, name in enumerate(result.layers):
+            model = _rsatoolbox_rdms(models[name][None])
+            model.pattern_descriptors["index"] = np.arange(IMAGES)
+            if resample != "subjects":
+                model = model.subsample_pattern("index", images)
+            expected = np.mean(their_compare(model, theirs, "corr"))
+            assert result.evaluations[sample, layer] == pytest.approx(expected, abs=1e-10)
+
+
+def test_a_planted_layer_is_best_above_its_neighbour_within_the_ceiling_and_noise_is_not_above_zero(study, tmp_path):
+    result = run_featdump("compare", study / "rdms.h5", study / "data.npz", "--samples", "200", "--bootstrap",
+                          "both", "-o", tmp_path / "v4.csv", "--plot", tmp_path / "v4.png")  # a noise layer's chance
+    assert result.returncode == 0, result.stderr
+    from PIL import Image
+
+    assert Image.open(tmp_path / "v4.png").size[0] > 400  # the figure of the paper, drawn
+    assert "best planted" in result.stderr
+    with open(tmp_path / "v4.csv") as handle:
+        rows = {row["layer"]: row for row in csv.DictReader(handle)}
+    assert list(rows) == ["planted", "neighbour", "noise"]
+    planted, neighbour, noise = rows["planted"], rows["neighbour"], rows["noise"]
+    assert float(planted["score"]) > float(neighbour["score"]) > float(noise["score"])
+    assert float(planted["low"]) <= float(planted["score"]) <= float(planted["high"])
+    assert float(planted["score"]) <= float(planted["ceiling_high"]) + 0.05
+    assert float(planted["ceiling_low"]) <= float(planted["ceiling_high"])
+    assert float(planted["p_zero"]) < 0.05 and float(noise["p_zero"]) > 0.05
+    assert int(planted["n_images"]) == IMAGES and int(planted["n_subjects"]) == SUBJECTS
+    with open(tmp_path / "v4.pairs.csv") as handle:
+        pairs = {(row["first"], row["second"]): row for row in csv.DictReader(handle)}
+    above = pairs[("planted", "neighbour")]
+    assert float(above["difference"]) > 0 and float(above["p_corrected"]) < 0.05 and above["significant"] == "True"
+    assert above["correction"] == "bonferroni" and float(above["p_corrected"]) == pytest.approx(
+        min(1.0, 3 * float(above["p"])))
+
+
+def test_identical_subjects_have_a_ceiling_of_one(study, tmp_path):
+    same = np.repeat(np.load(study / "data.npz")["rdms"][:1], 4, axis=0)
+    np.savez(tmp_path / "same.npz", rdms=same, paths=np.load(study / "data.npz")["paths"])
+    for method in ("corr", "spearman", "cosine"):
+        result = compare(study / "rdms.h5", tmp_path / "same.npz", method=method, resample="none")
+        np.testing.assert_allclose(result.ceiling, (1.0, 1.0), atol=1e-12)
+
+
+def test_an_output_is_compared_through_rdms_computed_beside_it_and_other_images_need_common(study, tmp_path):
+    import shutil
+
+    shutil.copy(study / "out.h5", tmp_path / "out.h5")
+    fewer = np.load(study / "data.npz")
+    np.savez(tmp_path / "fewer.npz", rdms=fewer["rdms"][:, 2:, 2:], paths=fewer["paths"][2:])
+    refused = run_featdump("compare", tmp_path / "out.h5", tmp_path / "fewer.npz", "-o", tmp_path / "r.csv")
+    assert refused.returncode == 2 and "2 only in the first ('img/000.jpg', ...)" in refused.stderr
+    assert "pass --common" in refused.stderr and not (tmp_path / "r.csv").exists()
+    made = run_featdump("compare", tmp_path / "out.h5", tmp_path / "fewer.npz", "--common", "--bootstrap", "none",
+                        "-l", "planted", "-o", tmp_path / "r.csv")
+    assert made.returncode == 0, made.stderr
+    assert (tmp_path / "out.rdms.h5").exists()  # computed beside the output first
+    with open(tmp_path / "r.csv") as handle:
+        rows = list(csv.DictReader(handle))
+    assert [row["layer"] for row in rows] == ["planted"] and int(rows[0]["n_images"]) == IMAGES - 2
+    np.savez(tmp_path / "one.npz", rdms=fewer["rdms"][:1], paths=fewer["paths"])
+    for bad, said in ((tmp_path / "one.npz", "a noise ceiling needs two at least"),):
+        wrong = run_featdump("compare", study / "rdms.h5", bad, "-o", tmp_path / "w.csv")
+        assert wrong.returncode == 2 and said in wrong.stderr and "Traceback" not in wrong.stderr
