@@ -54,6 +54,7 @@ def test_the_site_holds_each_unit_s_top_images_in_order_and_a_rerun_writes_nothi
     assert again.returncode == 0 and "Wrote 0 files" in again.stderr, again.stderr
 
 
+@pytest.mark.slow  # a browser's start and the index's pages: 5-8 s; the pages' content is the quick suite's above
 @pytest.mark.skipif(not (CHROMIUM and DRIVER), reason="needs Chromium and chromedriver (Debian: apt-get install "
                                                       "chromium chromium-driver; .ci/run installs them)")
 def test_the_index_finds_a_unit_its_page_shows_its_top_images_and_a_key_moves_on_in_a_real_browser(site, tmp_path):

@@ -1,7 +1,8 @@
 """The readers' conformance kit (`featdump.testing.readers`) run over featdump's own readers of local inputs (a
 folder, a list file, tars, a zip, an array, Parquet tables) and over a reader installed from outside as a package
-installs it (tests/test_plugins.py's colour swatches): each passes every check its kind allows. The folder's and
-the plugin's run in the quick suite; the others in CI's full run (each a dozen small extractions)."""
+installs it (tests/test_plugins.py's colour swatches): each passes every check its kind allows. The plugin's run
+is in the quick suite (the plugin boundary); featdump's own readers' in CI's full run (each a dozen small
+extractions, their behaviours held by their own quick tests too)."""
 
 from __future__ import annotations
 
@@ -34,6 +35,7 @@ def encoded(count: int, start: int = 0) -> list[bytes]:
     return data
 
 
+@pytest.mark.slow  # the folder reader's checks are the quick suite's everywhere else; the kit's run over it in CI
 class TestFolder(ReaderConformance):
     reader = "folder"
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import io
 
 import numpy as np
+import pytest
 from PIL import Image
 
 import featdump
@@ -81,6 +82,7 @@ def test_rows_are_read_memory_mapped_not_loaded(tmp_path):
     assert peak < 8e6, peak  # the four images' bytes and little else: not the file's 40 MB
 
 
+@pytest.mark.slow  # the kit's dozen extractions: CI's full run; the reader's own tests above are quick
 class TestSavedDatasets(ReaderConformance):
     reader = "saved"
 
