@@ -360,3 +360,31 @@ def test_update_reads_again_a_skipped_image_whose_file_changed_and_retry_skipped
     gone = run_featdump(*args[:-2], "--retry-skipped", images, output)
     assert gone.returncode == 0 and "Nothing new:" in gone.stderr, gone.stderr
     assert [path for path, _ in skipped_entries(output)] == ["a/empty.png"]
+
+
+def test_a_nothing_new_update_over_a_folder_stats_each_image_once(tmp_path, monkeypatch):
+    """The folder's walk stats each file once, and the command's fingerprint and the update's staleness read those
+    stats: no second stat a file (a million files on a cold disk cost minutes a stat)."""
+    from .helpers import write_images
+
+    write_images(tmp_path / "images", {"a": 6, "b": 6})
+    small = ["extract", "-m", "featdump.testing.models:small", "--transform",
+             "featdump.testing.models:small_transform", "-l", "1,4"]
+    assert run_featdump(*small, tmp_path / "images", tmp_path / "out.h5").returncode == 0
+    stated, real_stat = [], os.stat
+
+    def counted(path, *args, **kwargs):
+        name = os.fsdecode(path)
+        if name.startswith(str(tmp_path / "images") + os.sep) and name.endswith((".jpg", ".png")):
+            stated.append(name)  # an image's (the readers' looks at other names, state.json, are no image's)
+        return real_stat(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "stat", counted)
+    again = run_featdump(*small, "--update", tmp_path / "images", tmp_path / "out.h5")
+    assert again.returncode == 0 and "nothing to add" in again.stderr, again.stderr
+    import collections
+
+    counts = collections.Counter(stated)
+    assert sorted(counts) == sorted(str(path) for path in (tmp_path / "images").rglob("img_*"))
+    first = str(tmp_path / "images" / "a" / "img_000.jpg")  # opened once more: the run's first image, its shape
+    assert all(count == 1 for path, count in counts.items() if path != first) and counts[first] <= 2, counts

@@ -8,8 +8,10 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+import numpy as np
+
 from featdump.errors import NoImages
-from featdump.inputs.imagelist import ImageList
+from featdump.inputs.imagelist import Files, ImageList
 from featdump.inputs.video import VIDEO_SUFFIXES, is_video_name
 
 LISTING_EVERY = 10.0  # seconds between the lines of a long folder walk
@@ -21,7 +23,8 @@ def read_folder(root: Path) -> ImageList:
     """The images under ROOT (walked recursively, symlinks followed once), or its videos when it holds no image;
     labels from first-level folders."""
     images, videos = _walk(root)
-    paths = sorted(images) or sorted(videos)
+    found = images or videos
+    paths = sorted(found)
     warn_videos_left_out(str(root), len(images), sorted(videos))
     if not paths:
         extensions = ", ".join(sorted(ext.lstrip(".") for ext in IMAGE_EXTENSIONS))
@@ -36,7 +39,8 @@ def read_folder(root: Path) -> ImageList:
         raise NoImages(f"No images in {str(root)!r} (looked for {extensions}, in any case, in all subfolders; and "
                        f"for videos: {videos}).{hint}")
     labels, classes = class_labels(paths)
-    return ImageList(root, tuple(paths), labels, classes)
+    return ImageList(root, tuple(paths), labels, classes, Files(np.array([found[path] for path in paths],
+                                                                          dtype=np.int64)))
 
 
 def _arrow_hint(root: Path) -> str:
@@ -75,23 +79,32 @@ def warn_videos_left_out(where: str, images: int, videos: list[str]) -> None:
                     videos[0])
 
 
-def _walk(root: Path, every_seconds: float = LISTING_EVERY) -> tuple[list[str], list[str]]:
-    """(images, videos) under ROOT, found in one walk, as POSIX paths relative to it; a walk that takes longer
-    than EVERY_SECONDS says how far it got, every EVERY_SECONDS (a million files on a cold disk take minutes)."""
-    images, videos = [], []
+def _walk(root: Path, every_seconds: float = LISTING_EVERY) -> tuple[dict, dict]:
+    """(images, videos) under ROOT, found in one walk, as {POSIX path relative to it: (size, mtime_ns)}: each
+    file stat'ed once, here, for the whole command (its fingerprint, its update's staleness); one that cannot be
+    stat'ed (a dangling link) is listed with (-1, -1), to be skipped when read. A walk that takes longer than
+    EVERY_SECONDS says how far it got, every EVERY_SECONDS (a million files on a cold disk take minutes)."""
+    images, videos = {}, {}
     started = said = time.monotonic()
     for folder, name in _files(root):
         suffix = os.path.splitext(name)[1].lower()
-        if suffix in IMAGE_EXTENSIONS:
-            images.append((folder / name).as_posix())
-        elif suffix in VIDEO_SUFFIXES:
-            videos.append((folder / name).as_posix())
+        kept = images if suffix in IMAGE_EXTENSIONS else videos if suffix in VIDEO_SUFFIXES else None
+        if kept is not None:
+            kept[(folder / name).as_posix()] = _stat_of(os.path.join(root, folder, name))
         if len(images) % 1024 == 0 and time.monotonic() - said >= every_seconds:
             said = time.monotonic()
             log.info("Listing %s: %d images found so far (%.0f s), in %s.", root, len(images), said - started, folder)
     if said > started:
         log.info("Listed %s: %d images in %.0f s.", root, len(images), time.monotonic() - started)
     return images, videos
+
+
+def _stat_of(path: str) -> tuple[int, int]:
+    try:
+        found = os.stat(path)
+    except OSError:
+        return -1, -1
+    return found.st_size, found.st_mtime_ns
 
 
 def _files(root: Path):

@@ -205,7 +205,14 @@ def open_each(storage: Storage, root: Path, relatives: Sequence[str],
 
 class Files(Storage):
     """Images stored as files under the list's root (a folder or a list file); a folder's other files are no
-    samples (none left out)."""
+    samples (none left out). A folder's walk stat'ed each file once (LISTED: (rows, 2), each one's size and
+    mtime_ns, -1 where it could not be stat'ed): the command's fingerprint and its update's staleness read those, no
+    second stat (a list file's rows are stat'ed when asked)."""
+
+    listed: np.ndarray | None = None
+
+    def __init__(self, listed: np.ndarray | None = None):
+        self.listed = listed
 
     def open(self, root: Path, relative: str, position: int) -> Encoded:
         path = root / relative
@@ -213,19 +220,37 @@ class Files(Storage):
         return Encoded(relative, (found.st_size, found.st_mtime_ns), path=path)
 
     def stat(self, root: Path, relative: str, position: int) -> tuple[int, int] | None:
+        if self.listed is not None:
+            size, mtime = self.listed[position]
+            return None if size < 0 else (int(size), int(mtime))
         try:
             found = os.stat(root / relative)
         except OSError:
             return None
         return found.st_size, found.st_mtime_ns
 
+    def stale(self, root: Path, paths: Sequence[str], positions: np.ndarray, recorded: np.ndarray, listed: dict,
+              suspects: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """As `Storage.stale`, from the stats the walk took (vectorised) where it took them."""
+        if self.listed is None:
+            return Storage.stale(self, root, paths, positions, recorded, listed, suspects)
+        gone = positions < 0
+        now = self.listed[np.maximum(positions, 0)] if len(self.listed) else np.zeros((len(positions), 2), np.int64)
+        gone = gone | (now[:, 0] < 0)
+        return gone, ~gone & (recorded[:, 0] >= 0) & (now != recorded).any(axis=1)
+
     def select(self, positions: Sequence[int]) -> Files:
-        return self
+        if self.listed is None:
+            return self
+        return Files(self.listed[np.asarray(positions, dtype=np.int64)] if len(positions) else self.listed[:0])
 
     def digest(self, root: Path, paths: Sequence[str], labels: Sequence[int], sizes: bool) -> str:
-        """A hash of the paths and labels (and file sizes: a stat per file)."""
+        """A hash of the paths and labels (and file sizes: as the walk found them, else a stat per file)."""
         digest = hashlib.sha256()
-        sized = (_size_of(root / relative) if sizes else "" for relative in paths)
+        if sizes and self.listed is not None:
+            sized = (int(size) for size in self.listed[:, 0])
+        else:
+            sized = (_size_of(root / relative) if sizes else "" for relative in paths)
         hash_lines(digest, (f"{relative}\0{size}\0{label}\n" for relative, size, label in zip(paths, sized, labels)))
         return digest.hexdigest()
 
