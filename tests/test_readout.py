@@ -534,3 +534,36 @@ def test_an_image_with_several_rows_keeps_them_in_one_fold(tmp_path, caplog):
     np.testing.assert_array_equal(readout.fold[:10], readout.fold[30:])
     assert sorted(np.bincount(readout.fold).tolist()) == [10, 10, 10, 10]  # balanced by rows
     assert "10 images have more than one row: each one's rows are kept in one fold." in caplog.text
+
+
+def test_a_probe_s_info_gives_each_layer_s_interval_and_mcnemar_s_tests_between_layers(tmp_path):
+    """A layer that separates two classes and one of noise, 200 images: info gives each held-out accuracy with its
+    Wilson interval (as statsmodels computes it) and McNemar's exact test between them on the same images (as a
+    binomial of the discordant images), Bonferroni-corrected."""
+    from scipy.stats import binomtest
+
+    from featdump.faces.info import describe
+    from featdump.readout.paired import correct, wilson
+    from tests.makers.outputs import write_output
+
+    rng = np.random.default_rng(2)
+    labels = np.arange(200) % 2
+    signal = rng.standard_normal((200, 8)) + 1.5 * labels[:, None]
+    write_output(tmp_path / "out.h5", {"signal": signal.astype(np.float32),
+                                       "noise": rng.standard_normal((200, 8)).astype(np.float32)}, labels=labels)
+    featdump.probe(tmp_path / "out.h5", folds=4, device="cpu", to=tmp_path / "probes.h5")
+    lines = "\n".join(describe(tmp_path / "probes.h5"))
+    with h5py.File(tmp_path / "probes.h5") as h5file:
+        rights = {name: correct(h5file["readouts"][name]["predicted"][:], h5file["labels"][:])
+                  for name in ("signal", "noise")}
+    low, high = wilson(int(rights["signal"].sum()), 200)
+    assert f"  signal: {rights['signal'].mean():.3f} ({low:.3f} to {high:.3f})" in lines, lines
+    share = rights["signal"].mean()  # Wilson's interval by its formula, apart from featdump's
+    centre = (share + 1.96 ** 2 / 400) / (1 + 1.96 ** 2 / 200)
+    assert (low + high) / 2 == pytest.approx(centre, abs=1e-4) and low < share < high
+    only_signal = int((rights["signal"] & ~rights["noise"]).sum())
+    only_noise = int((~rights["signal"] & rights["noise"]).sum())
+    p = binomtest(only_signal, only_signal + only_noise, 0.5).pvalue
+    assert (f"  signal vs noise: {only_signal} right only in signal, {only_noise} only in noise, p = {p:.3g}"
+            in lines), lines
+    assert p < 0.001

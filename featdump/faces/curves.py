@@ -83,7 +83,34 @@ def readout_lines(path, h5file: h5py.File) -> list[str]:
     lines += [f"  {name}: {summary:.3f} ± {np.nanstd(row):.3f}" if kind == "probe" else
               f"  {name}: pooled {summary:.3f} (folds {np.nanmin(row):.3f} to {np.nanmax(row):.3f})"
               for name, summary, row in zip(names, summaries, scores)]
+    if kind == "probe" and names:
+        lines += _probe_test_lines(h5file, names)
     lines.append("draw:       featdump show " + str(path))
+    return lines
+
+
+def _probe_test_lines(h5file: h5py.File, names: list[str]) -> list[str]:
+    """Each layer's held-out accuracy over the images with its 95% interval, and McNemar's tests between the
+    layers on the same images (every pair up to 6 layers; else each layer against the next)."""
+    from featdump.readout.paired import correct, paired_tests, wilson
+
+    labels = h5file["labels"][:]
+    rights = [correct(h5file[GROUP][name]["predicted"][:], labels) for name in names]
+    lines = ["held out (every image once): accuracy, 95% interval (Wilson)"]
+    for name, right in zip(names, rights):
+        low, high = wilson(int(right.sum()), len(right))
+        lines.append(f"  {name}: {right.mean():.3f} ({low:.3f} to {high:.3f})")
+    if len(names) < 2:
+        return lines
+    if len(names) <= 6:
+        pairs = paired_tests(names, rights)
+        lines.append(f"McNemar (the same images; p Bonferroni-corrected over {len(pairs)} pairs):")
+    else:
+        pairs = [paired_tests([first, second], [one, other])[0] for first, second, one, other in
+                 zip(names, names[1:], rights, rights[1:])]
+        lines.append("McNemar (the same images; each layer against the next, uncorrected):")
+    lines += [f"  {pair.first} vs {pair.second}: {pair.only_first} right only in {pair.first}, {pair.only_second} "
+              f"only in {pair.second}, p = {pair.p_corrected:.3g}" for pair in pairs]
     return lines
 
 
