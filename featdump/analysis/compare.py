@@ -154,13 +154,17 @@ def _matched(paths: list[str], data_paths: list[str], common: bool, rdms: Path, 
 def _compared(names: list[str], models: np.ndarray, data: np.ndarray, method: str, resample: str, samples: int,
               seed: int, fdr: bool, indices: str | Path | None) -> Comparison:
     model_vectors, data_vectors = upper_triangle(models), upper_triangle(data)
-    scores = np.array([np.mean(compared(vector[None], data_vectors, method)) for vector in model_vectors])
+    each = np.stack([compared(vector[None], data_vectors, method)[0] for vector in model_vectors])  # (layers, S)
+    scores = each.mean(axis=1)
     ceiling = noise_ceiling(data_vectors, method)
     subjects, images = draws(resample, samples, len(data), data.shape[1], seed)
     if indices is not None:
         np.savez(indices, subjects=subjects, images=images)
-    evaluations = np.array([_evaluated(models, data, method, chosen, shown)
-                            for chosen, shown in zip(subjects, images)]).reshape(len(subjects), len(names))
+    if resample == "subjects":  # a subject's comparison is its own whatever the others: resampled, not recomputed
+        evaluations = each[:, subjects].mean(axis=2).T if len(subjects) else np.empty((0, len(names)))
+    else:
+        evaluations = np.array([_evaluated(models, data, method, chosen, shown)
+                                for chosen, shown in zip(subjects, images)]).reshape(len(subjects), len(names))
     low, high = (np.percentile(evaluations, [2.5, 97.5], axis=0) if len(evaluations) else
                  (np.full(len(names), np.nan), np.full(len(names), np.nan)))
     dof = _dof(resample, len(data), data.shape[1])

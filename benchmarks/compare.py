@@ -1,0 +1,90 @@
+"""`featdump compare` against rsatoolbox in memory on the same RDMs: LAYERS model RDMs and SUBJECTS data RDMs over
+IMAGES images, SAMPLES bootstrap resamples over subjects (rsatoolbox's `eval_bootstrap_rdm`, its noise ceiling
+per sample too, and `boot_noise_ceiling`), each method's wall time and featdump's share of rsatoolbox's.
+
+    python -m benchmarks.compare [--images 2000] [--layers 5] [--subjects 8] [--samples 1000] [--write-results]
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+import time
+import warnings
+from pathlib import Path
+
+import h5py
+import numpy as np
+
+from benchmarks.common import machine, write_section
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--images", type=int, default=2000)
+    parser.add_argument("--layers", type=int, default=5)
+    parser.add_argument("--subjects", type=int, default=8)
+    parser.add_argument("--samples", type=int, default=1000)
+    parser.add_argument("--method", default="corr")
+    parser.add_argument("--write-results", action="store_true")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as folder:
+        rdms, data, models, subjects = _inputs(Path(folder), args.images, args.layers, args.subjects)
+        ours = _timed(lambda: _featdump(rdms, data, args.method, args.samples))
+        theirs = _timed(lambda: _rsatoolbox(models, subjects, args.method, args.samples))
+    table = "\n".join([f"Machine: {machine()}", "",
+                       "| images | layers | subjects | bootstrap samples | method | featdump (s) | rsatoolbox (s) | "
+                       "featdump / rsatoolbox |", "| ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: |",
+                       f"| {args.images} | {args.layers} | {args.subjects} | {args.samples} | {args.method} | "
+                       f"{ours:.1f} | {theirs:.1f} | {ours / theirs:.2f}x |"])
+    print(table)
+    if args.write_results:
+        write_section("compare", f"Command: `python -m benchmarks.compare --images {args.images} --layers "
+                                 f"{args.layers} --subjects {args.subjects} --samples {args.samples}`\n\n{table}")
+
+
+def _inputs(folder: Path, images: int, layers: int, subjects: int):
+    """A `featdump rdm`-style file of LAYERS RDMs and a data file of SUBJECTS RDMs over IMAGES images (correlation
+    distances of a shared pattern plus noise), and the same RDMs as arrays."""
+    rng = np.random.default_rng(0)
+    pattern = rng.standard_normal((images, 32))
+    models = np.stack([1 - np.corrcoef(pattern + (0.3 + layer) * rng.standard_normal((images, 32)))
+                       for layer in range(layers)])
+    data = np.stack([1 - np.corrcoef(pattern + rng.standard_normal((images, 32))) for _ in range(subjects)])
+    paths = np.array([f"img/{index:06d}.jpg" for index in range(images)])
+    with h5py.File(folder / "rdms.h5", "w") as h5file:
+        for layer, matrix in enumerate(models):
+            h5file[f"rdms/layer{layer}"] = matrix
+        h5file["paths"] = paths.astype(h5py.string_dtype())
+    np.savez(folder / "data.npz", rdms=data, paths=paths)
+    return folder / "rdms.h5", folder / "data.npz", models, data
+
+
+def _featdump(rdms: Path, data: Path, method: str, samples: int) -> None:
+    from featdump.analysis.compare import compare
+
+    compare(rdms, data, method=method, resample="subjects", samples=samples, seed=0)
+
+
+def _rsatoolbox(models: np.ndarray, subjects: np.ndarray, method: str, samples: int) -> None:
+    import rsatoolbox
+
+    data = rsatoolbox.rdm.RDMs(np.stack([_vector(matrix) for matrix in subjects]))
+    fixed = [rsatoolbox.model.ModelFixed(f"layer{index}", _vector(matrix)) for index, matrix in enumerate(models)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        rsatoolbox.inference.eval_bootstrap_rdm(fixed, data, method=method, N=samples)
+
+
+def _vector(matrix: np.ndarray) -> np.ndarray:
+    return matrix[np.triu_indices(len(matrix), k=1)]
+
+
+def _timed(run) -> float:
+    started = time.perf_counter()
+    run()
+    return time.perf_counter() - started
+
+
+if __name__ == "__main__":
+    main()
