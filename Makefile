@@ -28,7 +28,7 @@ demo: install ## Extract two layers of a random resnet18 over the sample images 
 	$(BIN)/featdump info demo.h5
 	$(BIN)/featdump show demo.h5 --layer layer1 --index 2 -o demo.png
 
-test: install ## Run the quick suite: every test but the ones marked slow (soaks, compiles), about 5 minutes
+test: install ## Run the quick suite: every test but the ones marked slow (soaks, compiles, kills), about 3 minutes
 	$(BIN)/python -m pytest -q -m "not slow"
 
 test-all: install ## Run every test, the slow ones included (what CI runs; FEATDUMP_FAULT_TRIALS=200 for a longer soak)
