@@ -144,3 +144,33 @@ def test_an_output_is_compared_through_rdms_computed_beside_it_and_other_images_
     for bad, said in ((tmp_path / "one.npz", "a noise ceiling needs two at least"),):
         wrong = run_featdump("compare", study / "rdms.h5", bad, "-o", tmp_path / "w.csv")
         assert wrong.returncode == 2 and said in wrong.stderr and "Traceback" not in wrong.stderr
+
+
+def test_condensed_rdms_in_hdf5_the_fdr_and_what_cannot_be_compared(study, tmp_path):
+    """DATA as HDF5 holding condensed RDMs (scipy's squareform order) gives the same result as the full matrices;
+    --fdr corrects the pairs as scipy's Benjamini-Hochberg does; an unknown method, resampling, layer or a DATA of
+    another shape is refused in one line."""
+    import h5py
+    from scipy.spatial.distance import squareform
+    from scipy.stats import false_discovery_control
+
+    from featdump.errors import BadOption, UsageProblem
+
+    held = np.load(study / "data.npz")
+    with h5py.File(tmp_path / "data.h5", "w") as h5file:
+        h5file["rdms"] = np.stack([squareform(matrix, checks=False) for matrix in held["rdms"]])
+        h5file["paths"] = held["paths"].astype(h5py.string_dtype())
+    full = compare(study / "rdms.h5", study / "data.npz", samples=50, fdr=True)
+    condensed = compare(study / "rdms.h5", tmp_path / "data.h5", samples=50, fdr=True)
+    np.testing.assert_allclose(condensed.scores, full.scores, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(condensed.evaluations, full.evaluations, rtol=0, atol=1e-12)
+    assert [pair["correction"] for pair in full.pairs] == ["fdr"] * 3
+    np.testing.assert_allclose([pair["p_corrected"] for pair in full.pairs],
+                               false_discovery_control([pair["p"] for pair in full.pairs], method="bh"), atol=1e-12)
+    for options, refused in (({"method": "corr_cov"}, BadOption), ({"resample": "folds"}, BadOption),
+                             ({"layers": "nosuch*"}, UsageProblem)):
+        with pytest.raises(refused):
+            compare(study / "rdms.h5", study / "data.npz", **options)
+    np.savez(tmp_path / "short.npz", rdms=held["rdms"][:, :5, :5], paths=held["paths"])
+    with pytest.raises(UsageProblem, match=r"its rdms are \(6, 5, 5\) for 24 paths"):
+        compare(study / "rdms.h5", tmp_path / "short.npz")

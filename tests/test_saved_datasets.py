@@ -109,3 +109,26 @@ class TestSavedDatasets(ReaderConformance):
         (folder / "saved" / "state.json").write_text('{"_data_files": [{"filename": "data-00000-of-00001.arrow"}]}')
         (folder / "saved" / "data-00000-of-00001.arrow").write_bytes(b"junk")
         return str(folder / "saved")
+
+
+def test_what_a_saved_dataset_lacks_is_said_in_one_line_and_a_dict_of_one_split_needs_no_split(tmp_path):
+    """--split on one Dataset, a --label-column it lacks: refused; a DatasetDict of one split is read without
+    --split; a row kept by its path (no bytes) is read from that file, one with neither is a recorded skip."""
+    from featdump.errors import UsageProblem
+    from featdump.inputs.saved_datasets import _encoded, read_saved, read_saved_row
+
+    images = pngs(4)
+    save_dataset(tmp_path / "one", images, [0, 1, 0, 1])
+    with pytest.raises(UsageProblem, match="is one saved Dataset, not a DatasetDict"):
+        read_saved(tmp_path / "one", split="train")
+    with pytest.raises(UsageProblem, match="--label-column kind: .* has no such column"):
+        read_saved(tmp_path / "one", label_column="kind")
+    save_dataset_dict(tmp_path / "dict", {"train": (images, [0, 0, 1, 1])})
+    listed = read_saved(tmp_path / "dict")
+    assert listed.paths == ("train/0", "train/1", "train/2", "train/3") and listed.classes == ("cat", "dog")
+    assert read_saved_row(str(tmp_path / "dict"), "train/2") == images[2]
+    assert read_saved_row(str(tmp_path), "nowhere/2") is None
+    (tmp_path / "kept.png").write_bytes(images[1])
+    by_path = _encoded("one/9", {"bytes": None, "path": str(tmp_path / "kept.png")})
+    assert by_path.data == images[1]
+    assert isinstance(_encoded("one/9", {"bytes": None, "path": None}), ValueError)
