@@ -174,3 +174,22 @@ def test_condensed_rdms_in_hdf5_the_fdr_and_what_cannot_be_compared(study, tmp_p
     np.savez(tmp_path / "short.npz", rdms=held["rdms"][:, :5, :5], paths=held["paths"])
     with pytest.raises(UsageProblem, match=r"its rdms are \(6, 5, 5\) for 24 paths"):
         compare(study / "rdms.h5", tmp_path / "short.npz")
+
+
+def test_the_table_as_netcdf_opens_in_xarray_and_the_csv_in_pandas(study, tmp_path):
+    import pandas as pd
+    import xarray as xr
+
+    result = compare(study / "rdms.h5", study / "data.npz", samples=50, to=tmp_path / "v4.nc")
+    compare(study / "rdms.h5", study / "data.npz", samples=50, to=tmp_path / "v4.csv")
+    with xr.open_dataset(tmp_path / "v4.nc") as table:
+        assert list(table["layer"].values) == result.layers
+        np.testing.assert_allclose(table["score"].values, result.scores)
+        assert float(table["ceiling_high"]) == pytest.approx(result.ceiling[1])
+        assert list(table["first"].values) == [pair["first"] for pair in result.pairs]
+        assert table.attrs["n_subjects"] == SUBJECTS and table.attrs["correction"] == "bonferroni"
+    frame = pd.read_csv(tmp_path / "v4.csv")
+    assert list(frame.columns) == ["layer", "score", "low", "high", "ceiling_low", "ceiling_high", "p_zero",
+                                   "n_images", "n_subjects"]
+    np.testing.assert_allclose(frame["score"], result.scores)
+    assert list(pd.read_csv(tmp_path / "v4.pairs.csv")["first"]) == [pair["first"] for pair in result.pairs]

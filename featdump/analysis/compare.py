@@ -249,14 +249,38 @@ def _fdr(p_values: list[float]) -> np.ndarray:
 
 
 def write_table(to: Path, result: Comparison) -> None:
-    """TO (.csv): a row per layer (TABLE's columns); its pairs in TO's name with .pairs.csv (PAIRS' columns);
-    each written whole, then moved into place."""
+    """TO: .csv, a row per layer (TABLE's columns), its pairs in TO's name with .pairs.csv (PAIRS' columns); or
+    .nc, one NetCDF file (xarray): TABLE's columns over the dimension `layer`, PAIRS' over `pair`. Each written
+    whole, then moved into place."""
+    if to.suffix == ".nc":
+        _write_netcdf(to, result)
+        return
     rows = [{"layer": name, "score": score, "low": low, "high": high, "ceiling_low": result.ceiling[0],
              "ceiling_high": result.ceiling[1], "p_zero": p, "n_images": result.images,
              "n_subjects": result.subjects}
             for name, score, low, high, p in zip(result.layers, result.scores, result.low, result.high, result.p_zero)]
     _write_csv(to, TABLE, rows)
     _write_csv(to.with_name(to.name.removesuffix(".csv") + ".pairs.csv"), PAIRS, result.pairs)
+
+
+def _write_netcdf(to: Path, result: Comparison) -> None:
+    try:
+        import xarray as xr
+    except ImportError as error:
+        raise UsageProblem("-o RESULT.nc needs xarray (and h5netcdf): pip install 'featdump[netcdf]', or write "
+                           "a .csv.") from error
+    table = xr.Dataset(
+        {"score": ("layer", result.scores), "low": ("layer", result.low), "high": ("layer", result.high),
+         "p_zero": ("layer", result.p_zero), "ceiling_low": ((), result.ceiling[0]),
+         "ceiling_high": ((), result.ceiling[1]),
+         **{column: ("pair", np.array([pair[column] for pair in result.pairs], dtype=kind))
+            for column, kind in (("first", str), ("second", str), ("difference", float), ("p", float),
+                                 ("p_corrected", float), ("significant", np.int8))}},
+        coords={"layer": result.layers}, attrs={"n_images": result.images, "n_subjects": result.subjects,
+                                                 "correction": result.pairs[0]["correction"] if result.pairs else ""})
+    partial = to.with_name(to.name + ".partial")
+    table.to_netcdf(partial, engine="h5netcdf")
+    os.replace(partial, to)
 
 
 def _write_csv(path: Path, columns: tuple[str, ...], rows: list[dict]) -> None:

@@ -241,7 +241,8 @@ def atlas(output: Path, folder: Path, layers: str | None, k: int, memory: str, o
 @click.option("--plot", type=click.Path(dir_okay=False, path_type=Path),
               help="Also draw the layers' scores, intervals, the ceiling and the differing pairs (.png).")
 @click.option("-o", "--out", "to", required=True, type=click.Path(dir_okay=False, path_type=Path),
-              help="The table to write (.csv): a row per layer; the pairs' tests in OUT.pairs.csv beside it.")
+              help="The table to write: .csv (a row per layer; the pairs' tests in OUT.pairs.csv beside it) or .nc "
+                   "(NetCDF: both, for xarray).")
 def compare(rdms: Path, data: Path, layers: str | None, method: str, resample: str, samples: int, seed: int,
             fdr: bool, common: bool, indices: Path | None, plot: Path | None, to: Path) -> None:
     """Which of RDMS' layers explains the data RDMs in DATA best, and how sure: each layer's mean comparison over
