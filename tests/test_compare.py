@@ -193,3 +193,29 @@ def test_the_table_as_netcdf_opens_in_xarray_and_the_csv_in_pandas(study, tmp_pa
                                    "n_images", "n_subjects"]
     np.testing.assert_allclose(frame["score"], result.scores)
     assert list(pd.read_csv(tmp_path / "v4.pairs.csv")["first"]) == [pair["first"] for pair in result.pairs]
+
+
+def test_two_models_outputs_are_compared_layer_against_layer_and_must_name_the_same_images(study, tmp_path):
+    """Two models' RDM files (the second's rows in another order): their layers named FILE:LAYER, each the same
+    score as compared alone, tested against each other's; files naming other images need --common."""
+    import h5py
+
+    with h5py.File(study / "rdms.h5") as source, h5py.File(tmp_path / "other.h5", "w") as other:
+        order = np.random.default_rng(1).permutation(IMAGES)
+        other["rdms/planted"] = source["rdms/planted"][:][order][:, order]
+        other["paths"] = np.asarray(source["paths"].asstr()[:], dtype=object)[order].astype(h5py.string_dtype())
+    alone = compare(study / "rdms.h5", study / "data.npz", samples=30)
+    both = compare([study / "rdms.h5", tmp_path / "other.h5"], study / "data.npz", samples=30)
+    assert both.layers == ["rdms:planted", "rdms:neighbour", "rdms:noise", "other:planted"]
+    np.testing.assert_allclose(both.scores[:3], alone.scores, atol=1e-12)
+    assert both.scores[3] == pytest.approx(alone.scores[0], abs=1e-12)  # the same RDM, rows reordered
+    assert ("rdms:planted", "other:planted") in {(pair["first"], pair["second"]) for pair in both.pairs}
+    with h5py.File(tmp_path / "fewer.h5", "w") as fewer:
+        fewer["rdms/planted"] = np.load(study / "data.npz")["rdms"][0][2:, 2:]
+        fewer["paths"] = np.load(study / "data.npz")["paths"][2:].astype(h5py.string_dtype())
+    refused = run_featdump("compare", study / "rdms.h5", tmp_path / "fewer.h5", study / "data.npz", "-o",
+                           tmp_path / "r.csv")
+    assert refused.returncode == 2 and "pass --common to compare the models" in refused.stderr, refused.stderr
+    made = run_featdump("compare", study / "rdms.h5", tmp_path / "fewer.h5", study / "data.npz", "--common",
+                        "--bootstrap", "none", "-o", tmp_path / "r.csv")
+    assert made.returncode == 0, made.stderr

@@ -50,25 +50,48 @@ class Comparison:
     subjects: int
 
 
-def compare(rdms: str | Path, data: str | Path, layers: list[str] | str | None = None, *, method: str = "corr",
-            resample: str = "subjects", samples: int = 1000, seed: int = 0, fdr: bool = False, common: bool = False,
-            to: str | Path | None = None, indices: str | Path | None = None) -> Comparison:
-    """RDMS' layers (a `featdump rdm` file; an output's RDMs are computed beside it first) compared with the data
-    RDMs in DATA by METHOD; resampled (RESAMPLE) SAMPLES times from SEED; written to TO (.csv: a row per layer, and
-    TO's pairs beside it) and the resamples' INDICES (.npz) when given."""
+def compare(rdms: str | Path | list, data: str | Path, layers: list[str] | str | None = None, *,
+            method: str = "corr", resample: str = "subjects", samples: int = 1000, seed: int = 0, fdr: bool = False,
+            common: bool = False, to: str | Path | None = None, indices: str | Path | None = None) -> Comparison:
+    """RDMS' layers (a `featdump rdm` file; an output's RDMs are computed beside it first; several: each model's,
+    its layers named FILE:LAYER and tested against each other's) compared with the data RDMs in DATA by METHOD;
+    resampled (RESAMPLE) SAMPLES times from SEED; written to TO (.csv: a row per layer, and TO's pairs beside it;
+    or .nc) and the resamples' INDICES (.npz) when given."""
     if method not in METHODS:
         raise BadOption(f"--method {method!r}: use one of {', '.join(METHODS)} (corr_cov and cosine_cov are not "
                         "built yet).")
     if resample not in RESAMPLED:
         raise BadOption(f"--bootstrap {resample!r}: use one of {', '.join(RESAMPLED)}.")
-    names, paths, models = _model_rdms(Path(rdms), listed(layers))
+    files = [Path(path) for path in (rdms if isinstance(rdms, (list, tuple)) else [rdms])]
+    names, paths, models = _models(files, listed(layers), common)
     data_paths, subjects = _data_rdms(Path(data))
-    mine, theirs = _matched(paths, data_paths, common, Path(rdms), Path(data))
+    mine, theirs = _matched(paths, data_paths, common, files[0], Path(data))
     models, subjects = models[:, mine][:, :, mine], subjects[:, theirs][:, :, theirs]
     result = _compared(names, models, subjects, method, resample, samples, seed, fdr, indices)
     if to is not None:
         write_table(Path(to), result)
     return result
+
+
+def _models(files: list[Path], layers: list[str] | None, common: bool) -> tuple[list[str], list[str], np.ndarray]:
+    """(layer names, the images' paths, (layers, N, N)) of one model's RDM file, or of several models' (each layer
+    named FILE:LAYER; their RDMs over the images the first names, every file naming them, or with COMMON the images
+    all name)."""
+    read = [_model_rdms(path, layers) for path in files]
+    if len(read) == 1:
+        return read[0]
+    paths = [path for path in read[0][1] if all(path in set(other[1]) for other in read[1:])]
+    for file, (_, its_paths, _) in zip(files[1:], read[1:]):
+        if not common and set(its_paths) != set(read[0][1]):
+            raise UsageProblem(f"{str(file)!r} and {str(files[0])!r} name other images; pass --common to compare "
+                               "the models over the images all of them name.")
+    names, matrices = [], []
+    for file, (its_names, its_paths, its_models) in zip(files, read):
+        where = {path: position for position, path in enumerate(its_paths)}
+        order = np.asarray([where[path] for path in paths])
+        names += [f"{file.name.removesuffix('.h5')}:{name}" for name in its_names]
+        matrices.append(its_models[:, order][:, :, order])
+    return names, paths, np.concatenate(matrices)
 
 
 def _model_rdms(path: Path, layers: list[str] | None) -> tuple[list[str], list[str], np.ndarray]:

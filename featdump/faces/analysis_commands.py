@@ -225,7 +225,7 @@ def atlas(output: Path, folder: Path, layers: str | None, k: int, memory: str, o
 
 
 @main.command()
-@click.argument("rdms", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.argument("rdms", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.argument("data", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.option("-l", "--layers", help="Layers (names or patterns; comma-separated).  [default: all]")
 @click.option("--method", type=click.Choice(COMPARISONS), default="corr", show_default=True,
@@ -243,12 +243,13 @@ def atlas(output: Path, folder: Path, layers: str | None, k: int, memory: str, o
 @click.option("-o", "--out", "to", required=True, type=click.Path(dir_okay=False, path_type=Path),
               help="The table to write: .csv (a row per layer; the pairs' tests in OUT.pairs.csv beside it) or .nc "
                    "(NetCDF: both, for xarray).")
-def compare(rdms: Path, data: Path, layers: str | None, method: str, resample: str, samples: int, seed: int,
+def compare(rdms: tuple[Path, ...], data: Path, layers: str | None, method: str, resample: str, samples: int, seed: int,
             fdr: bool, common: bool, indices: Path | None, plot: Path | None, to: Path) -> None:
     """Which of RDMS' layers explains the data RDMs in DATA best, and how sure: each layer's mean comparison over
     subjects, its bootstrap interval and test against zero, the noise ceiling, and tests between every pair of
-    layers. RDMS: a `featdump rdm` file, or an output (its RDMs computed beside it first); DATA: HDF5 or .npz
-    holding `rdms` (subjects x N x N) and `paths`.
+    layers. RDMS: a `featdump rdm` file, or an output (its RDMs computed beside it first); several: each model's,
+    its layers named FILE:LAYER and tested against the others'. DATA: HDF5 or .npz holding `rdms` (subjects x N x
+    N) and `paths`.
 
     \b
     Example:
@@ -257,7 +258,7 @@ def compare(rdms: Path, data: Path, layers: str | None, method: str, resample: s
     from featdump.analysis.compare import compare as run
 
     started = time.perf_counter()
-    result = run(rdms, data, layers, method=method, resample=resample, samples=samples, seed=seed, fdr=fdr,
+    result = run(list(rdms), data, layers, method=method, resample=resample, samples=samples, seed=seed, fdr=fdr,
                  common=common, to=to, indices=indices)
     if plot is not None:
         from featdump.faces.compared import draw
