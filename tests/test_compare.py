@@ -219,3 +219,16 @@ def test_two_models_outputs_are_compared_layer_against_layer_and_must_name_the_s
     made = run_featdump("compare", study / "rdms.h5", tmp_path / "fewer.h5", study / "data.npz", "--common",
                         "--bootstrap", "none", "-o", tmp_path / "r.csv")
     assert made.returncode == 0, made.stderr
+
+
+def test_data_rdms_saved_by_rsatoolbox_are_read_by_their_path_descriptor(study, tmp_path):
+    held = np.load(study / "data.npz")
+    vectors = np.stack([matrix[np.triu_indices(IMAGES, k=1)] for matrix in held["rdms"]])
+    rsatoolbox.rdm.RDMs(vectors, pattern_descriptors={"path": list(held["paths"])}).save(
+        str(tmp_path / "theirs.hdf5"), file_type="hdf5")
+    theirs = compare(study / "rdms.h5", tmp_path / "theirs.hdf5", samples=20)
+    ours = compare(study / "rdms.h5", study / "data.npz", samples=20)
+    np.testing.assert_allclose(theirs.scores, ours.scores, atol=1e-12)
+    rsatoolbox.rdm.RDMs(vectors).save(str(tmp_path / "unnamed.hdf5"), file_type="hdf5")
+    refused = run_featdump("compare", study / "rdms.h5", tmp_path / "unnamed.hdf5", "-o", tmp_path / "r.csv")
+    assert refused.returncode == 2 and "none of its pattern descriptors (index) names the images" in refused.stderr

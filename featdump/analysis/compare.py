@@ -125,31 +125,55 @@ def _chosen(name: str, layers: list[str]) -> bool:
 
 
 def _data_rdms(path: Path) -> tuple[list[str], np.ndarray]:
-    """(the images' paths, (subjects, N, N)) of the data file PATH (HDF5 or .npz: `rdms` and `paths`)."""
+    """(the images' paths, (subjects, N, N)) of the data file PATH (HDF5 or .npz: `rdms` and `paths`; or a file
+    rsatoolbox's RDMs.save wrote)."""
     try:
         if path.suffix == ".npz":
             with np.load(path, allow_pickle=False) as held:
                 rdms, paths = held["rdms"], [str(name) for name in held["paths"]]
         else:
             with open_to_read(path) as h5file:
+                if "dissimilarities" in h5file:  # a file rsatoolbox's RDMs.save wrote
+                    return _rsatoolbox_rdms(path, h5file)
                 rdms = h5file["rdms"][:]
                 paths = [name.decode() if isinstance(name, bytes) else str(name) for name in h5file["paths"][:]]
     except (OSError, KeyError, ValueError) as error:
         raise UsageProblem(f"DATA {str(path)!r}: no data RDMs read ({error}); give an HDF5 or .npz file holding "
                            "`rdms` (subjects x N x N, or condensed) and `paths` (the N images).") from error
-    rdms = np.asarray(rdms, dtype=np.float64)
-    if rdms.ndim == 2:  # condensed, as scipy's squareform writes them
+    return paths, _squared(np.asarray(rdms, dtype=np.float64), path, len(paths))
+
+
+PATH_DESCRIPTORS = ("path", "paths", "image", "stimulus", "filename")  # what rsatoolbox's files name images by
+
+
+def _rsatoolbox_rdms(path: Path, h5file) -> tuple[list[str], np.ndarray]:
+    """(the images' paths, (subjects, N, N)) of a file rsatoolbox's `RDMs.save` wrote (HDF5): its dissimilarities
+    (condensed, a row an RDM) and the pattern descriptor that names the images (one of PATH_DESCRIPTORS)."""
+    held = h5file.get("pattern_descriptors", {})
+    named = next((name for name in PATH_DESCRIPTORS if name in held), None)
+    if named is None:
+        raise UsageProblem(f"DATA {str(path)!r} is rsatoolbox's, and none of its pattern descriptors "
+                           f"({', '.join(held) or 'none'}) names the images: give one of "
+                           f"{', '.join(PATH_DESCRIPTORS)} holding their paths.")
+    paths = [name.decode() if isinstance(name, bytes) else str(name) for name in held[named][:]]
+    return paths, _squared(np.asarray(h5file["dissimilarities"][:], dtype=np.float64), path, len(paths))
+
+
+def _squared(rdms: np.ndarray, path: Path, count: int) -> np.ndarray:
+    """(subjects, N, N) of RDMS, condensed (subjects, N(N-1)/2, as scipy's squareform and rsatoolbox keep them)
+    or square; UsageProblem when they are no RDMs of COUNT images."""
+    if rdms.ndim == 2:
         size = int(round((1 + np.sqrt(1 + 8 * rdms.shape[1])) / 2))
         rows, columns = np.triu_indices(size, k=1)
         full = np.zeros((len(rdms), size, size))
         full[:, rows, columns] = rdms
         rdms = full + full.transpose(0, 2, 1)
-    if rdms.ndim != 3 or rdms.shape[1] != rdms.shape[2] or rdms.shape[1] != len(paths):
-        raise UsageProblem(f"DATA {str(path)!r}: its rdms are {rdms.shape} for {len(paths)} paths; give (subjects, "
+    if rdms.ndim != 3 or rdms.shape[1] != rdms.shape[2] or rdms.shape[1] != count:
+        raise UsageProblem(f"DATA {str(path)!r}: its rdms are {rdms.shape} for {count} paths; give (subjects, "
                            "N, N) for N paths.")
     if len(rdms) < 2:
         raise UsageProblem(f"DATA {str(path)!r} holds one subject's RDM: a noise ceiling needs two at least.")
-    return paths, rdms
+    return rdms
 
 
 def _matched(paths: list[str], data_paths: list[str], common: bool, rdms: Path, data: Path):
