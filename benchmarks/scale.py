@@ -3,7 +3,7 @@
     python -m benchmarks.scale [--rows 10000,100000,1000000] [--files 10000,100000] [--write-results]
                                [--checkout PATH]
 
-A tiny model (two 3x3 convolutions over 32x32 images: `tests/makers/tiny_models.py`'s `small`) so that what is
+A tiny model (two 3x3 convolutions over 32x32 images: `featdump.testing.models`'s `small`) so that what is
 measured is featdump, not the forward pass. Per size, each command in its own process, its CPU seconds (user +
 system) and peak memory as the kernel counts them:
 
@@ -32,9 +32,9 @@ import h5py
 import numpy as np
 
 from benchmarks.common import REPO, machine, measured, write_section
-from tests.makers.tiny_models import MODELS
 
-EXTRACT = ["extract", "-m", "tiny_models:small", "--transform", "tiny_models:small_transform", "-l", "2,4"]
+EXTRACT = ["extract", "-m", "featdump.testing.models:small", "--transform", "featdump.testing.models:small_transform",
+           "-l", "2,4"]
 
 
 def brick(path: Path, rows: int, start: int = 0) -> None:
@@ -127,11 +127,9 @@ def file_rows(count: int, folder: Path, env: dict) -> list[tuple[str, float, flo
 
 
 def measured_in_a_folder(kind, size: int, checkout: Path) -> list[tuple[str, float, float]]:
-    """KIND's figures (`array_rows`, `file_rows`) at SIZE, in a scratch folder holding the tiny models, CHECKOUT's
-    featdump on the path."""
+    """KIND's figures (`array_rows`, `file_rows`) at SIZE, in a scratch folder, CHECKOUT's featdump on the path."""
     with tempfile.TemporaryDirectory() as scratch:
         folder = Path(scratch)
-        (folder / "tiny_models.py").write_text(MODELS)
         return kind(size, folder, {**os.environ, "PYTHONPATH": f"{checkout}{os.pathsep}{folder}"})
 
 

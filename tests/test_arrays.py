@@ -12,9 +12,8 @@ from PIL import Image
 
 import featdump
 from featdump.job.runner import extract
-from tests.makers.tiny_models import MODELS
 
-from .helpers import CrashAfterFirstBatch, peak_rss_mib, run_featdump, settings_for, user_project
+from .helpers import CrashAfterFirstBatch, peak_rss_mib, run_featdump, settings_for
 
 EXTRACT = ["extract", "-m", "resnet18", "-w", "none", "-l", "layer1,avgpool"]
 
@@ -222,15 +221,8 @@ def test_a_list_of_an_array_s_row_names_extracts_that_subset_alone_in_the_list_s
         "each row once" in twice.stderr and not (tmp_path / "twice.h5").exists(), twice.stderr
 
 
-SMALL = ["extract", "-m", "tiny_models:small", "--transform", "tiny_models:small_transform", "-l", "1,4"]
-
-
-@pytest.fixture
-def small_model(tmp_path):
-    """A folder holding the tiny models, importable while the test runs (featdump runs in this process)."""
-    (tmp_path / "project").mkdir()
-    with user_project(tmp_path / "project", "tiny_models", MODELS, {}) as folder:
-        yield folder
+SMALL = ["extract", "-m", "featdump.testing.models:small", "--transform", "featdump.testing.models:small_transform",
+         "-l", "1,4"]
 
 
 def write_brick(path, pixels) -> None:
@@ -251,7 +243,7 @@ def stale_of(output) -> list[tuple[str, str]]:
         return list(zip(h5file["stale/paths"].asstr()[:], h5file["stale/reasons"].asstr()[:]))
 
 
-def test_a_grown_array_s_old_rows_stay_fresh_and_a_rewritten_row_is_stale_until_extracted_again(tmp_path, small_model):
+def test_a_grown_array_s_old_rows_stay_fresh_and_a_rewritten_row_is_stale_until_extracted_again(tmp_path):
     pixels = images(10, size=(32, 32))
     source, output = tmp_path / "nsd.hdf5", tmp_path / "out.h5"
     write_brick(source, pixels[:6])
@@ -282,7 +274,7 @@ def test_a_grown_array_s_old_rows_stay_fresh_and_a_rewritten_row_is_stale_until_
 
 
 @pytest.mark.slow  # 20,000 rows extracted first
-def test_a_nothing_new_update_over_20000_array_rows_reads_no_row_and_stats_none(tmp_path, small_model, monkeypatch):
+def test_a_nothing_new_update_over_20000_array_rows_reads_no_row_and_stats_none(tmp_path, monkeypatch):
     from featdump.inputs import arrays
 
     rng = np.random.default_rng(0)

@@ -1,6 +1,6 @@
-"""The small models of the compile tests and the precision and scale benchmarks (a CNN with in-place ops and a
-reused module, a tiny ViT, two convolutions over 32x32 images), as the text of a factory module: each writes it
-where featdump imports it from."""
+"""The small models of the compile tests and the precision benchmarks (a CNN with in-place ops and a reused module,
+a tiny ViT), as the text of a factory module: each writes it where featdump imports it from. Two convolutions over
+32x32 images, where featdump's own costs are the point, are `featdump.testing.models`' (the readers' kit's)."""
 
 MODELS = '''
 import os
@@ -37,19 +37,6 @@ def cnn():
         model.bn.running_mean.uniform_(-0.5, 0.5)
         model.bn.running_var.uniform_(0.5, 2.0)
     return model
-
-
-def small():
-    """Two convolutions over 32x32 images: where featdump's own costs are the point, not the forward pass."""
-    torch.manual_seed(0)
-    return nn.Sequential(nn.Conv2d(3, 8, 3, stride=2), nn.ReLU(), nn.Conv2d(8, 8, 3, stride=2),
-                         nn.AdaptiveAvgPool2d(1), nn.Flatten())
-
-
-def small_transform():
-    from torchvision.transforms import Compose, Resize, ToTensor
-
-    return Compose([Resize((32, 32)), ToTensor()])
 
 
 def vit():
