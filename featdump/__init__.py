@@ -11,17 +11,19 @@
     probes = featdump.probe("out.h5")                         # {layer: Readout}: cross-validated ridge probes
     models = featdump.encode("out.h5", "it_neurons.csv")      # {layer: Readout}: ridge encoding models
     ranked = featdump.top("out.h5", "layer4", k=16)           # {layer: Ranking}: each unit's top and bottom images
+    scored = featdump.compare("rdms.h5", "v4.npz", resample="both")  # layers against data RDMs: ceiling, tests
 """
 
 from featdump.version import __version__
 
 _API = ("extract", "extract_on_ray", "capture", "load", "Features", "Settings", "srp_matrix", "rdm", "cka",
-        "FeatureDataset", "probe", "encode", "Readout", "top")
+        "FeatureDataset", "probe", "encode", "Readout", "top", "compare")
 # Where each name lives; the rest are in featdump.faces.api.
 _HOMES = {"Settings": "featdump.job.settings", "srp_matrix": "featdump.reductions.srp",
           "rdm": "featdump.analysis.rdm", "cka": "featdump.analysis.cka",
           "FeatureDataset": "featdump.training.dataset", "probe": "featdump.readout.readouts",
-          "encode": "featdump.readout.readouts", "Readout": "featdump.readout.readouts", "top": "featdump.units.top"}
+          "encode": "featdump.readout.readouts", "Readout": "featdump.readout.readouts", "top": "featdump.units.top",
+          "compare": "featdump.analysis.compare"}
 
 
 def __getattr__(name):

@@ -180,6 +180,7 @@ def test_the_table_as_netcdf_opens_in_xarray_and_the_csv_in_pandas(study, tmp_pa
     import pandas as pd
     import xarray as xr
 
+    assert featdump.compare is compare  # the same function from the package's API
     result = compare(study / "rdms.h5", study / "data.npz", samples=50, to=tmp_path / "v4.nc")
     compare(study / "rdms.h5", study / "data.npz", samples=50, to=tmp_path / "v4.csv")
     with xr.open_dataset(tmp_path / "v4.nc") as table:
