@@ -318,6 +318,16 @@ def test_transient_faults_are_retried_within_the_patience_then_name_the_object(s
         return "read"
 
     assert Patience(10).call(flaky, "Reading s3://x/y.jpg") == "read" and len(calls) == 3
+    calls.clear()
+
+    def slow_first_try():  # the first try outlasts the whole patience (a client's start on a loaded machine)
+        if not calls:
+            time.sleep(0.3)
+        return flaky()
+
+    with pytest.raises(StoreNeverAnswered, match="2 tries in"):  # a fault is still tried twice, then said
+        Patience(0.2).call(slow_first_try, "Reading s3://x/y.jpg")
+    assert len(calls) == 2
     missing = FileNotFoundError("s3://x/y.jpg")
     with pytest.raises(FileNotFoundError):  # a missing object is not retried
         Patience(10).call(lambda: (_ for _ in ()).throw(missing), "Reading s3://x/y.jpg")

@@ -204,7 +204,8 @@ def endpoint(url: str) -> str:
 @dataclass(frozen=True)
 class Patience:
     """How long a read keeps retrying transient faults (exponential backoff with jitter, 0.2 s doubling up to
-    10 s) before the job stops with StoreUnavailable, naming the object."""
+    10 s) before the job stops with StoreUnavailable, naming the object. A fault is always tried twice: a first
+    try slowed by the client's own start (imports, credentials, a loaded machine) is not the store's answer."""
 
     seconds: float = DEFAULT_PATIENCE
     state: dict = field(default_factory=dict, compare=False, repr=False)  # answered (a store did), said_at (a wait)
@@ -241,7 +242,7 @@ class Patience:
         waited = time.monotonic() - started
         url = _URL_IN.search(what)
         where = endpoint(url[0]) if url else "the store"
-        if waited + pause > self.seconds:
+        if waited + pause > self.seconds and tries > 1:
             tried = f"{tries} {'try' if tries == 1 else 'tries'}"
             problem = (f"{what}: the store did not answer ({describe(error)}; {tried} in {waited:.0f} s, "
                        f"--store-patience {self.seconds:g}; {where}). ")
