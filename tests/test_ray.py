@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 import featdump
+import featdump.progress
 from featdump.errors import OutputExists
 from featdump.output.layout import Committed, Output
 from tests.makers.videos import write_video
@@ -216,7 +217,7 @@ def test_a_node_s_own_variables_are_not_overridden_by_the_driver_s(monkeypatch):
 def test_a_gpu_task_s_share_comes_from_the_gpu_nodes_and_an_unplaceable_one_is_refused_at_once():
     """A CPU-only head counts for nothing in a GPU task's share of CPUs; a task no node can run is refused before
     any is submitted, naming what it asks and what the nodes have."""
-    from featdump.engines.ray import task_resources
+    from featdump.engines.placement import task_resources
     from featdump.errors import UsageProblem
 
     head, small = {"CPU": 2.0}, {"CPU": 1.0, "GPU": 1.0}  # the issue's cluster: it hung asking for 3 CPUs
@@ -233,18 +234,22 @@ def test_a_gpu_task_s_share_comes_from_the_gpu_nodes_and_an_unplaceable_one_is_r
 
 
 @pytest.mark.slow  # a real Ray cluster of two nodes
-def test_a_gpu_task_on_a_cluster_whose_head_has_no_gpu_is_placed(monkeypatch):
+def test_a_gpu_task_on_a_cluster_whose_head_has_no_gpu_is_placed_and_said_unplaceable_when_its_node_goes(
+        monkeypatch, caplog):
     """`ray start --head` on a CPU machine (2 CPUs) and a node of 1 CPU and 1 GPU (faked: Ray counts it as told): a
-    shard's task asks for what the GPU node has, and runs there (it waited forever before)."""
+    shard's task asks for what the GPU node has, and runs there (it waited forever before). Then the GPU node goes:
+    a task submitted now never starts, and the driver's wait stops after its grace naming what the task asks and
+    what the nodes have (Ray would wait forever); tasks that wait on a busy node are said to wait, once a grace."""
     from ray.cluster_utils import Cluster
 
     from featdump.engines import ray as engine
+    from featdump.engines.placement import PlacementWatch, Unplaceable
 
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")  # the suite hides CUDA (""), which Ray refuses a GPU under
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "num_gpus": 0,
                                                             "include_dashboard": False})
     try:
-        cluster.add_node(num_cpus=1, num_gpus=1)
+        gpu_node = cluster.add_node(num_cpus=1, num_gpus=1)
         ray.init(address=cluster.address, log_to_driver=False)
         cluster.wait_for_nodes()
         resources = engine._task_resources(ray, settings_for(".", "out.h5", device="cuda", num_workers=None))
@@ -252,6 +257,24 @@ def test_a_gpu_task_on_a_cluster_whose_head_has_no_gpu_is_placed(monkeypatch):
         placed = ray.remote(lambda: len(ray.get_gpu_ids())).options(**resources).remote()
         assert ray.get(placed, timeout=120) == 1
         assert engine._slots(ray, resources) == 1
+
+        blocker = ray.remote(lambda: time.sleep(60)).options(num_cpus=2).remote()  # another job holds the head
+        busy = PlacementWatch({"num_cpus": 2}, grace=1.0)
+        time.sleep(1.5)
+        with caplog.at_level("WARNING", logger="featdump"):
+            busy.check(ray, started=False)  # the head could run it: a warning, no stop
+        assert "No shard has started in 2 s: a task asks for 2 cpus and the cluster has" in caplog.text
+        ray.cancel(blocker, force=True)
+
+        cluster.remove_node(gpu_node)
+        board = ray.remote(engine._Board).options(num_cpus=0).remote()
+        waiting = ray.remote(lambda: {"rows": 0}).options(**resources).remote()
+        started = time.monotonic()
+        with pytest.raises(Unplaceable, match=r"no live node of the Ray cluster can run one any more: a shard's "
+                                              r"task asks for 1 gpus, 1 cpus; the nodes have 2 CPUs and 0 GPUs"):
+            engine._wait_for(ray, {waiting: 0}, board, featdump.progress.NoProgress(), 1,
+                             PlacementWatch(resources, grace=3.0))
+        assert time.monotonic() - started < 30
     finally:
         ray.shutdown()
         cluster.shutdown()

@@ -19,6 +19,7 @@ import sys
 import time
 from dataclasses import dataclass
 
+from featdump.engines.placement import PlacementWatch, Unplaceable, in_words, node_resources, task_resources
 from featdump.errors import FeatdumpError, StoreUnavailable, UsageProblem
 from featdump.inputs.stores import Patience
 from featdump.job.settings import Settings
@@ -93,14 +94,13 @@ def _run(ray, settings: Settings, shards: int | None, progress: Progress, starte
     board = ray.remote(_Board).options(num_cpus=0).remote()
     task = ray.remote(_run_shard).options(max_retries=RETRIES, retry_exceptions=[StoreUnavailable],
                                           runtime_env={"env_vars": store_environment()}, **resources)
-    log.info("Ray: %d shards of %s, each a task asking for %s.", count, settings.output,
-             ", ".join(f"{value} {key.removeprefix('num_')}" for key, value in resources.items()))
+    log.info("Ray: %d shards of %s, each a task asking for %s.", count, settings.output, in_words(resources))
     pending = {task.remote(dataclasses.replace(settings, shard=f"{index}/{count}"), board, index): index
                for index in range(count)}
     from featdump.job import plan  # torch, imported here while the workers start (not before they are asked)
 
     progress.start(len(plan.job_rows(settings)), 0, "row")
-    rows = _wait_for(ray, pending, board, progress, count)
+    rows = _wait_for(ray, pending, board, progress, count, PlacementWatch(resources))
     progress.close()
     retried = ray.get(board.retried.remote())
     if not merge_shards:
@@ -143,58 +143,29 @@ def _ray():
 
 
 def _task_resources(ray, settings: Settings) -> dict:
-    """What one shard's task asks for, from the cluster's live nodes (`task_resources`)."""
-    return task_resources(_node_resources(ray), settings.device, settings.num_workers)
-
-
-def _node_resources(ray) -> list[dict]:
-    """Each live node's resources (CPU, GPU, ...), as Ray counts them."""
-    return [dict(node.get("Resources", {})) for node in ray.nodes() if node.get("Alive", True)]
-
-
-def task_resources(nodes: list[dict], device: str, num_workers: int | None) -> dict:
-    """What one shard's task asks for on a cluster of NODES (each node's resources): on a CUDA device (or auto on
-    a cluster that has GPUs) a GPU and its node's share of CPUs (the fewest CPUs a GPU among the nodes that have
-    GPUs: a CPU-only head counts for nothing), or the loader workers asked for and the main process; else CPUs:
-    the workers asked for and the main process, or one. UsageProblem at once, naming what a task asks and what the
-    nodes offer, when no node can run one (Ray would leave it waiting forever)."""
-    gpu_nodes = [node for node in nodes if node.get("GPU", 0) >= 1]
-    if device.startswith("cuda") or (device == "auto" and gpu_nodes):
-        if not gpu_nodes:
-            raise UsageProblem(f"--device {device}: the Ray cluster has no GPU ({_offered(nodes)}).")
-        share = num_workers + 1 if num_workers is not None else \
-            max(1, min(int(node.get("CPU", 0) // node["GPU"]) for node in gpu_nodes))
-        asked = {"num_gpus": 1, "num_cpus": share}
-    else:
-        asked = {"num_cpus": (num_workers or 0) + 1}
-    if not any(_fits(asked, node) for node in nodes):
-        wanted = ", ".join(f"{value} {key.removeprefix('num_')}" for key, value in asked.items())
-        raise UsageProblem(f"No node of the Ray cluster can run a shard's task, which asks for {wanted}: "
-                           f"{_offered(nodes)}. Ask for fewer loader workers (-j), or add a node that has them.")
-    return asked
-
-
-def _fits(asked: dict, node: dict) -> bool:
-    return node.get("CPU", 0) >= asked.get("num_cpus", 0) and node.get("GPU", 0) >= asked.get("num_gpus", 0)
-
-
-def _offered(nodes: list[dict]) -> str:
-    """The nodes' CPUs and GPUs, in words."""
-    return "the nodes have " + "; ".join(f"{node.get('CPU', 0):g} CPUs and {node.get('GPU', 0):g} GPUs"
-                                         for node in nodes) if nodes else "the cluster has no live node"
+    """What one shard's task asks for, from the cluster's live nodes (`placement.task_resources`)."""
+    return task_resources(node_resources(ray), settings.device, settings.num_workers)
 
 
 def _slots(ray, resources: dict) -> int:
     """How many shard tasks the cluster runs at once: on each node, as many as its CPUs and GPUs hold."""
     return max(1, sum(min(int(node.get("GPU" if key == "num_gpus" else "CPU", 0) // value)
-                          for key, value in resources.items()) for node in _node_resources(ray)))
+                          for key, value in resources.items()) for node in node_resources(ray)))
 
 
-def _wait_for(ray, pending: dict, board, progress: Progress, count: int) -> tuple[int, int]:
+def _wait_for(ray, pending: dict, board, progress: Progress, count: int,
+              watch: PlacementWatch) -> tuple[int, int]:
     """Wait for every shard task, passing the rows done on to PROGRESS and logging each shard done; the first
-    shard that fails for good stops the others and raises its error. Returns (rows in all shards, new rows)."""
+    shard that fails for good stops the others and raises its error, and so does WATCH when no task can be placed.
+    Returns (rows in all shards, new rows)."""
     shown, shown_found, rows, new = 0, 0, 0, 0
     while pending:
+        try:
+            if not watch.settled:
+                watch.check(ray, started=len(pending) < count or ray.get(board.started.remote()) > 0)
+        except Unplaceable:
+            _cancel(ray, pending)
+            raise
         done, _ = ray.wait(list(pending), num_returns=len(pending), timeout=_POLL_SECONDS)
         for ref in done:
             index = pending.pop(ref)
@@ -338,6 +309,10 @@ class _Board:
     def rows(self) -> tuple[int, int]:
         """(rows done by this job's tasks, rows found done)."""
         return sum(self.done.values()), sum(self.found.values())
+
+    def started(self) -> int:
+        """How many shards have started (on any try)."""
+        return len(self.tries)
 
     def retried(self) -> int:
         return sum(1 for tries in self.tries.values() if tries > 1)
