@@ -48,7 +48,7 @@ def _rsatoolbox_rdms(matrices: np.ndarray):
     return rsatoolbox.rdm.RDMs(np.stack([rsatoolbox.rdm.RDMs(matrix[None]).get_vectors()[0] for matrix in matrices]))
 
 
-@pytest.mark.parametrize("method", ["corr", "spearman", "tau-a", "cosine"])
+@pytest.mark.parametrize("method", ["corr", "spearman", "tau-a", "cosine", "corr_cov", "cosine_cov"])
 def test_scores_and_the_noise_ceiling_equal_rsatoolbox_s(study, method):
     import warnings
 
@@ -67,11 +67,13 @@ def test_scores_and_the_noise_ceiling_equal_rsatoolbox_s(study, method):
     np.testing.assert_allclose(result.ceiling, ceiling, atol=1e-10, rtol=0)
 
 
-@pytest.mark.parametrize("resample", ["subjects", "images", "both"])
-def test_every_bootstrap_sample_equals_rsatoolbox_s_given_the_same_indices(study, tmp_path, resample):
+@pytest.mark.parametrize(("resample", "method"), [("subjects", "corr"), ("images", "corr"), ("both", "corr"),
+                                                   ("images", "corr_cov"), ("both", "cosine_cov")])
+def test_every_bootstrap_sample_equals_rsatoolbox_s_given_the_same_indices(study, tmp_path, resample, method):
+    """(An image drawn twice makes NaN pairs: the whitened comparisons' fit over the pairs left, too.)"""
     from rsatoolbox.rdm import compare as their_compare
 
-    result = compare(study / "rdms.h5", study / "data.npz", method="corr", resample=resample, samples=20, seed=3,
+    result = compare(study / "rdms.h5", study / "data.npz", method=method, resample=resample, samples=20, seed=3,
                      indices=tmp_path / "indices.npz")
     drawn = np.load(tmp_path / "indices.npz")
     data = _rsatoolbox_rdms(np.load(study / "data.npz")["rdms"])
@@ -86,7 +88,7 @@ def test_every_bootstrap_sample_equals_rsatoolbox_s_given_the_same_indices(study
             model.pattern_descriptors["index"] = np.arange(IMAGES)
             if resample != "subjects":
                 model = model.subsample_pattern("index", images)
-            expected = np.mean(their_compare(model, theirs, "corr"))
+            expected = np.mean(their_compare(model, theirs, method))
             assert result.evaluations[sample, layer] == pytest.approx(expected, abs=1e-10)
 
 
@@ -167,13 +169,16 @@ def test_condensed_rdms_in_hdf5_the_fdr_and_what_cannot_be_compared(study, tmp_p
     assert [pair["correction"] for pair in full.pairs] == ["fdr"] * 3
     np.testing.assert_allclose([pair["p_corrected"] for pair in full.pairs],
                                false_discovery_control([pair["p"] for pair in full.pairs], method="bh"), atol=1e-12)
-    for options, refused in (({"method": "corr_cov"}, BadOption), ({"resample": "folds"}, BadOption),
+    for options, refused in (({"method": "riemann"}, BadOption), ({"resample": "folds"}, BadOption),
                              ({"layers": "nosuch*"}, UsageProblem)):
         with pytest.raises(refused):
             compare(study / "rdms.h5", study / "data.npz", **options)
     np.savez(tmp_path / "short.npz", rdms=held["rdms"][:, :5, :5], paths=held["paths"])
     with pytest.raises(UsageProblem, match=r"its rdms are \(6, 5, 5\) for 24 paths"):
         compare(study / "rdms.h5", tmp_path / "short.npz")
+    forgotten = run_featdump("compare", study / "rdms.h5", "-o", tmp_path / "v4.csv")  # DATA left out
+    assert forgotten.returncode == 2 and "Missing argument 'DATA'" in forgotten.stderr, forgotten.stderr
+    assert len(forgotten.stderr.strip().splitlines()) == 1 and not (tmp_path / "v4.csv").exists()
 
 
 def test_the_table_as_netcdf_opens_in_xarray_and_the_csv_in_pandas(study, tmp_path):

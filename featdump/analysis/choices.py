@@ -2,5 +2,6 @@
 
 METRICS = ("correlation", "euclidean", "cosine")
 DEFAULT_MEMORY = "1GB"  # a laptop's share for the slabs of a layer read at once; the N x N results come on top
-COMPARISONS = ("corr", "spearman", "tau-a", "cosine")  # how `compare` compares RDMs, as rsatoolbox names them
+# how `compare` compares RDMs, as rsatoolbox names them
+COMPARISONS = ("corr", "spearman", "tau-a", "cosine", "corr_cov", "cosine_cov")
 RESAMPLES = ("subjects", "images", "both", "none")  # what `compare`'s bootstrap draws

@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from featdump.analysis.choices import RESAMPLES
-from featdump.analysis.comparisons import METHODS, compared, noise_ceiling, upper_triangle
+from featdump.analysis.comparisons import METHODS, compared, images_of, noise_ceiling, upper_triangle
 from featdump.analysis.stored import listed
 from featdump.errors import BadOption, UsageProblem
 from featdump.output.layout import open_to_read, text_of
@@ -58,8 +58,7 @@ def compare(rdms: str | Path | list, data: str | Path, layers: list[str] | str |
     resampled (RESAMPLE) SAMPLES times from SEED; written to TO (.csv: a row per layer, and TO's pairs beside it;
     or .nc) and the resamples' INDICES (.npz) when given."""
     if method not in METHODS:
-        raise BadOption(f"--method {method!r}: use one of {', '.join(METHODS)} (corr_cov and cosine_cov are not "
-                        "built yet).")
+        raise BadOption(f"--method {method!r}: use one of {', '.join(METHODS)}.")
     if resample not in RESAMPLED:
         raise BadOption(f"--bootstrap {resample!r}: use one of {', '.join(RESAMPLED)}.")
     files = [Path(path) for path in (rdms if isinstance(rdms, (list, tuple)) else [rdms])]
@@ -163,7 +162,7 @@ def _squared(rdms: np.ndarray, path: Path, count: int) -> np.ndarray:
     """(subjects, N, N) of RDMS, condensed (subjects, N(N-1)/2, as scipy's squareform and rsatoolbox keep them)
     or square; UsageProblem when they are no RDMs of COUNT images."""
     if rdms.ndim == 2:
-        size = int(round((1 + np.sqrt(1 + 8 * rdms.shape[1])) / 2))
+        size = images_of(rdms.shape[1])
         rows, columns = np.triu_indices(size, k=1)
         full = np.zeros((len(rdms), size, size))
         full[:, rows, columns] = rdms

@@ -6,10 +6,14 @@ a resample's repeated image makes it, left out of every comparison):
     spearman  Pearson's r of their ranks (ties averaged)
     tau-a     Kendall's tau without the ties' adjustment of its denominator
     cosine    the cosine of the angle between them
+    corr_cov, cosine_cov   corr and cosine whitened by the dissimilarities' covariance (images' patterns
+              independent, of equal variance: rsatoolbox's sigma_k left out): the cosine of the RDMs' double-
+              centred second-moment matrices, the mean dissimilarity first taken out for corr_cov
 
 The noise ceiling of a set of data RDMs (one a subject): its upper bound the mean over subjects of the comparison
-of each with the pool of all (the mean RDM in the method's own units: z-scored for corr, normalised for cosine,
-ranked for spearman and tau-a), its lower bound the same with the pool of the others."""
+of each with the pool of all (the mean RDM in the method's own units: z-scored for corr and corr_cov, normalised
+for cosine and cosine_cov, ranked for spearman and tau-a), its lower bound the same with the pool of the
+others."""
 
 from __future__ import annotations
 
@@ -18,6 +22,7 @@ import numpy as np
 from featdump.analysis.choices import COMPARISONS
 
 METHODS = COMPARISONS
+WHITENED = ("corr_cov", "cosine_cov")
 
 
 def upper_triangle(matrices: np.ndarray) -> np.ndarray:
@@ -30,6 +35,8 @@ def compared(first: np.ndarray, second: np.ndarray, method: str) -> np.ndarray:
     """(len(FIRST), len(SECOND)) comparisons by METHOD of the vectors FIRST and SECOND (each (RDMs, pairs)); a
     pair NaN in any RDM is left out of all."""
     kept = ~(np.isnan(first).any(axis=0) | np.isnan(second).any(axis=0))
+    if method in WHITENED:
+        return _cosine(_whitened(first, kept, method), _whitened(second, kept, method))
     first, second = first[:, kept], second[:, kept]
     if method == "tau-a":
         return np.array([[_tau_a(one, other) for other in second] for one in first])
@@ -42,7 +49,9 @@ def compared(first: np.ndarray, second: np.ndarray, method: str) -> np.ndarray:
 
 
 def pooled(vectors: np.ndarray, method: str) -> np.ndarray:
-    """(1, pairs): the RDM of VECTORS' pool that METHOD compares best with them (rsatoolbox's `pool_rdm`)."""
+    """(1, pairs): the RDM of VECTORS' pool that METHOD compares best with them (rsatoolbox's `pool_rdm`, as its
+    `boot_noise_ceiling` pools: corr_cov's and cosine_cov's pools are corr's and cosine's)."""
+    method = method.removesuffix("_cov")
     if method == "cosine":
         vectors = vectors / np.sqrt(np.nanmean(vectors ** 2, axis=1, keepdims=True))
     elif method == "corr":
@@ -52,6 +61,32 @@ def pooled(vectors: np.ndarray, method: str) -> np.ndarray:
         vectors = np.array([_ranked_with_nan(vector) for vector in vectors])
     pool = _nan_mean(vectors)
     return pool - np.nanmin(pool) + 0.01 if method == "corr" else pool
+
+
+def _whitened(vectors: np.ndarray, kept: np.ndarray, method: str) -> np.ndarray:
+    """(RDMs, N * N): each of VECTORS' RDMs (its KEPT pairs; the mean taken out first for corr_cov) as its
+    double-centred second moment G = -D / 2 less its rows' and columns' effects, fitted over the kept pairs as
+    rsatoolbox's `_cov_weighting` fits them, flattened: their dot products are the whitened inner products."""
+    values = vectors[:, kept]
+    if method == "corr_cov":
+        values = values - values.mean(axis=1, keepdims=True)
+    size = images_of(vectors.shape[1])
+    rows, columns = np.triu_indices(size, k=1)
+    rows, columns = rows[kept], columns[kept]
+    linked = np.zeros((size, size))
+    linked[rows, columns] = linked[columns, rows] = 1.0
+    moments = np.zeros((len(values), size, size))
+    moments[:, rows, columns] = moments[:, columns, rows] = -0.5 * values
+    system = 0.5 * (linked + np.diag(linked.sum(axis=1))) + np.eye(size)
+    effects = np.linalg.solve(system, moments.sum(axis=2).T).T
+    centred = (moments - 0.5 * (effects[:, :, None] + effects[:, None, :])) * linked
+    centred[:, np.arange(size), np.arange(size)] = -effects
+    return centred.reshape(len(values), -1)
+
+
+def images_of(pairs: int) -> int:
+    """N, the images of an RDM of PAIRS pairs (N (N - 1) / 2)."""
+    return int(round((1 + np.sqrt(1 + 8 * pairs)) / 2))
 
 
 def noise_ceiling(vectors: np.ndarray, method: str) -> tuple[float, float]:

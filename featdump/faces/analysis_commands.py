@@ -225,7 +225,7 @@ def atlas(output: Path, folder: Path, layers: str | None, k: int, memory: str, o
 
 
 @main.command()
-@click.argument("rdms", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.argument("rdms", nargs=-1, type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.argument("data", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.option("-l", "--layers", help="Layers (names or patterns; comma-separated).  [default: all]")
 @click.option("--method", type=click.Choice(COMPARISONS), default="corr", show_default=True,
@@ -257,6 +257,9 @@ def compare(rdms: tuple[Path, ...], data: Path, layers: str | None, method: str,
     """
     from featdump.analysis.compare import compare as run
 
+    if not rdms:  # click gives a lone file to DATA, the last argument
+        raise click.UsageError(f"Missing argument 'DATA': {data} is taken as the model's RDMs (or output); name the "
+                               "data RDMs after it: featdump compare RDMS... DATA -o RESULT.")
     started = time.perf_counter()
     result = run(list(rdms), data, layers, method=method, resample=resample, samples=samples, seed=seed, fdr=fdr,
                  common=common, to=to, indices=indices)
