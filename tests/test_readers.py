@@ -65,7 +65,8 @@ def test_a_long_folder_walk_says_how_far_it_got_and_when_it_is_done(tmp_path, ca
         (tmp_path / "photos" / f"{index // 700}").mkdir(parents=True, exist_ok=True)
         (tmp_path / "photos" / f"{index // 700}" / f"{index:05d}.jpg").touch()
     with caplog.at_level(logging.INFO, logger="featdump"):
-        images, videos = folder._walk(tmp_path / "photos", every_seconds=0.0)
+        walk = folder._walk(tmp_path / "photos", every_seconds=0.0)
+        images, videos = walk.images, walk.videos
     assert len(images) == 2100 and not videos
     said = [record.getMessage() for record in caplog.records]
     assert any("images found so far" in line and "2048 images" in line for line in said), said

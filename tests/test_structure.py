@@ -92,7 +92,7 @@ def test_only_the_ray_engine_imports_ray():
 # Lowest first: a module may import modules of its own rank or lower, never higher.
 RANKS = {
     "featdump.errors": 0, "featdump.version": 0, "featdump.locations": 0, "featdump.progress": 0,
-    "featdump.plugins": 0,
+    "featdump.plugins": 0, "featdump.caches": 0,
     "featdump.sources": 1, "featdump.inputs": 2, "featdump.forward": 3, "featdump.reductions": 4,
     "featdump.output": 5, "featdump.job": 6, "featdump.analysis": 6, "featdump.training": 6, "featdump.readout": 6,
     "featdump.units": 6,

@@ -55,6 +55,7 @@ class Asked:
     reader: str | None = None
     reader_options: tuple[str, ...] = ()
     image_root: str | None = None  # the folder a table's relative image paths lie under
+    fresh: bool = False  # list anew, never from a listing kept by an earlier command (--update: files changed)
 
     def given(self) -> dict[str, str]:
         """Every reader option set, by name: the built-in flags' and each --reader-option's (as text)."""

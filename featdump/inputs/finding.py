@@ -15,16 +15,17 @@ from featdump.locations import Location
 def find_images(source: Path | str, named: str = "IMAGES", patience: Patience | None = None,
                 array: str | None = None, image_column: str | None = None,
                 label_column: str | None = None, split: str | None = None, reader: str | None = None,
-                reader_options: tuple[str, ...] = (), image_root: str | None = None) -> ImageList:
+                reader_options: tuple[str, ...] = (), image_root: str | None = None, fresh: bool = False) -> ImageList:
     """The images of SOURCE: a folder walked recursively (following symlinks once), a .txt/.csv list file of
     images or of tars, a .tar file, or a brace pattern or glob of tars; or the same at a URL (a store prefix read
     as a folder, a list, tar URLs and their brace patterns joined with ::), read within PATIENCE; or a file of
     image arrays (HDF5, NetCDF-4, .npy, .npz: `arrays`), its ARRAY (None: its only one); or Parquet tables of
     encoded images (`tables`: a file, a folder or prefix, a pattern; IMAGE_COLUMN, LABEL_COLUMN, SPLIT); READER: the
-    reader by name (None: the first that claims SOURCE), READER_OPTIONS its NAME=VALUE options. NoImages if there
-    are none, its message naming the argument or option SOURCE came from (NAMED: IMAGES, --pca-fit)."""
+    reader by name (None: the first that claims SOURCE), READER_OPTIONS its NAME=VALUE options; FRESH: a folder
+    walked anew, never as an earlier command found it (`listings`). NoImages if there are none, its message naming
+    the argument or option SOURCE came from (NAMED: IMAGES, --pca-fit)."""
     asked = Asked(named, patience or Patience(), array, image_column, label_column, split, reader,
-                  tuple(reader_options), image_root)  # Patience: its store
+                  tuple(reader_options), image_root, fresh)  # Patience: its store
     try:
         return read_images(Location.of(source), asked)
     except NoImages as error:

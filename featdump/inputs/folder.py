@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import time
@@ -12,6 +13,7 @@ import numpy as np
 
 from featdump.errors import NoImages
 from featdump.inputs.imagelist import Files, ImageList
+from featdump.inputs.listings import Walk, keep_walk, kept_walk
 from featdump.inputs.video import VIDEO_SUFFIXES, is_video_name
 
 LISTING_EVERY = 10.0  # seconds between the lines of a long folder walk
@@ -19,10 +21,16 @@ IMAGE_EXTENSIONS = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", 
 log = logging.getLogger("featdump")
 
 
-def read_folder(root: Path) -> ImageList:
-    """The images under ROOT (walked recursively, symlinks followed once), or its videos when it holds no image;
-    labels from first-level folders."""
-    images, videos = _walk(root)
+def read_folder(root: Path, fresh: bool = False) -> ImageList:
+    """The images under ROOT (walked recursively, symlinks followed once; or as an earlier command's walk found
+    them, where no folder under ROOT changed since and not FRESH: `listings`), or its videos when it holds no
+    image; labels from first-level folders."""
+    walk = None if fresh else kept_walk(root)
+    if walk is None:
+        started = time.time_ns()
+        walk = _walk(root)
+        keep_walk(root, walk, started)
+    images, videos = walk.images, walk.videos
     found = images or videos
     paths = sorted(found)
     warn_videos_left_out(str(root), len(images), sorted(videos))
@@ -79,14 +87,15 @@ def warn_videos_left_out(where: str, images: int, videos: list[str]) -> None:
                     videos[0])
 
 
-def _walk(root: Path, every_seconds: float = LISTING_EVERY) -> tuple[dict, dict]:
-    """(images, videos) under ROOT, found in one walk, as {POSIX path relative to it: (size, mtime_ns)}: each
+def _walk(root: Path, every_seconds: float = LISTING_EVERY) -> Walk:
+    """The images and videos under ROOT, found in one walk, as {POSIX path relative to it: (size, mtime_ns)}: each
     file stat'ed once, here, for the whole command (its fingerprint, its update's staleness); one that cannot be
-    stat'ed (a dangling link) is listed with (-1, -1), to be skipped when read. A walk that takes longer than
-    EVERY_SECONDS says how far it got, every EVERY_SECONDS (a million files on a cold disk take minutes)."""
-    images, videos = {}, {}
+    stat'ed (a dangling link) is listed with (-1, -1), to be skipped when read; and the folders walked, with their
+    times. A walk that takes longer than EVERY_SECONDS says how far it got, every EVERY_SECONDS (a million files on
+    a cold disk take minutes)."""
+    images, videos, folders = {}, {}, {}
     started = said = time.monotonic()
-    for folder, name in _files(root):
+    for folder, name in _files(root, folders):
         suffix = os.path.splitext(name)[1].lower()
         kept = images if suffix in IMAGE_EXTENSIONS else videos if suffix in VIDEO_SUFFIXES else None
         if kept is not None:
@@ -96,7 +105,7 @@ def _walk(root: Path, every_seconds: float = LISTING_EVERY) -> tuple[dict, dict]
             log.info("Listing %s: %d images found so far (%.0f s), in %s.", root, len(images), said - started, folder)
     if said > started:
         log.info("Listed %s: %d images in %.0f s.", root, len(images), time.monotonic() - started)
-    return images, videos
+    return Walk(images, videos, folders)
 
 
 def _stat_of(path: str) -> tuple[int, int]:
@@ -107,7 +116,9 @@ def _stat_of(path: str) -> tuple[int, int]:
     return found.st_size, found.st_mtime_ns
 
 
-def _files(root: Path):
+def _files(root: Path, folders: dict):
+    """(folder relative to ROOT, file name) of every file under ROOT; FOLDERS gets each folder walked and its
+    time (mtime_ns)."""
     seen_folders = set()
 
     def unreadable(error: OSError) -> None:
@@ -121,5 +132,7 @@ def _files(root: Path):
         seen_folders.add(real)
         subfolders.sort()
         relative_folder = Path(folder).relative_to(root)
+        with contextlib.suppress(OSError):  # gone since: the walk finds nothing in it either
+            folders[relative_folder.as_posix()] = os.stat(folder).st_mtime_ns
         for name in files:
             yield relative_folder, name

@@ -220,7 +220,7 @@ class Folder(Reader):
         return where.path.is_dir()
 
     def read(self, where, asked):
-        return read_folder(where.path)
+        return read_folder(where.path, fresh=asked.fresh)
 
 
 def _listed(where: Location, patience: Patience) -> ImageList:

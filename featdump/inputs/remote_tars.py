@@ -28,6 +28,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
+from featdump.caches import user_cache
 from featdump.errors import NoImages, UsageProblem
 from featdump.inputs.imagelist import Encoded, ImageList, content_digest
 from featdump.inputs.objects import object_identity, only_image, video_where_it_lies
@@ -150,8 +151,7 @@ def _index_file(url: str, details: dict) -> Path:
     $XDG_CACHE_HOME/featdump/tar-index (default ~/.cache/featdump/tar-index)."""
     size, mtime, etag = object_identity(details)
     key = hashlib.sha256(f"{url}\0{size}\0{mtime}\0{etag}".encode("utf-8", "surrogateescape")).hexdigest()
-    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    return cache / "featdump" / "tar-index" / f"{key}.json"
+    return user_cache("tar-index", f"{key}.json")
 
 
 def _read_index(path: Path) -> tuple[TarScan | None, str | None]:

@@ -41,10 +41,12 @@ class Plan:
 
 def job_rows(settings: Settings) -> ImageList:
     """The rows of the whole job SETTINGS describes (every shard's): its images, or its videos' clips."""
-    return warm.shared("rows", dependencies.run_key(settings), lambda: as_rows(
+    key = (*dependencies.run_key(settings), ("fresh", settings.update))  # an update walks anew (`listings`)
+    return warm.shared("rows", key, lambda: as_rows(
         find_images(settings.images, patience=Patience(settings.store_patience), array=settings.array,
                     image_column=settings.image_column, label_column=settings.label_column, split=settings.split,
-                    reader=settings.reader, reader_options=settings.reader_option, image_root=settings.image_root),
+                    reader=settings.reader, reader_options=settings.reader_option, image_root=settings.image_root,
+                    fresh=settings.update),
         settings.clip, settings.fps,
         settings.clip_every, clip_of(settings.model), settings.clip_anchor, settings.clip_pad, settings.clip_origin))
 

@@ -14,6 +14,8 @@ from functools import lru_cache
 from importlib import metadata
 from pathlib import Path
 
+from featdump.caches import user_cache
+
 # task: its package in torchvision.models ("" the classifiers at the top)
 PACKAGES = {"classification": "", "video": "video", "optical_flow": "optical_flow", "segmentation": "segmentation",
             "detection": "detection", "quantization": "quantization"}
@@ -47,8 +49,7 @@ def _cache_file() -> Path | None:
         version = metadata.version("torchvision")
     except metadata.PackageNotFoundError:
         return None
-    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    return cache / "featdump" / f"torchvision-{version}-models.json"
+    return user_cache(f"torchvision-{version}-models.json")
 
 
 def _read(place: Path) -> dict[str, list[str]] | None:
