@@ -100,6 +100,10 @@ def analysed(sandbox):
                                                 for index, path in enumerate(compared)))
     (sandbox / "it_neurons.csv").write_text("path,n1,n2\n" + "".join(f"{path},{index * 0.5},{(index % 3) - 1.5}\n"
                                                                      for index, path in enumerate(compared)))
+    (sandbox / "betas.csv").write_text("path,trial,v1,v2\n" + "".join(  # two trials of each image
+        f"{path},{trial},{index * 0.5 + trial * 0.1},{(index % 3) - trial * 0.2}\n"
+        for trial in range(2) for index, path in enumerate(compared)))
+    (sandbox / "rois.csv").write_text("target,region\nv1,V1\nv2,V4\n")
     for name, model, layers in (("feats.h5", "resnet18", "layer3,layer4,avgpool"),
                                 ("resnet18.h5", "resnet18", "layer*"), ("resnet50.h5", "resnet50", "layer*"),
                                 ("vit.h5", "vit_b_16", "encoder.layers.encoder_layer_8")):  # training.md's

@@ -327,9 +327,7 @@ def test_bad_input_is_one_line(study, tmp_path):
 
 
 def test_a_matrix_too_large_for_the_machine_is_refused_with_the_way_out(study, monkeypatch):
-    import featdump.readout.readouts as readouts
-
-    monkeypatch.setattr(readouts, "free_memory", lambda device: 10_000)  # a machine with 10 KB free
+    monkeypatch.setattr(passes, "free_memory", lambda device: 10_000)  # a machine with 10 KB free
     with pytest.raises(UsageProblem, match=r"90 x 90 matrices.*--reduce wide=srp:4096"):
         featdump.probe(study["file"], "wide", device="cpu")
 

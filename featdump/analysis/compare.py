@@ -23,6 +23,7 @@ import numpy as np
 
 from featdump.analysis.choices import RESAMPLES
 from featdump.analysis.comparisons import METHODS, compared, images_of, noise_ceiling, upper_triangle
+from featdump.analysis.inference import pair_tests, zero_tests
 from featdump.analysis.stored import listed
 from featdump.errors import BadOption, UsageProblem
 from featdump.output.layout import open_to_read, text_of
@@ -248,50 +249,6 @@ def _resampled(matrices: np.ndarray, shown: np.ndarray) -> np.ndarray:
 
 def _dof(resample: str, subjects: int, images: int) -> int:
     return {"subjects": subjects - 1, "images": images - 1}.get(resample, min(subjects, images) - 1)
-
-
-def zero_tests(evaluations: np.ndarray, dof: int) -> np.ndarray:
-    """Each layer's one-sided p of a score above 0: a t-test of the bootstrap's mean over its variance (rsatoolbox's
-    `t_test_0`); NaN without a bootstrap."""
-    from scipy import stats
-
-    if len(evaluations) < 2:
-        return np.full(evaluations.shape[1], np.nan)
-    means, variances = np.nanmean(evaluations, axis=0), np.var(evaluations, axis=0, ddof=1)
-    return 1 - stats.t.cdf(means / np.sqrt(np.maximum(variances, np.finfo(float).eps)), dof)
-
-
-def pair_tests(names: list[str], evaluations: np.ndarray, dof: int, fdr: bool) -> list[dict]:
-    """Every pair of layers: the difference of their bootstrap means, its two-sided p (rsatoolbox's `t_tests`: the
-    bootstrap covariance of the difference), and p corrected for the number of pairs (Bonferroni, or FDR)."""
-    from scipy import stats
-
-    if len(evaluations) < 2 or len(names) < 2:
-        return []
-    means, covariance = np.nanmean(evaluations, axis=0), np.atleast_2d(np.cov(evaluations.T))
-    pairs = []
-    for first in range(len(names) - 1):
-        for second in range(first + 1, len(names)):
-            variance = covariance[first, first] + covariance[second, second] - 2 * covariance[first, second]
-            difference = float(means[first] - means[second])
-            t = difference / np.sqrt(max(variance, np.finfo(float).eps))
-            pairs.append({"first": names[first], "second": names[second], "difference": difference,
-                          "p": float(2 * (1 - stats.t.cdf(abs(t), dof)))})
-    corrected = _fdr([pair["p"] for pair in pairs]) if fdr else [min(1.0, pair["p"] * len(pairs)) for pair in pairs]
-    for pair, p in zip(pairs, corrected):
-        pair.update(p_corrected=float(p), correction="fdr" if fdr else "bonferroni", significant=bool(p < 0.05))
-    return pairs
-
-
-def _fdr(p_values: list[float]) -> np.ndarray:
-    """Benjamini-Hochberg's adjusted p values."""
-    p = np.asarray(p_values)
-    order = np.argsort(p)
-    ranked = p[order] * len(p) / np.arange(1, len(p) + 1)
-    adjusted = np.minimum.accumulate(ranked[::-1])[::-1]
-    out = np.empty_like(p)
-    out[order] = np.minimum(adjusted, 1.0)
-    return out
 
 
 def write_table(to: Path, result: Comparison) -> None:

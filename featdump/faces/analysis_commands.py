@@ -142,26 +142,41 @@ def probe(output: Path, labels: Path | None, layers: str | None, folds: int, alp
               help="Clip rows cut into stretches of time (fewer videos than folds): seconds of a video left out of a "
                    "fold's training on both sides of its held-out stretch.  [default: the longest delay plus one "
                    "step of the grid]")
+@click.option("--repeats", is_flag=True,
+              help="Rows of TARGETS naming the same image are its trials (NSD's three): their mean is fitted, and "
+                   "each target's noise ceiling (NCSNR) bounds its score.")
+@click.option("--rois", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="A CSV of target,region lines: each layer's score, interval and tests per region.")
+@click.option("--samples", default=1000, show_default=True, type=click.IntRange(min=2),
+              help="Bootstrap resamples of the images for the regions' intervals and tests.")
+@click.option("--fdr", is_flag=True, help="Correct the pairs' p by Benjamini-Hochberg's FDR (else Bonferroni).")
+@click.option("--table", type=click.Path(dir_okay=False, path_type=Path),
+              help="Write the scores per layer and region (.csv, the pairs' tests in TABLE.pairs.csv; or .nc).")
 @_readout_options
 def encode(output: Path, targets: str, alpha_per_target: bool, delays: str | None, gap: float | None,
+           repeats: bool, rois: Path | None, samples: int, fdr: bool, table: Path | None,
            layers: str | None, folds: int, alphas: str, seed: int, common: bool, to: Path, memory: str, device: str,
            plot: Path | None, overwrite: bool) -> None:
     """Ridge encoding models from every layer of OUTPUT to TARGETS (neurons, voxels, behaviour), out of core,
     cross-validated, alpha chosen by leave-one-out in each fold. TARGETS: a CSV/TSV with a `path` column and a column
     per target, an .npy in OUTPUT's row order, or FILE.h5:DATASET with a `paths` dataset. Records every image's
-    held-out predictions, each target's Pearson r and R^2, each layer's median r.
+    held-out predictions, each target's Pearson r and R^2, each layer's median r. With --repeats, --rois or
+    --table: each layer's score per region with its 95% interval (a bootstrap over the images), the noise
+    ceiling and the share of it reached (--repeats), and tests between the layers in each region.
 
     \b
     Example:
       featdump encode feats.h5 it_neurons.csv -l 'layer*' -o enc.h5 --plot enc.png
       featdump encode film.h5 bold.csv --delays 1,2,3,4 -o enc.h5     # clip rows on a TR grid
+      featdump encode feats.h5 betas.h5:betas --repeats --rois rois.csv --table v4.csv -o enc.h5
     """
     from featdump.readout.readouts import encode as compute
 
     started, done_before = time.perf_counter(), to.exists() and not overwrite
     readouts = compute(output, targets, layers, folds=folds, alphas=alphas, per_target=alpha_per_target,
                        common=common, seed=seed, memory=memory, device=device, to=to, overwrite=overwrite,
-                       progress=progress_for("MB"), delays=delays, gap=gap)
+                       progress=progress_for("MB"), delays=delays, gap=gap, repeats=repeats, rois=rois,
+                       samples=samples, fdr=fdr, table=table)
     click.echo(sayings.readouts_line("encode", readouts, to, plot, started, done_before), err=True)
 
 

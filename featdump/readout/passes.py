@@ -12,6 +12,7 @@ smaller (as scikit-learn's RidgeCV picks its `gram` or `cov` mode).
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from collections.abc import Callable, Iterator
@@ -23,10 +24,14 @@ import numpy as np
 import torch
 
 from featdump.analysis.gram import gram
+from featdump.errors import UsageProblem
+from featdump.forward.device import free_memory
 from featdump.output.space import human_bytes
 from featdump.output.views import read_span
 from featdump.readout.delays import delayed_gram, delayed_nonfinite, gram_rows
 from featdump.readout.ridge import FoldFit, PrimalFold, choose, dual_fold
+
+log = logging.getLogger("featdump")
 
 ROW_BLOCK_BYTES = 64 * 1024**2  # a block of whole rows at most, whatever the budget (two exist at once)
 ROW_BLOCK_ROWS_AT_MOST = 8192
@@ -292,3 +297,28 @@ def row_blocks(dataset: h5py.Dataset, used: np.ndarray, memory: int, device: tor
                 pending = pool.submit(read, following)
             if len(positions):
                 yield positions, torch.from_numpy(block).to(device, torch.float64)
+
+
+def refuse_too_large(stored, names: list[str], count: int, targets: int, folds: int, alphas: int, budget: int,
+                     device: torch.device) -> dict[str, tuple[int, int]]:
+    """{layer: (features, bytes to read)}, after refusing (UsageProblem) a layer whose matrices do not fit here."""
+    available = free_memory(device)
+    sizes = {}
+    for name in names:
+        with stored.dataset(name) as dataset:
+            features = int(np.prod(dataset.shape[1:]))
+            narrow_reads = 2 * (not is_wide(count, features))
+            sizes[name] = (features, stored.rows * features * dataset.dtype.itemsize * max(1, narrow_reads))
+        need = working_bytes(count, features, targets, folds, alphas, budget)
+        if need > available:
+            side = min(count, features)
+            raise UsageProblem(
+                f"Layer {name} ({count} images x {features} features) needs {human_bytes(need)} for its "
+                f"{side} x {side} matrices in float64, besides --memory, and {device} has {human_bytes(available)} "
+                f"free: extract it reduced (--reduce {name}=srp:4096, or pca:1024), or fit it on fewer images"
+                f"{' (or in the machine memory: --device cpu)' if device.type == 'cuda' else ''}.")
+    need = max((working_bytes(count, features, targets, folds, alphas, budget)
+                for features, _ in sizes.values()), default=0)
+    log.info("Working memory: --memory %s for the rows read, and at most %s for the matrices (float64).",
+             human_bytes(budget), human_bytes(need))
+    return sizes

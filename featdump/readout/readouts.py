@@ -33,11 +33,11 @@ from featdump.analysis.choices import DEFAULT_MEMORY
 from featdump.analysis.results import Results, computed_into, finished
 from featdump.analysis.stored import Stored, listed
 from featdump.errors import UsageProblem
-from featdump.forward.device import free_memory, resolve_device
+from featdump.forward.device import resolve_device
 from featdump.output.layout import open_to_read, text_of
-from featdump.output.space import human_bytes, parse_bytes
+from featdump.output.space import parse_bytes
 from featdump.progress import NoProgress, Progress
-from featdump.readout import passes
+from featdump.readout import bounds, passes
 from featdump.readout.choices import DEFAULT_ALPHAS, DEFAULT_FOLDS
 from featdump.readout.delays import grid_step, parse_delays, sources
 from featdump.readout.folds import assign_folds, sparse_classes, training_rows
@@ -92,18 +92,26 @@ def encode(output: str | Path, targets: str | Path, layers: list[str] | str | No
            alphas=DEFAULT_ALPHAS, per_target: bool = False, common: bool = False, seed: int = 0,
            memory: str | int = DEFAULT_MEMORY, device: str = "auto", to: str | Path | None = None,
            overwrite: bool = False, progress: Progress | None = None, delays=None,
-           gap: float | None = None) -> dict[str, Readout]:
+           gap: float | None = None, repeats: bool = False, rois: str | Path | None = None, samples: int = 1000,
+           fdr: bool = False, table: str | Path | None = None) -> dict[str, Readout]:
     """A ridge encoding model from each of LAYERS of OUTPUT to TARGETS (a CSV/TSV with a path column and a column
     per target, an .npy in the output's row order, or FILE.h5:DATASET with its paths), rows matched by path (COMMON:
     the images both have); FOLDS seeded folds, alpha chosen by leave-one-out in each (one for all targets, or
     PER_TARGET). DELAYS ('1,2,3,4' steps of the clips' grid, or '1.5s,3s'): each layer's features at those
     earlier onsets of the same video, stacked (FIR; zeros before a video's first row). GAP: seconds of a video left
     out of a fold's training on both sides of its held-out stretch (default: the longest delay plus one step of the
-    grid). TO: also written there (ENC.h5), resumable layer by layer. {layer: Readout}."""
+    grid). TO: also written there (ENC.h5), resumable layer by layer. REPEATS: rows of TARGETS naming the same image
+    are its trials (their mean fitted; each target's noise ceiling). With REPEATS, ROIS (a CSV of target,region) or
+    TABLE: each layer's score per region with its interval over SAMPLES resamples of the images, the ceiling, and
+    paired tests between layers (`bounds`; FDR, else Bonferroni), logged and written to TABLE (.csv or .nc).
+    {layer: Readout}."""
     stored = Stored.read(output)
-    table = numeric_targets(stored, targets, common)
-    return _read_out("encode", stored, table, _Asked(layers, folds, alphas, per_target, seed, memory, device, to,
-                                                     overwrite, progress, delays, gap))
+    values = numeric_targets(stored, targets, common, repeats)
+    readouts = _read_out("encode", stored, values, _Asked(layers, folds, alphas, per_target, seed, memory, device,
+                                                          to, overwrite, progress, delays, gap))
+    if repeats or rois is not None or table is not None:
+        bounds.report(readouts, values, rois, samples, seed, fdr, table)
+    return readouts
 
 
 def _videos(stored: Stored, table: Targets, folds: int) -> np.ndarray | None:
@@ -205,6 +213,7 @@ def _read_out(kind: str, stored: Stored, table: Targets, asked: _Asked) -> dict[
                     len(sparse), "es" * (len(sparse) != 1), folds, ", ".join(sparse[:5]) + ", ..." * (len(sparse) > 5))
     paths = [stored.paths[row] for row in table.rows]
     made_from = {"source": stored.identity(), "kind": kind, "targets": _digest(table), "layers": names,
+                 **({"repeats": True} if table.ceilings is not None else {}),
                  "folds": folds, "seed": seed, "alphas": grid.tolist(), "per_target": per_target,
                  **({"folds_by": "video"} if stored.clip_starts is not None else {}),
                  **({"delays": steps, "delay_step": step, "delays_from": "every row"} if steps else {}),
@@ -212,14 +221,17 @@ def _read_out(kind: str, stored: Stored, table: Targets, asked: _Asked) -> dict[
     if to is not None and not overwrite and finished(Path(to), made_from):
         log.info("%s is finished already, made by this same command: nothing to do.", to)
         return read_readouts(Path(to), names)
-    sizes = _refuse_too_large(stored, names, table, folds, len(grid), budget, place)
+    sizes = passes.refuse_too_large(stored, names, table.count, len(table.columns), folds, len(grid), budget, place)
     results = None
     if to is not None:
         labels, classes = (table.classes, table.columns) if table.classes is not None else \
             (stored.labels[table.rows], stored.classes)  # a probe's: the labels probed (a CSV's, or the output's)
         results = Results.open(Path(to), made_from, paths, labels, classes, overwrite)
         columns = np.array(table.columns, dtype=h5py.string_dtype())
-        for name, values in (("fold", fold), ("alphas", grid), ("columns", columns)):
+        kept = {"fold": fold, "alphas": grid, "columns": columns}
+        if table.ceilings is not None:  # encode --repeats
+            kept.update(ncsnr=table.ceilings.ncsnr, ceiling=table.ceilings.ceiling, trials=table.ceilings.trials)
+        for name, values in kept.items():
             if not results.has("", name):
                 results.commit("", name, values)
     progress = asked.progress or NoProgress()
@@ -377,31 +389,6 @@ def _warn_at_edge(name: str, chosen: np.ndarray, count: int) -> None:
         if share > 0.5:
             log.warning("%s: the alpha chosen is the grid's %s in %.0f%% of the folds (and targets): extend --alphas "
                         "%s.", name, side, 100 * share, way)
-
-
-def _refuse_too_large(stored: Stored, names: list[str], table: Targets, folds: int, alphas: int, budget: int,
-                      device: torch.device) -> dict[str, tuple[int, int]]:
-    """{layer: (features, bytes to read)}, after refusing (UsageProblem) a layer whose matrices do not fit here."""
-    available = free_memory(device)
-    sizes = {}
-    for name in names:
-        with stored.dataset(name) as dataset:
-            features = int(np.prod(dataset.shape[1:]))
-            narrow_reads = 2 * (not passes.is_wide(table.count, features))
-            sizes[name] = (features, stored.rows * features * dataset.dtype.itemsize * max(1, narrow_reads))
-        need = passes.working_bytes(table.count, features, len(table.columns), folds, alphas, budget)
-        if need > available:
-            side = min(table.count, features)
-            raise UsageProblem(
-                f"Layer {name} ({table.count} images x {features} features) needs {human_bytes(need)} for its "
-                f"{side} x {side} matrices in float64, besides --memory, and {device} has {human_bytes(available)} "
-                f"free: extract it reduced (--reduce {name}=srp:4096, or pca:1024), or fit it on fewer images"
-                f"{' (or in the machine memory: --device cpu)' if device.type == 'cuda' else ''}.")
-    need = max((passes.working_bytes(table.count, features, len(table.columns), folds, alphas, budget)
-                for features, _ in sizes.values()), default=0)
-    log.info("Working memory: --memory %s for the rows read, and at most %s for the matrices (float64).",
-             human_bytes(budget), human_bytes(need))
-    return sizes
 
 
 def _entry(readout: Readout) -> dict[str, np.ndarray]:

@@ -26,6 +26,7 @@ from featdump.analysis.stored import Stored
 from featdump.errors import UsageProblem
 from featdump.locations import Location
 from featdump.output.layout import open_to_read
+from featdump.readout.ceilings import Ceilings, averaged_trials, trial_groups
 
 log = logging.getLogger("featdump")
 
@@ -39,6 +40,7 @@ class Targets:
     columns: list[str]  # the targets' names (probe: the classes, in ascending label order)
     classes: np.ndarray | None  # (n,) int: each row's class (an index into columns) for a probe; None to encode
     source: str  # where they came from, for the result's record
+    ceilings: Ceilings | None = None  # encode --repeats: each target's noise ceiling from the images' trials
 
     @property
     def count(self) -> int:
@@ -81,14 +83,19 @@ def class_targets(stored: Stored, labels: str | Path | None, common: bool) -> Ta
     return Targets(np.asarray(rows), values, names, classes, source)
 
 
-def numeric_targets(stored: Stored, targets: str | Path, common: bool) -> Targets:
-    """An encoding model's targets from TARGETS (CSV/TSV, .npy, or FILE.h5[:DATASET]) for STORED's rows."""
+def numeric_targets(stored: Stored, targets: str | Path, common: bool, repeats: bool = False) -> Targets:
+    """An encoding model's targets from TARGETS (CSV/TSV, .npy, or FILE.h5[:DATASET]) for STORED's rows; REPEATS:
+    rows naming the same image are its trials (a CSV's column `trial`, `repeat` or `rep` is no target), each
+    image's target their mean, with each target's noise ceiling (`ceilings`)."""
     text = str(targets)
     location, _, inner = text.partition(":") if _is_hdf5(text.partition(":")[0]) else (text, "", "")
     path = Path(location)
     if not path.exists():
         raise UsageProblem(f"No targets file {text!r}: give a CSV/TSV with a path column, an .npy in the output's "
                            "row order, or FILE.h5:DATASET with a paths dataset.")
+    if repeats and path.suffix == ".npy":
+        raise UsageProblem(f"--repeats: {text!r} is an .npy, whose rows name no image: give a CSV or HDF5 file with "
+                           "paths, an image's trials on rows of the same path.")
     if path.suffix == ".npy":
         values = _as_matrix(np.load(path, allow_pickle=False), text)
         if len(values) != stored.rows:
@@ -97,6 +104,8 @@ def numeric_targets(stored: Stored, targets: str | Path, common: bool) -> Target
         rows, columns = np.arange(stored.rows), [f"target_{index}" for index in range(values.shape[1])]
     elif _is_hdf5(location):
         paths, values, columns = _read_hdf5(path, inner, text)
+        if repeats:
+            return _trial_means(stored, paths, values, columns, common, text)
         rows, order = match_rows(stored, paths, common, text)
         values = values[order]
     else:
@@ -105,6 +114,9 @@ def numeric_targets(stored: Stored, targets: str | Path, common: bool) -> Target
         columns = [name.strip() for name in header]
         values = _numbers(table, columns, text)
         _refuse_nonfinite(values, columns, text, "line", first=2)  # named by the CSV's own lines
+        if repeats:
+            kept = [place for place, name in enumerate(columns) if name.lower() not in TRIAL_COLUMNS]
+            return _trial_means(stored, paths[1:], values[:, kept], [columns[place] for place in kept], common, text)
         onsets = None
         for key in ONSET_COLUMNS:  # a video job's rows, named by (path, onset): a movie's TR onsets
             if key in columns:
@@ -116,6 +128,23 @@ def numeric_targets(stored: Stored, targets: str | Path, common: bool) -> Target
         values = values[order]
     _refuse_nonfinite(values, columns, text)
     return Targets(np.asarray(rows), values, list(columns), None, text)
+
+
+TRIAL_COLUMNS = ("trial", "repeat", "rep")  # with --repeats, a table's column numbering the trials: no target
+
+
+def _trial_means(stored: Stored, paths: list[str], values: np.ndarray, columns: list[str], common: bool,
+                 where: str) -> Targets:
+    """Targets of each image's mean over its trials (the rows of PATHS naming it), with the targets' Ceilings over
+    the images matched. UsageProblem where no image has two trials."""
+    keys, group = trial_groups([_normal(_within_root(path, stored.root)) for path in paths])
+    rows, order = match_rows(stored, keys, common, where)
+    means, ceilings = averaged_trials(values, group, order)
+    if not (ceilings.trials > 1).any():
+        raise UsageProblem(f"--repeats: {where!r} names each of its {len(keys)} images once: no trials to tell the "
+                           "noise by (give each trial its own row, under the image's path), or leave --repeats out.")
+    _refuse_nonfinite(means, columns, where)
+    return Targets(np.asarray(rows), means, list(columns), None, where, ceilings)
 
 
 def match_rows(stored: Stored, paths: list[str], common: bool, where: str,
