@@ -28,11 +28,16 @@ demo: install ## Extract two layers of a random resnet18 over the sample images 
 	$(BIN)/featdump info demo.h5
 	$(BIN)/featdump show demo.h5 --layer layer1 --index 2 -o demo.png
 
-test: install ## Run the quick suite: every test but the ones marked slow (soaks, compiles, kills), about 3 minutes
-	$(BIN)/python -m pytest -q -m "not slow"
+# Two pytest workers, each a test file at a time (a file's fixtures made once): most of a test's time is one
+# process starting or waiting, so two of them fill 2 cores. WORKERS=0 runs the tests in this one process.
+WORKERS ?= 2
+PARALLEL := $(if $(filter 0,$(WORKERS)),,-n $(WORKERS) --dist loadfile)
+
+test: install ## Run the quick suite: every test but the ones marked slow (soaks, compiles, kills), about 2 minutes
+	$(BIN)/python -m pytest -q -m "not slow" $(PARALLEL)
 
 test-all: install ## Run every test, the slow ones included (what CI runs; FEATDUMP_FAULT_TRIALS=200 for a longer soak)
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q $(PARALLEL)
 
 coverage: install ## Run every test under coverage.py (featdump processes too) and report featdump's line coverage
 	rm -f .coverage .coverage.*
