@@ -87,7 +87,8 @@ def study(tmp_path_factory):
 
 def test_the_planted_layer_is_best_in_v1_within_its_ceiling_and_noise_is_nowhere(study, tmp_path):
     result = run_featdump("encode", study / "out.h5", study / "betas.csv", "--repeats", "--rois", study / "rois.csv",
-                          "--samples", "300", "--table", tmp_path / "regions.csv", "-o", tmp_path / "enc.h5")
+                          "--samples", "300", "--table", tmp_path / "regions.csv", "-o", tmp_path / "enc.h5",
+                          "--plot", tmp_path / "enc.png")
     assert result.returncode == 0, result.stderr
     with open(tmp_path / "regions.csv") as handle:
         rows = {(row["layer"], row["region"]): row for row in csv.DictReader(handle)}
@@ -106,6 +107,15 @@ def test_the_planted_layer_is_best_in_v1_within_its_ceiling_and_noise_is_nowhere
     with h5py.File(tmp_path / "enc.h5", "r") as h5file:  # the trials' means fitted, the ceilings kept
         assert h5file["ceiling"].shape == (8,) and set(h5file["trials"][:].tolist()) == {TRIALS}
         assert "trial" not in [name.decode() for name in h5file["columns"][:]]
+        stored = {(layer.decode(), region.decode()): score for layer, region, score in zip(
+            h5file["regions/layer"][:], h5file["regions/region"][:], h5file["regions/score"][:])}
+    assert stored[("planted", "V1")] == pytest.approx(float(v1["score"]))  # the table's numbers, kept in ENC.h5
+    from PIL import Image
+
+    assert Image.open(tmp_path / "enc.png").size[0] > 2 * 400  # a panel per region, side by side
+    info = run_featdump("info", tmp_path / "enc.h5")
+    assert info.returncode == 0 and "planted in V1: median r" in info.stdout, info.stdout
+    assert "planted above noise in V1: 100% of its targets, p < 0.001" in info.stdout, info.stdout
 
 
 def test_the_table_as_netcdf_opens_in_xarray_and_the_api_gives_the_same(study, tmp_path):

@@ -112,6 +112,27 @@ class Results:
         self._lock.release()
 
 
+def annex(output: Path, group: str, arrays: dict[str, np.ndarray]) -> None:
+    """GROUP of the finished result OUTPUT replaced by ARRAYS (a summary of its entries: an encoding's regions),
+    under OUTPUT's lock, written under /writing and then moved into place (a kill leaves the old one or none)."""
+    lock = OutputLock.acquire(output, overwrite=True)
+    try:
+        with h5py.File(output, "a") as h5file:
+            if _WRITING in h5file:
+                del h5file[_WRITING]
+            writing = h5file.create_group(_WRITING)
+            for key, array in arrays.items():
+                writing.create_dataset(key, data=array)
+            h5file.flush()
+            if group in h5file:
+                del h5file[group]
+            h5file.move(_WRITING, group)
+    except OSError as error:
+        raise write_error(output, error, None) from error
+    finally:
+        lock.release()
+
+
 def computed_into(results: Results | None, progress, compute: Callable[[], T], attributes: dict) -> T:
     """COMPUTE()'s value, RESULTS (when writing one) finished with ATTRIBUTES after it; if it raises, RESULTS is
     closed unfinished (resumable) instead. PROGRESS is closed either way."""

@@ -7,6 +7,7 @@ from __future__ import annotations
 import h5py
 import numpy as np
 
+from featdump.faces.regions import has_regions, region_lines
 from featdump.output.layout import text_of
 from featdump.readout.scores import MEASURES, chance, layer_score
 
@@ -85,6 +86,8 @@ def readout_lines(path, h5file: h5py.File) -> list[str]:
               for name, summary, row in zip(names, summaries, scores)]
     if kind == "probe" and names:
         lines += _probe_test_lines(h5file, names)
+    if has_regions(h5file):
+        lines += region_lines(h5file)
     lines.append("draw:       featdump show " + str(path))
     return lines
 

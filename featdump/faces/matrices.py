@@ -11,6 +11,7 @@ import numpy as np
 
 from featdump.errors import NotAnOutput
 from featdump.faces.curves import draw_readouts, is_readouts
+from featdump.faces.regions import draw_regions, has_regions
 from featdump.faces.show import pyplot
 from featdump.output.layout import open_to_read, text_of
 
@@ -38,6 +39,8 @@ def draw_results(path: Path, picture: Path) -> Path:
                 figure = _draw_cka(plt, h5file["cka"])
             elif "rdms" in h5file:
                 figure = _draw_rdms(plt, h5file)
+            elif has_regions(h5file):  # an encoding by region (--rois, --repeats, --table): a panel each
+                figure = draw_regions(plt, h5file)
             elif is_readouts(h5file):
                 figure = draw_readouts(plt, h5file)
             else:

@@ -44,23 +44,60 @@ def report(readouts: dict, targets, rois: str | Path | None, samples: int, seed:
     ROIS; logged a line per layer and region and per significant pair, and written to TABLE when given."""
     found = bounded({name: readout.predicted for name, readout in readouts.items()}, targets.values,
                     region_of_targets(rois, targets.columns), targets.ceilings, samples, seed, fdr)
+    log.info("By region, each interval over %d bootstrap resamples of the %d images:", samples, len(targets.values))
     for row in found.rows:
-        ceiling = "" if np.isnan(row["ceiling"]) else \
-            f"; its noise ceiling r {row['ceiling']:.3f}, too low to normalise by" if row["ceiling"] < LOW_CEILING \
-            else f"; {row['share']:.0%} of its noise ceiling (r {row['ceiling']:.3f})"
-        log.info("%s in %s: median r %.3f (95%% interval %.3f to %.3f over %d resamples of %d images)%s.",
-                 row["layer"], row["region"], row["score"], row["low"], row["high"], samples, row["n_images"],
-                 ceiling)
+        log.info("%s.", said_of_row(row))
     for pair in found.pairs:
-        above, below = (pair["first"], pair["second"]) if pair["difference"] >= 0 else \
-            (pair["second"], pair["first"])
-        better = pair["better"] if above == pair["first"] else 1 - pair["better"]
-        p = "p < 0.001" if pair["p_corrected"] < 0.001 else f"p {pair['p_corrected']:.3f}"
-        log.info("%s above %s in %s: %.0f%% of its targets, %s (%s)%s.", above, below, pair["region"], 100 * better,
-                 p, pair["correction"], "" if pair["significant"] else ", not significant")
+        log.info("%s.", said_of_pair(pair))
     if table is not None:
         write_bounds(Path(table), found)
     return found
+
+
+def said_of_row(row: dict) -> str:
+    """A layer in a region in words: its median r, interval, and the share of its ceiling (where one means it)."""
+    ceiling = "" if np.isnan(row["ceiling"]) else \
+        f"; its noise ceiling r {row['ceiling']:.3f}, too low to normalise by" if row["ceiling"] < LOW_CEILING \
+        else f"; {row['share']:.0%} of its noise ceiling (r {row['ceiling']:.3f})"
+    return (f"{row['layer']} in {row['region']}: median r {row['score']:.3f} (95% interval {row['low']:.3f} to "
+            f"{row['high']:.3f}){ceiling}")
+
+
+def said_of_pair(pair: dict) -> str:
+    """A region's pair of layers in words: which is above, on what share of the targets, and how sure."""
+    above, below = (pair["first"], pair["second"]) if pair["difference"] >= 0 else (pair["second"], pair["first"])
+    better = pair["better"] if above == pair["first"] else 1 - pair["better"]
+    p = "p < 0.001" if pair["p_corrected"] < 0.001 else f"p {pair['p_corrected']:.3f}"
+    return (f"{above} above {below} in {pair['region']}: {100 * better:.0f}% of its targets, {p} "
+            f"({pair['correction']}){'' if pair['significant'] else ', not significant'}")
+
+
+GROUP = "regions"  # in ENC.h5: the rows of TABLE as columns, the pairs' as pair_*
+
+
+def stored_arrays(bounds: Bounds) -> dict[str, np.ndarray]:
+    """BOUNDS as ENC.h5's /regions group holds them (`analysis.results.annex`): a column per field."""
+    import h5py
+
+    def column(rows: list[dict], key: str) -> np.ndarray:
+        values = [row[key] for row in rows]
+        if values and isinstance(values[0], str):
+            return np.array(values, dtype=h5py.string_dtype())
+        return np.array(values, dtype=np.float64 if not values or isinstance(values[0], float) else np.int64)
+
+    return {**{key: column(bounds.rows, key) for key in TABLE},
+            **{f"pair_{key}": column(bounds.pairs, key) for key in PAIRS}}
+
+
+def read_stored(group) -> Bounds:
+    """The Bounds an ENC.h5's /regions GROUP holds."""
+    def text(value):
+        return value.decode() if isinstance(value, bytes) else value.item() if hasattr(value, "item") else value
+
+    rows = [dict(zip(TABLE, values)) for values in zip(*([text(v) for v in group[key][:]] for key in TABLE))]
+    pairs = [dict(zip(PAIRS, values)) for values in zip(*([text(v) for v in group[f"pair_{key}"][:]]
+                                                         for key in PAIRS))]
+    return Bounds(rows, pairs)
 
 
 def region_of_targets(rois: str | Path | None, columns: list[str]) -> np.ndarray:

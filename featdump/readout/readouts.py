@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 from featdump.analysis.choices import DEFAULT_MEMORY
-from featdump.analysis.results import Results, computed_into, finished
+from featdump.analysis.results import Results, annex, computed_into, finished
 from featdump.analysis.stored import Stored, listed
 from featdump.errors import UsageProblem
 from featdump.forward.device import resolve_device
@@ -110,7 +110,9 @@ def encode(output: str | Path, targets: str | Path, layers: list[str] | str | No
     readouts = _read_out("encode", stored, values, _Asked(layers, folds, alphas, per_target, seed, memory, device,
                                                           to, overwrite, progress, delays, gap))
     if repeats or rois is not None or table is not None:
-        bounds.report(readouts, values, rois, samples, seed, fdr, table)
+        found = bounds.report(readouts, values, rois, samples, seed, fdr, table)
+        if to is not None:
+            annex(Path(to), bounds.GROUP, bounds.stored_arrays(found))
     return readouts
 
 
