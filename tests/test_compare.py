@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import csv
 
+import h5py
 import numpy as np
 import pytest
 
@@ -238,3 +239,65 @@ def test_data_rdms_saved_by_rsatoolbox_are_read_by_their_path_descriptor(study, 
     rsatoolbox.rdm.RDMs(vectors).save(str(tmp_path / "unnamed.hdf5"), file_type="hdf5")
     refused = run_featdump("compare", study / "rdms.h5", tmp_path / "unnamed.hdf5", "-o", tmp_path / "r.csv")
     assert refused.returncode == 2 and "none of its pattern descriptors (index) names the images" in refused.stderr
+
+
+def _many_layers(folder, layers: int, images: int = 200) -> None:
+    """A `featdump rdm`-like file of LAYERS random RDMs over IMAGES, and three subjects' data RDMs."""
+    rng = np.random.default_rng(layers)
+    paths = [f"img/{index:04d}.jpg" for index in range(images)]
+    with h5py.File(folder / "rdms.h5", "w") as h5file:
+        h5file["paths"] = np.array(paths, dtype=h5py.string_dtype())
+        for layer in range(layers):
+            h5file[f"rdms/layer{layer}"] = correlation_rdm(rng.standard_normal((images, 10)))
+    np.savez(folder / "data.npz", rdms=np.stack([correlation_rdm(rng.standard_normal((images, 10)))
+                                                 for _ in range(3)]), paths=np.array(paths))
+
+
+def test_one_layer_s_rdm_is_in_memory_at_a_time(tmp_path):
+    import tracemalloc
+
+    peaks = {}
+    for layers in (4, 16):
+        folder = tmp_path / str(layers)
+        folder.mkdir()
+        _many_layers(folder, layers)
+        tracemalloc.start()
+        compare(folder / "rdms.h5", folder / "data.npz", samples=10, resample="images")
+        peaks[layers] = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+    one = 200 * 200 * 8
+    assert peaks[16] - peaks[4] < 2 * one, (peaks, one)  # 12 more layers, not 12 more RDMs held
+
+
+def test_the_same_command_again_reads_its_evaluations_back_and_a_stopped_one_resumes_at_its_layer(
+        study, tmp_path, monkeypatch, caplog):
+    import featdump.analysis.compare as comparing
+
+    real, calls = comparing.layer_scores, []
+
+    def stopping(*args):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt  # stopped during the second layer (Ctrl-C, a kill: the partial stays)
+        return real(*args)
+
+    monkeypatch.setattr(comparing, "layer_scores", stopping)
+    table = tmp_path / "v4.csv"
+    with pytest.raises(KeyboardInterrupt):
+        compare(study / "rdms.h5", study / "data.npz", samples=40, resample="both", to=table)
+    assert (tmp_path / "v4.evaluations.h5.partial").exists() and not table.exists()
+    monkeypatch.setattr(comparing, "layer_scores", real)
+    with caplog.at_level("INFO", logger="featdump"):
+        resumed = compare(study / "rdms.h5", study / "data.npz", samples=40, resample="both", to=table)
+    said = caplog.text
+    assert "Compared planted (1 of 3)" not in said and "Compared neighbour (2 of 3)" in said, said  # resumed
+    fresh = compare(study / "rdms.h5", study / "data.npz", samples=40, resample="both")
+    np.testing.assert_array_equal(resumed.evaluations, fresh.evaluations)
+    caplog.clear()
+    with caplog.at_level("INFO", logger="featdump"):
+        again = compare(study / "rdms.h5", study / "data.npz", samples=40, resample="both", to=table)
+    assert "read back, nothing computed" in caplog.text and "Compared" not in caplog.text
+    np.testing.assert_array_equal(again.evaluations, fresh.evaluations)
+    other = run_featdump("compare", study / "rdms.h5", study / "data.npz", "--samples", "40", "--seed", "1",
+                         "-o", table)  # asked otherwise: the evaluations replaced, the table rewritten
+    assert other.returncode == 0 and "replaced" in other.stderr, other.stderr

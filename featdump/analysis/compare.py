@@ -23,6 +23,7 @@ import numpy as np
 
 from featdump.analysis.choices import RESAMPLES
 from featdump.analysis.comparisons import METHODS, compared, images_of, noise_ceiling, upper_triangle
+from featdump.analysis.evaluations import Asked, evaluated_layers
 from featdump.analysis.inference import pair_tests, zero_tests
 from featdump.analysis.stored import listed
 from featdump.errors import BadOption, UsageProblem
@@ -63,41 +64,61 @@ def compare(rdms: str | Path | list, data: str | Path, layers: list[str] | str |
     if resample not in RESAMPLED:
         raise BadOption(f"--bootstrap {resample!r}: use one of {', '.join(RESAMPLED)}.")
     files = [Path(path) for path in (rdms if isinstance(rdms, (list, tuple)) else [rdms])]
-    names, paths, models = _models(files, listed(layers), common)
+    models = _models(files, listed(layers), common)
     data_paths, subjects = _data_rdms(Path(data))
-    mine, theirs = _matched(paths, data_paths, common, files[0], Path(data))
-    models, subjects = models[:, mine][:, :, mine], subjects[:, theirs][:, :, theirs]
-    result = _compared(names, models, subjects, method, resample, samples, seed, fdr, indices)
+    mine, theirs = _matched(models.paths, data_paths, common, files[0], Path(data))
+    subjects = subjects[:, theirs][:, :, theirs]
+    asked = Asked(method, resample, samples, seed, [*files, Path(data)], common)
+    result = _compared(models, mine, subjects, asked, fdr, indices, to)
     if to is not None:
         write_table(Path(to), result)
     return result
 
 
-def _models(files: list[Path], layers: list[str] | None, common: bool) -> tuple[list[str], list[str], np.ndarray]:
-    """(layer names, the images' paths, (layers, N, N)) of one model's RDM file, or of several models' (each layer
-    named FILE:LAYER; their RDMs over the images the first names, every file naming them, or with COMMON the images
-    all name)."""
+@dataclass(frozen=True)
+class ModelRdms:
+    """The layers' RDMs of one model's file or of several models' (each layer named FILE:LAYER), over PATHS, read
+    one layer at a time (`matrix`): never all in memory."""
+
+    names: list[str]
+    paths: list[str]
+    sources: list[tuple[Path, str, np.ndarray]]  # each layer's file, name in it, and its rows in PATHS' order
+
+    def matrix(self, index: int, rows: np.ndarray) -> np.ndarray:
+        """Layer INDEX's RDM over ROWS (positions in PATHS), float64."""
+        file, name, order = self.sources[index]
+        with open_to_read(file) as h5file:
+            held = h5file["rdms"][name][:]
+        chosen = order[rows]
+        return np.asarray(held, dtype=np.float64)[chosen][:, chosen]
+
+
+def _models(files: list[Path], layers: list[str] | None, common: bool) -> ModelRdms:
+    """The ModelRdms of one model's RDM file, or of several models' (each layer named FILE:LAYER; their RDMs over
+    the images the first names, every file naming them, or with COMMON the images all name)."""
     read = [_model_rdms(path, layers) for path in files]
     if len(read) == 1:
-        return read[0]
-    paths = [path for path in read[0][1] if all(path in set(other[1]) for other in read[1:])]
-    for file, (_, its_paths, _) in zip(files[1:], read[1:]):
-        if not common and set(its_paths) != set(read[0][1]):
+        file, names, paths = read[0]
+        order = np.arange(len(paths))
+        return ModelRdms(names, paths, [(file, name, order) for name in names])
+    paths = [path for path in read[0][2] if all(path in set(other[2]) for other in read[1:])]
+    for file, (_, _, its_paths) in zip(files[1:], read[1:]):
+        if not common and set(its_paths) != set(read[0][2]):
             raise UsageProblem(f"{str(file)!r} and {str(files[0])!r} name other images; pass --common to compare "
                                "the models over the images all of them name.")
-    names, matrices = [], []
-    for file, (its_names, its_paths, its_models) in zip(files, read):
+    names, sources = [], []
+    for given, (file, its_names, its_paths) in zip(files, read):
         where = {path: position for position, path in enumerate(its_paths)}
         order = np.asarray([where[path] for path in paths])
-        names += [f"{file.name.removesuffix('.h5')}:{name}" for name in its_names]
-        matrices.append(its_models[:, order][:, :, order])
-    return names, paths, np.concatenate(matrices)
+        names += [f"{given.name.removesuffix('.h5')}:{name}" for name in its_names]
+        sources += [(file, name, order) for name in its_names]
+    return ModelRdms(names, paths, sources)
 
 
-def _model_rdms(path: Path, layers: list[str] | None) -> tuple[list[str], list[str], np.ndarray]:
-    """(layer names, the images' paths, (layers, N, N)) of LAYERS (all: None) of a `featdump rdm` file, or of the
-    RDMs of every layer of the output PATH (correlation distance), computed into PATH.rdms.h5 beside it (resumable,
-    read again by the next command)."""
+def _model_rdms(path: Path, layers: list[str] | None) -> tuple[Path, list[str], list[str]]:
+    """(the RDM file, the layer names of LAYERS (all: None) in it, the images' paths) of a `featdump rdm` file, or
+    of the RDMs of every layer of the output PATH (correlation distance), computed into PATH.rdms.h5 beside it
+    (resumable, read again by the next command)."""
     with open_to_read(path) as h5file:
         held = "rdms" in h5file
     if not held:
@@ -115,7 +136,7 @@ def _model_rdms(path: Path, layers: list[str] | None) -> tuple[list[str], list[s
         if not names:
             raise UsageProblem(f"{str(path)!r} holds no RDM of {', '.join(layers or [])}; it holds "
                                f"{', '.join(h5file['rdms'])}.")
-        return names, list(h5file["paths"].asstr()[:]), np.stack([h5file["rdms"][name][:] for name in names])
+        return path, names, list(h5file["paths"].asstr()[:])
 
 
 def _chosen(name: str, layers: list[str]) -> bool:
@@ -198,25 +219,35 @@ def _matched(paths: list[str], data_paths: list[str], common: bool, rdms: Path, 
     return np.asarray(mine), np.asarray(theirs)
 
 
-def _compared(names: list[str], models: np.ndarray, data: np.ndarray, method: str, resample: str, samples: int,
-              seed: int, fdr: bool, indices: str | Path | None) -> Comparison:
-    model_vectors, data_vectors = upper_triangle(models), upper_triangle(data)
-    each = np.stack([compared(vector[None], data_vectors, method)[0] for vector in model_vectors])  # (layers, S)
-    scores = each.mean(axis=1)
-    ceiling = noise_ceiling(data_vectors, method)
-    subjects, images = draws(resample, samples, len(data), data.shape[1], seed)
+def _compared(models: ModelRdms, mine: np.ndarray, data: np.ndarray, asked: Asked, fdr: bool,
+              indices: str | Path | None, to: str | Path | None) -> Comparison:
+    """The Comparison of each of MODELS' layers (over its rows MINE) with DATA, layer by layer (`evaluations`:
+    resumable beside TO, read back by the same command again)."""
+    ceiling = noise_ceiling(upper_triangle(data), asked.method)
+    subjects, images = draws(asked.resample, asked.samples, len(data), data.shape[1], asked.seed)
     if indices is not None:
         np.savez(indices, subjects=subjects, images=images)
-    if resample == "subjects":  # a subject's comparison is its own whatever the others: resampled, not recomputed
-        evaluations = each[:, subjects].mean(axis=2).T if len(subjects) else np.empty((0, len(names)))
-    else:
-        evaluations = np.array([_evaluated(models, data, method, chosen, shown)
-                                for chosen, shown in zip(subjects, images)]).reshape(len(subjects), len(names))
+
+    def scored(index: int) -> tuple[np.ndarray, np.ndarray]:
+        return layer_scores(models.matrix(index, mine), data, asked, subjects, images)
+
+    each, evaluations = evaluated_layers(models.names, [models.paths[row] for row in mine], asked, scored, to)
     low, high = (np.percentile(evaluations, [2.5, 97.5], axis=0) if len(evaluations) else
-                 (np.full(len(names), np.nan), np.full(len(names), np.nan)))
-    dof = _dof(resample, len(data), data.shape[1])
-    return Comparison(names, scores, low, high, zero_tests(evaluations, dof), ceiling, evaluations,
-                      pair_tests(names, evaluations, dof, fdr), data.shape[1], len(data))
+                 (np.full(len(models.names), np.nan), np.full(len(models.names), np.nan)))
+    dof = _dof(asked.resample, len(data), data.shape[1])
+    return Comparison(models.names, each.mean(axis=1), low, high, zero_tests(evaluations, dof), ceiling,
+                      evaluations, pair_tests(models.names, evaluations, dof, fdr), data.shape[1], len(data))
+
+
+def layer_scores(model: np.ndarray, data: np.ndarray, asked: Asked, subjects: np.ndarray,
+                 images: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(its comparison with each subject (S,), its mean comparison in each resample (B,)) of one layer's MODEL RDM
+    with the DATA RDMs, the resamples drawing SUBJECTS and IMAGES."""
+    each = compared(upper_triangle(model[None]), upper_triangle(data), asked.method)[0]
+    if asked.resample == "subjects":  # a subject's comparison is its own whatever the others: resampled
+        return each, each[subjects].mean(axis=1) if len(subjects) else np.empty(0)
+    return each, np.array([_evaluated(model, data, asked.method, chosen, shown)
+                           for chosen, shown in zip(subjects, images)])
 
 
 def draws(resample: str, samples: int, subjects: int, images: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -231,13 +262,11 @@ def draws(resample: str, samples: int, subjects: int, images: int, seed: int) ->
     return np.asarray(chosen), np.asarray(shown)
 
 
-def _evaluated(models: np.ndarray, data: np.ndarray, method: str, chosen: np.ndarray, shown: np.ndarray) -> list:
-    """Each layer's mean comparison with the data of one resample: subjects CHOSEN, images SHOWN (an image drawn
+def _evaluated(model: np.ndarray, data: np.ndarray, method: str, chosen: np.ndarray, shown: np.ndarray) -> float:
+    """A layer's mean comparison with the data of one resample: subjects CHOSEN, images SHOWN (an image drawn
     twice makes no pair with itself)."""
-    sample = _resampled(data[chosen], shown)
-    vectors = upper_triangle(sample)
-    return [float(np.mean(compared(model[None], vectors, method)))
-            for model in upper_triangle(_resampled(models, shown))]
+    vectors = upper_triangle(_resampled(data[chosen], shown))
+    return float(np.mean(compared(upper_triangle(_resampled(model[None], shown)), vectors, method)))
 
 
 def _resampled(matrices: np.ndarray, shown: np.ndarray) -> np.ndarray:
