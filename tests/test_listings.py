@@ -119,3 +119,23 @@ def test_a_kept_listing_equals_a_walk_and_is_dropped_when_any_folder_changes(tmp
     later = read_folder(root)
     assert "dogs/img_001.jpg" not in later.paths and "cats/deep/moved.jpg" in later.paths
     assert np.all(later.storage.listed[:, 0] > 0)
+
+
+def test_a_folder_that_could_not_be_read_keeps_no_listing_from_serving(tmp_path, monkeypatch):
+    """A folder left out of a walk (no permission: faked, the suite runs as root, who reads any) may be readable
+    next time: the walk is done again, never a listing that lacks its images taken."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    root = tmp_path / "set"
+    write_images(root, {"open": 2, "shut": 2}, size=(16, 16))
+    aged(root)
+    real_scandir = os.scandir
+
+    def refusing(path="."):
+        if os.fspath(path) == str(root / "shut"):
+            raise PermissionError(13, "Permission denied", os.fspath(path))
+        return real_scandir(path)
+
+    monkeypatch.setattr(os, "scandir", refusing)
+    assert len(read_folder(root).paths) == 2
+    monkeypatch.setattr(os, "scandir", real_scandir)
+    assert listings.kept_walk(root) is None and len(read_folder(root).paths) == 4

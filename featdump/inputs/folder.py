@@ -123,6 +123,7 @@ def _files(root: Path, folders: dict):
 
     def unreadable(error: OSError) -> None:
         log.warning("Cannot read folder %s (%s); its images are left out.", error.filename, error.strerror)
+        folders[os.path.relpath(error.filename, root)] = -1  # no time it can have: a kept listing never serves
 
     for folder, subfolders, files in os.walk(root, followlinks=True, onerror=unreadable):
         real = os.path.realpath(folder)
