@@ -103,6 +103,11 @@ def test_the_planted_layer_is_best_in_v1_within_its_ceiling_and_noise_is_nowhere
     assert pairs["V1"]["significant"] == "True" and float(pairs["V1"]["better"]) == 1.0
     assert float(pairs["V1"]["p_corrected"]) < 0.05 and pairs["V1"]["correction"] == "bonferroni"
     assert "planted above noise in V1: 100% of its targets" in result.stderr, result.stderr
+    with open(tmp_path / "regions.targets.csv") as handle:  # each target's r and its interval over the images
+        targets = {(row["layer"], row["target"]): row for row in csv.DictReader(handle)}
+    assert len(targets) == 2 * 8 and targets[("planted", "v0")]["region"] == "V1"
+    for row in targets.values():
+        assert float(row["low"]) <= float(row["r"]) <= float(row["high"]), row
     assert "of its noise ceiling" in result.stderr
     with h5py.File(tmp_path / "enc.h5", "r") as h5file:  # the trials' means fitted, the ceilings kept
         assert h5file["ceiling"].shape == (8,) and set(h5file["trials"][:].tolist()) == {TRIALS}

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import csv
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -36,6 +36,7 @@ class Bounds:
 
     rows: list[dict]
     pairs: list[dict]
+    targets: list[dict] = field(default_factory=list)  # a row per layer and target (TARGETS' columns)
 
 
 def report(readouts: dict, targets, rois: str | Path | None, samples: int, seed: int, fdr: bool,
@@ -43,7 +44,7 @@ def report(readouts: dict, targets, rois: str | Path | None, samples: int, seed:
     """The Bounds of READOUTS (encode's, {layer: Readout}) against TARGETS (their `Targets`), by the regions of
     ROIS; logged a line per layer and region and per significant pair, and written to TABLE when given."""
     found = bounded({name: readout.predicted for name, readout in readouts.items()}, targets.values,
-                    region_of_targets(rois, targets.columns), targets.ceilings, samples, seed, fdr)
+                    targets.columns, region_of_targets(rois, targets.columns), targets.ceilings, samples, seed, fdr)
     log.info("By region, each interval over %d bootstrap resamples of the %d images:", samples, len(targets.values))
     for row in found.rows:
         log.info("%s.", said_of_row(row))
@@ -124,10 +125,10 @@ def region_of_targets(rois: str | Path | None, columns: list[str]) -> np.ndarray
     return np.array([given[name] for name in columns], dtype=object)
 
 
-def bounded(predicted: dict[str, np.ndarray], actual: np.ndarray, regions: np.ndarray, ceilings: Ceilings | None,
-            samples: int, seed: int, fdr: bool) -> Bounds:
-    """The Bounds of the layers' held-out PREDICTED (N, T) against ACTUAL (N, T), by REGIONS (T,), over SAMPLES
-    resamples of the images from SEED."""
+def bounded(predicted: dict[str, np.ndarray], actual: np.ndarray, columns: list[str], regions: np.ndarray,
+            ceilings: Ceilings | None, samples: int, seed: int, fdr: bool) -> Bounds:
+    """The Bounds of the layers' held-out PREDICTED (N, T) against ACTUAL (N, T) of the targets COLUMNS, by
+    REGIONS (T,), over SAMPLES resamples of the images from SEED."""
     names, count = list(predicted), len(actual)
     weights = np.random.default_rng(seed).multinomial(count, np.full(count, 1.0 / count), size=samples) \
         if samples else np.zeros((0, count))
@@ -143,7 +144,21 @@ def bounded(predicted: dict[str, np.ndarray], actual: np.ndarray, regions: np.nd
         for pair in pair_tests(names, evaluations, count - 1, fdr):
             first, second = each[pair["first"]][members], each[pair["second"]][members]
             pairs.append({"region": region, **pair, "better": float(np.mean(first > second))})
-    return Bounds(rows, pairs)
+    return Bounds(rows, pairs, _target_rows(each, resampled, columns, regions, ceilings))
+
+
+def _target_rows(each: dict, resampled: dict, columns: list[str], regions: np.ndarray,
+                 ceilings: Ceilings | None) -> list[dict]:
+    """A row per layer and target: its r over all images and the 95% interval of its resamples' r."""
+    rows = []
+    for name, r in each.items():
+        low, high = np.nanpercentile(resampled[name], [2.5, 97.5], axis=0) if len(resampled[name]) else \
+            (np.full(len(r), np.nan), np.full(len(r), np.nan))
+        ceiling = ceilings.r_ceiling if ceilings is not None else np.full(len(r), np.nan)
+        rows += [{"layer": name, "target": target, "region": region, "r": float(value), "low": float(lower),
+                  "high": float(upper), "ceiling": float(bound)}
+                 for target, region, value, lower, upper, bound in zip(columns, regions, r, low, high, ceiling)]
+    return rows
 
 
 def _row(layer: str, region: str, r: np.ndarray, evaluations: np.ndarray, r_ceiling: np.ndarray | None,
@@ -188,12 +203,14 @@ def _median(values: np.ndarray) -> np.ndarray:
 
 
 TABLE = ("layer", "region", "score", "low", "high", "ceiling", "share", "n_targets", "n_images")
+TARGETS = ("layer", "target", "region", "r", "low", "high", "ceiling")
 PAIRS = ("region", "first", "second", "better", "difference", "p", "p_corrected", "correction", "significant")
 
 
 def write_bounds(to: Path, bounds: Bounds) -> None:
-    """TO (.csv): a row per layer and region (TABLE), the pairs in TO's name with .pairs.csv (PAIRS); or .nc, both
-    in one NetCDF file (over the dimensions `row` and `pair`), for xarray."""
+    """TO (.csv): a row per layer and region (TABLE), the pairs in TO's name with .pairs.csv (PAIRS), a row per
+    layer and target with .targets.csv (TARGETS); or .nc, all in one NetCDF file (over the dimensions `row`, `pair`
+    and `target_row`), for xarray."""
     to = Path(to)
     if to.suffix == ".nc":
         import xarray as xr
@@ -201,10 +218,13 @@ def write_bounds(to: Path, bounds: Bounds) -> None:
         table = xr.Dataset({key: ("row", [row[key] for row in bounds.rows]) for key in TABLE})
         for key in PAIRS:
             table[f"pair_{key}"] = ("pair", [pair[key] for pair in bounds.pairs])
+        for key in TARGETS:
+            table[f"target_{key}"] = ("target_row", [row[key] for row in bounds.targets])
         table.to_netcdf(to)
         return
     for path, columns, rows in ((to, TABLE, bounds.rows),
-                                (to.with_name(to.stem + ".pairs.csv"), PAIRS, bounds.pairs)):
+                                (to.with_name(to.stem + ".pairs.csv"), PAIRS, bounds.pairs),
+                                (to.with_name(to.stem + ".targets.csv"), TARGETS, bounds.targets)):
         with open(path, "w", newline="") as handle:
             writer = csv.DictWriter(handle, fieldnames=columns, extrasaction="ignore")
             writer.writeheader()
