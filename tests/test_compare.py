@@ -287,6 +287,7 @@ def test_the_same_command_again_reads_its_evaluations_back_and_a_stopped_one_res
         compare(study / "rdms.h5", study / "data.npz", samples=40, resample="both", to=table)
     assert (tmp_path / "v4.evaluations.h5.partial").exists() and not table.exists()
     monkeypatch.setattr(comparing, "layer_scores", real)
+    caplog.clear()  # (the stopped run's lines too, where an earlier test left the logger at INFO)
     with caplog.at_level("INFO", logger="featdump"):
         resumed = compare(study / "rdms.h5", study / "data.npz", samples=40, resample="both", to=table)
     said = caplog.text
