@@ -73,6 +73,16 @@ def measured(args: list[str], env: dict | None = None, checkout: Path = REPO, ch
     return float(seconds), int(kib) / 1024, done.stderr
 
 
+def drop_caches() -> bool:
+    """Drop the kernel's page, dentry and inode caches (root only): whether it could."""
+    try:
+        os.sync()
+        Path("/proc/sys/vm/drop_caches").write_text("3\n")
+        return True
+    except OSError:
+        return False
+
+
 def benchmark(name: str) -> list[str]:
     """`python -m benchmarks.NAME`: the command that runs benchmark NAME (from the repository's root)."""
     return [sys.executable, "-m", f"benchmarks.{name}"]

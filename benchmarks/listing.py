@@ -15,7 +15,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.common import REPO, machine, write_section
+from benchmarks.common import REPO, drop_caches, machine, write_section
 
 _LIST = """
 import sys, time
@@ -40,18 +40,8 @@ def folder_of(root: Path, files: int) -> Path:
     return root / "set"
 
 
-def dropped_caches() -> bool:
-    """Whether the kernel's page, dentry and inode caches could be dropped (root only)."""
-    try:
-        os.sync()
-        Path("/proc/sys/vm/drop_caches").write_text("3\n")
-        return True
-    except OSError:
-        return False
-
-
 def listed(folder: Path, how: str, env: dict) -> tuple[int, float, float, bool]:
-    cold = dropped_caches()
+    cold = drop_caches()
     done = subprocess.run([sys.executable, "-c", _LIST, str(folder), how], capture_output=True, text=True, env=env,
                           check=True)
     count, wall, cpu = done.stdout.split()

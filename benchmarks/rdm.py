@@ -17,7 +17,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from benchmarks.common import make_images, timed_featdump
+from benchmarks.common import drop_caches, make_images, timed_featdump
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
@@ -55,15 +55,6 @@ done = subprocess.run([sys.executable, "-m", "featdump", *sys.argv[1:]], capture
 assert done.returncode == 0, done.stderr
 print(time.perf_counter() - started, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024)
 """
-
-
-def drop_caches() -> bool:
-    try:
-        os.sync()
-        Path("/proc/sys/vm/drop_caches").write_text("3\n")
-        return True
-    except OSError:
-        return False
 
 
 def run_step(*arguments) -> tuple[float, float]:

@@ -18,7 +18,6 @@ batches and its rate extrapolated.
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import time
 from pathlib import Path
@@ -29,6 +28,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 
 import featdump
+from benchmarks.common import drop_caches
 from featdump.output.layout import DatasetSpec
 from featdump.output.writer import FeatureWriter
 
@@ -50,12 +50,6 @@ def write(path: Path, shape: tuple[int, ...], rows: int, batch: int = 64) -> Pat
         writer.append({"layer": values}, [f"{row:07d}.jpg" for row in range(start, stop)], [0] * (stop - start),
                       [], stop)
     return writer.finish()
-
-
-def drop_caches(cold: bool) -> None:
-    if cold:
-        os.sync()
-        Path("/proc/sys/vm/drop_caches").write_text("3\n")
 
 
 def sequential(path: Path) -> tuple[float, int]:
@@ -151,7 +145,8 @@ def main() -> None:
     for label, (path, batch, tokens, per_row) in files.items():
         if not options.cold:
             sequential(path)  # warm the page cache
-        drop_caches(options.cold)
+        if options.cold:
+            drop_caches()
         seconds, total = sequential(path)
         first = seconds
         seconds = statistics.median([seconds] if options.cold else [sequential(path)[0] for _ in range(repeats)])
@@ -161,7 +156,8 @@ def main() -> None:
         print(f"| {label} | sequential h5py read, chunk by chunk | 0 | {rows} | {seconds:.2f} | {rows / seconds:,.0f} "
               f"| {limit / 1e9:.2f} | 1.00 | {first:.2f} s |")
         for workers in (0, 2):
-            drop_caches(options.cold)
+            if options.cold:
+                drop_caches()
             first, rows, total = epoch(path, batch, workers, tokens)
             seconds = statistics.median([first] if options.cold else
                                         [epoch(path, batch, workers, tokens)[0] for _ in range(repeats)])
@@ -174,7 +170,8 @@ def main() -> None:
               f"{seconds:.2f} | {rows / seconds:,.0f} | {total / seconds / 1e9:.2f} | "
               f"{total / seconds / limit:.2f} | |")
         for workers in (0, 2):
-            drop_caches(options.cold)
+            if options.cold:
+                drop_caches()
             seconds, rows, total = naive(path, batch, workers, per_row, options.naive_batches)
             print(f"| {label} | per-row Dataset, shuffled sampler ({options.naive_batches} batches) | {workers} | "
                   f"{rows} | {seconds:.2f} | {rows / seconds:,.0f} | {total / seconds / 1e9:.3f} | "
