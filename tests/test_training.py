@@ -126,6 +126,50 @@ def test_the_order_depends_on_the_seed_and_the_epoch_only(output):
     assert sorted(rows(epoch=1)) == list(range(ROWS))
 
 
+def test_a_batch_over_many_chunks_is_read_from_the_file_s_bytes_a_read_per_run_and_equals_h5py(tmp_path,
+                                                                                                monkeypatch):
+    """Chunks of whole rows, the writer's other datasets between them in the file: a batch in file order is a read
+    of the raw bytes per chunk it spans (HDF5's index walked once), every value as h5py reads it; a compressed file
+    and a chunk never written go through h5py."""
+    path, values = tmp_path / "wide.h5", np.random.default_rng(3).standard_normal((100, 64, 8, 8)).astype(np.float32)
+    writer = FeatureWriter.open(path, {"map": DatasetSpec((64, 8, 8), "float32")}, {"image_count": 100},
+                                {"model": "synthetic", "layers": ["map"]}, ["a"], 8)
+    for start in range(0, 100, 8):  # rows of 16 KB in batches of 8: chunks of 8 rows, paths and labels between
+        stop = min(start + 8, 100)
+        writer.append({"map": values[start:stop]}, [f"{row}.jpg" for row in range(start, stop)],
+                      [0] * (stop - start), [], stop)
+    writer.finish()
+    layers = {"map": values}
+    with open_to_read(path) as h5file:
+        size = h5file["features/map"].chunks[0]
+    assert size == 8
+    reads, real_preadv = [], dataset_module.os.preadv
+
+    def counted(descriptor, buffers, offset):
+        reads.append(offset)
+        return real_preadv(descriptor, buffers, offset)
+
+    monkeypatch.setattr(dataset_module.os, "preadv", counted)
+    batches = list(featdump.FeatureDataset(path, "map", batch_size=size + 8, shuffle=False))  # each over 2 chunks
+    np.testing.assert_array_equal(torch.cat([batch["features"]["map"] for batch in batches]).numpy(), layers["map"])
+    spans = [len({row // size for row in batch["row"].tolist()}) for batch in batches]
+    assert max(spans) == 2 and len(batches) <= len(reads) <= sum(spans), (reads, spans)  # chunks end to end: one
+    with open_to_read(path) as h5file:
+        dataset = h5file["features/map"]
+        offsets = dataset_module._chunk_offsets(dataset)
+        row = 64 * 8 * 8 * 4  # bytes
+        assert dataset_module._raw_runs(dataset, offsets, 4, size + 12) == [
+            (int(offsets[0]) + 4 * row, 0, size - 4), (int(offsets[1]), size - 4, size + 8)]
+        offsets[1] = -1  # a chunk never written (a file cut short): HDF5 reads it, as the fill value
+        assert dataset_module._raw_runs(dataset, offsets, 4, size + 12) is None
+    reads.clear()
+    packed, packed_layers = write_output(tmp_path / "packed.h5", rows=100, compression="gzip", only=("map",))
+    batches = list(featdump.FeatureDataset(packed, "map", batch_size=32, shuffle=False))
+    np.testing.assert_array_equal(torch.cat([batch["features"]["map"] for batch in batches]).numpy(),
+                                  packed_layers["map"])
+    assert not reads
+
+
 def test_a_batch_mixes_the_rows_of_many_chunks(tmp_path):
     """Rows of 16 KB written in batches of 8: chunks of 8 rows; a window of 96 rows holds 12 of them."""
     path = tmp_path / "wide.h5"
