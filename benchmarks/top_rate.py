@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import subprocess
 import tempfile
 import time
 from pathlib import Path
@@ -20,18 +19,8 @@ from pathlib import Path
 import h5py
 import numpy as np
 
-from benchmarks.common import machine
+from benchmarks.common import drop_caches, machine
 from tests.makers.outputs import write_output
-
-
-def drop_page_cache() -> bool:
-    """Whether the page cache could be dropped (root on Linux)."""
-    try:
-        subprocess.run(["sync"], check=True)
-        Path("/proc/sys/vm/drop_caches").write_text("3\n")
-        return True
-    except OSError:
-        return False
 
 
 def sequential_read(path: Path, layer: str, rows_per_read: int) -> float:
@@ -83,10 +72,10 @@ def measure_round(output: Path, memory: str, rows_per_read: int, ranking: Path) 
 
     times = {}
     for cache in ("cold", "warm"):
-        dropped = drop_page_cache() if cache == "cold" else True
+        dropped = drop_caches() if cache == "cold" else True
         read = sequential_read(output, "maps", rows_per_read)
         if cache == "cold":
-            drop_page_cache()
+            drop_caches()
         started = time.perf_counter()
         featdump.top(output, "maps", k=16, memory=memory, to=ranking, overwrite=True)
         times[cache] = (read, time.perf_counter() - started)
