@@ -139,3 +139,16 @@ def test_a_folder_that_could_not_be_read_keeps_no_listing_from_serving(tmp_path,
     assert len(read_folder(root).paths) == 2
     monkeypatch.setattr(os, "scandir", real_scandir)
     assert listings.kept_walk(root) is None and len(read_folder(root).paths) == 4
+
+
+def test_only_the_last_listings_written_are_kept(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setattr(listings, "KEEP_AT_MOST", 2)
+    roots = [tmp_path / f"set{index}" for index in range(3)]
+    for root in roots:
+        write_images(root, {"a": 1}, size=(16, 16))
+        aged(root)
+        read_folder(root)
+        time.sleep(0.01)  # (each listing's own modification time)
+    assert len(list((tmp_path / "cache" / "featdump" / "listings").glob("*.npz"))) == 2
+    assert listings.kept_walk(roots[0]) is None and listings.kept_walk(roots[2]) is not None

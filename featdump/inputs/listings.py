@@ -8,7 +8,7 @@ What a folder's time does not show is a file rewritten in place under the same n
 and time the file had, and `--update`, whose work is to find such files, always walks (`fresh`). A listing whose
 folders changed within RACY_SECONDS before its walk started is not kept (a change in the same tick of the clock
 would not show), nor one that cannot be written (a read-only home): either costs a walk next time, never a wrong
-row."""
+row. The last KEEP_AT_MOST listings written are kept, the older deleted."""
 
 from __future__ import annotations
 
@@ -26,6 +26,7 @@ from featdump.caches import user_cache
 log = logging.getLogger("featdump")
 FORMAT = 1
 RACY_SECONDS = 2.0
+KEEP_AT_MOST = 64  # listings kept, the last written: a folder listed long ago is walked again
 
 
 @dataclass
@@ -70,9 +71,17 @@ def keep_walk(root: Path, walk: Walk, started_ns: int) -> None:
                  images=_bytes(list(walk.images)), image_stats=_stats(walk.images),
                  videos=_bytes(list(walk.videos)), video_stats=_stats(walk.videos))
         os.replace(temporary, place)
+        _forget_oldest(place.parent)
     except OSError as error:
         log.debug("The listing of %s was not kept (%s).", root, error)
         temporary.unlink(missing_ok=True)
+
+
+def _forget_oldest(folder: Path) -> None:
+    """The listings in FOLDER beyond the KEEP_AT_MOST last written, deleted (a cache, not an archive)."""
+    kept = sorted(folder.glob("*.npz"), key=lambda path: path.stat().st_mtime_ns, reverse=True)
+    for path in kept[KEEP_AT_MOST:]:
+        path.unlink(missing_ok=True)
 
 
 def _place(root: Path) -> Path:
