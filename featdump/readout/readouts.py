@@ -17,6 +17,9 @@ layer by layer:
     /paths, /labels     the rows used; /fold (N,) each row's fold; /alphas the grid; /columns the classes or targets
     /readouts/LAYER/    predicted (N, C or T), alpha (K,) or (K, T) per target, fold_score (K,) each fold's accuracy
                         or median r; a probe's accuracy (K,); an encoding's r (T,) and r2 (T,); attribute score
+    /ncsnr, /ceiling, /trials   encode --repeats: each target's noise ceiling (`ceilings`), each image's trials
+    /regions/           encode --repeats, --rois or --table: the scores by region, a column each (`bounds`),
+                        written beside the finished file
 """
 
 from __future__ import annotations
