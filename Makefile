@@ -28,9 +28,9 @@ demo: install ## Extract two layers of a random resnet18 over the sample images 
 	$(BIN)/featdump info demo.h5
 	$(BIN)/featdump show demo.h5 --layer layer1 --index 2 -o demo.png
 
-# test-all on two pytest workers, each a test file at a time (a file's fixtures made once): most of a slow test's
-# time is a process starting or waiting, so two of them fill 2 cores (20 minutes against 27 in one process). The
-# quick suite computes in this process and runs no faster so (2:41 against 2:24): it stays in one. WORKERS=0: one.
+# test-all on two pytest workers, each a test file at a time (a file's fixtures made once): much of a slow test's
+# time is a process starting or waiting (20:12-20:47 against 23:49 in one process, on one Xeon). The quick suite
+# computes in this process and runs no faster so (2:41 against 2:24): it stays in one. WORKERS=0: one process.
 WORKERS ?= 2
 PARALLEL := $(if $(filter 0,$(WORKERS)),,-n $(WORKERS) --dist loadfile)
 
