@@ -23,7 +23,7 @@ import numpy as np
 
 from featdump.analysis.choices import RESAMPLES
 from featdump.analysis.comparisons import METHODS, compared, images_of, noise_ceiling, upper_triangle
-from featdump.analysis.evaluations import Asked, evaluated_layers
+from featdump.analysis.evaluations import CompareAsk, evaluated_layers
 from featdump.analysis.inference import pair_tests, zero_tests
 from featdump.analysis.stored import listed
 from featdump.errors import BadOption, UsageProblem
@@ -68,7 +68,7 @@ def compare(rdms: str | Path | list, data: str | Path, layers: list[str] | str |
     data_paths, subjects = _data_rdms(Path(data))
     mine, theirs = _matched(models.paths, data_paths, common, files[0], Path(data))
     subjects = subjects[:, theirs][:, :, theirs]
-    asked = Asked(method, resample, samples, seed, [*files, Path(data)], common)
+    asked = CompareAsk(method, resample, samples, seed, [*files, Path(data)], common)
     result = _compared(models, mine, subjects, asked, fdr, indices, to)
     if to is not None:
         write_table(Path(to), result)
@@ -219,7 +219,7 @@ def _matched(paths: list[str], data_paths: list[str], common: bool, rdms: Path, 
     return np.asarray(mine), np.asarray(theirs)
 
 
-def _compared(models: ModelRdms, mine: np.ndarray, data: np.ndarray, asked: Asked, fdr: bool,
+def _compared(models: ModelRdms, mine: np.ndarray, data: np.ndarray, asked: CompareAsk, fdr: bool,
               indices: str | Path | None, to: str | Path | None) -> Comparison:
     """The Comparison of each of MODELS' layers (over its rows MINE) with DATA, layer by layer (`evaluations`:
     resumable beside TO, read back by the same command again)."""
@@ -239,7 +239,7 @@ def _compared(models: ModelRdms, mine: np.ndarray, data: np.ndarray, asked: Aske
                       evaluations, pair_tests(models.names, evaluations, dof, fdr), data.shape[1], len(data))
 
 
-def layer_scores(model: np.ndarray, data: np.ndarray, asked: Asked, subjects: np.ndarray,
+def layer_scores(model: np.ndarray, data: np.ndarray, asked: CompareAsk, subjects: np.ndarray,
                  images: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(its comparison with each subject (S,), its mean comparison in each resample (B,)) of one layer's MODEL RDM
     with the DATA RDMs, the resamples drawing SUBJECTS and IMAGES."""

@@ -25,7 +25,7 @@ Scores = tuple[np.ndarray, np.ndarray]  # (a layer's comparison with each subjec
 
 
 @dataclass(frozen=True)
-class Asked:
+class CompareAsk:
     """What a compare computes from, beyond its layers: the comparison, the bootstrap, the files read."""
 
     method: str
@@ -52,7 +52,7 @@ def evaluations_path(to: str | Path) -> Path:
     return to.with_name(to.stem + ".evaluations.h5")
 
 
-def evaluated_layers(names: list[str], paths: list[str], asked: Asked, scored: Callable[[int], Scores],
+def evaluated_layers(names: list[str], paths: list[str], asked: CompareAsk, scored: Callable[[int], Scores],
                      to: str | Path | None) -> tuple[np.ndarray, np.ndarray]:
     """((layers, S) each layer's comparison with each subject, (B, layers) each resample's): SCORED(index) for
     each of NAMES, over PATHS; kept beside TO and resumed, or read back (`evaluations_path`)."""
