@@ -167,6 +167,9 @@ def test_condensed_rdms_in_hdf5_the_fdr_and_what_cannot_be_compared(study, tmp_p
     condensed = compare(study / "rdms.h5", tmp_path / "data.h5", samples=50, fdr=True)
     np.testing.assert_allclose(condensed.scores, full.scores, rtol=0, atol=1e-12)
     np.testing.assert_allclose(condensed.evaluations, full.evaluations, rtol=0, atol=1e-12)
+    read_each_time = compare(study / "rdms.h5", tmp_path / "data.h5", samples=50, resample="both", memory="1KB")
+    in_memory = compare(study / "rdms.h5", study / "data.npz", samples=50, resample="both")
+    np.testing.assert_allclose(read_each_time.evaluations, in_memory.evaluations, rtol=0, atol=1e-12)
     assert [pair["correction"] for pair in full.pairs] == ["fdr"] * 3
     np.testing.assert_allclose([pair["p_corrected"] for pair in full.pairs],
                                false_discovery_control([pair["p"] for pair in full.pairs], method="bh"), atol=1e-12)
@@ -241,16 +244,19 @@ def test_data_rdms_saved_by_rsatoolbox_are_read_by_their_path_descriptor(study, 
     assert refused.returncode == 2 and "none of its pattern descriptors (index) names the images" in refused.stderr
 
 
-def _many_layers(folder, layers: int, images: int = 200) -> None:
-    """A `featdump rdm`-like file of LAYERS random RDMs over IMAGES, and three subjects' data RDMs."""
+def _many_layers(folder, layers: int, images: int = 200, subjects: int = 3) -> None:
+    """A `featdump rdm`-like file of LAYERS random RDMs over IMAGES, and SUBJECTS' data RDMs (data.npz, and
+    data.h5 as HDF5)."""
     rng = np.random.default_rng(layers)
     paths = [f"img/{index:04d}.jpg" for index in range(images)]
     with h5py.File(folder / "rdms.h5", "w") as h5file:
         h5file["paths"] = np.array(paths, dtype=h5py.string_dtype())
         for layer in range(layers):
             h5file[f"rdms/layer{layer}"] = correlation_rdm(rng.standard_normal((images, 10)))
-    np.savez(folder / "data.npz", rdms=np.stack([correlation_rdm(rng.standard_normal((images, 10)))
-                                                 for _ in range(3)]), paths=np.array(paths))
+    rdms = np.stack([correlation_rdm(rng.standard_normal((images, 10))) for _ in range(subjects)])
+    np.savez(folder / "data.npz", rdms=rdms, paths=np.array(paths))
+    with h5py.File(folder / "data.h5", "w") as h5file:
+        h5file["rdms"], h5file["paths"] = rdms, np.array(paths, dtype=h5py.string_dtype())
 
 
 def test_one_layer_s_rdm_is_in_memory_at_a_time(tmp_path):
@@ -267,6 +273,31 @@ def test_one_layer_s_rdm_is_in_memory_at_a_time(tmp_path):
         tracemalloc.stop()
     one = 200 * 200 * 8
     assert peaks[16] - peaks[4] < 2 * one, (peaks, one)  # 12 more layers, not 12 more RDMs held
+
+
+def test_data_rdms_beyond_memory_are_read_a_subject_at_a_time_with_the_same_result(tmp_path):
+    """Data RDMs (HDF5) that do not fit --memory are read a subject at a time: the same scores, ceiling and
+    resamples as held, and 9 more subjects cost no more memory (held, they cost 9 RDMs: the test can tell)."""
+    import tracemalloc
+
+    images, peaks = 100, {}
+    for subjects in (3, 12):
+        folder = tmp_path / str(subjects)
+        folder.mkdir()
+        _many_layers(folder, 2, images=images, subjects=subjects)
+        found = {}
+        for memory in ("1GB", "64KB"):
+            tracemalloc.start()
+            found[memory] = compare(folder / "rdms.h5", folder / "data.h5", samples=3, resample="both",
+                                    memory=memory)
+            peaks[subjects, memory] = tracemalloc.get_traced_memory()[1]
+            tracemalloc.stop()
+        np.testing.assert_allclose(found["64KB"].evaluations, found["1GB"].evaluations, rtol=0, atol=1e-12)
+        np.testing.assert_allclose(found["64KB"].scores, found["1GB"].scores, rtol=0, atol=1e-12)
+        np.testing.assert_allclose(found["64KB"].ceiling, found["1GB"].ceiling, rtol=0, atol=1e-12)
+    vector = images * (images - 1) // 2 * 8
+    assert peaks[12, "64KB"] - peaks[3, "64KB"] < 2 * vector, (peaks, vector)
+    assert peaks[12, "1GB"] - peaks[3, "1GB"] > 8 * vector, (peaks, vector)
 
 
 def test_the_same_command_again_reads_its_evaluations_back_and_a_stopped_one_resumes_at_its_layer(

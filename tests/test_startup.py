@@ -12,7 +12,7 @@ import sys
 import numpy as np
 import pytest
 
-from tests.helpers import featdump_env, write_output
+from tests.helpers import featdump_env, run_featdump, write_output
 
 HEAVY = ("torch", "torchvision", "pyarrow", "fsspec", "timm", "transformers", "open_clip", "ray", "av")
 
@@ -87,14 +87,18 @@ def test_usage_errors_answer_before_torch_is_imported(tmp_path):
 
 
 def test_an_unknown_torchvision_name_answers_at_once_once_the_names_are_kept(tmp_path):
-    """The first check of a name lists torchvision's names (importing it) and keeps them; the next answers from
-    them, with the same line."""
+    """The first check of a name lists torchvision's names and keeps them (here in this process, where torchvision
+    is imported already); the next, in a fresh interpreter, answers from them with the same line, importing
+    neither torch nor torchvision."""
+    from featdump.sources.torchvision_names import names_by_task
+
     (tmp_path / "images").mkdir()
     env = featdump_env(XDG_CACHE_HOME=str(tmp_path / "cache"))
     args = ("extract", "-m", "resnet5O", "-l", "avgpool", tmp_path / "images", tmp_path / "o.h5")
-    first, imported_first = run_fresh(*args, env=env)
+    names_by_task.cache_clear()  # (an earlier test's names in this process: listed again, into this cache)
+    first = run_featdump(*args, env=env)
+    names_by_task.cache_clear()
     assert first.returncode == 2 and "Unknown model 'resnet5O'. Did you mean: resnet50" in first.stderr
-    assert "torchvision" in imported_first
     kept = list((tmp_path / "cache" / "featdump").glob("torchvision-*-models.json"))
     assert len(kept) == 1 and "resnet50" in json.loads(kept[0].read_text())["classification"]
     again, imported = run_fresh(*args, env=env)
@@ -102,16 +106,19 @@ def test_an_unknown_torchvision_name_answers_at_once_once_the_names_are_kept(tmp
     assert imported == []
 
 
-def test_kept_names_that_cannot_be_read_are_listed_again(tmp_path):
+def test_kept_names_that_cannot_be_read_are_listed_again(tmp_path, monkeypatch):
     """A half-written or foreign file where the names are kept is not trusted: torchvision lists them again."""
-    (tmp_path / "images").mkdir()
-    env = featdump_env(XDG_CACHE_HOME=str(tmp_path / "cache"))
     from importlib import metadata
 
+    from featdump.sources.torchvision_names import names_by_task
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     kept = tmp_path / "cache" / "featdump" / f"torchvision-{metadata.version('torchvision')}-models.json"
     kept.parent.mkdir(parents=True)
-    kept.write_text('{"classification": ["resnet5O"')  # cut short
-    done, imported = run_fresh("extract", "-m", "resnet5O", "-l", "avgpool", tmp_path / "images",
-                               tmp_path / "o.h5", env=env)
-    assert "Unknown model 'resnet5O'" in done.stderr and "torchvision" in imported
-    assert "resnet5O" not in json.loads(kept.read_text())["classification"]
+    for written in ('{"classification": ["resnet5O"', '["resnet5O"]', '{"classification": [5]}'):
+        kept.write_text(written)  # cut short, another shape, not names
+        names_by_task.cache_clear()
+        listed = names_by_task()
+        names_by_task.cache_clear()
+        assert "resnet50" in listed["classification"] and "resnet5O" not in listed["classification"]
+        assert json.loads(kept.read_text()) == listed  # written anew, whole

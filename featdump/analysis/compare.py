@@ -21,13 +21,15 @@ from pathlib import Path
 
 import numpy as np
 
-from featdump.analysis.choices import RESAMPLES
-from featdump.analysis.comparisons import METHODS, compared, images_of, noise_ceiling, upper_triangle
+from featdump.analysis.choices import DEFAULT_MEMORY, RESAMPLES
+from featdump.analysis.comparisons import METHODS, compared, noise_ceiling
+from featdump.analysis.data_rdms import DataRdms, condensed_vector, square_vector
 from featdump.analysis.evaluations import CompareAsk, evaluated_layers
 from featdump.analysis.inference import pair_tests, zero_tests
 from featdump.analysis.stored import listed
 from featdump.errors import BadOption, UsageProblem
 from featdump.output.layout import open_to_read, text_of
+from featdump.output.space import parse_bytes
 
 log = logging.getLogger("featdump")
 RESAMPLED = RESAMPLES
@@ -54,20 +56,22 @@ class Comparison:
 
 def compare(rdms: str | Path | list, data: str | Path, layers: list[str] | str | None = None, *,
             method: str = "corr", resample: str = "subjects", samples: int = 1000, seed: int = 0, fdr: bool = False,
-            common: bool = False, to: str | Path | None = None, indices: str | Path | None = None) -> Comparison:
+            common: bool = False, to: str | Path | None = None, indices: str | Path | None = None,
+            memory: str | int = DEFAULT_MEMORY) -> Comparison:
     """RDMS' layers (a `featdump rdm` file; an output's RDMs are computed beside it first; several: each model's,
     its layers named FILE:LAYER and tested against each other's) compared with the data RDMs in DATA by METHOD;
     resampled (RESAMPLE) SAMPLES times from SEED; written to TO (.csv: a row per layer, and TO's pairs beside it;
-    or .nc) and the resamples' INDICES (.npz) when given."""
+    or .nc) and the resamples' INDICES (.npz) when given. The data RDMs are held in memory where they fit MEMORY,
+    else read a subject at a time; one layer's RDM is in memory at a time."""
     if method not in METHODS:
         raise BadOption(f"--method {method!r}: use one of {', '.join(METHODS)}.")
     if resample not in RESAMPLED:
         raise BadOption(f"--bootstrap {resample!r}: use one of {', '.join(RESAMPLED)}.")
     files = [Path(path) for path in (rdms if isinstance(rdms, (list, tuple)) else [rdms])]
     models = _models(files, listed(layers), common)
-    data_paths, subjects = _data_rdms(Path(data))
-    mine, theirs = _matched(models.paths, data_paths, common, files[0], Path(data))
-    subjects = subjects[:, theirs][:, :, theirs]
+    subjects = DataRdms.open(Path(data))
+    mine, theirs = _matched(models.paths, subjects.paths, common, files[0], Path(data))
+    subjects = subjects.choose(theirs, parse_bytes(memory))
     asked = CompareAsk(method, resample, samples, seed, [*files, Path(data)], common)
     result = _compared(models, mine, subjects, asked, fdr, indices, to)
     if to is not None:
@@ -84,13 +88,11 @@ class ModelRdms:
     paths: list[str]
     sources: list[tuple[Path, str, np.ndarray]]  # each layer's file, name in it, and its rows in PATHS' order
 
-    def matrix(self, index: int, rows: np.ndarray) -> np.ndarray:
-        """Layer INDEX's RDM over ROWS (positions in PATHS), float64."""
+    def vector(self, index: int, rows: np.ndarray) -> np.ndarray:
+        """Layer INDEX's RDM over ROWS (positions in PATHS) as a float64 vector (its upper triangle, row by row)."""
         file, name, order = self.sources[index]
         with open_to_read(file) as h5file:
-            held = h5file["rdms"][name][:]
-        chosen = order[rows]
-        return np.asarray(held, dtype=np.float64)[chosen][:, chosen]
+            return square_vector(h5file["rdms"][name].__getitem__, order[rows])
 
 
 def _models(files: list[Path], layers: list[str] | None, common: bool) -> ModelRdms:
@@ -145,58 +147,6 @@ def _chosen(name: str, layers: list[str]) -> bool:
     return any(fnmatchcase(name, layer.strip()) for layer in layers)
 
 
-def _data_rdms(path: Path) -> tuple[list[str], np.ndarray]:
-    """(the images' paths, (subjects, N, N)) of the data file PATH (HDF5 or .npz: `rdms` and `paths`; or a file
-    rsatoolbox's RDMs.save wrote)."""
-    try:
-        if path.suffix == ".npz":
-            with np.load(path, allow_pickle=False) as held:
-                rdms, paths = held["rdms"], [str(name) for name in held["paths"]]
-        else:
-            with open_to_read(path) as h5file:
-                if "dissimilarities" in h5file:  # a file rsatoolbox's RDMs.save wrote
-                    return _rsatoolbox_rdms(path, h5file)
-                rdms = h5file["rdms"][:]
-                paths = [name.decode() if isinstance(name, bytes) else str(name) for name in h5file["paths"][:]]
-    except (OSError, KeyError, ValueError) as error:
-        raise UsageProblem(f"DATA {str(path)!r}: no data RDMs read ({error}); give an HDF5 or .npz file holding "
-                           "`rdms` (subjects x N x N, or condensed) and `paths` (the N images).") from error
-    return paths, _squared(np.asarray(rdms, dtype=np.float64), path, len(paths))
-
-
-PATH_DESCRIPTORS = ("path", "paths", "image", "stimulus", "filename")  # what rsatoolbox's files name images by
-
-
-def _rsatoolbox_rdms(path: Path, h5file) -> tuple[list[str], np.ndarray]:
-    """(the images' paths, (subjects, N, N)) of a file rsatoolbox's `RDMs.save` wrote (HDF5): its dissimilarities
-    (condensed, a row an RDM) and the pattern descriptor that names the images (one of PATH_DESCRIPTORS)."""
-    held = h5file.get("pattern_descriptors", {})
-    named = next((name for name in PATH_DESCRIPTORS if name in held), None)
-    if named is None:
-        raise UsageProblem(f"DATA {str(path)!r} is rsatoolbox's, and none of its pattern descriptors "
-                           f"({', '.join(held) or 'none'}) names the images: give one of "
-                           f"{', '.join(PATH_DESCRIPTORS)} holding their paths.")
-    paths = [name.decode() if isinstance(name, bytes) else str(name) for name in held[named][:]]
-    return paths, _squared(np.asarray(h5file["dissimilarities"][:], dtype=np.float64), path, len(paths))
-
-
-def _squared(rdms: np.ndarray, path: Path, count: int) -> np.ndarray:
-    """(subjects, N, N) of RDMS, condensed (subjects, N(N-1)/2, as scipy's squareform and rsatoolbox keep them)
-    or square; UsageProblem when they are no RDMs of COUNT images."""
-    if rdms.ndim == 2:
-        size = images_of(rdms.shape[1])
-        rows, columns = np.triu_indices(size, k=1)
-        full = np.zeros((len(rdms), size, size))
-        full[:, rows, columns] = rdms
-        rdms = full + full.transpose(0, 2, 1)
-    if rdms.ndim != 3 or rdms.shape[1] != rdms.shape[2] or rdms.shape[1] != count:
-        raise UsageProblem(f"DATA {str(path)!r}: its rdms are {rdms.shape} for {count} paths; give (subjects, "
-                           "N, N) for N paths.")
-    if len(rdms) < 2:
-        raise UsageProblem(f"DATA {str(path)!r} holds one subject's RDM: a noise ceiling needs two at least.")
-    return rdms
-
-
 def _matched(paths: list[str], data_paths: list[str], common: bool, rdms: Path, data: Path):
     """The positions in PATHS and in DATA_PATHS of the images both name, in DATA_PATHS' order; UsageProblem when
     they differ and not COMMON (naming an example of each side), or when fewer than 3 are shared."""
@@ -219,31 +169,32 @@ def _matched(paths: list[str], data_paths: list[str], common: bool, rdms: Path, 
     return np.asarray(mine), np.asarray(theirs)
 
 
-def _compared(models: ModelRdms, mine: np.ndarray, data: np.ndarray, asked: CompareAsk, fdr: bool,
+def _compared(models: ModelRdms, mine: np.ndarray, data: DataRdms, asked: CompareAsk, fdr: bool,
               indices: str | Path | None, to: str | Path | None) -> Comparison:
     """The Comparison of each of MODELS' layers (over its rows MINE) with DATA, layer by layer (`evaluations`:
     resumable beside TO, read back by the same command again)."""
-    ceiling = noise_ceiling(upper_triangle(data), asked.method)
-    subjects, images = draws(asked.resample, asked.samples, len(data), data.shape[1], asked.seed)
+    ceiling = noise_ceiling(data.vector, data.subjects, asked.method)
+    subjects, images = draws(asked.resample, asked.samples, data.subjects, data.images, asked.seed)
     if indices is not None:
         np.savez(indices, subjects=subjects, images=images)
 
     def scored(index: int) -> tuple[np.ndarray, np.ndarray]:
-        return layer_scores(models.matrix(index, mine), data, asked, subjects, images)
+        return layer_scores(models.vector(index, mine), data, asked, subjects, images)
 
     each, evaluations = evaluated_layers(models.names, [models.paths[row] for row in mine], asked, scored, to)
     low, high = (np.percentile(evaluations, [2.5, 97.5], axis=0) if len(evaluations) else
                  (np.full(len(models.names), np.nan), np.full(len(models.names), np.nan)))
-    dof = _dof(asked.resample, len(data), data.shape[1])
+    dof = _dof(asked.resample, data.subjects, data.images)
     return Comparison(models.names, each.mean(axis=1), low, high, zero_tests(evaluations, dof), ceiling,
-                      evaluations, pair_tests(models.names, evaluations, dof, fdr), data.shape[1], len(data))
+                      evaluations, pair_tests(models.names, evaluations, dof, fdr), data.images, data.subjects)
 
 
-def layer_scores(model: np.ndarray, data: np.ndarray, asked: CompareAsk, subjects: np.ndarray,
+def layer_scores(model: np.ndarray, data: DataRdms, asked: CompareAsk, subjects: np.ndarray,
                  images: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(its comparison with each subject (S,), its mean comparison in each resample (B,)) of one layer's MODEL RDM
-    with the DATA RDMs, the resamples drawing SUBJECTS and IMAGES."""
-    each = compared(upper_triangle(model[None]), upper_triangle(data), asked.method)[0]
+    (its vector) with the DATA RDMs, the resamples drawing SUBJECTS and IMAGES."""
+    each = np.array([compared(model[None], data.vector(subject)[None], asked.method)[0, 0]
+                     for subject in range(data.subjects)])
     if asked.resample == "subjects":  # a subject's comparison is its own whatever the others: resampled
         return each, each[subjects].mean(axis=1) if len(subjects) else np.empty(0)
     return each, np.array([_evaluated(model, data, asked.method, chosen, shown)
@@ -262,18 +213,15 @@ def draws(resample: str, samples: int, subjects: int, images: int, seed: int) ->
     return np.asarray(chosen), np.asarray(shown)
 
 
-def _evaluated(model: np.ndarray, data: np.ndarray, method: str, chosen: np.ndarray, shown: np.ndarray) -> float:
-    """A layer's mean comparison with the data of one resample: subjects CHOSEN, images SHOWN (an image drawn
-    twice makes no pair with itself)."""
-    vectors = upper_triangle(_resampled(data[chosen], shown))
-    return float(np.mean(compared(upper_triangle(_resampled(model[None], shown)), vectors, method)))
-
-
-def _resampled(matrices: np.ndarray, shown: np.ndarray) -> np.ndarray:
-    matrices = matrices.astype(np.float64, copy=True)
-    diagonal = np.arange(matrices.shape[1])
-    matrices[:, diagonal, diagonal] = np.nan
-    return matrices[:, shown][:, :, shown]
+def _evaluated(model: np.ndarray, data: DataRdms, method: str, chosen: np.ndarray, shown: np.ndarray) -> float:
+    """A layer's mean comparison with the data of one resample: subjects CHOSEN (each drawn once compared once),
+    images SHOWN (an image drawn twice makes no pair with itself)."""
+    size = data.images
+    resampled = condensed_vector(model, size, shown)[None]
+    drawn, times = np.unique(chosen, return_counts=True)
+    scores = [compared(resampled, condensed_vector(data.vector(subject), size, shown)[None], method)[0, 0]
+              for subject in drawn]
+    return float(np.dot(scores, times) / len(chosen))
 
 
 def _dof(resample: str, subjects: int, images: int) -> int:

@@ -17,27 +17,27 @@ others."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from featdump.analysis.choices import COMPARISONS
 
 METHODS = COMPARISONS
 WHITENED = ("corr_cov", "cosine_cov")
-
-
-def upper_triangle(matrices: np.ndarray) -> np.ndarray:
-    """(RDMs, pairs) vectors of (RDMs, N, N) MATRICES: each upper triangle (above the diagonal), row by row."""
-    rows, columns = np.triu_indices(matrices.shape[-1], k=1)
-    return matrices[:, rows, columns]
+BLOCK = 1 << 20  # pairs at a time where two RDMs' vectors are compared in blocks
 
 
 def compared(first: np.ndarray, second: np.ndarray, method: str) -> np.ndarray:
     """(len(FIRST), len(SECOND)) comparisons by METHOD of the vectors FIRST and SECOND (each (RDMs, pairs)); a
     pair NaN in any RDM is left out of all."""
+    if len(first) == len(second) == 1 and method in ("corr", "cosine"):
+        return np.array([[_vector_cosine(first[0], second[0], centred=method == "corr")]])
     kept = ~(np.isnan(first).any(axis=0) | np.isnan(second).any(axis=0))
     if method in WHITENED:
         return _cosine(_whitened(first, kept, method), _whitened(second, kept, method))
-    first, second = first[:, kept], second[:, kept]
+    if not kept.all():  # (else no copy: an RDM of 10,000 images is 400 MB a vector)
+        first, second = first[:, kept], second[:, kept]
     if method == "tau-a":
         return np.array([[_tau_a(one, other) for other in second] for one in first])
     if method == "spearman":
@@ -48,19 +48,64 @@ def compared(first: np.ndarray, second: np.ndarray, method: str) -> np.ndarray:
     return _cosine(first, second)
 
 
-def pooled(vectors: np.ndarray, method: str) -> np.ndarray:
-    """(1, pairs): the RDM of VECTORS' pool that METHOD compares best with them (rsatoolbox's `pool_rdm`, as its
-    `boot_noise_ceiling` pools: corr_cov's and cosine_cov's pools are corr's and cosine's)."""
+def _in_pool_units(vector: np.ndarray, method: str) -> np.ndarray:
+    """A subject's VECTOR in the units METHOD's pool averages (rsatoolbox's `pool_rdm`, as its `boot_noise_ceiling`
+    pools: corr_cov's and cosine_cov's as corr's and cosine's): z-scored, normalised or ranked; NaN kept."""
     method = method.removesuffix("_cov")
     if method == "cosine":
-        vectors = vectors / np.sqrt(np.nanmean(vectors ** 2, axis=1, keepdims=True))
-    elif method == "corr":
-        vectors = vectors - np.nanmean(vectors, axis=1, keepdims=True)
-        vectors = vectors / np.nanstd(vectors, axis=1, keepdims=True)
-    else:
-        vectors = np.array([_ranked_with_nan(vector) for vector in vectors])
-    pool = _nan_mean(vectors)
-    return pool - np.nanmin(pool) + 0.01 if method == "corr" else pool
+        return vector / np.sqrt(_kept_mean(vector, squared=True))
+    if method == "corr":
+        centred = vector - _kept_mean(vector)
+        centred /= np.sqrt(_kept_mean(centred, squared=True))
+        return centred
+    return _ranked_with_nan(vector)
+
+
+def _kept_mean(vector: np.ndarray, squared: bool = False) -> float:
+    """The mean of VECTOR's numbers (SQUARED: of their squares), NaN left out, a block at a time (numpy's nanmean
+    copies the vector whole)."""
+    total, count = 0.0, 0
+    for start in range(0, len(vector), BLOCK):
+        block = vector[start:start + BLOCK]
+        kept = ~np.isnan(block)
+        if not kept.all():
+            block = block[kept]
+        total += float(block @ block) if squared else float(block.sum())
+        count += len(block)
+    return total / count if count else np.nan
+
+
+def _vector_cosine(one: np.ndarray, other: np.ndarray, centred: bool) -> float:
+    """The cosine of two vectors (CENTRED: less their means: Pearson's r) over the pairs neither is NaN at, a
+    block of pairs at a time: nothing of their size held beside them (an RDM of 10,000 images is a 400 MB vector);
+    0 where either is all zeros."""
+
+    def blocks():
+        for start in range(0, len(one), BLOCK):
+            first, second = one[start:start + BLOCK], other[start:start + BLOCK]
+            kept = ~(np.isnan(first) | np.isnan(second))
+            yield (first, second) if kept.all() else (first[kept], second[kept])
+
+    mean_one = mean_other = 0.0
+    if centred:
+        count = total_one = total_other = 0.0
+        for first, second in blocks():
+            count, total_one, total_other = count + len(first), total_one + first.sum(), total_other + second.sum()
+        mean_one, mean_other = (total_one / count, total_other / count) if count else (0.0, 0.0)
+    dot = norm_one = norm_other = 0.0
+    for first, second in blocks():
+        first, second = first - mean_one, second - mean_other
+        dot, norm_one, norm_other = dot + first @ second, norm_one + first @ first, norm_other + second @ second
+    return float(dot / np.sqrt(norm_one) / np.sqrt(norm_other)) if norm_one > 0 and norm_other > 0 else 0.0
+
+
+def _pool(mean: np.ndarray, method: str) -> np.ndarray:
+    """(1, pairs): the pool of the subjects whose mean in pool units is MEAN (NaN where any of them is; changed in
+    place)."""
+    if method.removesuffix("_cov") == "corr":
+        mean -= np.nanmin(mean)
+        mean += 0.01
+    return mean[None]
 
 
 def _whitened(vectors: np.ndarray, kept: np.ndarray, method: str) -> np.ndarray:
@@ -89,16 +134,61 @@ def images_of(pairs: int) -> int:
     return int(round((1 + np.sqrt(1 + 8 * pairs)) / 2))
 
 
-def noise_ceiling(vectors: np.ndarray, method: str) -> tuple[float, float]:
-    """(lower, upper) bounds of the noise ceiling of the data RDMs VECTORS (a subject each): each subject compared
-    with the pool of the others, and with the pool of all, averaged over subjects."""
-    whole = pooled(vectors, method)
+def noise_ceiling(subject: Callable[[int], np.ndarray], subjects: int, method: str) -> tuple[float, float]:
+    """(lower, upper) bounds of the noise ceiling of SUBJECTS data RDMs (SUBJECT(index): one's vector, asked for
+    twice, so that one subject's is in memory at a time): each subject compared with the pool of the others, and
+    with the pool of all, averaged over subjects."""
+    pool = _PoolSum()
+    for index in range(subjects):
+        pool.add(_in_pool_units(subject(index), method))
+    whole = _pool(pool.mean(), method)
     lower, upper = [], []
-    for subject in range(len(vectors)):
-        others = np.delete(vectors, subject, axis=0)
-        lower.append(np.mean(compared(pooled(others, method), vectors[subject:subject + 1], method)))
-        upper.append(np.mean(compared(whole, vectors[subject:subject + 1], method)))
+    for index in range(subjects):
+        vector = subject(index)
+        others = _pool(pool.mean(without=_in_pool_units(vector, method)), method)
+        lower.append(compared(others, vector[None], method)[0, 0])
+        del others  # (each held no longer than it is used: an RDM of 10,000 images is a 400 MB vector)
+        upper.append(compared(whole, vector[None], method)[0, 0])
+        del vector
     return float(np.mean(lower)), float(np.mean(upper))
+
+
+class _PoolSum:
+    """The sum of the subjects' vectors in pool units, and at each pair how many are NaN there: the mean of all
+    of them, or of all but one (NaN where one of those is)."""
+
+    def __init__(self):
+        self.total = self.missing = None
+        self.count = 0
+
+    def add(self, units: np.ndarray) -> None:
+        """UNITS (this sum's to change: its NaN made 0) added."""
+        missing = np.isnan(units)
+        if missing.any():
+            self.missing = missing.astype(np.int32) if self.missing is None else self.missing + missing
+            units[missing] = 0.0
+        if self.total is None:
+            self.total = units
+        else:
+            self.total += units
+        self.count += 1
+
+    def mean(self, without: np.ndarray | None = None) -> np.ndarray:
+        """The mean of all the vectors added, or of all but WITHOUT (one of them, in pool units; its buffer made
+        the mean's: one vector fewer held)."""
+        count, missing = self.count, self.missing
+        if without is None:
+            mean = self.total / count
+        else:
+            unknown = np.isnan(without)
+            mean = np.subtract(self.total, without, out=without)
+            mean[unknown] = self.total[unknown]
+            mean /= count - 1
+            if missing is not None:
+                missing = missing - unknown
+        if missing is not None:
+            mean[missing > 0] = np.nan
+        return mean
 
 
 def _cosine(first: np.ndarray, second: np.ndarray) -> np.ndarray:
@@ -125,14 +215,6 @@ def _ranked_with_nan(vector: np.ndarray) -> np.ndarray:
     kept = ~np.isnan(vector)
     ranks[kept] = rankdata(vector[kept])
     return ranks
-
-
-def _nan_mean(vectors: np.ndarray) -> np.ndarray:
-    """(1, pairs): the mean of VECTORS over the pairs the first one has (NaN elsewhere)."""
-    kept = ~np.isnan(vectors[0])
-    mean = np.full((1, vectors.shape[1]), np.nan)
-    mean[0, kept] = vectors[:, kept].mean(axis=0)
-    return mean
 
 
 def _tau_a(one: np.ndarray, other: np.ndarray) -> float:

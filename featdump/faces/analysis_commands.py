@@ -255,11 +255,14 @@ def atlas(output: Path, folder: Path, layers: str | None, k: int, memory: str, o
               help="Also write each resample's subject and image indices here (.npz).")
 @click.option("--plot", type=click.Path(dir_okay=False, path_type=Path),
               help="Also draw the layers' scores, intervals, the ceiling and the differing pairs (.png).")
+@click.option("--memory", default=DEFAULT_MEMORY, show_default=True,
+              help="Memory for the data RDMs held at once (128MB, 4GB): where all subjects' do not fit, each is "
+                   "read from DATA when used. One layer's RDM comes on top.")
 @click.option("-o", "--out", "to", required=True, type=click.Path(dir_okay=False, path_type=Path),
               help="The table to write: .csv (a row per layer; the pairs' tests in OUT.pairs.csv beside it) or .nc "
                    "(NetCDF: both, for xarray).")
 def compare(rdms: tuple[Path, ...], data: Path, layers: str | None, method: str, resample: str, samples: int, seed: int,
-            fdr: bool, common: bool, indices: Path | None, plot: Path | None, to: Path) -> None:
+            fdr: bool, common: bool, indices: Path | None, plot: Path | None, memory: str, to: Path) -> None:
     """Which of RDMS' layers explains the data RDMs in DATA best, and how sure: each layer's mean comparison over
     subjects, its bootstrap interval and test against zero, the noise ceiling, and tests between every pair of
     layers. RDMS: a `featdump rdm` file, or an output (its RDMs computed beside it first); several: each model's,
@@ -277,7 +280,7 @@ def compare(rdms: tuple[Path, ...], data: Path, layers: str | None, method: str,
                                "data RDMs after it: featdump compare RDMS... DATA -o RESULT.")
     started = time.perf_counter()
     result = run(list(rdms), data, layers, method=method, resample=resample, samples=samples, seed=seed, fdr=fdr,
-                 common=common, to=to, indices=indices)
+                 common=common, to=to, indices=indices, memory=memory)
     if plot is not None:
         from featdump.faces.compared import draw
 

@@ -1,0 +1,153 @@
+"""The data RDMs a compare reads (`featdump compare RDMS DATA`), one subject at a time: a subject's RDM as a vector
+over the images compared (its upper triangle, row by row), read from DATA when asked, or taken from memory where
+every subject's vector fits --memory. An RDM's vector over chosen images, or over a resample's (an image drawn
+twice makes no pair with itself: NaN), is cut from the matrix or the condensed vector a row at a time, never through
+an index of every pair.
+
+DATA: HDF5 holding `rdms` ((subjects, N, N), or condensed (subjects, N(N-1)/2) as scipy's `squareform` writes
+them) and `paths` (the N images); a file rsatoolbox's `RDMs.save` wrote (its dissimilarities, the images named by a
+pattern descriptor); or .npz (numpy reads an .npz member only whole: held in memory)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import numpy as np
+
+from featdump.errors import UsageProblem
+from featdump.output.layout import open_to_read
+
+PATH_DESCRIPTORS = ("path", "paths", "image", "stimulus", "filename")  # what rsatoolbox's files name images by
+ROWS_AT_ONCE = 256  # a square RDM's rows read at once
+
+
+@dataclass(frozen=True)
+class DataRdms:
+    """The data RDMs of a file: the N images it names, its subjects, how it stores them; those compared
+    (`choose`) and, where they fit the memory given, every subject's vector held."""
+
+    path: Path
+    paths: list[str]
+    subjects: int
+    key: str  # the dataset in an HDF5 file: `rdms`, or rsatoolbox's `dissimilarities`
+    square: bool  # stored (subjects, N, N), not condensed
+    whole: np.ndarray | None = None  # an .npz's RDMs, as stored (read whole)
+    chosen: np.ndarray | None = None  # positions in PATHS compared, in their order (None: all)
+    held: np.ndarray | None = None  # (subjects, pairs) vectors over CHOSEN, where they fit
+
+    @classmethod
+    def open(cls, path: Path) -> DataRdms:
+        """The data RDMs in PATH, their shape checked against the images named; UsageProblem where they cannot be
+        compared (no RDMs, another size, one subject)."""
+        try:
+            found = _npz(path) if path.suffix == ".npz" else _hdf5(path)
+        except (OSError, KeyError, ValueError) as error:
+            raise UsageProblem(f"DATA {str(path)!r}: no data RDMs read ({error}); give an HDF5 or .npz file holding "
+                               "`rdms` (subjects x N x N, or condensed) and `paths` (the N images).") from error
+        shape, rdms = found.pop("shape"), found
+        count = len(rdms["paths"])
+        square = len(shape) == 3
+        if not (square and shape[1] == shape[2] == count) and tuple(shape[1:]) != (count * (count - 1) // 2,):
+            raise UsageProblem(f"DATA {str(path)!r}: its rdms are {tuple(shape)} for {count} paths; give (subjects, "
+                               "N, N) for N paths.")
+        if shape[0] < 2:
+            raise UsageProblem(f"DATA {str(path)!r} holds one subject's RDM: a noise ceiling needs two at least.")
+        return cls(path, rdms["paths"], int(shape[0]), rdms["key"], square, rdms.get("whole"))
+
+    @property
+    def images(self) -> int:
+        """The images compared."""
+        return len(self.paths) if self.chosen is None else len(self.chosen)
+
+    def choose(self, positions: np.ndarray, budget: int) -> DataRdms:
+        """These RDMs over the images at POSITIONS (in PATHS, in that order); every subject's vector held in
+        memory where they fit BUDGET bytes, else each read from the file when asked."""
+        chosen = replace(self, chosen=np.asarray(positions, dtype=np.int64))
+        pairs = chosen.images * (chosen.images - 1) // 2
+        if self.whole is None and self.subjects * pairs * 8 > budget:
+            return chosen
+        return replace(chosen, held=np.stack([chosen.vector(subject) for subject in range(self.subjects)]),
+                       whole=None)
+
+    def vector(self, subject: int) -> np.ndarray:
+        """SUBJECT's RDM over the images chosen, as a float64 vector (its upper triangle, row by row)."""
+        if self.held is not None:
+            return self.held[subject]
+        chosen = np.arange(len(self.paths)) if self.chosen is None else self.chosen
+        if self.whole is not None:
+            stored = self.whole[subject]
+            return square_vector(stored.__getitem__, chosen) if self.square else \
+                condensed_vector(stored, len(self.paths), chosen)
+        with open_to_read(self.path) as h5file:
+            if self.square:
+                return square_vector(lambda rows: h5file[self.key][subject, rows], chosen)
+            return condensed_vector(h5file[self.key][subject], len(self.paths), chosen)
+
+
+def square_vector(rows: Callable[[np.ndarray], np.ndarray], chosen: np.ndarray) -> np.ndarray:
+    """The upper triangle, row by row, of a square matrix over the rows and columns CHOSEN (in that order), as
+    float64; NaN for a pair of an image with itself (CHOSEN naming it twice). ROWS(indices): the matrix's rows at
+    those increasing indices (a NumPy array's or an h5py dataset's `__getitem__`), read ROWS_AT_ONCE at a time."""
+    size = len(chosen)
+    vector = np.empty(size * (size - 1) // 2)
+    start = 0
+    for first in range(0, size - 1, ROWS_AT_ONCE):
+        block = chosen[first:min(first + ROWS_AT_ONCE, size - 1)]
+        wanted = np.unique(block)
+        read = np.asarray(rows(wanted))
+        for place, row in zip(range(first, first + len(block)), read[np.searchsorted(wanted, block)]):
+            others = chosen[place + 1:]
+            part = vector[start:start + len(others)]
+            part[:] = row[others]
+            part[others == chosen[place]] = np.nan
+            start += len(others)
+    return vector
+
+
+def condensed_vector(condensed: np.ndarray, size: int, chosen: np.ndarray) -> np.ndarray:
+    """The vector over the images CHOSEN (positions among SIZE, in that order) of the condensed vector CONDENSED
+    (scipy's squareform order), as float64; NaN for a pair of an image with itself (CHOSEN naming it twice)."""
+    if len(chosen) == size and np.array_equal(chosen, np.arange(size)):
+        return np.asarray(condensed, dtype=np.float64)
+    count = len(chosen)
+    vector = np.empty(count * (count - 1) // 2)
+    start = 0
+    for place, row in enumerate(chosen[:-1]):
+        others = chosen[place + 1:]
+        low, high = np.minimum(row, others), np.maximum(row, others)
+        at = low * size - low * (low + 1) // 2 + high - low - 1
+        same = low == high
+        part = vector[start:start + len(others)]
+        part[:] = condensed[np.where(same, 0, at)]
+        part[same] = np.nan
+        start += len(others)
+    return vector
+
+
+def _npz(path: Path) -> dict:
+    with np.load(path, allow_pickle=False) as held:
+        rdms, paths = held["rdms"], [str(name) for name in held["paths"]]
+    return {"paths": paths, "key": "rdms", "shape": rdms.shape, "whole": rdms}
+
+
+def _hdf5(path: Path) -> dict:
+    with open_to_read(path) as h5file:
+        if "dissimilarities" in h5file:  # a file rsatoolbox's RDMs.save wrote
+            return {"paths": _described_paths(path, h5file), "key": "dissimilarities",
+                    "shape": h5file["dissimilarities"].shape}
+        paths = [name.decode() if isinstance(name, bytes) else str(name) for name in h5file["paths"][:]]
+        return {"paths": paths, "key": "rdms", "shape": h5file["rdms"].shape}
+
+
+def _described_paths(path: Path, h5file) -> list[str]:
+    """The images' paths in a file rsatoolbox's `RDMs.save` wrote: the pattern descriptor that names them (one of
+    PATH_DESCRIPTORS)."""
+    held = h5file.get("pattern_descriptors", {})
+    named = next((name for name in PATH_DESCRIPTORS if name in held), None)
+    if named is None:
+        raise UsageProblem(f"DATA {str(path)!r} is rsatoolbox's, and none of its pattern descriptors "
+                           f"({', '.join(held) or 'none'}) names the images: give one of "
+                           f"{', '.join(PATH_DESCRIPTORS)} holding their paths.")
+    return [name.decode() if isinstance(name, bytes) else str(name) for name in held[named][:]]
