@@ -35,17 +35,35 @@ class _Layout:
 def read_direct(dataset: h5py.Dataset, start: int, stop: int, out: np.ndarray | None = None) -> np.ndarray | None:
     """Rows [START, STOP) of DATASET read from its file with the GIL released (into OUT, a C-ordered array of their
     shape, where given), or None where its layout does not allow it (the caller reads through h5py)."""
-    layout = _layout(dataset)
-    if layout is None:
-        return None
-    pieces = _pieces(dataset, layout, start, stop)
-    if pieces is None:
-        return None
-    values = np.empty((stop - start, *dataset.shape[1:]), dtype=dataset.dtype) if out is None else out
-    rows = values.reshape(stop - start, -1).view(np.uint8)
-    for first, count, offset in pieces:
-        _read_fully(layout, memoryview(rows[first - start:first - start + count]).cast("B"), offset)
-    return values
+    rows = DirectRows.of(dataset)
+    return None if rows is None else rows.read(start, stop, out)
+
+
+class DirectRows:
+    """A dataset's rows read directly, where its rows lie and its chunks' places in the file looked up once: for
+    many small reads (a sample spread over a layer), where each read's own look-ups through h5py, which holds its
+    lock for each, cost more than the read. Made by `of`; its reads may run on many threads at once."""
+
+    def __init__(self, dataset: h5py.Dataset, layout: _Layout):
+        self.dataset, self.layout = dataset, layout
+        self.chunks: dict[int, tuple[int | None, int]] = {}  # a chunk's first row: (its byte offset, its size)
+
+    @classmethod
+    def of(cls, dataset: h5py.Dataset) -> DirectRows | None:
+        """DATASET's DirectRows, or None where its layout does not allow direct reads."""
+        layout = _layout(dataset)
+        return None if layout is None else cls(dataset, layout)
+
+    def read(self, start: int, stop: int, out: np.ndarray | None = None) -> np.ndarray | None:
+        """Rows [START, STOP) (into OUT where given), or None where a chunk of them is not written."""
+        pieces = _pieces(self.dataset, self.layout, start, stop, self.chunks)
+        if pieces is None:
+            return None
+        values = np.empty((stop - start, *self.dataset.shape[1:]), dtype=self.dataset.dtype) if out is None else out
+        rows = values.reshape(stop - start, -1).view(np.uint8)
+        for first, count, offset in pieces:
+            _read_fully(self.layout, memoryview(rows[first - start:first - start + count]).cast("B"), offset)
+        return values
 
 
 def _layout(dataset: h5py.Dataset) -> _Layout | None:
@@ -64,19 +82,23 @@ def _layout(dataset: h5py.Dataset) -> _Layout | None:
     return _Layout(descriptor, file.filename, row_bytes, chunk_rows=dataset.chunks[0])
 
 
-def _pieces(dataset: h5py.Dataset, layout: _Layout, start: int, stop: int) -> list[tuple[int, int, int]] | None:
+def _pieces(dataset: h5py.Dataset, layout: _Layout, start: int, stop: int,
+            chunks: dict[int, tuple[int | None, int]]) -> list[tuple[int, int, int]] | None:
     """(first row, rows, byte offset in the file) of each run of rows of [START, STOP) that lies together on disk;
-    None where a chunk of them is not written."""
+    None where a chunk of them is not written. CHUNKS: the chunks looked up before, by first row (added to)."""
     if layout.chunk_rows is None:
         return [(start, stop - start, layout.offset + start * layout.row_bytes)]
     pieces = []
     size = layout.chunk_rows
     for chunk_start in range(start - start % size, stop, size):
-        info = dataset.id.get_chunk_info_by_coord((chunk_start,) + (0,) * (len(dataset.shape) - 1))
-        if info.byte_offset is None or info.size != size * layout.row_bytes:
+        if chunk_start not in chunks:
+            info = dataset.id.get_chunk_info_by_coord((chunk_start,) + (0,) * (len(dataset.shape) - 1))
+            chunks[chunk_start] = (info.byte_offset, info.size)
+        byte_offset, stored = chunks[chunk_start]
+        if byte_offset is None or stored != size * layout.row_bytes:
             return None
         first, last = max(start, chunk_start), min(stop, chunk_start + size)
-        pieces.append((first, last - first, info.byte_offset + (first - chunk_start) * layout.row_bytes))
+        pieces.append((first, last - first, byte_offset + (first - chunk_start) * layout.row_bytes))
     return pieces
 
 

@@ -9,7 +9,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from featdump.output.views import read_span
+from featdump.output.direct import DirectRows
+from featdump.output.views import read_span, sources
 from featdump.units.scores import unit_scores
 
 BINS = 32  # a histogram's bins between the sample's lowest and highest score (and one each side for the rest)
@@ -28,17 +29,23 @@ def sample_rows(rows: int) -> np.ndarray:
 
 def _sample_scores(dataset, chosen: np.ndarray, axis: int | None, score: str, step: int) -> np.ndarray:
     """(sample rows, units) scores of the rows CHOSEN, read SAMPLE_READERS at a time (reads a disk serves at
-    once), consecutive rows in one read; no more rows held than a slab's STEP."""
+    once; directly where the layout allows, the chunks' places looked up once), consecutive rows in one read; no
+    more rows held than a slab's STEP."""
     at_once = max(1, min(SAMPLE_READERS, step))
     longest = max(1, step // at_once)
     runs = [part for run in np.split(chosen, np.flatnonzero(np.diff(chosen) != 1) + 1)
             for part in np.split(run, range(longest, len(run), longest))]
+    direct = None if sources(dataset) else DirectRows.of(dataset)
+
+    def read(run: np.ndarray) -> np.ndarray:
+        start, stop = int(run[0]), int(run[-1]) + 1
+        found = direct.read(start, stop) if direct is not None else None
+        return found if found is not None else read_span(dataset, start, stop)
+
     scores = []
     with ThreadPoolExecutor(max_workers=at_once) as readers:
         for group in range(0, len(runs), at_once):
-            read = readers.map(lambda run: read_span(dataset, int(run[0]), int(run[-1]) + 1),
-                               runs[group:group + at_once])
-            scores.extend(unit_scores(values, axis, score) for values in read)
+            scores.extend(unit_scores(values, axis, score) for values in readers.map(read, runs[group:group + at_once]))
     return np.concatenate(scores)
 
 
