@@ -14,7 +14,6 @@ from featdump.output.places import place_of
 from featdump.output.progress import describe_running, read_record, running_lines, stopped_line
 from featdump.output.shard_files import shard_count, shard_counts, shard_path
 from featdump.output.update import grow_path, staging_path
-from featdump.units import top
 
 _SHOWN = 20  # skipped and stale images listed by name
 _PROVENANCE = ("image_root", "image_listing", "clip_frames", "clip_fps", "clip_every", "clip_anchor", "clip_pad",
@@ -265,7 +264,9 @@ def _output_lines(output: Path, info: dict) -> list[str]:
         if count > _SHOWN:
             lines.append(f"  ({count - _SHOWN} more {name}: h5py f['{name}/paths'], f['{name}/reasons'])")
     lines += _proof_lines(info["proof"])
-    ranked = top.default_place(output)
+    from featdump.units.top import default_place  # (its arithmetic's modules only where an output is described)
+
+    ranked = default_place(output)
     if ranked.exists():
         lines.append(f"top:        {ranked} (featdump top; browse it with featdump atlas {output} -o DIR)")
     for key, value in info["provenance"].items():

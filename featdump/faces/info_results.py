@@ -8,10 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from featdump.faces.curves import is_readouts, layer_scores, layer_summaries, readout_lines
 from featdump.output.layout import open_to_read, partial_path, text_of
-from featdump.readout.scores import MEASURES
-from featdump.units import top
 
 
 def read_result(path: Path) -> dict | None:
@@ -21,7 +18,10 @@ def read_result(path: Path) -> dict | None:
     try:
         with open_to_read(path) as h5file:
             if "made_from" not in h5file.attrs:
-                return None
+                return None  # (a featdump output: `info` answers it without the modules below)
+            from featdump.faces.curves import is_readouts, layer_scores, layer_summaries
+            from featdump.readout.scores import MEASURES
+            from featdump.units.top import GROUP as TOP
             state = {"state": "complete" if h5file.attrs.get("complete", False) else "partial", "file": str(path),
                      "images": len(h5file["paths"]) if "paths" in h5file else None}
             if "rdms" in h5file:
@@ -34,8 +34,8 @@ def read_result(path: Path) -> dict | None:
                 return {**state, "result": "cka", "unbiased": bool(matrix.attrs.get("unbiased", False)),
                         "rows": [text_of(name) for name in matrix.attrs["rows"]],
                         "columns": [text_of(name) for name in matrix.attrs["columns"]], "cka": matrix[:].tolist()}
-            if top.GROUP in h5file:
-                ranked = h5file[top.GROUP]
+            if TOP in h5file:
+                ranked = h5file[TOP]
                 source = json.loads(h5file.attrs["made_from"]).get("source", {}).get("file", "OUTPUT")
                 return {**state, "result": "top", "layers": {name: len(ranked[name]["rows"]) for name in ranked},
                         "k": int(h5file.attrs.get("k", 0)), "score": text_of(h5file.attrs.get("score")),
@@ -87,5 +87,7 @@ def result_lines(path: Path, results: dict) -> list[str]:
         return _matrix_lines(results)
     if results["result"] == "top":
         return _top_lines(results)
+    from featdump.faces.curves import readout_lines
+
     with open_to_read(path) as h5file:
         return readout_lines(path, h5file)
