@@ -333,3 +333,31 @@ def test_the_same_command_again_reads_its_evaluations_back_and_a_stopped_one_res
     other = run_featdump("compare", study / "rdms.h5", study / "data.npz", "--samples", "40", "--seed", "1",
                          "-o", table)  # asked otherwise: the evaluations replaced, the table rewritten
     assert other.returncode == 0 and "replaced" in other.stderr, other.stderr
+
+
+@pytest.mark.parametrize(("rows_at_once", "pairs_at_once"), [(256, 1 << 20), (2, 7)], ids=["default", "small"])
+def test_an_rdm_cut_to_chosen_or_resampled_images_equals_numpy_s_index(monkeypatch, rows_at_once, pairs_at_once):
+    """An RDM's vector over chosen images (reordered, a subset, drawn with repeats: NaN for an image with itself),
+    from the square matrix read a block of rows at a time or from the condensed vector, equals numpy's index of the
+    whole matrix, whatever the blocks."""
+    from scipy.spatial.distance import squareform
+
+    from featdump.analysis import data_rdms
+
+    monkeypatch.setattr(data_rdms, "ROWS_AT_ONCE", rows_at_once)
+    monkeypatch.setattr(data_rdms, "PAIRS_AT_ONCE", pairs_at_once)
+    rng = np.random.default_rng(0)
+    for size in (3, 24, 101):
+        matrix = rng.random((size, size))
+        matrix = matrix + matrix.T
+        np.fill_diagonal(matrix, 0)
+        for chosen in (np.arange(size), rng.permutation(size), np.sort(rng.integers(0, size, size)),
+                       rng.integers(0, size, size // 2 + 2)):
+            expected = matrix[chosen][:, chosen]
+            expected[chosen[:, None] == chosen[None, :]] = np.nan
+            expected = expected[np.triu_indices(len(chosen), k=1)]
+            reads = []
+            square = data_rdms.square_vector(lambda rows: reads.append(len(rows)) or matrix[rows], chosen)
+            np.testing.assert_array_equal(square, expected)
+            np.testing.assert_array_equal(data_rdms.condensed_vector(squareform(matrix), size, chosen), expected)
+            assert max(reads) <= rows_at_once

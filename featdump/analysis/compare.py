@@ -22,8 +22,8 @@ from pathlib import Path
 import numpy as np
 
 from featdump.analysis.choices import DEFAULT_MEMORY, RESAMPLES
-from featdump.analysis.comparisons import METHODS, compared, noise_ceiling
-from featdump.analysis.data_rdms import DataRdms, condensed_vector, square_vector
+from featdump.analysis.comparisons import METHODS, WHITENED, compared, noise_ceiling
+from featdump.analysis.data_rdms import DataRdms, Resample, square_vector
 from featdump.analysis.evaluations import CompareAsk, evaluated_layers
 from featdump.analysis.inference import pair_tests, zero_tests
 from featdump.analysis.stored import listed
@@ -216,10 +216,10 @@ def draws(resample: str, samples: int, subjects: int, images: int, seed: int) ->
 def _evaluated(model: np.ndarray, data: DataRdms, method: str, chosen: np.ndarray, shown: np.ndarray) -> float:
     """A layer's mean comparison with the data of one resample: subjects CHOSEN (each drawn once compared once),
     images SHOWN (an image drawn twice makes no pair with itself)."""
-    size = data.images
-    resampled = condensed_vector(model, size, shown)[None]
+    resample, whole = Resample(data.images, shown), method in WHITENED  # (the whitened fit needs each pair's place)
+    resampled = resample.of(model, whole)[None]
     drawn, times = np.unique(chosen, return_counts=True)
-    scores = [compared(resampled, condensed_vector(data.vector(subject), size, shown)[None], method)[0, 0]
+    scores = [compared(resampled, resample.of(data.vector(subject), whole)[None], method)[0, 0]
               for subject in drawn]
     return float(np.dot(scores, times) / len(chosen))
 

@@ -20,7 +20,8 @@ from featdump.errors import UsageProblem
 from featdump.output.layout import open_to_read
 
 PATH_DESCRIPTORS = ("path", "paths", "image", "stimulus", "filename")  # what rsatoolbox's files name images by
-ROWS_AT_ONCE = 256  # a square RDM's rows read at once
+ROWS_AT_ONCE = 256  # a square RDM's rows read at once, at most
+PAIRS_AT_ONCE = 1 << 20  # an RDM's pairs cut from it at once, about
 
 
 @dataclass(frozen=True)
@@ -89,20 +90,13 @@ class DataRdms:
 def square_vector(rows: Callable[[np.ndarray], np.ndarray], chosen: np.ndarray) -> np.ndarray:
     """The upper triangle, row by row, of a square matrix over the rows and columns CHOSEN (in that order), as
     float64; NaN for a pair of an image with itself (CHOSEN naming it twice). ROWS(indices): the matrix's rows at
-    those increasing indices (a NumPy array's or an h5py dataset's `__getitem__`), read ROWS_AT_ONCE at a time."""
-    size = len(chosen)
-    vector = np.empty(size * (size - 1) // 2)
-    start = 0
-    for first in range(0, size - 1, ROWS_AT_ONCE):
-        block = chosen[first:min(first + ROWS_AT_ONCE, size - 1)]
-        wanted = np.unique(block)
+    those increasing indices (a NumPy array's or an h5py dataset's `__getitem__`), read ROWS_AT_ONCE at most."""
+    vector = np.empty(len(chosen) * (len(chosen) - 1) // 2)
+    for start, first, end, row, column in _pair_blocks(len(chosen)):
+        wanted = np.unique(chosen[first:end])
         read = np.asarray(rows(wanted))
-        for place, row in zip(range(first, first + len(block)), read[np.searchsorted(wanted, block)]):
-            others = chosen[place + 1:]
-            part = vector[start:start + len(others)]
-            part[:] = row[others]
-            part[others == chosen[place]] = np.nan
-            start += len(others)
+        vector[start:start + len(row)] = read[np.searchsorted(wanted, chosen[row]), chosen[column]]
+        vector[start:start + len(row)][chosen[row] == chosen[column]] = np.nan
     return vector
 
 
@@ -111,19 +105,46 @@ def condensed_vector(condensed: np.ndarray, size: int, chosen: np.ndarray) -> np
     (scipy's squareform order), as float64; NaN for a pair of an image with itself (CHOSEN naming it twice)."""
     if len(chosen) == size and np.array_equal(chosen, np.arange(size)):
         return np.asarray(condensed, dtype=np.float64)
-    count = len(chosen)
-    vector = np.empty(count * (count - 1) // 2)
-    start = 0
-    for place, row in enumerate(chosen[:-1]):
-        others = chosen[place + 1:]
-        low, high = np.minimum(row, others), np.maximum(row, others)
-        at = low * size - low * (low + 1) // 2 + high - low - 1
-        same = low == high
-        part = vector[start:start + len(others)]
-        part[:] = condensed[np.where(same, 0, at)]
-        part[same] = np.nan
-        start += len(others)
-    return vector
+    return Resample(size, chosen).of(condensed)
+
+
+class Resample:
+    """Where each pair over the images CHOSEN (positions among SIZE, in that order) lies in a condensed vector of
+    SIZE images, worked out once for the many vectors cut alike (a bootstrap's model and subjects); None where an
+    image meets itself (CHOSEN naming it twice)."""
+
+    def __init__(self, size: int, chosen: np.ndarray):
+        self.places = np.empty(len(chosen) * (len(chosen) - 1) // 2, dtype=np.int64)
+        self.itself = np.empty(len(self.places), dtype=bool)
+        for start, _, _, row, column in _pair_blocks(len(chosen)):
+            low, high = np.minimum(chosen[row], chosen[column]), np.maximum(chosen[row], chosen[column])
+            self.itself[start:start + len(row)] = low == high
+            self.places[start:start + len(row)] = np.where(low == high, 0,
+                                                           low * size - low * (low + 1) // 2 + high - low - 1)
+
+    def of(self, condensed: np.ndarray, whole: bool = True) -> np.ndarray:
+        """CONDENSED's vector over the images chosen, float64: NaN where an image meets itself (WHOLE), or those
+        pairs left out (as every comparison but the whitened ones leaves a pair NaN in either RDM out)."""
+        if not whole:
+            return np.asarray(condensed, dtype=np.float64)[self.places[~self.itself]]
+        vector = np.asarray(condensed, dtype=np.float64)[self.places]
+        vector[self.itself] = np.nan
+        return vector
+
+
+def _pair_blocks(count: int):
+    """The upper triangle of COUNT images in blocks of whole rows, about PAIRS_AT_ONCE pairs and at most
+    ROWS_AT_ONCE rows each: (where its pairs start in the vector, its first row, its end row, each pair's row and
+    column)."""
+    lengths = np.arange(count - 1, 0, -1)  # each row's pairs
+    starts = np.concatenate([[0], np.cumsum(lengths)])
+    cuts = np.unique(np.concatenate([np.searchsorted(starts, np.arange(0, starts[-1], PAIRS_AT_ONCE), "right") - 1,
+                                     np.arange(0, count - 1, ROWS_AT_ONCE), [count - 1]]))
+    for first, end in zip(cuts[:-1], cuts[1:]):
+        pairs = lengths[first:end]
+        row = np.repeat(np.arange(first, end), pairs)
+        column = np.arange(starts[first], starts[end]) - np.repeat(starts[first:end], pairs) + row + 1
+        yield int(starts[first]), int(first), int(end), row, column
 
 
 def _npz(path: Path) -> dict:
