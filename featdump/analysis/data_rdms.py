@@ -1,8 +1,9 @@
 """The data RDMs a compare reads (`featdump compare RDMS DATA`), one subject at a time: a subject's RDM as a vector
 over the images compared (its upper triangle, row by row), read from DATA when asked, or taken from memory where
 every subject's vector fits --memory. An RDM's vector over chosen images, or over a resample's (an image drawn
-twice makes no pair with itself: NaN), is cut from the matrix or the condensed vector a row at a time, never through
-an index of every pair.
+twice makes no pair with itself: NaN), is cut from the matrix (a block of rows read at a time) or from the condensed
+vector in blocks of pairs; a bootstrap's resample finds its pairs' places once (`Resample`: an index of a vector's
+size) for the model and every subject.
 
 DATA: HDF5 holding `rdms` ((subjects, N, N), or condensed (subjects, N(N-1)/2) as scipy's `squareform` writes
 them) and `paths` (the N images); a file rsatoolbox's `RDMs.save` wrote (its dissimilarities, the images named by a
