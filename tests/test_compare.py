@@ -357,7 +357,11 @@ def test_an_rdm_cut_to_chosen_or_resampled_images_equals_numpy_s_index(monkeypat
             expected[chosen[:, None] == chosen[None, :]] = np.nan
             expected = expected[np.triu_indices(len(chosen), k=1)]
             reads = []
-            square = data_rdms.square_vector(lambda rows: reads.append(len(rows)) or matrix[rows], chosen)
-            np.testing.assert_array_equal(square, expected)
+
+            def rows_of(rows, matrix=matrix, reads=reads):
+                reads.append(len(rows))
+                return matrix[rows]
+
+            np.testing.assert_array_equal(data_rdms.square_vector(rows_of, chosen), expected)
             np.testing.assert_array_equal(data_rdms.condensed_vector(squareform(matrix), size, chosen), expected)
             assert max(reads) <= rows_at_once
