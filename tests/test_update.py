@@ -205,6 +205,8 @@ while True:
             paths = len(f["paths"].asstr()[:rows])
         loaded = featdump.load(path, "avgpool")  # a second open: a commit may land between the two
         reads.append([time.time(), rows, paths, len(loaded.features), None, len(loaded.paths)])
+        if sum(read[4] is None for read in reads) == 1:
+            print("ready", flush=True)  # the test starts the update only now: a loaded machine starts us late
     except Exception as error:
         reads.append([time.time(), None, None, None, type(error).__name__ + ": " + str(error)[-300:]])
     if finished:
@@ -223,6 +225,8 @@ def test_the_output_stays_readable_while_an_update_runs(tmp_path):
     write_images(images, {"b": 48}, seed=4, size=(40, 32))
     reader = subprocess.Popen([sys.executable, "-c", READER, str(output), str(stop)], stdout=subprocess.PIPE,
                               text=True, env=featdump_env())
+    assert reader.stdout.readline() == "ready\n"
+    started = time.time()
     update = run_featdump(*args)  # the default workers and batch size, as cron runs it
     stop.touch()
     reads = json.loads(reader.communicate(timeout=60)[0])
@@ -235,7 +239,8 @@ def test_the_output_stays_readable_while_an_update_runs(tmp_path):
     # old rows or all rows, each open consistent in itself (a commit may land between the reader's two opens)
     assert all(read[1] in (16, 64) and read[1] == read[2] and read[3] in (16, 64) and read[3] == read[5]
                for read in good), good
-    assert sum(read[1] == 16 for read in good) >= 3  # read on while the new rows were being extracted
+    # read on while the new rows were being extracted
+    assert sum(read[1] == 16 and read[0] >= started for read in good) >= 3, good
     assert good[-1][1] == 64
     # Only the final commit keeps readers out: at most the reads that fit in it (one every 20 ms or more).
     assert len(refused) <= 2 + float(commit[1]) / 0.02, refused
