@@ -263,7 +263,7 @@ def _scored_slabs(dataset, rows: int, step: int, axis: int | None, score: str):
 
     def scored(reading) -> tuple[np.ndarray, np.ndarray]:
         values = reading.result()
-        return values, np.ascontiguousarray(unit_scores(values, axis, score).T)
+        return values, units_by_rows(unit_scores(values, axis, score))
 
     with ThreadPoolExecutor(max_workers=1) as reader, ThreadPoolExecutor(max_workers=1) as scorer:
         readings = [reader.submit(read, index) for index in range(min(2, len(starts)))]
@@ -275,6 +275,14 @@ def _scored_slabs(dataset, rows: int, step: int, axis: int | None, score: str):
             if index + 1 < len(starts):
                 scoring = scorer.submit(scored, readings[index + 1])
             yield start, values, scores
+
+
+def units_by_rows(scores: np.ndarray) -> np.ndarray:
+    """SCORES (rows, units) as a C-ordered (units, rows) array: torch's transposition, blocked and on every core
+    (numpy's takes twice as long on 2,048 units; a top-k down the rows instead, three times the top-k's time)."""
+    import torch  # for the ranking's arithmetic; `info` reads this module's names without it
+
+    return torch.from_numpy(scores).t().contiguous().numpy()
 
 
 class _Kept:
