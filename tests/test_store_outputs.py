@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import random
 import signal
+import subprocess
 import time
 
 import pytest
@@ -191,9 +192,11 @@ def test_a_shard_killed_at_random_moments_and_run_again_equals_a_clean_run(image
         scratch = tmp_path / f"scratch-{trial}"
         arguments = [*EXTRACT, "-b", "2", "--shard", "0/2", "--scratch", scratch, folder, url]
         process = start_featdump(*arguments, env=env)
-        time.sleep(rng.uniform(0.5, 12.0))  # a whole run of this shard takes about 8-10 s here
-        process.send_signal(signal.SIGKILL)
-        process.wait()
+        try:  # a whole run of this shard takes about 8-10 s here: one that ends first is not waited for
+            process.wait(timeout=rng.uniform(0.5, 12.0))
+        except subprocess.TimeoutExpired:
+            process.send_signal(signal.SIGKILL)
+            process.wait()
         resumed = run_featdump(*arguments, env=env, process=True)
         assert resumed.returncode == 0, resumed.stderr
         assert seaweed.client().exists(f"results/killed-{trial}/features.shard-0-of-2.h5")
