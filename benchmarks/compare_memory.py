@@ -1,11 +1,12 @@
 """`featdump compare` out of core: LAYERS model RDMs (a `featdump rdm`-style file, (N, N) float64 each) against
-SUBJECTS data RDMs (HDF5, condensed float64) over IMAGES images, SAMPLES bootstrap resamples over subjects, run as a
+SUBJECTS data RDMs (HDF5, condensed float64) over IMAGES images, SAMPLES bootstrap resamples (over BOOTSTRAP: subjects,
+images or both), run as a
 user runs it (`python -m featdump compare ... --memory MEMORY`) in its own process: its wall time and peak resident
 memory (the kernel's, of the child) beside one RDM's size and the memory given. The inputs are written a layer and a
 subject at a time.
 
     python -m benchmarks.compare_memory [--images 10000] [--layers 20] [--subjects 8] [--samples 1000]
-                                        [--memory 1GB] [--write-results]
+                                        [--bootstrap subjects] [--memory 1GB] [--write-results]
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=20)
     parser.add_argument("--subjects", type=int, default=8)
     parser.add_argument("--samples", type=int, default=1000)
+    parser.add_argument("--bootstrap", default="subjects", choices=("subjects", "images", "both"))
     parser.add_argument("--memory", default="1GB")
     parser.add_argument("--write-results", action="store_true")
     args = parser.parse_args()
@@ -38,20 +40,21 @@ def main() -> None:
         with multiprocessing.get_context("spawn").Pool(1) as making:  # a process of its own: featdump's, started
             # from this one, counts this one's highest resident memory as its own (the kernel's accounting at exec)
             rdms, data = making.apply(_inputs, (Path(folder), args.images, args.layers, args.subjects))
-        seconds, peak = _run(["compare", rdms, data, "--samples", str(args.samples), "--memory", args.memory,
-                              "-o", Path(folder) / "result.csv"])
+        seconds, peak = _run(["compare", rdms, data, "--samples", str(args.samples), "--bootstrap", args.bootstrap,
+                              "--memory", args.memory, "-o", Path(folder) / "result.csv"])
     rdm = args.images**2 * 8
     table = "\n".join([f"Machine: {machine()}", "",
-                       "| images | layers | subjects | resamples (subjects) | --memory | data RDMs (GB) | "
+                       "| images | layers | subjects | resamples (of what) | --memory | data RDMs (GB) | "
                        "one RDM (GB) | time (s) | peak RSS (GB) |",
                        "| ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: |",
-                       f"| {args.images} | {args.layers} | {args.subjects} | {args.samples} | {args.memory} | "
+                       f"| {args.images} | {args.layers} | {args.subjects} | {args.samples} ({args.bootstrap}) | "
+                       f"{args.memory} | "
                        f"{args.subjects * rdm / 2e9:.1f} | {rdm / 1e9:.2f} | {seconds:.0f} | {peak / 1e9:.2f} |"])
     print(table)
     if args.write_results:
         write_section("compare_memory", f"Command: `python -m benchmarks.compare_memory --images {args.images} "
                                         f"--layers {args.layers} --subjects {args.subjects} --samples {args.samples} "
-                                        f"--memory {args.memory}`\n\n{table}")
+                                        f"--bootstrap {args.bootstrap} --memory {args.memory}`\n\n{table}")
 
 
 def _inputs(folder: Path, images: int, layers: int, subjects: int) -> tuple[Path, Path]:
