@@ -216,11 +216,10 @@ def draws(resample: str, samples: int, subjects: int, images: int, seed: int) ->
 def _evaluated(model: np.ndarray, data: DataRdms, method: str, chosen: np.ndarray, shown: np.ndarray) -> float:
     """A layer's mean comparison with the data of one resample: subjects CHOSEN (each drawn once compared once),
     images SHOWN (an image drawn twice makes no pair with itself)."""
-    resample, whole = Resample(data.images, shown), method in WHITENED  # (the whitened fit needs each pair's place)
-    resampled = resample.of(model, whole)[None]
+    resample = Resample(data.images, shown, whole=method in WHITENED)  # (the whitened fit needs each pair's place)
+    resampled = resample.of(model)[None]
     drawn, times = np.unique(chosen, return_counts=True)
-    scores = [compared(resampled, resample.of(data.vector(subject), whole)[None], method)[0, 0]
-              for subject in drawn]
+    scores = [compared(resampled, resample.of(data.vector(subject))[None], method)[0, 0] for subject in drawn]
     return float(np.dot(scores, times) / len(chosen))
 
 

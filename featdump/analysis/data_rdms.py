@@ -111,25 +111,28 @@ def condensed_vector(condensed: np.ndarray, size: int, chosen: np.ndarray) -> np
 
 class Resample:
     """Where each pair over the images CHOSEN (positions among SIZE, in that order) lies in a condensed vector of
-    SIZE images, worked out once for the many vectors cut alike (a bootstrap's model and subjects); None where an
-    image meets itself (CHOSEN naming it twice)."""
+    SIZE images, worked out once for the many vectors cut alike (a bootstrap's model and subjects). WHOLE: every
+    pair kept, an image meeting itself (CHOSEN naming it twice) NaN; else those pairs left out (as every comparison
+    but the whitened ones leaves a pair NaN in either RDM out). Places as int32 where they fit (below 65,536
+    images): half an int64's memory, as long as a condensed RDM."""
 
-    def __init__(self, size: int, chosen: np.ndarray):
-        self.places = np.empty(len(chosen) * (len(chosen) - 1) // 2, dtype=np.int64)
-        self.itself = np.empty(len(self.places), dtype=bool)
+    def __init__(self, size: int, chosen: np.ndarray, whole: bool = True):
+        self.whole = whole
+        kind = np.int32 if size * (size - 1) // 2 < 2**31 else np.int64
+        places = np.empty(len(chosen) * (len(chosen) - 1) // 2, dtype=kind)
+        itself = np.empty(len(places), dtype=bool)
         for start, _, _, row, column in _pair_blocks(len(chosen)):
             low, high = np.minimum(chosen[row], chosen[column]), np.maximum(chosen[row], chosen[column])
-            self.itself[start:start + len(row)] = low == high
-            self.places[start:start + len(row)] = np.where(low == high, 0,
-                                                           low * size - low * (low + 1) // 2 + high - low - 1)
+            itself[start:start + len(row)] = low == high
+            places[start:start + len(row)] = np.where(low == high, 0,
+                                                      low * size - low * (low + 1) // 2 + high - low - 1)
+        self.places, self.itself = (places, itself) if whole else (places[~itself], None)
 
-    def of(self, condensed: np.ndarray, whole: bool = True) -> np.ndarray:
-        """CONDENSED's vector over the images chosen, float64: NaN where an image meets itself (WHOLE), or those
-        pairs left out (as every comparison but the whitened ones leaves a pair NaN in either RDM out)."""
-        if not whole:
-            return np.asarray(condensed, dtype=np.float64)[self.places[~self.itself]]
-        vector = np.asarray(condensed, dtype=np.float64)[self.places]
-        vector[self.itself] = np.nan
+    def of(self, condensed: np.ndarray) -> np.ndarray:
+        """CONDENSED's vector over the images chosen, float64 (NaN where an image meets itself, if WHOLE)."""
+        vector = np.take(np.asarray(condensed, dtype=np.float64), self.places)
+        if self.whole:
+            vector[self.itself] = np.nan
         return vector
 
 
