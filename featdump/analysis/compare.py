@@ -22,8 +22,8 @@ from pathlib import Path
 import numpy as np
 
 from featdump.analysis.choices import DEFAULT_MEMORY, RESAMPLES
-from featdump.analysis.comparisons import METHODS, WHITENED, compared, noise_ceiling
-from featdump.analysis.data_rdms import DataRdms, Resample, square_vector
+from featdump.analysis.comparisons import METHODS, WHITENED, compared, noise_ceiling, resampled_cosine
+from featdump.analysis.data_rdms import DataRdms, Resample, resampled_places, square_vector
 from featdump.analysis.evaluations import CompareAsk, evaluated_layers
 from featdump.analysis.inference import pair_tests, zero_tests
 from featdump.analysis.stored import listed
@@ -216,10 +216,14 @@ def draws(resample: str, samples: int, subjects: int, images: int, seed: int) ->
 def _evaluated(model: np.ndarray, data: DataRdms, method: str, chosen: np.ndarray, shown: np.ndarray) -> float:
     """A layer's mean comparison with the data of one resample: subjects CHOSEN (each drawn once compared once),
     images SHOWN (an image drawn twice makes no pair with itself)."""
-    resample = Resample(data.images, shown, whole=method in WHITENED)  # (the whitened fit needs each pair's place)
-    resampled = resample.of(model)[None]
     drawn, times = np.unique(chosen, return_counts=True)
-    scores = [compared(resampled, resample.of(data.vector(subject))[None], method)[0, 0] for subject in drawn]
+    if method in ("corr", "cosine"):  # the resample's pairs a block at a time: none of its vectors held
+        scores = [resampled_cosine(lambda: resampled_places(data.images, shown), model, data.vector(subject),
+                                   centred=method == "corr") for subject in drawn]
+    else:  # ranks and the whitened fit need the resampled vectors whole
+        resample = Resample(data.images, shown, whole=method in WHITENED)
+        resampled = resample.of(model)[None]
+        scores = [compared(resampled, resample.of(data.vector(subject))[None], method)[0, 0] for subject in drawn]
     return float(np.dot(scores, times) / len(chosen))
 
 

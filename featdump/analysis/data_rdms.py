@@ -124,8 +124,7 @@ class Resample:
         for start, _, _, row, column in _pair_blocks(len(chosen)):
             low, high = np.minimum(chosen[row], chosen[column]), np.maximum(chosen[row], chosen[column])
             itself[start:start + len(row)] = low == high
-            places[start:start + len(row)] = np.where(low == high, 0,
-                                                      low * size - low * (low + 1) // 2 + high - low - 1)
+            places[start:start + len(row)] = np.where(low == high, 0, _condensed_place(low, high, size))
         self.places, self.itself = (places, itself) if whole else (places[~itself], None)
 
     def of(self, condensed: np.ndarray) -> np.ndarray:
@@ -134,6 +133,20 @@ class Resample:
         if self.whole:
             vector[self.itself] = np.nan
         return vector
+
+
+def resampled_places(size: int, chosen: np.ndarray):
+    """Where the pairs over the images CHOSEN lie in a condensed vector of SIZE images, a block of about
+    PAIRS_AT_ONCE pairs at a time, the pairs of an image with itself left out: a resample's pairs, never all held."""
+    for _, _, _, row, column in _pair_blocks(len(chosen)):
+        low, high = np.minimum(chosen[row], chosen[column]), np.maximum(chosen[row], chosen[column])
+        apart = low != high
+        yield _condensed_place(low[apart], high[apart], size)
+
+
+def _condensed_place(low: np.ndarray, high: np.ndarray, size: int) -> np.ndarray:
+    """Where the pair of images LOW < HIGH (positions among SIZE) lies in a condensed vector (scipy's order)."""
+    return low * size - low * (low + 1) // 2 + high - low - 1
 
 
 def _pair_blocks(count: int):
