@@ -23,6 +23,7 @@ from featdump.output.layout import open_to_read
 PATH_DESCRIPTORS = ("path", "paths", "image", "stimulus", "filename")  # what rsatoolbox's files name images by
 ROWS_AT_ONCE = 256  # a square RDM's rows read at once, at most
 PAIRS_AT_ONCE = 1 << 20  # an RDM's pairs cut from it at once, about
+CEILING_VECTORS = 3  # vectors of pairs the noise ceiling holds beside the data (the pool's sum and mean, one subject's)
 
 
 @dataclass(frozen=True)
@@ -65,10 +66,11 @@ class DataRdms:
 
     def choose(self, positions: np.ndarray, budget: int) -> DataRdms:
         """These RDMs over the images at POSITIONS (in PATHS, in that order); every subject's vector held in
-        memory where they fit BUDGET bytes, else each read from the file when asked."""
+        memory where they fit BUDGET bytes beside the noise ceiling's own vectors, else each read from the file
+        when asked."""
         chosen = replace(self, chosen=np.asarray(positions, dtype=np.int64))
         pairs = chosen.images * (chosen.images - 1) // 2
-        if self.whole is None and self.subjects * pairs * 8 > budget:
+        if self.whole is None and (self.subjects + CEILING_VECTORS) * pairs * 8 > budget:
             return chosen
         return replace(chosen, held=np.stack([chosen.vector(subject) for subject in range(self.subjects)]),
                        whole=None)
