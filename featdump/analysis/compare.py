@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from featdump.analysis.choices import DEFAULT_MEMORY, RESAMPLES
-from featdump.analysis.comparisons import METHODS, WHITENED, compared, noise_ceiling, resampled_cosine
+from featdump.analysis.comparisons import METHODS, WHITENED, compared, noise_ceiling, resampled_cosines
 from featdump.analysis.data_rdms import DataRdms, Resample, resampled_places, square_vector
 from featdump.analysis.evaluations import CompareAsk, evaluated_layers
 from featdump.analysis.inference import pair_tests, zero_tests
@@ -218,13 +218,24 @@ def _evaluated(model: np.ndarray, data: DataRdms, method: str, chosen: np.ndarra
     images SHOWN (an image drawn twice makes no pair with itself)."""
     drawn, times = np.unique(chosen, return_counts=True)
     if method in ("corr", "cosine"):  # the resample's pairs a block at a time: none of its vectors held
-        scores = [resampled_cosine(lambda: resampled_places(data.images, shown), model, data.vector(subject),
-                                   centred=method == "corr") for subject in drawn]
+        scores = _resampled_cosines(model, data, drawn, shown, centred=method == "corr")
     else:  # ranks and the whitened fit need the resampled vectors whole
         resample = Resample(data.images, shown, whole=method in WHITENED)
         resampled = resample.of(model)[None]
         scores = [compared(resampled, resample.of(data.vector(subject))[None], method)[0, 0] for subject in drawn]
     return float(np.dot(scores, times) / len(chosen))
+
+
+def _resampled_cosines(model: np.ndarray, data: DataRdms, drawn: np.ndarray, shown: np.ndarray,
+                       centred: bool) -> list[float]:
+    """MODEL's r (CENTRED) or cosine with each subject DRAWN over the images SHOWN: every subject at each block
+    of pairs where the data are held, else a subject at a time (each read once)."""
+    def places():
+        return resampled_places(data.images, shown)
+
+    if data.held is not None:
+        return resampled_cosines(places, model, [data.vector(subject) for subject in drawn], centred)
+    return [resampled_cosines(places, model, [data.vector(subject)], centred)[0] for subject in drawn]
 
 
 def _dof(resample: str, subjects: int, images: int) -> int:

@@ -90,28 +90,33 @@ def _vector_cosine(one: np.ndarray, other: np.ndarray, centred: bool) -> float:
     return float(dot / np.sqrt(norm_one) / np.sqrt(norm_other)) if norm_one > 0 and norm_other > 0 else 0.0
 
 
-def resampled_cosine(places: Callable, one: np.ndarray, other: np.ndarray, centred: bool) -> float:
-    """What `_vector_cosine` gives the vectors ONE and OTHER cut to a resample's pairs, none of those held: PLACES()
-    yields the pairs' places in them a block at a time (`data_rdms.resampled_places`), read twice (the means, then
-    the centred products); a pair NaN in either left out."""
-    total_one = total_other = 0.0
-    count = 0
-    for first, second in _kept_blocks(places, one, other):
-        total_one, total_other, count = total_one + first.sum(), total_other + second.sum(), count + len(first)
-    mean_one, mean_other = (total_one / count, total_other / count) if centred and count else (0.0, 0.0)
-    dot = norm_one = norm_other = 0.0
-    for first, second in _kept_blocks(places, one, other):
-        first, second = first - mean_one, second - mean_other
-        dot, norm_one, norm_other = dot + first @ second, norm_one + first @ first, norm_other + second @ second
-    return float(dot / np.sqrt(norm_one) / np.sqrt(norm_other)) if norm_one > 0 and norm_other > 0 else 0.0
+def resampled_cosines(places: Callable, one: np.ndarray, others: list[np.ndarray], centred: bool) -> list[float]:
+    """What `_vector_cosine` gives ONE and each of OTHERS cut to a resample's pairs, none of those vectors held:
+    PLACES() yields the pairs' places a block at a time (`data_rdms.resampled_places`), read twice (the means,
+    then the centred products), each block's places found once for all; a pair NaN in either left out."""
+    sums = np.zeros((len(others), 3))  # per other: ONE's sum, its sum, the pairs kept
+    for index, first, second in _kept_blocks(places, one, others):
+        sums[index] += first.sum(), second.sum(), len(first)
+    counts = np.maximum(sums[:, 2], 1)
+    means = sums[:, :2] / counts[:, None] if centred else np.zeros((len(others), 2))
+    products = np.zeros((len(others), 3))  # per other: the dot product, ONE's squared norm, its
+    for index, first, second in _kept_blocks(places, one, others):
+        first, second = first - means[index, 0], second - means[index, 1]
+        products[index] += first @ second, first @ first, second @ second
+    return [float(dot / np.sqrt(norm_one) / np.sqrt(norm_other)) if norm_one > 0 and norm_other > 0 else 0.0
+            for dot, norm_one, norm_other in products]
 
 
-def _kept_blocks(places: Callable, one: np.ndarray, other: np.ndarray):
-    """(ONE's, OTHER's) values at each block of PLACES(), as float64, the pairs NaN in either left out."""
+def _kept_blocks(places: Callable, one: np.ndarray, others: list[np.ndarray]):
+    """(which of OTHERS, ONE's values, its values) at each block of PLACES(), as float64, the pairs NaN in either
+    left out."""
     for block in places():
-        first, second = one[block].astype(np.float64, copy=False), other[block].astype(np.float64, copy=False)
-        kept = ~(np.isnan(first) | np.isnan(second))
-        yield (first, second) if kept.all() else (first[kept], second[kept])
+        first = one[block].astype(np.float64, copy=False)
+        missing = np.isnan(first)
+        for index, other in enumerate(others):
+            second = other[block].astype(np.float64, copy=False)
+            kept = ~(missing | np.isnan(second))
+            yield (index, first, second) if kept.all() else (index, first[kept], second[kept])
 
 
 def _pool(mean: np.ndarray, method: str) -> np.ndarray:
