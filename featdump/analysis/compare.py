@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from featdump.analysis.choices import DEFAULT_MEMORY, RESAMPLES
-from featdump.analysis.comparisons import METHODS, WHITENED, compared, noise_ceiling, resampled_cosines
+from featdump.analysis.comparisons import METHODS, WHITENED, compared, cosines_in_blocks, noise_ceiling
 from featdump.analysis.data_rdms import DataRdms, Resample, resampled_places, square_vector
 from featdump.analysis.evaluations import CompareAsk, evaluated_layers
 from featdump.analysis.inference import pair_tests, zero_tests
@@ -234,8 +234,8 @@ def _resampled_cosines(model: np.ndarray, data: DataRdms, drawn: np.ndarray, sho
         return resampled_places(data.images, shown)
 
     if data.held is not None:
-        return resampled_cosines(places, model, [data.vector(subject) for subject in drawn], centred)
-    return [resampled_cosines(places, model, [data.vector(subject)], centred)[0] for subject in drawn]
+        return cosines_in_blocks(places, model, [data.vector(subject) for subject in drawn], centred)
+    return [cosines_in_blocks(places, model, [data.vector(subject)], centred)[0] for subject in drawn]
 
 
 def _dof(resample: str, subjects: int, images: int) -> int:

@@ -76,24 +76,19 @@ def _kept_mean(vector: np.ndarray, squared: bool = False) -> float:
 
 
 def _vector_cosine(one: np.ndarray, other: np.ndarray, centred: bool) -> float:
-    """The cosine of two vectors (CENTRED: less their means: Pearson's r) over the pairs neither is NaN at (those
-    copied out first where there are any), a block of pairs at a time: no centred copy of either (an RDM of 10,000
-    images is a 400 MB vector); 0 where either is all zeros."""
-    if np.isnan(one).any() or np.isnan(other).any():
-        kept = ~(np.isnan(one) | np.isnan(other))
-        one, other = one[kept], other[kept]
-    mean_one, mean_other = (one.mean(), other.mean()) if centred and len(one) else (0.0, 0.0)
-    dot = norm_one = norm_other = 0.0
-    for start in range(0, len(one), BLOCK):
-        first, second = one[start:start + BLOCK] - mean_one, other[start:start + BLOCK] - mean_other
-        dot, norm_one, norm_other = dot + first @ second, norm_one + first @ first, norm_other + second @ second
-    return float(dot / np.sqrt(norm_one) / np.sqrt(norm_other)) if norm_one > 0 and norm_other > 0 else 0.0
+    """The cosine of two vectors (CENTRED: less their means: Pearson's r) over the pairs neither is NaN at, a block
+    of pairs at a time (views): no centred copy of either (an RDM of 10,000 images is a 400 MB vector)."""
+    def blocks():
+        return (slice(start, start + BLOCK) for start in range(0, len(one), BLOCK))
+
+    return cosines_in_blocks(blocks, one, [other], centred)[0]
 
 
-def resampled_cosines(places: Callable, one: np.ndarray, others: list[np.ndarray], centred: bool) -> list[float]:
-    """What `_vector_cosine` gives ONE and each of OTHERS cut to a resample's pairs, none of those vectors held:
-    PLACES() yields the pairs' places a block at a time (`data_rdms.resampled_places`), read twice (the means,
-    then the centred products), each block's places found once for all; a pair NaN in either left out."""
+def cosines_in_blocks(places: Callable, one: np.ndarray, others: list[np.ndarray], centred: bool) -> list[float]:
+    """The cosine (CENTRED: less the means: Pearson's r) of ONE with each of OTHERS over the pairs PLACES() yields a
+    block at a time (slices, or a resample's places: `data_rdms.resampled_places`, none of its vectors held), read
+    twice (the means, then the centred products), each block of ONE read once for all; a pair NaN in either left
+    out; 0 where either is all zeros."""
     sums = np.zeros((len(others), 3))  # per other: ONE's sum, its sum, the pairs kept
     for index, first, second in _kept_blocks(places, one, others):
         sums[index] += first.sum(), second.sum(), len(first)
