@@ -25,7 +25,7 @@ from featdump.job.runner import extract
 from featdump.sources.models import default_preprocessing
 from tests.makers.photos import camera_photo, write_camera_photos
 
-from .helpers import CrashAfterFirstBatch, featdump_env, run_featdump, settings_for
+from .helpers import CrashAfterFirstBatch, featdump_env, run_featdump, settings_for, user_project
 
 
 @pytest.fixture(scope="module")
@@ -100,6 +100,38 @@ def test_workers_follow_slurm_then_the_affinity_mask(monkeypatch):
     monkeypatch.delenv("SLURM_CPUS_PER_TASK")
     assert choose_workers(None) == max(1, min(len(os.sched_getaffinity(0)), cgroup_cpus() or 10**6) - 1)
     assert choose_workers(0) == 0 and choose_workers(3) == 3  # an explicit count is kept
+    assert choose_workers(None, batches=1) == 0 and choose_workers(2, batches=1) == 2  # one batch: none unless asked
+    assert choose_workers(None, batches=2) >= 1
+
+
+# a transform that notes which process decoded each image
+DECODED_WHERE = """
+import os
+from torchvision.transforms import v2
+
+def noting(folder):
+    def transform(image):
+        with open(os.path.join(folder, f"{os.getpid()}.pid"), "a") as handle:
+            handle.write("x")
+        return v2.Compose([v2.PILToTensor(), v2.ToDtype(__import__("torch").float32, scale=True), v2.Resize(32),
+                           v2.CenterCrop(32)])(image)
+    return transform
+"""
+
+
+@pytest.mark.parametrize("batch_size, in_workers", [("64", False), ("3", True)], ids=["one batch", "three"])
+def test_a_job_of_one_batch_is_decoded_in_the_main_process_a_longer_one_by_workers(tmp_path, batch_size, in_workers):
+    notes = tmp_path / "decoded"
+    notes.mkdir()
+    with user_project(tmp_path, "noted", DECODED_WHERE.replace("noting(folder)", f"noting(folder={str(notes)!r})"),
+                      {"a": 4, "b": 3}) as folder:
+        result = run_featdump("extract", "-m", "resnet18", "-w", "none", "-l", "avgpool", "-b", batch_size,
+                              "--transform", "noted:noting", folder / "images", tmp_path / "o.h5")
+    assert result.returncode == 0, result.stderr
+    decoded = {int(note.stem): len(note.read_text()) for note in notes.iterdir()}  # images by process
+    by_workers = sum(count for process, count in decoded.items() if process != os.getpid())
+    assert by_workers == (7 if in_workers else 0)  # this process may look at an image first, to size the input
+    assert decoded.get(os.getpid(), 0) >= (0 if in_workers else 7)
 
 
 def test_workers_follow_what_the_scheduler_granted_not_the_node(monkeypatch, tmp_path):
@@ -136,7 +168,7 @@ def test_workers_are_bounded_by_memory(monkeypatch, caplog):
 
 
 def test_chosen_worker_count_is_printed_with_verbose(photos, tmp_path):
-    result = run_featdump("-v", "extract", "-m", "resnet18", "-w", "none", "-l", "avgpool", photos,
+    result = run_featdump("-v", "extract", "-m", "resnet18", "-w", "none", "-l", "avgpool", "-b", "2", photos,
                           tmp_path / "o.h5", env=featdump_env(SLURM_CPUS_PER_TASK="3"))
     assert result.returncode == 0, result.stderr
     assert "Using 2 loader workers: 3 CPUs (SLURM_CPUS_PER_TASK), one left to the main process." in result.stderr

@@ -235,7 +235,7 @@ class TableRows(Storage):
         for (file, group), indices in groups.items():
             table = self.files[file]
             try:
-                values = _read_rows(root, table.name, group, self.column,
+                values = _read_rows(root, table, group, self.column,
                                     [int(self.place[positions[index]]) for index in indices])
             except (OSError, ValueError) as error:
                 for index in indices:
@@ -312,20 +312,22 @@ class _Cursor:
 _CURSORS: dict[int, _Cursor] = {}  # per process: its reads go forward through a group, batch after batch
 
 
-def _read_rows(root, name: str, group: int, column: str, places: Sequence[int]) -> dict[int, object]:
-    """The image COLUMN's values at PLACES of row group GROUP of file NAME under ROOT, read ROWS_PER_READ rows at
-    a time from where this process's last read of the group stopped (a loader worker's batches go forward)."""
-    key = (str(root), name, group, column)
+def _read_rows(root, table: TableFile, group: int, column: str, places: Sequence[int]) -> dict[int, object]:
+    """The image COLUMN's values at PLACES of row group GROUP of TABLE under ROOT, read ROWS_PER_READ rows at a
+    time from where this process's last read of the group stopped (a loader worker's batches go forward). The
+    cursor is the file's version's: a file saved again since (a later run in this process) is opened again."""
+    key = (str(root), table.name, table.size, table.version, group, column)
     cursor = _CURSORS.get(os.getpid())
     if cursor is None or cursor.key != key or min(places) < cursor.start:
-        cursor = _CURSORS[os.getpid()] = _Cursor(key, _record_batches(root, name, group, column))
+        cursor = _CURSORS[os.getpid()] = _Cursor(key, _record_batches(root, table.name, group, column))
     found = {}
     for place in sorted(set(places)):
         while place >= cursor.start + len(cursor.values):
             cursor.start += len(cursor.values)
             batch = next(cursor.batches, None)
             if batch is None:
-                raise ValueError(f"row group {group} of {name} ends before its row {place}: was the file changed?")
+                raise ValueError(f"row group {group} of {table.name} ends before its row {place}: was the file "
+                                 "changed?")
             cursor.values = batch.column(0).to_pylist()
         found[place] = cursor.values[place - cursor.start]
     return found

@@ -79,9 +79,14 @@ def _cgroup_path() -> str:
     return ""
 
 
-def choose_workers(requested: int | None) -> int:
+def choose_workers(requested: int | None, batches: int | None = None) -> int:
     """REQUESTED loader workers, or (None) the job's CPUs less one for the main process, at least one; either
-    way checked against memory: an automatic count is lowered to fit, an explicit one is warned about."""
+    way checked against memory: an automatic count is lowered to fit, an explicit one is warned about. A job of
+    one batch (BATCHES left) gets none unless asked: a worker decodes a whole batch, so it could overlap no forward
+    pass, and its start (a fork of this process) would cost more than it saves."""
+    if requested is None and batches is not None and batches <= 1:
+        log.debug("Decoding the job's one batch in the main process: a loader worker would only add its start.")
+        return 0
     if requested is None:
         cpus, source = job_cpus()
         workers = max(1, cpus - 1)

@@ -5,6 +5,7 @@ through it."""
 from __future__ import annotations
 
 import logging
+import math
 import signal
 import time
 from dataclasses import dataclass
@@ -136,9 +137,10 @@ class _Job:
 def _run_batches(job: _Job, progress: Progress, stop: StopSignals) -> None:
     settings, images, device, preprocess = job.settings, job.images, job.model.device, job.model.preprocess
     gpu_jpegs = resolve_decode(settings.decode, device, preprocess) == "gpu"
-    loader = make_loader(dataset_for(images, preprocess, gpu_jpegs), job.writer.committed_images,
-                         settings.batch_size, choose_workers(settings.num_workers), pin_memory=device.type == "cuda",
-                         owned_files=job.owned_files)
+    dataset, start = dataset_for(images, preprocess, gpu_jpegs), job.writer.committed_images
+    batches = math.ceil((len(dataset) - start) / settings.batch_size)
+    loader = make_loader(dataset, start, settings.batch_size, choose_workers(settings.num_workers, batches),
+                         pin_memory=device.type == "cuda", owned_files=job.owned_files)
     waiting = computing = 0.0
     steady = _SteadyRate()
     # Autocast is entered once for the loop (leaving it clears its cache of cast weights); the inputs are made
