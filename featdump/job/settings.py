@@ -106,7 +106,7 @@ class Settings:
     num_workers: int | None = option(
         kind=int, optional=True, short="-j", minimum=0,
         help="DataLoader worker processes decoding images.  [default: the job's CPUs less one: "
-             "SLURM_CPUS_PER_TASK, else the CPU affinity mask]", changes=())
+             "SLURM_CPUS_PER_TASK, else the CPU affinity mask; none for a job of one batch]", changes=())
     device: str = option("auto", "auto, cpu, cuda or cuda:N.", syntax=_device_syntax, changes=COMPILED)
     array: str | None = option(
         kind=str, optional=True, metavar="NAME", syntax=_not_empty,
