@@ -20,6 +20,12 @@ from featdump.job.settings import Settings
 from tests.makers.outputs import write_output as write_output  # the tests' name for it
 
 REPO = Path(__file__).resolve().parents[1]
+# resnet18's module paths in miniature over 32 x 32 inputs (tests.makers.small_resnet), for the tests whose point is
+# not the model: an extract of a few images in about a tenth of resnet18's time at 224 pixels
+SMALL_RESNET = ("-m", "tests.makers.small_resnet:build", "-w", "none", "--transform",
+                "featdump.testing.models:small_transform")
+SMALL_RESNET_SETTINGS = {"model": "tests.makers.small_resnet:build",
+                         "transform": "featdump.testing.models:small_transform"}
 
 
 def write_images(root: Path, layout: dict[str, int], seed: int = 0, size=(64, 48)) -> list[str]:

@@ -13,9 +13,9 @@ from PIL import Image
 import featdump
 from featdump.job.runner import extract
 
-from .helpers import CrashAfterFirstBatch, peak_rss_mib, run_featdump, settings_for
+from .helpers import SMALL_RESNET, SMALL_RESNET_SETTINGS, CrashAfterFirstBatch, peak_rss_mib, run_featdump, settings_for
 
-EXTRACT = ["extract", "-m", "resnet18", "-w", "none", "-l", "layer1,avgpool"]
+EXTRACT = ["extract", *SMALL_RESNET, "-l", "layer1,avgpool"]
 
 
 def images(count: int, seed: int = 0, size=(48, 64), channels: int = 3) -> np.ndarray:
@@ -115,7 +115,8 @@ def test_a_killed_run_resumes_a_grown_array_updates_and_shards_merge_into_the_si
     single = rows_of(source, tmp_path / "single.h5", "-b", "4")
     crashed = tmp_path / "crashed.h5"
     with pytest.raises(RuntimeError):
-        extract(settings_for(source, crashed, layers=("layer1", "avgpool")), CrashAfterFirstBatch())
+        extract(settings_for(source, crashed, layers=("layer1", "avgpool"), **SMALL_RESNET_SETTINGS),
+                CrashAfterFirstBatch())
     assert rows_of(source, crashed, "-b", "4").paths == single.paths  # resumed
     np.testing.assert_array_equal(featdump.load(crashed, "layer1").features, single.features)
     for index in range(2):
@@ -192,7 +193,7 @@ def test_memory_stays_bounded_by_the_batch_not_the_brick(tmp_path):
     peaks = {}
     for count in (64, 1024):
         brick(tmp_path / f"brick{count}.hdf5", count)
-        peaks[count] = peak_rss_mib("extract", "-m", "resnet18", "-w", "none", "-l", "conv1", "--reduce", "avgpool",
+        peaks[count] = peak_rss_mib("extract", *SMALL_RESNET, "-l", "conv1", "--reduce", "avgpool",
                                     tmp_path / f"brick{count}.hdf5", tmp_path / f"out{count}.h5")
         assert len(featdump.load(tmp_path / f"out{count}.h5", "conv1").paths) == count
     assert peaks[1024] < peaks[64] + 100, peaks  # MiB; the array alone is 555 MB

@@ -20,9 +20,9 @@ import pytest
 import featdump
 from featdump.output.layout import raw_paths
 
-from .helpers import committed_rows, read_output, run_featdump, start_featdump, user_project, write_images
+from .helpers import SMALL_RESNET, committed_rows, read_output, run_featdump, start_featdump, user_project, write_images
 
-BASE = ["extract", "-m", "resnet18", "-w", "none"]
+BASE = ["extract", *SMALL_RESNET]
 
 
 def digest(path) -> str:
@@ -60,7 +60,7 @@ def test_new_layers_equal_a_fresh_run_and_the_stored_ones_are_kept_bit_for_bit(s
         assert list(h5file.attrs["layers"].astype(str)) == ["layer1", "layer3"]
     assert sorted(path.name for path in tmp_path.iterdir()) == ["out.h5"]  # no staging file left
     info = run_featdump("info", output)
-    assert "layer3: (256, 14, 14) float32 (added " in info.stdout
+    assert "layer3: (24, 4, 4) float32 (added " in info.stdout
     again = run_featdump(*BASE, "-l", "layer1,layer3", "--update", study / "images", output)
     assert again.returncode == 0 and "Nothing new" in again.stderr
 

@@ -20,6 +20,8 @@ from featdump.errors import UsageProblem
 from featdump.job.runner import extract
 
 from .helpers import (
+    SMALL_RESNET,
+    SMALL_RESNET_SETTINGS,
     CrashAfterFirstBatch,
     images_fixture,
     run_featdump,
@@ -33,7 +35,8 @@ from .test_grow import TINY_VIT  # a 4-block torchvision ViT on 32-pixel images
 xr = pytest.importorskip("xarray")
 netCDF4 = pytest.importorskip("netCDF4")
 
-BASE = ["extract", "-m", "resnet18", "-w", "none"]
+BASE = ["extract", *SMALL_RESNET]
+RESNET18 = ["extract", "-m", "resnet18", "-w", "none"]  # the model of tests/data/format2.h5
 DATA = Path(__file__).parent / "data"
 FORMAT2_COMMAND = ["-l", "layer4,avgpool,fc", "--reduce", "layer4=avgpool", "--reduce", "fc=srp:8",
                    "--compression", "gzip", "-j", "0"]  # how tests/data/format2.h5 was made (featdump 4353915)
@@ -84,9 +87,9 @@ def test_a_run_names_each_layer_s_dimensions_after_what_they_are(images, tmp_pat
                           "--reduce", "layer3=avgpool", images, output)
     assert result.returncode == 0, result.stderr
     assert check_netcdf(output) == {
-        "layer1": ("image", "channel_64", "y_56", "x_56"), "layer2": ("image", "projection_16"),
-        "layer3": ("image", "channel_256"), "avgpool": ("image", "channel_512", "y_1", "x_1"),
-        "@": ("image", "feature_1000")}
+        "layer1": ("image", "channel_12", "y_16", "x_16"), "layer2": ("image", "projection_16"),
+        "layer3": ("image", "channel_24"), "avgpool": ("image", "channel_24", "y_1", "x_1"),
+        "@": ("image", "feature_10")}
     with xr.open_dataset(output, engine="h5netcdf", group="features") as features:  # one group, as often opened
         assert set(features.coords) == {"path", "label"}
         assert features["layer1"].sel(image=features["label"] == 1).sizes["image"] == 4
@@ -108,7 +111,7 @@ def test_opening_reads_no_feature_data(images, tmp_path):
             raw.write(bytes(chunk.size))  # zeros: no gzip stream
     with open_tree(output) as tree:  # opened, shown and sliced lazily: nothing of layer1's data is read
         layer = tree["features"]["layer1"]
-        assert "layer1" in repr(tree) and layer.isel(image=slice(0, 2)).shape == (2, 64, 56, 56)
+        assert "layer1" in repr(tree) and layer.isel(image=slice(0, 2)).shape == (2, 12, 16, 16)
         with pytest.raises(OSError):
             layer.values  # noqa: B018 - reading it is what fails
         assert list(layer["path"].values)[:1] == ["cats/img_000.jpg"]
@@ -118,12 +121,12 @@ def test_opening_reads_no_feature_data(images, tmp_path):
 def test_a_resumed_output_and_its_partial_file(images, tmp_path):
     output = tmp_path / "out.h5"
     with pytest.raises(RuntimeError, match="simulated crash"):
-        extract(settings_for(images, output, layers=("layer2", "fc")), CrashAfterFirstBatch())
-    assert check_netcdf(tmp_path / "out.h5.partial") == {"layer2": ("image", "channel_128", "y_28", "x_28"),
-                                                         "fc": ("image", "feature_1000")}
+        extract(settings_for(images, output, layers=("layer2", "fc"), **SMALL_RESNET_SETTINGS), CrashAfterFirstBatch())
+    assert check_netcdf(tmp_path / "out.h5.partial") == {"layer2": ("image", "channel_12", "y_8", "x_8"),
+                                                         "fc": ("image", "feature_10")}
     result = run_featdump(*BASE, "-l", "layer2,fc", "-b", "4", images, output)
     assert result.returncode == 0 and "Resuming at image 4 of 9" in result.stderr, result.stderr
-    assert check_netcdf(output)["fc"] == ("image", "feature_1000")
+    assert check_netcdf(output)["fc"] == ("image", "feature_10")
 
 
 @pytest.mark.slow  # an update and a growth; netCDF naming has quicker tests
@@ -136,10 +139,10 @@ def test_updated_and_grown_outputs_keep_their_dimensions(images, tmp_path):
     assert run_featdump(*BASE, "-l", "layer1", half, output).returncode == 0
     result = run_featdump(*BASE, "-l", "layer1", "--update", images, output)  # new images
     assert result.returncode == 0, result.stderr
-    assert check_netcdf(output) == {"layer1": ("image", "channel_64", "y_56", "x_56")}
+    assert check_netcdf(output) == {"layer1": ("image", "channel_12", "y_16", "x_16")}
     result = run_featdump(*BASE, "-l", "layer1,layer4", "--update", images, output)  # a new layer
     assert result.returncode == 0, result.stderr
-    assert check_netcdf(output)["layer4"] == ("image", "channel_512", "y_7", "x_7")
+    assert check_netcdf(output)["layer4"] == ("image", "channel_24", "y_2", "x_2")
 
 
 @pytest.mark.slow  # a real process grown while read
@@ -157,7 +160,7 @@ def test_a_file_being_grown_opens_in_xarray_meanwhile(tmp_path):
                 raise
             time.sleep(0.05)
             continue
-        assert dims["layer1"] == ("image", "channel_64", "y_56", "x_56")
+        assert dims["layer1"] == ("image", "channel_12", "y_16", "x_16")
         opened_while_running += process.poll() is None
         time.sleep(0.2)
     assert process.returncode == 0, process.stderr.read()
@@ -176,7 +179,7 @@ def test_shards_their_merged_view_and_a_merged_copy(images, tmp_path):
         check_netcdf(tmp_path / shard)
     assert run_featdump("merge", "--view", output).returncode == 0
     dims = check_netcdf(output)
-    assert dims == {"layer3": ("image", "channel_256", "y_14", "x_14"), "fc": ("image", "component_3")}
+    assert dims == {"layer3": ("image", "channel_24", "y_4", "x_4"), "fc": ("image", "component_3")}
     with open_tree(output) as tree:
         assert tree["pca/fc/components"].dims == ("component", "input")
     assert run_featdump("merge", "--copy", "--overwrite", output).returncode == 0
@@ -208,7 +211,7 @@ def test_a_file_of_the_previous_format_loads_and_is_named_when_resumed_or_grown(
     with h5py.File(partial, "r+") as h5file:
         h5file.attrs["complete"] = False
         h5file.attrs["committed"] = np.array([2, 2, 0])
-    result = run_featdump(*BASE, *FORMAT2_COMMAND, tmp_path / "images", tmp_path / "out.h5")
+    result = run_featdump(*RESNET18, *FORMAT2_COMMAND, tmp_path / "images", tmp_path / "out.h5")
     assert result.returncode == 0, result.stderr
     assert "Resuming at image 2 of 5" in result.stderr
     dims = check_netcdf(tmp_path / "out.h5")
@@ -221,7 +224,7 @@ def test_a_file_of_the_previous_format_loads_and_is_named_when_resumed_or_grown(
     shutil.copy(old, grown)
     command = [*FORMAT2_COMMAND]
     command[1] = "layer4,avgpool,fc,layer3"
-    result = run_featdump(*BASE, *command, "--update", tmp_path / "images", grown)
+    result = run_featdump(*RESNET18, *command, "--update", tmp_path / "images", grown)
     assert result.returncode == 0, result.stderr
     assert check_netcdf(grown)["layer3"] == ("image", "channel_256", "y_14", "x_14")
     with h5py.File(grown, "r") as h5file:
@@ -241,7 +244,7 @@ def test_load_as_a_labelled_array_selects_by_path_and_label_and_stacks_to_neuroi
     dogs = array.where(array["label"] == array.attrs["classes"].index("dogs"), drop=True)
     assert list(dogs["path"].values) == [path for path in stored.paths if path.startswith("dogs/")]
     neuroids = array.stack(neuroid=("channel", "y", "x"))
-    assert neuroids.dims == ("image", "neuroid") and neuroids.shape == (9, 512 * 7 * 7)
+    assert neuroids.dims == ("image", "neuroid") and neuroids.shape == (9, 24 * 2 * 2)
     np.testing.assert_array_equal(neuroids.values, stored.features.reshape(9, -1))
     lazy = featdump.load(output, "layer4", xarray=True, lazy=True)
     assert not isinstance(lazy.variable._data, np.ndarray)  # read when used

@@ -16,6 +16,7 @@ from featdump.output import remote
 from featdump.output.layout import partial_path
 
 from .helpers import (
+    SMALL_RESNET,
     assert_same_rows,
     committed_rows,
     featdump_env,
@@ -25,7 +26,7 @@ from .helpers import (
     write_images,
 )
 
-EXTRACT = ["extract", "-m", "resnet18", "-w", "none", "-l", "layer3,avgpool"]
+EXTRACT = ["extract", *SMALL_RESNET, "-l", "layer3,avgpool"]
 LAYERS = ("layer3", "avgpool")
 TRIALS = int(os.environ.get("FEATDUMP_FAULT_TRIALS", "3"))
 
@@ -79,13 +80,14 @@ def test_another_command_into_a_finished_url_is_refused_as_into_a_local_file(ima
     url = f"{bucket(store_env, 'results')}/judged/features.h5"
     scratch = tmp_path / "scratch"
     assert run_featdump(*EXTRACT, "--scratch", scratch, folder, url).returncode == 0
-    other_layers = ["extract", "-m", "resnet18", "-w", "none", "-l", "layer4,avgpool", "--scratch", scratch]
+    other_layers = ["extract", *SMALL_RESNET, "-l", "layer4,avgpool", "--scratch", scratch]
     refused = run_featdump(*other_layers, folder, url)
     assert refused.returncode == 2, refused.stderr
     assert "made by another command (layers:" in refused.stderr and "--update" in refused.stderr, refused.stderr
     other_model = run_featdump("extract", "-m", "resnet34", "-w", "none", "-l", "layer3,avgpool", "--scratch",
                                scratch, folder, url)
-    assert other_model.returncode == 2 and "model: \"resnet18\" when started" in other_model.stderr
+    assert other_model.returncode == 2, other_model.stderr
+    assert "model: \"tests.makers.small_resnet:build\" when started" in other_model.stderr
     stored = fetched(store_env, url, tmp_path)
     assert "layer4" not in stored
     assert_same_rows(stored, expected)

@@ -22,11 +22,11 @@ from featdump.faces.show import _read
 from featdump.inputs import find_images
 from featdump.inputs.stores import Patience, fetch_all, is_missing, is_refused, is_transient
 
-from .helpers import committed_rows, featdump_env, read_output, run_featdump, start_featdump, write_images
+from .helpers import SMALL_RESNET, committed_rows, featdump_env, read_output, run_featdump, start_featdump, write_images
 from .stores import http_server, silent_server
 from .test_tars import member_path, pack
 
-EXTRACT = ["extract", "-m", "resnet18", "-w", "none", "-l", "layer4.1.relu:2,avgpool"]
+EXTRACT = ["extract", *SMALL_RESNET, "-l", "layer4.1.relu:2,avgpool"]
 LAYERS = ("layer4.1.relu:2", "avgpool")
 
 
@@ -77,7 +77,8 @@ def test_a_prefix_is_read_as_the_folder_it_was_uploaded_from(images, store_env, 
     assert info.returncode == 0 and "image_root: s3://photos/set" in info.stdout, info.stdout
     assert '"objects": 16' in info.stdout  # the listing, as recorded
     _, _, image, path = _read(output, "avgpool", 9)  # show reads the image back from the store
-    assert path == "dogs/img_001.jpg" and image is not None and image.shape == (224, 224, 3)
+    assert path == "dogs/img_001.jpg" and image is not None  # as the model saw it: its transform keeps no geometry
+    np.testing.assert_array_equal(image, np.asarray(Image.open(root / "images" / path).convert("RGB")))
     again = run_featdump(*EXTRACT, "s3://photos/set", output)  # the same prefix, without its slash
     assert again.returncode == 0 and "Nothing new:" in again.stderr, again.stderr  # same listing, same identities
 

@@ -15,12 +15,12 @@ from PIL import Image
 import featdump
 from featdump.job.runner import extract
 
-from .helpers import CrashAfterFirstBatch, run_featdump, settings_for
+from .helpers import SMALL_RESNET, SMALL_RESNET_SETTINGS, CrashAfterFirstBatch, run_featdump, settings_for
 
 pa = pytest.importorskip("pyarrow")
 pq = pytest.importorskip("pyarrow.parquet")
 
-EXTRACT = ["extract", "-m", "resnet18", "-w", "none", "-l", "layer1,avgpool"]
+EXTRACT = ["extract", *SMALL_RESNET, "-l", "layer1,avgpool"]
 PNG_MAGIC = b"\x89PNG"
 HF_META = {"info": {"features": {"image": {"_type": "Image"},
                                  "label": {"names": ["cat", "dog", "fish"], "_type": "ClassLabel"}}}}
@@ -120,7 +120,8 @@ def test_a_killed_run_resumes_shards_split_by_files_and_update_reads_a_new_file(
     single = rows_of(tmp_path / "data", tmp_path / "single.h5", "-b", "4")
     crashed = tmp_path / "crashed.h5"
     with pytest.raises(RuntimeError):
-        extract(settings_for(str(tmp_path / "data"), crashed, layers=("layer1", "avgpool")), CrashAfterFirstBatch())
+        extract(settings_for(str(tmp_path / "data"), crashed, layers=("layer1", "avgpool"),
+                             **SMALL_RESNET_SETTINGS), CrashAfterFirstBatch())
     np.testing.assert_array_equal(rows_of(tmp_path / "data", crashed, "-b", "4").features, single.features)
     for index in range(2):
         assert run_featdump(*EXTRACT, "--shard", f"{index}/2", tmp_path / "data",

@@ -19,7 +19,7 @@ from featdump.forward import hardware
 from featdump.job.runner import extract
 from tests.makers.videos import one_thread, write_video
 
-from .helpers import CrashAfterFirstBatch, read_output, run_featdump, settings_for
+from .helpers import SMALL_RESNET, CrashAfterFirstBatch, read_output, run_featdump, settings_for
 from .test_video import all_frames, on_screen
 
 pytest.importorskip("av")
@@ -133,7 +133,7 @@ def test_update_adds_a_new_video_s_clips_and_shards_merge_to_one_run(videos, tmp
     folder = tmp_path / "films"
     (folder / "a").mkdir(parents=True)
     (folder / "a" / "one.mkv").symlink_to(videos / "a" / "one.mkv")
-    common = ["extract", "-m", "resnet18", "-w", "none", "-l", "avgpool", "--fps", "2"]
+    common = ["extract", *SMALL_RESNET, "-l", "avgpool", "--fps", "2"]
     output = tmp_path / "out.h5"
     assert run_featdump(*common, "--update", folder, output).returncode == 0
     (folder / "b").mkdir()
@@ -158,7 +158,7 @@ def test_update_adds_a_new_video_s_clips_and_shards_merge_to_one_run(videos, tmp
 
 @pytest.mark.slow  # three extractions (about 10 s): keeps `make test` under 5 minutes
 def test_update_adds_a_layer_to_clip_rows_as_a_fresh_run_computes_it(videos, tmp_path):
-    common = ["extract", "-m", "resnet18", "-w", "none", "--fps", "4"]  # a frame every 0.25 s: 8 + 7 + 1 rows
+    common = ["extract", *SMALL_RESNET, "--fps", "4"]  # a frame every 0.25 s: 8 + 7 + 1 rows
     output, fresh = tmp_path / "out.h5", tmp_path / "fresh.h5"
     assert run_featdump(*common, "-l", "avgpool", videos, output).returncode == 0
     grown = run_featdump(*common, "-l", "avgpool,layer1", "--update", videos, output)
@@ -183,7 +183,7 @@ def test_encode_takes_targets_keyed_by_path_and_clip_start(videos, tmp_path):
         (folder / name).parent.mkdir(parents=True, exist_ok=True)
         (folder / name).symlink_to(videos / name)
     output = tmp_path / "out.h5"
-    assert run_featdump("extract", "-m", "resnet18", "-w", "none", "-l", "avgpool", "--fps", "2", folder,
+    assert run_featdump("extract", *SMALL_RESNET, "-l", "avgpool", "--fps", "2", folder,
                         output).returncode == 0
     with h5py.File(output, "r") as h5file:
         paths, starts = list(h5file["paths"].asstr()[:]), h5file["clip_start"][:]
@@ -228,7 +228,7 @@ def test_a_sigkill_then_the_same_command_equals_a_fresh_run(videos, tmp_path):
 
     from .helpers import committed_rows, start_featdump
 
-    arguments = ["extract", "-m", "resnet18", "-w", "none", "-l", "avgpool", "--fps", "25", "-b", "4", videos]
+    arguments = ["extract", *SMALL_RESNET, "-l", "avgpool", "--fps", "25", "-b", "4", videos]
     process = start_featdump(*arguments, tmp_path / "out.h5")
     while committed_rows(tmp_path / "out.h5.partial") <= 0 and process.poll() is None:
         time.sleep(0.01)
@@ -247,14 +247,14 @@ def test_clip_rows_feed_the_reader_and_an_rdm(videos, tmp_path):
     import featdump
 
     output = tmp_path / "out.h5"
-    assert run_featdump("extract", "-m", "resnet18", "-w", "none", "-l", "avgpool", "--fps", "2", videos,
+    assert run_featdump("extract", *SMALL_RESNET, "-l", "avgpool", "--fps", "2", videos,
                         output).returncode == 0
     content = read_output(output)
     rows = sorted(int(row) for batch in featdump.FeatureDataset(output, batch_size=3) for row in batch["row"])
     assert rows == list(range(len(content["paths"]))) == list(range(9))  # every clip row once (tiny.mkv: one)
     rdm = featdump.rdm(output, device="cpu")["avgpool"]
     assert rdm.shape == (9, 9) and np.allclose(np.diag(rdm), 0.0, atol=1e-6)
-    again = run_featdump("extract", "-m", "resnet18", "-w", "none", "-l", "avgpool", "--fps", "2", videos, output)
+    again = run_featdump("extract", *SMALL_RESNET, "-l", "avgpool", "--fps", "2", videos, output)
     assert again.returncode == 0 and f"Nothing new: {output} already holds 9 clips (0 skipped)" in again.stderr, \
         again.stderr  # a clip job's rows are clips, said as such
 
@@ -283,7 +283,7 @@ def test_probe_by_video_and_cka_on_clip_rows(videos, tmp_path):
     for index, name in enumerate(("one.mkv", "two.mkv", "three.mkv", "four.mkv")):
         (folder / name).parent.mkdir(parents=True, exist_ok=True)
         (folder / name).symlink_to(videos / ("a/one.mkv" if index % 2 == 0 else "b/two.mkv"))
-    assert run_featdump("extract", "-m", "resnet18", "-w", "none", "-l", "layer4,avgpool", "--fps", "4", folder,
+    assert run_featdump("extract", *SMALL_RESNET, "-l", "layer4,avgpool", "--fps", "4", folder,
                         output).returncode == 0
     (tmp_path / "kinds.csv").write_text("path,label\none.mkv,walk\nthree.mkv,walk\ntwo.mkv,run\nfour.mkv,run\n")
     probed = featdump.probe(output, "avgpool", folds=2, labels=tmp_path / "kinds.csv", device="cpu",
@@ -300,7 +300,7 @@ def test_probe_by_video_and_cka_on_clip_rows(videos, tmp_path):
     assert matrix.shape == (2, 2) and np.allclose(np.diag(matrix), 1.0) and 0 < matrix[0, 1] < 1
     (folder / "reversed.txt").write_text("four.mkv\nthree.mkv\ntwo.mkv\none.mkv\n")  # the clips in another order
     other = tmp_path / "other.h5"
-    assert run_featdump("extract", "-m", "resnet18", "-w", "none", "-l", "avgpool", "--fps", "4",
+    assert run_featdump("extract", *SMALL_RESNET, "-l", "avgpool", "--fps", "4",
                         folder / "reversed.txt", other).returncode == 0
     across = featdump.cka(output, other, layers="avgpool", device="cpu")
     assert across.images == 30 and np.isclose(across.values[0, 0], 1.0)  # each clip matched to itself
@@ -311,7 +311,7 @@ def test_a_folder_of_images_and_videos_takes_the_images_and_says_so(videos, tmp_
 
     write_images(tmp_path / "mixed", {"a": 2})
     (tmp_path / "mixed" / "a" / "one.mkv").symlink_to(videos / "a" / "one.mkv")
-    result = run_featdump("extract", "-m", "resnet18", "-w", "none", "-l", "avgpool", tmp_path / "mixed",
+    result = run_featdump("extract", *SMALL_RESNET, "-l", "avgpool", tmp_path / "mixed",
                           tmp_path / "out.h5")
     assert result.returncode == 0 and "Wrote 2 images" in result.stderr, result.stderr
     assert "images and 1 videos (a/one.mkv, ...): the images are the rows" in result.stderr
@@ -340,7 +340,7 @@ def test_spacepool_keeps_a_video_layer_s_time_axis(videos, tmp_path):
     assert show._keeps_time(tmp_path / "pooled.h5", "layer2")  # drawn as channels over time, not as a map
     drawn = run_featdump("show", tmp_path / "pooled.h5", "--index", "1", "-o", tmp_path / "pooled.png")
     assert drawn.returncode == 0 and (tmp_path / "pooled.png").exists(), drawn.stderr
-    refused = run_featdump("extract", "-m", "resnet18", "-w", "none", "-l", "layer2", "--reduce", "spacepool",
+    refused = run_featdump("extract", *SMALL_RESNET, "-l", "layer2", "--reduce", "spacepool",
                            "--fps", "2", videos / "a" / "one.mkv", tmp_path / "image.h5")
     assert refused.returncode == 2 and "not a video model's (channel, time, y, x) map" in refused.stderr
 
@@ -352,7 +352,7 @@ def test_a_job_whose_only_video_is_damaged_leaves_nothing_and_its_rerun_tries_ag
     good = videos / "a" / "one.mkv"
     (folder / "film.mkv").write_bytes(good.read_bytes()[:600])  # cut short: nothing decodes
     output = tmp_path / "out.h5"
-    command = ["extract", "-m", "resnet18", "-w", "none", "-l", "avgpool", "--fps", "2", folder, output]
+    command = ["extract", *SMALL_RESNET, "-l", "avgpool", "--fps", "2", folder, output]
     for _ in range(2):
         failed = run_featdump(*command)
         assert failed.returncode == 1 and "No clip could be read: 1 tried" in failed.stderr, failed.stderr
@@ -365,7 +365,7 @@ def test_a_job_whose_only_video_is_damaged_leaves_nothing_and_its_rerun_tries_ag
 
 def test_load_and_xarray_keep_the_clip_start_and_select_by_path_and_onset(videos, tmp_path):
     output = tmp_path / "out.h5"
-    assert run_featdump("extract", "-m", "resnet18", "-w", "none", "-l", "avgpool", "--fps", "2", videos,
+    assert run_featdump("extract", *SMALL_RESNET, "-l", "avgpool", "--fps", "2", videos,
                         output).returncode == 0
     with h5py.File(output, "r") as h5file:
         starts = h5file["clip_start"][:]
@@ -401,7 +401,7 @@ def test_encode_with_delays_equals_ridge_cv_on_the_delayed_design_and_its_folds(
     from featdump.readout.delays import delayed_rows
 
     output = tmp_path / "out.h5"
-    assert run_featdump("extract", "-m", "resnet18", "-w", "none", "-l", "layer3", "--reduce", "avgpool", "--fps",
+    assert run_featdump("extract", *SMALL_RESNET, "-l", "layer3", "--reduce", "avgpool", "--fps",
                         "10", videos, output).returncode == 0
     loaded = featdump.load(output, "layer3")
     features, paths, starts = loaded.features.astype(np.float64), loaded.paths, loaded.clip_start
@@ -437,7 +437,7 @@ def test_delays_take_rows_without_a_target_as_the_whole_films_design_cut_to_the_
     from featdump.readout.folds import training_rows
 
     output = tmp_path / "out.h5"
-    assert run_featdump("extract", "-m", "resnet18", "-w", "none", "-l", "layer3", "--reduce", "avgpool", "--fps",
+    assert run_featdump("extract", *SMALL_RESNET, "-l", "layer3", "--reduce", "avgpool", "--fps",
                         "10", videos, output).returncode == 0
     loaded = featdump.load(output, "layer3")
     features, paths, starts = loaded.features.astype(np.float64), loaded.paths, loaded.clip_start
@@ -473,7 +473,7 @@ def test_with_delays_the_layer_planted_behind_a_haemodynamic_lag_wins(tmp_path):
     for index in range(3):
         write_video(tmp_path / "films" / f"run{index}.mkv", 250, fps=25, size=(64, 80), seed=10 + index)
     output = tmp_path / "out.h5"
-    assert run_featdump("extract", "-m", "resnet18", "-w", "none", "-l", "layer2,layer4", "--reduce", "avgpool",
+    assert run_featdump("extract", *SMALL_RESNET, "-l", "layer2,layer4", "--reduce", "avgpool",
                         "--fps", "5", tmp_path / "films", output).returncode == 0
     planted = featdump.load(output, "layer4")
     shifts = by_hand_sources(planted.paths, planted.clip_start, [2, 3], 0.2)
@@ -497,7 +497,7 @@ def test_folds_cut_in_stretches_leave_a_gap_and_equal_ridge_cv_without_those_row
     from featdump.readout.folds import training_rows
 
     output = tmp_path / "out.h5"
-    assert run_featdump("extract", "-m", "resnet18", "-w", "none", "-l", "layer3", "--reduce", "avgpool", "--fps",
+    assert run_featdump("extract", *SMALL_RESNET, "-l", "layer3", "--reduce", "avgpool", "--fps",
                         "10", videos / "a", output).returncode == 0
     loaded = featdump.load(output, "layer3")
     starts = loaded.clip_start
@@ -530,7 +530,7 @@ def test_show_draws_a_clip_row_beside_the_frame_at_its_onset(videos, tmp_path):
     from featdump.inputs.video import decode_clip, video_info
 
     output = tmp_path / "out.h5"
-    assert run_featdump("extract", "-m", "resnet18", "-w", "none", "-l", "layer1", "--fps", "2", videos / "a",
+    assert run_featdump("extract", *SMALL_RESNET, "-l", "layer1", "--fps", "2", videos / "a",
                         output).returncode == 0
     _, _, frame, title = show._read(output, None, 3)  # the fourth clip of one.mkv: its onset 1.5 s
     assert title == "one.mkv @ 1.5 s"
@@ -549,7 +549,7 @@ def test_show_draws_a_clip_row_beside_the_frame_at_its_onset(videos, tmp_path):
 @pytest.mark.slow  # 8 s or more of the quick suite on a 2-core Zen 3 (AVX2): kept to CI's full run
 def test_windows_ending_on_the_grid_hold_the_frames_before_each_onset_padded_or_left_out(videos, tmp_path):
     film = videos / "a" / "one.mkv"  # 50 frames at 25 fps: the last at 1.96 s
-    common = ["extract", "-m", "resnet18", "-w", "none", "-l", "avgpool", "--fps", "2", film]
+    common = ["extract", *SMALL_RESNET, "-l", "avgpool", "--fps", "2", film]
     assert run_featdump(*common, tmp_path / "starts.h5").returncode == 0
     left_out = run_featdump(*common, "--clip-anchor", "end", tmp_path / "ends.h5")
     padded = run_featdump(*common, "--clip-anchor", "end", "--clip-pad", "repeat", tmp_path / "padded.h5")
@@ -587,7 +587,7 @@ def test_tr_onsets_are_stored_exactly_and_select_rows_through_load_xarray_and_me
     7.45 +- 3e-10), so an exact join and `sel(path=..., clip_end=7.45)` find it, in one file and in a merge of
     shards; `load` gives each row's video's rate, duration and frames."""
     write_video(tmp_path / "films" / "run1.mkv", 250, fps=25, size=(48, 64), seed=4)  # 10 s
-    common = ["extract", "-m", "resnet18", "-w", "none", "-l", "avgpool", "--fps", "15", "--clip-every", "1.49",
+    common = ["extract", *SMALL_RESNET, "-l", "avgpool", "--fps", "15", "--clip-every", "1.49",
               "--clip-anchor", "end", tmp_path / "films"]
     assert run_featdump(*common, tmp_path / "out.h5").returncode == 0
     for index in range(2):
@@ -611,7 +611,7 @@ def test_a_grid_s_origin_puts_the_onsets_where_the_scanner_s_pulses_fall(videos,
     (windows ending there, the one that would reach before the film left out), recorded with the file; a start
     anchor on the same grid starts clips at those times."""
     film = videos / "a" / "one.mkv"  # 50 frames at 25 fps: the last at 1.96 s
-    common = ["extract", "-m", "resnet18", "-w", "none", "-l", "avgpool", "--fps", "5", "--clip-every", "0.5",
+    common = ["extract", *SMALL_RESNET, "-l", "avgpool", "--fps", "5", "--clip-every", "0.5",
               "--clip-origin", "0.3", film]
     assert run_featdump(*common, "--clip-anchor", "end", tmp_path / "ends.h5").returncode == 0
     assert run_featdump(*common, tmp_path / "starts.h5").returncode == 0
@@ -622,14 +622,14 @@ def test_a_grid_s_origin_puts_the_onsets_where_the_scanner_s_pulses_fall(videos,
         assert h5file.attrs["clip_origin"] == 0.3
     (tmp_path / "photos").mkdir()
     Image.fromarray(np.zeros((32, 40, 3), dtype=np.uint8)).save(tmp_path / "photos" / "a.png")
-    refused = run_featdump("extract", "-m", "resnet18", "-w", "none", "-l", "avgpool", "--clip-origin", "0.3",
+    refused = run_featdump("extract", *SMALL_RESNET, "-l", "avgpool", "--clip-origin", "0.3",
                            tmp_path / "photos", tmp_path / "x.h5")
     assert refused.returncode == 2 and "--clip-origin apply to videos" in refused.stderr, refused.stderr
 
 
 def test_targets_match_onsets_within_half_a_frame_and_a_miss_names_its_onsets(videos, tmp_path):
     output = tmp_path / "out.h5"
-    assert run_featdump("extract", "-m", "resnet18", "-w", "none", "-l", "avgpool", "--fps", "2", "--clip-anchor",
+    assert run_featdump("extract", *SMALL_RESNET, "-l", "avgpool", "--fps", "2", "--clip-anchor",
                         "end", videos / "a" / "one.mkv", output).returncode == 0  # onsets 0.5 ... 2 (a frame: 0.04 s)
     near = tmp_path / "near.csv"
     near.write_text("path,clip_end,y\n" + "".join(f"one.mkv,{t + 0.0149},{t}\n" for t in (0.5, 1.0, 1.5, 2.0)))
@@ -649,7 +649,7 @@ def test_a_damaged_film_replaced_by_a_good_one_is_read_again_by_update(videos, t
     good = videos / "a" / "one.mkv"
     shutil.copyfile(good, folder / "good.mkv")
     (folder / "film.mkv").write_bytes(good.read_bytes()[:600])  # cut short: nothing decodes
-    command = ["extract", "-m", "resnet18", "-w", "none", "-l", "avgpool", "--fps", "2", "--update", folder, output]
+    command = ["extract", *SMALL_RESNET, "-l", "avgpool", "--fps", "2", "--update", folder, output]
     assert run_featdump(*command).returncode == 0
     assert featdump.load(output, "avgpool").paths == ["good.mkv"] * 4
     shutil.copyfile(good, folder / "film.mkv")  # replaced by a good copy
@@ -678,7 +678,7 @@ def test_a_listed_input_missing_at_extraction_and_present_later_is_read_by_updat
         options = []
     listing = tmp_path / "list.txt"
     listing.write_text(f"inputs/{'first.mkv' if kind == 'film' else 'first.jpg'}\ninputs/{name}\n")
-    command = ["extract", "-m", "resnet18", "-w", "none", "-l", "avgpool", *options, "--on-error", "skip",
+    command = ["extract", *SMALL_RESNET, "-l", "avgpool", *options, "--on-error", "skip",
                "--update", listing, output]
     made = run_featdump(*command)
     assert made.returncode == 0, made.stderr
@@ -696,7 +696,7 @@ def test_a_listed_input_missing_at_extraction_and_present_later_is_read_by_updat
 
 def test_a_bids_onset_column_is_told_to_name_clip_start_or_clip_end(videos, tmp_path):
     output = tmp_path / "out.h5"
-    assert run_featdump("extract", "-m", "resnet18", "-w", "none", "-l", "avgpool", "--fps", "2",
+    assert run_featdump("extract", *SMALL_RESNET, "-l", "avgpool", "--fps", "2",
                         videos / "a" / "one.mkv", output).returncode == 0
     (tmp_path / "events.csv").write_text("path,onset,y\n" + "".join(
         f"one.mkv,{t},{t}\n" for t in (0.0, 0.5, 1.0, 1.5)))

@@ -12,9 +12,9 @@ import pytest
 import featdump
 from featdump.job.runner import extract
 
-from .helpers import CrashAfterFirstBatch, run_featdump, settings_for, write_images
+from .helpers import SMALL_RESNET, SMALL_RESNET_SETTINGS, CrashAfterFirstBatch, run_featdump, settings_for, write_images
 
-EXTRACT = ["extract", "-m", "resnet18", "-w", "none", "-l", "layer1,avgpool"]
+EXTRACT = ["extract", *SMALL_RESNET, "-l", "layer1,avgpool"]
 
 
 def archive_of(folder, archive, compression=zipfile.ZIP_DEFLATED, force_zip64=False, skip=()):
@@ -58,7 +58,8 @@ def test_a_killed_zip_job_resumes_shards_merge_and_update_reads_a_grown_archive(
     single = rows_of(archive, tmp_path / "single.h5", "-b", "4")
     crashed = tmp_path / "crashed.h5"
     with pytest.raises(RuntimeError):
-        extract(settings_for(str(archive), crashed, layers=("layer1", "avgpool")), CrashAfterFirstBatch())
+        extract(settings_for(str(archive), crashed, layers=("layer1", "avgpool"),
+                             **SMALL_RESNET_SETTINGS), CrashAfterFirstBatch())
     np.testing.assert_array_equal(rows_of(archive, crashed, "-b", "4").features, single.features)
     for index in range(2):
         assert run_featdump(*EXTRACT, "--shard", f"{index}/2", archive, tmp_path / "sharded.h5").returncode == 0
