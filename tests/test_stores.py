@@ -335,9 +335,9 @@ def test_transient_faults_are_retried_within_the_patience_then_name_the_object(s
     started = time.monotonic()
     never = r"^Reading http://127\.0\.0\.1:9/away\.jpg: the store did not answer"
     with pytest.raises(StoreNeverAnswered, match=never):  # nothing listens on port 9: its address, most likely
-        fetch_all(["http://127.0.0.1:9/away.jpg"], Patience(2))
+        fetch_all(["http://127.0.0.1:9/away.jpg"], Patience(0.5))
     assert time.monotonic() - started < 15
-    answered = Patience(2)
+    answered = Patience(0.5)
     answered.call(lambda: "listed", "Listing")  # the store answered this job before: now it is away (exit 75 too)
     with pytest.raises(StoreUnavailable, match="run the same command again to resume once the store is back"):
         fetch_all(["http://127.0.0.1:9/away.jpg"], answered)

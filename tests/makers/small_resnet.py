@@ -62,5 +62,5 @@ class SmallResNet(nn.Module):
 
 
 def build() -> SmallResNet:
-    torch.manual_seed(0)
+    """The model, its weights drawn from torch's generator as featdump seeds it (--seed, 0 by default)."""
     return SmallResNet().eval()
