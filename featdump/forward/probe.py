@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from featdump.errors import ModelFailed, StopForward, UnknownLayer, first_sentence
+from featdump.forward.meta import forward_on_meta
 
 log = logging.getLogger("featdump")
 MODEL_OUTPUT = "@"  # the selector of the model's own output (@KEY, @N: its parts)
@@ -334,7 +335,7 @@ def _recorded(model: nn.Module, input_shape: tuple[int, ...], batch: int, rows_w
         device = parameter.device if parameter is not None else torch.device("cpu")
         with torch.inference_mode():
             if on_meta:
-                _forward_on_meta(model, (batch, *input_shape))
+                forward_on_meta(model, (batch, *input_shape))
             else:
                 model(torch.zeros((batch, *input_shape), device=device))
     except StopForward:
@@ -348,14 +349,6 @@ def _recorded(model: nn.Module, input_shape: tuple[int, ...], batch: int, rows_w
         for handle in handles:
             handle.remove()
     return records, kinds
-
-
-def _forward_on_meta(model: nn.Module, shape: tuple[int, ...]) -> None:
-    """MODEL's forward of zeros of SHAPE with its parameters and buffers as meta tensors (no copy of the model, no
-    arithmetic: hooks see the shapes the real forward gives). Raises where the model cannot run so."""
-    held = {name: torch.empty_like(tensor, device="meta")
-            for name, tensor in (*model.named_parameters(), *model.named_buffers())}
-    torch.func.functional_call(model, held, (torch.zeros(shape, device="meta"),), strict=True)
 
 
 def _stop(module, args, output):
