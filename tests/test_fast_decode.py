@@ -25,7 +25,15 @@ from featdump.job.runner import extract
 from featdump.sources.models import default_preprocessing
 from tests.makers.photos import camera_photo, write_camera_photos
 
-from .helpers import CrashAfterFirstBatch, featdump_env, run_featdump, settings_for, user_project
+from .helpers import (
+    SMALL_RESNET,
+    CrashAfterFirstBatch,
+    featdump_env,
+    run_featdump,
+    settings_for,
+    user_project,
+    write_images,
+)
 
 
 @pytest.fixture(scope="module")
@@ -125,7 +133,7 @@ def test_a_job_of_one_batch_is_decoded_in_the_main_process_a_longer_one_by_worke
     notes.mkdir()
     with user_project(tmp_path, "noted", DECODED_WHERE.replace("noting(folder)", f"noting(folder={str(notes)!r})"),
                       {"a": 4, "b": 3}) as folder:
-        result = run_featdump("extract", "-m", "resnet18", "-w", "none", "-l", "avgpool", "-b", batch_size,
+        result = run_featdump("extract", *SMALL_RESNET[:4], "-l", "avgpool", "-b", batch_size,
                               "--transform", "noted:noting", folder / "images", tmp_path / "o.h5")
     assert result.returncode == 0, result.stderr
     decoded = {int(note.stem): len(note.read_text()) for note in notes.iterdir()}  # images by process
@@ -167,8 +175,9 @@ def test_workers_are_bounded_by_memory(monkeypatch, caplog):
     assert "8 loader workers could each take" in caplog.text and "lower -j to 1" in caplog.text
 
 
-def test_chosen_worker_count_is_printed_with_verbose(photos, tmp_path):
-    result = run_featdump("-v", "extract", "-m", "resnet18", "-w", "none", "-l", "avgpool", "-b", "2", photos,
+def test_chosen_worker_count_is_printed_with_verbose(tmp_path):
+    write_images(tmp_path / "images", {"": 5})
+    result = run_featdump("-v", "extract", *SMALL_RESNET, "-l", "avgpool", "-b", "2", tmp_path / "images",
                           tmp_path / "o.h5", env=featdump_env(SLURM_CPUS_PER_TASK="3"))
     assert result.returncode == 0, result.stderr
     assert "Using 2 loader workers: 3 CPUs (SLURM_CPUS_PER_TASK), one left to the main process." in result.stderr
