@@ -5,9 +5,16 @@ cycle; the library never imports click."""
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "featdump"
+
+
+@functools.cache
+def nodes_of(path: Path) -> tuple[ast.AST, ...]:
+    """Every node of PATH's syntax tree, parsed once for all the tests of this file."""
+    return tuple(ast.walk(ast.parse(path.read_text())))
 
 
 def module_name(path: Path) -> str:
@@ -18,7 +25,7 @@ def module_name(path: Path) -> str:
 def featdump_imports(path: Path, modules: set[str]) -> set[str]:
     """Every featdump module PATH imports, at its top or inside a function (a lazy import is still an edge)."""
     found = set()
-    for node in ast.walk(ast.parse(path.read_text())):
+    for node in nodes_of(path):
         if isinstance(node, ast.Import):
             found |= {alias.name for alias in node.names if alias.name.startswith("featdump")}
         elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("featdump"):
@@ -75,7 +82,7 @@ def importers_of(package: str) -> list[str]:
 
     return sorted(name for name, path in ((module_name(p), p) for p in PACKAGE.rglob("*.py"))
                   if any(found == package or found.startswith(package + ".")
-                         for node in ast.walk(ast.parse(path.read_text())) for found in imports(node)))
+                         for node in nodes_of(path) for found in imports(node)))
 
 
 def test_only_the_cli_imports_click():
@@ -163,10 +170,9 @@ def modules_telling_a_path_from_a_url() -> set[str]:
     `.remote()` calls aside) or split a text at `://`."""
     found = set()
     for path in PACKAGE.rglob("*.py"):
-        tree = ast.parse(path.read_text())
-        called = {id(node.func) for node in ast.walk(tree) if isinstance(node, ast.Call)}
+        called = {id(node.func) for node in nodes_of(path) if isinstance(node, ast.Call)}
         if any(isinstance(node, ast.Attribute) and node.attr == "remote" and id(node) not in called
-               or isinstance(node, ast.Constant) and node.value == "://" for node in ast.walk(tree)):
+               or isinstance(node, ast.Constant) and node.value == "://" for node in nodes_of(path)):
             found.add(module_name(path))
     return found
 
@@ -184,14 +190,13 @@ def test_the_benchmarks_are_a_package_that_imports_of_the_tests_only_their_maker
     files = {f"benchmarks.{path.stem}": path for path in BENCHMARKS.glob("*.py") if path.stem != "__init__"}
     graph = {}
     for name, path in files.items():
-        tree = ast.parse(path.read_text())
-        imported = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module}
-        imported |= {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
+        imported = {node.module for node in nodes_of(path) if isinstance(node, ast.ImportFrom) and node.module}
+        imported |= {alias.name for node in nodes_of(path) if isinstance(node, ast.Import) for alias in node.names}
         tests = {module for module in imported if module == "tests" or module.startswith("tests.")}
         assert all(module.startswith("tests.makers") for module in tests), name  # what makes data, not a test
         assert "sys.path" not in path.read_text(), f"{name} edits sys.path"
         graph[name] = {module for module in imported if module in files} | {
-            f"benchmarks.{alias.name}" for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
+            f"benchmarks.{alias.name}" for node in nodes_of(path) if isinstance(node, ast.ImportFrom)
             and node.module == "benchmarks" for alias in node.names}
     assert len(graph) > 20 and "benchmarks.common" in graph["benchmarks.tars"]  # the walk sees the package
     assert find_cycle(graph) is None, " -> ".join(find_cycle(graph))
@@ -219,7 +224,7 @@ def test_the_house_keeps_its_sizes():
     largest = sorted(sizes.items(), key=lambda item: -item[1])[:4]
     assert len([name for name, lines in sizes.items() if lines > 400]) <= 2, largest
     long_functions = [(path.name, node.name, node.end_lineno - node.lineno + 1) for path in PACKAGE.rglob("*.py")
-                      for node in ast.walk(ast.parse(path.read_text()))
+                      for node in nodes_of(path)
                       if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
                       and node.end_lineno - node.lineno + 1 > 60]
     assert not long_functions
