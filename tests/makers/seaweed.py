@@ -101,6 +101,15 @@ class SeaweedFS:
             self.process.wait()
         self.process = None
 
+    def empty(self) -> None:
+        """Remove every bucket and its objects (the server started again first if a test left it stopped)."""
+        if self.process is None:
+            self.start()
+        store = self.client()
+        for bucket in store.ls(""):
+            store.rm(bucket, recursive=True)
+        assert not store.ls("", refresh=True), "SeaweedFS kept a bucket after its removal"
+
     @property
     def writer_env(self) -> dict:
         """The environment of a user who may read and write objects but not make a bucket (as most S3 users)."""
