@@ -22,8 +22,8 @@ from tests.makers.outputs import write_output as write_output  # the tests' name
 REPO = Path(__file__).resolve().parents[1]
 # resnet18's module paths in miniature over 32 x 32 inputs (tests.makers.small_resnet), for the tests whose point is
 # not the model: an extract of a few images in about a tenth of resnet18's time at 224 pixels
-SMALL_RESNET = ("-m", "tests.makers.small_resnet:build", "-w", "none", "--transform",
-                "featdump.testing.models:small_transform")
+SMALL_RESNET_MODEL = ("-m", "tests.makers.small_resnet:build", "-w", "none")  # with a --transform of the test's own
+SMALL_RESNET = (*SMALL_RESNET_MODEL, "--transform", "featdump.testing.models:small_transform")
 SMALL_RESNET_SETTINGS = {"model": "tests.makers.small_resnet:build",
                          "transform": "featdump.testing.models:small_transform"}
 

@@ -27,6 +27,7 @@ from tests.makers.photos import camera_photo, write_camera_photos
 
 from .helpers import (
     SMALL_RESNET,
+    SMALL_RESNET_MODEL,
     CrashAfterFirstBatch,
     featdump_env,
     run_featdump,
@@ -133,7 +134,7 @@ def test_a_job_of_one_batch_is_decoded_in_the_main_process_a_longer_one_by_worke
     notes.mkdir()
     with user_project(tmp_path, "noted", DECODED_WHERE.replace("noting(folder)", f"noting(folder={str(notes)!r})"),
                       {"a": 4, "b": 3}) as folder:
-        result = run_featdump("extract", *SMALL_RESNET[:4], "-l", "avgpool", "-b", batch_size,
+        result = run_featdump("extract", *SMALL_RESNET_MODEL, "-l", "avgpool", "-b", batch_size,
                               "--transform", "noted:noting", folder / "images", tmp_path / "o.h5")
     assert result.returncode == 0, result.stderr
     decoded = {int(note.stem): len(note.read_text()) for note in notes.iterdir()}  # images by process
