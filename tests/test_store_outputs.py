@@ -25,6 +25,7 @@ from .helpers import (
     start_featdump,
     write_images,
 )
+from .makers import small_resnet
 
 EXTRACT = ["extract", *SMALL_RESNET, "-l", "layer3,avgpool"]
 LAYERS = ("layer3", "avgpool")
@@ -218,12 +219,12 @@ def test_a_shard_killed_mid_shard_resumes_the_partial_file_on_its_scratch(images
     for key, value in seaweed.env.items():  # the twin is named after the endpoint the process writes to
         monkeypatch.setenv(key, value)
     partial = partial_path(remote.scratch_twin(url, scratch).with_name("features.shard-0-of-2.h5"))
-    process = start_featdump(*arguments, env=env)
-    while committed_rows(partial) <= 0 and process.poll() is None:
+    process = start_featdump(*arguments, env={**env, small_resnet.HOLD_AFTER: "2"})  # held before its 5th image
+    while committed_rows(partial) < 4 and process.poll() is None:
         time.sleep(0.01)
     process.send_signal(signal.SIGKILL)
     process.wait()
-    assert 0 < committed_rows(partial) < 10
+    assert committed_rows(partial) == 4
     assert not seaweed.client().exists("results/resumed/features.shard-0-of-2.h5")  # not finished: not uploaded
     resumed = run_featdump(*arguments, env=env)
     assert resumed.returncode == 0 and "resuming the partial file found there" in resumed.stderr, resumed.stderr

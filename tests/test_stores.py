@@ -23,6 +23,7 @@ from featdump.inputs import find_images
 from featdump.inputs.stores import Patience, fetch_all, is_missing, is_refused, is_transient
 
 from .helpers import SMALL_RESNET, committed_rows, featdump_env, read_output, run_featdump, start_featdump, write_images
+from .makers import small_resnet
 from .stores import http_server, silent_server
 from .test_tars import member_path, pack
 
@@ -354,18 +355,21 @@ def test_a_kill_and_a_store_outage_both_resume_with_the_same_command(seaweed, tm
     arguments = [*EXTRACT, "-b", "2", "--store-patience", "3", "s3://outage/set/", output]
     env = featdump_env(**seaweed.env)
 
-    process = start_featdump(*arguments, env=env)  # the default loader workers
+    process = start_featdump(*arguments, env={**env, small_resnet.HOLD_AFTER: "1"})  # the default loader workers
     while committed_rows(partial) <= 0 and process.poll() is None:
         time.sleep(0.01)
     process.send_signal(signal.SIGKILL)
     process.wait()
     killed_at = committed_rows(partial)
-    assert 0 < killed_at < 40
+    assert killed_at == 2  # held before its second batch
 
-    process = start_featdump(*arguments, env=env)
+    release = tmp_path / "release"  # held after its first batch until the store is down
+    held = {small_resnet.HOLD_AFTER: "1", small_resnet.HOLD_RELEASE: str(release)}
+    process = start_featdump(*arguments, env={**env, **held})
     while committed_rows(partial) <= killed_at and process.poll() is None:
         time.sleep(0.01)
     seaweed.stop()
+    release.touch()
     try:
         _, stderr = process.communicate(timeout=120)
         lines = [line for line in stderr.splitlines() if " INFO: " not in line and " WARNING: " not in line]

@@ -9,9 +9,17 @@ convolutions over small maps sum in an order that follows the batch (a last bit 
 the tests that compare a resumed or updated run with a clean one bit for bit.
 
     featdump extract -m tests.makers.small_resnet:build --transform featdump.testing.models:small_transform ...
+
+With HOLD_AFTER=N in its environment, a run holds still before its batch N + 1, until the file HOLD_RELEASE names
+exists (or a minute has passed), so that a test's kill or outage lands mid-run however loaded the machine is; the
+same command without it runs normally.
 """
 
 from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -61,6 +69,35 @@ class SmallResNet(nn.Module):
         return self.fc(torch.flatten(self.avgpool(x), 1))
 
 
+HOLD_AFTER, HOLD_RELEASE = "FEATDUMP_TEST_HOLD_AFTER", "FEATDUMP_TEST_HOLD_RELEASE"
+
+
+class _HoldAfter:
+    """A forward pre-hook of the first convolution that holds the process still once BATCHES batches of images
+    have gone through it, until RELEASE exists or for up to SECONDS; the rows before stay committed by the writer's
+    thread. Not counted: the probe's forward on the meta device, a trace's proxies, and the random example (values
+    below 0, where small_transform's images lie in [0, 1]) on which the runner checks its traced graph."""
+
+    def __init__(self, batches: int, release: Path | None, seconds: float = 60.0):
+        self.batches, self.release, self.seconds, self.seen = batches, release, seconds, 0
+
+    def __call__(self, module: nn.Module, inputs: tuple) -> None:
+        images = inputs[0]
+        if not isinstance(images, torch.Tensor) or images.device.type == "meta" or bool((images < 0).any()):
+            return
+        self.seen += 1
+        deadline = time.monotonic() + self.seconds
+        while self.seen > self.batches and time.monotonic() < deadline:
+            if self.release is not None and self.release.exists():
+                return
+            time.sleep(0.01)
+
+
 def build() -> SmallResNet:
     """The model, its weights drawn from torch's generator as featdump seeds it (--seed, 0 by default)."""
-    return SmallResNet().eval()
+    model = SmallResNet().eval()
+    batches = int(os.environ.get(HOLD_AFTER, "0"))
+    if batches:
+        release = os.environ.get(HOLD_RELEASE)
+        model.conv1.register_forward_pre_hook(_HoldAfter(batches, Path(release) if release else None))
+    return model
