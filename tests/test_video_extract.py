@@ -226,15 +226,16 @@ def test_a_sigkill_then_the_same_command_equals_a_fresh_run(videos, tmp_path):
     import signal
     import time
 
-    from .helpers import committed_rows, start_featdump
+    from .helpers import committed_rows, featdump_env, start_featdump
+    from .makers import small_resnet
 
     arguments = ["extract", *SMALL_RESNET, "-l", "avgpool", "--fps", "25", "-b", "4", videos]
-    process = start_featdump(*arguments, tmp_path / "out.h5")
+    process = start_featdump(*arguments, tmp_path / "out.h5", env=featdump_env(**{small_resnet.HOLD_AFTER: "1"}))
     while committed_rows(tmp_path / "out.h5.partial") <= 0 and process.poll() is None:
         time.sleep(0.01)
     process.send_signal(signal.SIGKILL)
     process.wait()
-    assert 0 < committed_rows(tmp_path / "out.h5.partial") < 93
+    assert committed_rows(tmp_path / "out.h5.partial") == 4  # held after its first batch of 93 frames
     resumed = run_featdump(*arguments, tmp_path / "out.h5")
     assert resumed.returncode == 0 and "Resuming at clip" in resumed.stderr, resumed.stderr
     assert run_featdump(*arguments, tmp_path / "fresh.h5").returncode == 0
