@@ -145,19 +145,21 @@ def test_a_brick_killed_mid_run_resumes_to_the_uninterrupted_rows(tmp_path):
     import subprocess
     import time
 
-    from .helpers import read_output, start_featdump
+    from .helpers import featdump_env, read_output, start_featdump
+    from .makers import small_resnet
 
     source = tmp_path / "brick.hdf5"
     with h5py.File(source, "w") as h5file:
         h5file["imgBrick"] = images(40, seed=3)
     command = [*EXTRACT, "-b", "4", source, tmp_path / "out.h5"]
-    process = start_featdump(*command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    process = start_featdump(*command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                             env=featdump_env(**{small_resnet.HOLD_AFTER: "1"}))  # held before its second batch
     deadline = time.monotonic() + 120
     while committed(tmp_path / "out.h5.partial") < 4 and process.poll() is None and time.monotonic() < deadline:
         time.sleep(0.02)
-    process.send_signal(signal.SIGKILL)  # a batch (or more) committed, the job not done
+    process.send_signal(signal.SIGKILL)
     process.wait()
-    assert (tmp_path / "out.h5.partial").exists()
+    assert committed(tmp_path / "out.h5.partial") == 4
     resumed = run_featdump(*command)
     assert resumed.returncode == 0 and "Resuming at image" in resumed.stderr, resumed.stderr
     straight = rows_of(source, tmp_path / "straight.h5", "-b", "4")

@@ -23,6 +23,7 @@ from .helpers import (
     SMALL_RESNET,
     SMALL_RESNET_SETTINGS,
     CrashAfterFirstBatch,
+    featdump_env,
     images_fixture,
     run_featdump,
     settings_for,
@@ -30,6 +31,7 @@ from .helpers import (
     user_project,
     write_images,
 )
+from .makers import small_resnet
 from .test_grow import TINY_VIT  # a 4-block torchvision ViT on 32-pixel images
 
 xr = pytest.importorskip("xarray")
@@ -150,9 +152,14 @@ def test_a_file_being_grown_opens_in_xarray_meanwhile(tmp_path):
     write_images(tmp_path / "images", {"a": 24, "b": 24})
     output = tmp_path / "out.h5"
     assert run_featdump(*BASE, "-l", "layer1", tmp_path / "images", output).returncode == 0
-    process = start_featdump(*BASE, "-l", "layer1,layer2,layer3", "--update", tmp_path / "images", output)
+    release = tmp_path / "release"  # held before its first batch until opened three times, then let go on
+    held = {small_resnet.HOLD_AFTER: "0", small_resnet.HOLD_RELEASE: str(release)}
+    process = start_featdump(*BASE, "-l", "layer1,layer2,layer3", "--update", tmp_path / "images", output,
+                             env=featdump_env(**held))
     opened_while_running = 0
     while process.poll() is None:
+        if opened_while_running >= 3:
+            release.touch()
         try:
             dims = check_netcdf(output)
         except (BlockingIOError, OSError) as error:  # the final commit holds the file for its fraction of a second

@@ -96,8 +96,8 @@ class _HoldAfter:
 def build() -> SmallResNet:
     """The model, its weights drawn from torch's generator as featdump seeds it (--seed, 0 by default)."""
     model = SmallResNet().eval()
-    batches = int(os.environ.get(HOLD_AFTER, "0"))
-    if batches:
+    batches = os.environ.get(HOLD_AFTER)
+    if batches is not None:
         release = os.environ.get(HOLD_RELEASE)
-        model.conv1.register_forward_pre_hook(_HoldAfter(batches, Path(release) if release else None))
+        model.conv1.register_forward_pre_hook(_HoldAfter(int(batches), Path(release) if release else None))
     return model
